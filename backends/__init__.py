@@ -1,0 +1,1 @@
+"""Backend adapters (installed as ``fusionkit.backends``)."""

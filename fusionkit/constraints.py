@@ -1,0 +1,386 @@
+"""Operand constraints, all checked in one phase that has the ExportedProgram.
+
+A constraint looks at the captures of a structural match and either accepts it
+or returns a :class:`Failure` that says, in a sentence, why the fused op would
+be wrong. Constraints never modify the program; the one that may *fold* a
+constant expression only records a plan (:meth:`CheckContext.plan_fold`) that
+the rewrite carries out after every match has been decided.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from fusionkit.constants import ProgramInputs
+from fusionkit.targets import op_key
+
+__all__ = [
+    "BroadcastsOverLastDim",
+    "CheckContext",
+    "Constraint",
+    "Custom",
+    "DtypeIn",
+    "Failure",
+    "GraphLeaf",
+    "PrepackableConstant",
+    "Rank",
+    "SameDtype",
+    "ScalarRange",
+    "ShapeRelation",
+    "StaticShape",
+    "UserInput",
+    "constant_fold_sources",
+]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why one constraint rejected a match."""
+
+    constraint: str
+    capture: str | None
+    node: Node | None
+    reason: str
+
+
+@dataclass
+class CheckContext:
+    """What a constraint may look at: the program, the root, the captures."""
+
+    ep: ExportedProgram
+    inputs: ProgramInputs
+    root: Node
+    captures: Mapping[str, Any]
+    folds: dict[str, Node] = field(default_factory=dict)
+
+    def node(self, name: str) -> Node | None:
+        v = self.captures.get(name)
+        return v if isinstance(v, Node) else None
+
+    def val(self, name: str) -> Any:
+        """The example value (``meta['val']``) of a captured node, else the literal."""
+        v = self.captures.get(name)
+        if isinstance(v, Node):
+            return v.meta.get("val")
+        return v
+
+    def plan_fold(self, name: str, node: Node) -> None:
+        self.folds[name] = node
+
+
+def _label(name: str, v: Any) -> str:
+    return f"{name} `{v.name}`" if isinstance(v, Node) else f"{name} ({v!r})"
+
+
+class Constraint(ABC):
+    """One requirement on the captures of a match."""
+
+    #: stable identifier used in reports and YAML specs
+    kind: str = "constraint"
+
+    @abstractmethod
+    def captures(self) -> set[str]:
+        """Capture names this constraint reads (validated against the pattern)."""
+
+    @abstractmethod
+    def check(self, ctx: CheckContext) -> Failure | None:
+        """None when satisfied, else the reasoned failure."""
+
+    def _fail(self, capture: str | None, node: Any, reason: str) -> Failure:
+        return Failure(self.kind, capture, node if isinstance(node, Node) else None, reason)
+
+
+# ----------------------------------------------------------------------------- folding
+
+_NONDETERMINISTIC = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "empty")
+
+
+def constant_fold_sources(
+    node: Node, inputs: ProgramInputs, limit: int = 64
+) -> tuple[list[Node] | None, str]:
+    """The constant placeholders ``node`` depends on, if it depends on nothing else.
+
+    Returns ``(sources, "")`` when the value is a pure function of constants,
+    else ``(None, why)``. The walk is bounded by ``limit`` nodes so a check stays
+    constant-time on large graphs.
+    """
+    seen: set[Node] = set()
+    sources: list[Node] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if len(seen) > limit:
+            return None, f"its constant expression is larger than {limit} nodes"
+        if n.op == "placeholder":
+            if inputs.constant(n) is None:
+                return None, f"it depends on {inputs.describe(n)} `{n.name}`"
+            sources.append(n)
+            continue
+        if n.op != "call_function":
+            return None, f"it depends on `{n.name}` ({n.op})"
+        key = op_key(n.target) or str(n.target)
+        schema = getattr(getattr(n.target, "_op", n.target), "_schema", None)
+        if schema is not None and schema.is_mutable:
+            return None, f"it depends on `{n.name}` ({key}), which mutates its inputs"
+        if any(word in key.split(".")[1] for word in _NONDETERMINISTIC):
+            return None, f"it depends on `{n.name}` ({key}), which is not deterministic"
+        for a in (*n.args, *n.kwargs.values()):
+            for leaf in _nodes_in(a):
+                stack.append(leaf)
+    return sources, ""
+
+
+def _nodes_in(a: Any) -> Iterable[Node]:
+    if isinstance(a, Node):
+        yield a
+    elif isinstance(a, (list, tuple)):
+        for x in a:
+            yield from _nodes_in(x)
+
+
+# ------------------------------------------------------------------------ the built-ins
+
+
+@dataclass(frozen=True)
+class PrepackableConstant(Constraint):
+    """The capture must be a constant the backend can prepack.
+
+    That is a placeholder the graph signature lists as parameter, buffer (not
+    mutated) or lifted tensor constant — never a user input. With ``fold=True``
+    a value computed only from constants (a dtype cast of a parameter, Gemma's
+    ``1.0 + weight``) is accepted too: it is evaluated once at lowering time
+    into a new lifted constant.
+    """
+
+    capture: str
+    fold: bool = False
+    role: str = "the fused op prepacks it"
+    kind = "prepackable_constant"
+
+    def captures(self) -> set[str]:
+        return {self.capture}
+
+    def check(self, ctx: CheckContext) -> Failure | None:
+        v = ctx.captures.get(self.capture)
+        if not isinstance(v, Node):
+            return self._fail(self.capture, None,
+                              f"{self.capture} is the literal {v!r}, not a constant tensor: {self.role}")
+        if v.op == "placeholder":
+            if ctx.inputs.constant(v) is not None:
+                return None
+            return self._fail(self.capture, v,
+                              f"{_label(self.capture, v)} is {ctx.inputs.describe(v)}, not a "
+                              f"constant: {self.role}")
+        what = f"{_label(self.capture, v)} is {ctx.inputs.describe(v)}, not a constant"
+        if not self.fold:
+            return self._fail(self.capture, v, f"{what}: {self.role}")
+        sources, why = constant_fold_sources(v, ctx.inputs)
+        if sources is None:
+            return self._fail(self.capture, v, f"{what}, and cannot be folded because {why}: {self.role}")
+        ctx.plan_fold(self.capture, v)
+        return None
+
+
+@dataclass(frozen=True)
+class GraphLeaf(Constraint):
+    """The capture must be a placeholder (a graph input of any kind)."""
+
+    capture: str
+    kind = "graph_leaf"
+
+    def captures(self) -> set[str]:
+        return {self.capture}
+
+    def check(self, ctx: CheckContext) -> Failure | None:
+        v = ctx.captures.get(self.capture)
+        if isinstance(v, Node) and v.op == "placeholder":
+            return None
+        what = ctx.inputs.describe(v) if isinstance(v, Node) else "a literal"
+        return self._fail(self.capture, v, f"{_label(self.capture, v)} is {what}, not a graph leaf")
+
+
+@dataclass(frozen=True)
+class UserInput(Constraint):
+    """The capture must be one of the program's user inputs."""
+
+    capture: str
+    kind = "user_input"
+
+    def captures(self) -> set[str]:
+        return {self.capture}
+
+    def check(self, ctx: CheckContext) -> Failure | None:
+        v = ctx.captures.get(self.capture)
+        if isinstance(v, Node) and ctx.inputs.is_user_input(v):
+            return None
+        what = ctx.inputs.describe(v) if isinstance(v, Node) else "a literal"
+        return self._fail(self.capture, v, f"{_label(self.capture, v)} is {what}, not a user input")
+
+
+def _tensor_val(ctx: CheckContext, name: str) -> torch.Tensor | None:
+    val = ctx.val(name)
+    return val if isinstance(val, torch.Tensor) else None
+
+
+@dataclass(frozen=True)
+class DtypeIn(Constraint):
+    capture: str
+    dtypes: frozenset[torch.dtype]
+    kind = "dtype"
+
+    def captures(self) -> set[str]:
+        return {self.capture}
+
+    def check(self, ctx: CheckContext) -> Failure | None:
+        t = _tensor_val(ctx, self.capture)
+        if t is not None and t.dtype in self.dtypes:
+            return None
+        want = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
+        got = str(t.dtype).removeprefix("torch.") if t is not None else "not a tensor"
+        return self._fail(self.capture, ctx.captures.get(self.capture),
+                          f"{_label(self.capture, ctx.captures.get(self.capture))} has dtype {got}, "
+                          f"expected one of {want}")
+
+
+@dataclass(frozen=True)
+class Rank(Constraint):
+    capture: str
+    ranks: frozenset[int]
+    kind = "rank"
+
+    def captures(self) -> set[str]:
+        return {self.capture}
+
+    def check(self, ctx: CheckContext) -> Failure | None:
+        t = _tensor_val(ctx, self.capture)
+        if t is not None and t.dim() in self.ranks:
+            return None
+        got = t.dim() if t is not None else "no tensor"
+        return self._fail(self.capture, ctx.captures.get(self.capture),
+                          f"{_label(self.capture, ctx.captures.get(self.capture))} has rank {got}, "
+                          f"expected {sorted(self.ranks)}")
+
+
+@dataclass(frozen=True)
+class StaticShape(Constraint):
+    capture: str
+    kind = "static_shape"
+
+    def captures(self) -> set[str]:
+        return {self.capture}
+
+    def check(self, ctx: CheckContext) -> Failure | None:
+        t = _tensor_val(ctx, self.capture)
+        if t is not None and all(isinstance(d, int) for d in t.shape):
+            return None
+        return self._fail(self.capture, ctx.captures.get(self.capture),
+                          f"{_label(self.capture, ctx.captures.get(self.capture))} has a dynamic "
+                          f"shape {tuple(t.shape) if t is not None else '?'}")
+
+
+@dataclass(frozen=True)
+class SameDtype(Constraint):
+    """Two captures have the same dtype (e.g. the fused op's output keeps the root's)."""
+
+    a: str
+    b: str
+    kind = "same_dtype"
+
+    def captures(self) -> set[str]:
+        return {self.a, self.b}
+
+    def check(self, ctx: CheckContext) -> Failure | None:
+        ta, tb = _tensor_val(ctx, self.a), _tensor_val(ctx, self.b)
+        if ta is not None and tb is not None and ta.dtype == tb.dtype:
+            return None
+        da = ta.dtype if ta is not None else None
+        db = tb.dtype if tb is not None else None
+        return self._fail(self.a, ctx.captures.get(self.a),
+                          f"{_label(self.a, ctx.captures.get(self.a))} is {da} but "
+                          f"{_label(self.b, ctx.captures.get(self.b))} is {db}")
+
+
+@dataclass(frozen=True)
+class ShapeRelation(Constraint):
+    """A relation between the shapes of two captures, e.g. broadcastability."""
+
+    a: str
+    b: str
+    relation: Callable[[tuple[Any, ...], tuple[Any, ...]], bool]
+    description: str
+    kind = "shape_relation"
+
+    def captures(self) -> set[str]:
+        return {self.a, self.b}
+
+    def check(self, ctx: CheckContext) -> Failure | None:
+        ta, tb = _tensor_val(ctx, self.a), _tensor_val(ctx, self.b)
+        if ta is not None and tb is not None and self.relation(tuple(ta.shape), tuple(tb.shape)):
+            return None
+        sa = tuple(ta.shape) if ta is not None else None
+        sb = tuple(tb.shape) if tb is not None else None
+        return self._fail(self.a, ctx.captures.get(self.a),
+                          f"{_label(self.a, ctx.captures.get(self.a))} of shape {sa} and "
+                          f"{_label(self.b, ctx.captures.get(self.b))} of shape {sb}: "
+                          f"expected {self.description}")
+
+
+def _last_dim_vector(w: tuple[Any, ...], x: tuple[Any, ...]) -> bool:
+    return len(w) >= 1 and len(x) >= 1 and all(d == 1 for d in w[:-1]) and w[-1] == x[-1]
+
+
+def BroadcastsOverLastDim(weight: str, x: str) -> ShapeRelation:  # noqa: N802 - reads as a type
+    """``weight`` is a vector over the last dim of ``x`` (leading 1s allowed)."""
+    return ShapeRelation(weight, x, _last_dim_vector,
+                         f"{weight} to be a vector over the last dim of {x}")
+
+
+@dataclass(frozen=True)
+class ScalarRange(Constraint):
+    capture: str
+    lo: float | None = None
+    hi: float | None = None
+    kind = "scalar_range"
+
+    def captures(self) -> set[str]:
+        return {self.capture}
+
+    def check(self, ctx: CheckContext) -> Failure | None:
+        v = ctx.captures.get(self.capture)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if (self.lo is None or v >= self.lo) and (self.hi is None or v <= self.hi):
+                return None
+        lo = "-inf" if self.lo is None else self.lo
+        hi = "inf" if self.hi is None else self.hi
+        return self._fail(self.capture, v, f"{_label(self.capture, v)} is not a number in [{lo}, {hi}]")
+
+
+@dataclass(frozen=True)
+class Custom(Constraint):
+    """A user-defined check: ``fn(ctx)`` returns None, or a sentence saying why not."""
+
+    fn: Callable[[CheckContext], str | None]
+    name: str
+    reads: tuple[str, ...] = ()
+    kind = "custom"
+
+    def captures(self) -> set[str]:
+        return set(self.reads)
+
+    def check(self, ctx: CheckContext) -> Failure | None:
+        reason = self.fn(ctx)
+        if reason is None:
+            return None
+        node = ctx.captures.get(self.reads[0]) if self.reads else None
+        return Failure(f"custom:{self.name}", self.reads[0] if self.reads else None,
+                       node if isinstance(node, Node) else None, reason)

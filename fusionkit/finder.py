@@ -1,0 +1,172 @@
+"""The one phase: find every match and decide it, with the ExportedProgram at hand.
+
+For each node in graph order, the rules indexed under the node's op are tried
+by priority. Each structural binding is checked against the rule's
+constraints, the no-escape rule and the nodes already claimed; the first
+binding that passes becomes an accepted :class:`Match`. Otherwise the near
+miss becomes a :class:`Decline` that says which step failed, at which node,
+and why. Nothing here modifies the program.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from fusionkit.constants import ProgramInputs
+from fusionkit.constraints import CheckContext, Failure
+from fusionkit.matcher import Binding, match_pattern
+from fusionkit.rule import Rule
+from fusionkit.targets import op_key
+
+__all__ = ["Decline", "Match", "MatchSet", "RuleIndex", "find_matches"]
+
+#: how many structural bindings per root are checked before giving up
+MAX_BINDINGS_PER_ROOT = 32
+#: structural failures that matched fewer pattern ops than this (root included) are noise
+MIN_STRUCTURAL_PROGRESS = 3
+
+
+@dataclass(frozen=True)
+class Match:
+    """An accepted match: every constraint held; the replacement will run."""
+
+    rule: Rule
+    root: Node
+    captures: Mapping[str, Any]
+    claimed: tuple[Node, ...]
+    folds: Mapping[str, Node] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        folded = f" (folds {', '.join(f'{k}=`{v.name}`' for k, v in self.folds.items())})" if self.folds else ""
+        return f"{self.rule.name} at `{self.root.name}`: {len(self.claimed)} nodes{folded}"
+
+
+@dataclass(frozen=True)
+class Decline:
+    """A near miss: the rule, where, which step failed, the node at fault, why."""
+
+    rule: str
+    root: Node
+    step: str  # "structure", "escape", "overlap", or a constraint kind
+    node: Node | None
+    reason: str
+
+    def __str__(self) -> str:
+        at = f" [{self.node.name}]" if self.node is not None else ""
+        return f"{self.rule} at `{self.root.name}`: {self.step}{at}: {self.reason}"
+
+
+@dataclass
+class MatchSet:
+    accepted: list[Match] = field(default_factory=list)
+    declined: list[Decline] = field(default_factory=list)
+
+    def by_rule(self, name: str) -> tuple[list[Match], list[Decline]]:
+        return ([m for m in self.accepted if m.rule.name == name],
+                [d for d in self.declined if d.rule == name])
+
+
+class RuleIndex:
+    """Rules grouped by the op key of their root, in priority order (built once)."""
+
+    def __init__(self, rules: Iterable[Rule]) -> None:
+        self.rules: tuple[Rule, ...] = tuple(rules)
+        names = [r.name for r in self.rules]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate rule names: {dupes}")
+        by_key: dict[str, list[tuple[int, int, Rule]]] = defaultdict(list)
+        for order, r in enumerate(self.rules):
+            for key in r.root_keys:
+                by_key[key].append((-r.priority, order, r))
+        self._by_key = {k: tuple(r for _, _, r in sorted(v, key=lambda t: (t[0], t[1])))
+                        for k, v in by_key.items()}
+
+    def for_target(self, target: Any) -> tuple[Rule, ...]:
+        key = op_key(target)
+        if key is None:
+            return ()
+        return self._by_key.get(key, ())
+
+
+def _escaping_user(b: Binding, root: Node) -> tuple[Node, Node] | None:
+    inside = set(b.claimed)
+    for n in b.claimed:
+        if n is root:
+            continue
+        for user in n.users:
+            if user not in inside:
+                return n, user
+    return None
+
+
+def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: ProgramInputs,
+            claimed_by: Mapping[Node, Match]) -> Match | Decline:
+    for n in b.claimed:
+        owner = claimed_by.get(n)
+        if owner is not None:
+            return Decline(rule.name, root, "overlap", n,
+                           f"`{n.name}` already belongs to the {owner.rule.name} match at "
+                           f"`{owner.root.name}`")
+    if not rule.allow_escape:
+        esc = _escaping_user(b, root)
+        if esc is not None:
+            inner, user = esc
+            return Decline(rule.name, root, "escape", inner,
+                           f"intermediate `{inner.name}` is also used by `{user.name}` outside "
+                           "the match; fusing would have to compute it twice")
+    ctx = CheckContext(ep, inputs, root, b.captures)
+    for c in rule.constraints:
+        failure: Failure | None = c.check(ctx)
+        if failure is not None:
+            return Decline(rule.name, root, failure.constraint, failure.node, failure.reason)
+    return Match(rule, root, dict(b.captures), b.claimed, dict(ctx.folds))
+
+
+def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
+                 *, structural_declines: bool = True) -> MatchSet:
+    """Accepted and declined matches of ``rules`` in ``ep``, in graph order.
+
+    A node belongs to at most one accepted match. Near misses are reported:
+    a constraint that failed, an intermediate used elsewhere, an overlap, or
+    (with ``structural_declines``) a structure that matched at least two op
+    nodes before it failed.
+    """
+    index = rules if isinstance(rules, RuleIndex) else RuleIndex(rules)
+    inputs = ProgramInputs(ep)
+    result = MatchSet()
+    claimed_by: dict[Node, Match] = {}
+    for node in ep.graph_module.graph.nodes:
+        if node.op != "call_function" or node in claimed_by:
+            continue
+        candidates = index.for_target(node.target)
+        for rule in candidates:
+            bindings, failure = match_pattern(rule.pattern, node, inputs)
+            first_decline: Decline | None = None
+            accepted: Match | None = None
+            for i, b in enumerate(bindings):
+                if i >= MAX_BINDINGS_PER_ROOT:
+                    break
+                outcome = _decide(rule, node, b, ep, inputs, claimed_by)
+                if isinstance(outcome, Match):
+                    accepted = outcome
+                    break
+                if first_decline is None:
+                    first_decline = outcome
+            if accepted is not None:
+                result.accepted.append(accepted)
+                for n in accepted.claimed:
+                    claimed_by[n] = accepted
+                break
+            if first_decline is not None:
+                result.declined.append(first_decline)
+            elif structural_declines and failure.progress >= MIN_STRUCTURAL_PROGRESS:
+                result.declined.append(
+                    Decline(rule.name, node, "structure", failure.node, failure.message))
+    return result

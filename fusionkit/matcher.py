@@ -1,0 +1,267 @@
+"""Structural matching of one pattern at one graph value.
+
+A depth-first search that yields every way the pattern can bind (alternatives,
+commutative operand orders and pass-through depths are the choice points), so
+that constraint checking can move on to the next binding when one fails. The
+search records its deepest failure, which becomes the "structural step that
+failed" of a near-miss decline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit.constants import ProgramInputs
+from fusionkit.pattern import Alt, Capture, Named, Op, Pattern, Through, Value
+from fusionkit.targets import op_key, schema_of
+
+__all__ = ["Binding", "StructuralFailure", "match_pattern"]
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One structural solution: captured values and the op nodes it covers."""
+
+    captures: dict[str, Any]
+    claimed: tuple[Node, ...]
+
+    def bind(self, name: str, value: Any) -> Binding | None:
+        prev = self.captures.get(name, _MISSING)
+        if prev is not _MISSING:
+            same = prev is value if isinstance(prev, Node) or isinstance(value, Node) else prev == value
+            return self if same else None
+        caps = dict(self.captures)
+        caps[name] = value
+        return Binding(caps, self.claimed)
+
+    def claim(self, node: Node) -> Binding:
+        if node in self.claimed:
+            return self
+        return Binding(self.captures, (*self.claimed, node))
+
+
+@dataclass
+class StructuralFailure:
+    """The deepest point at which every structural attempt failed."""
+
+    progress: int = -1
+    node: Node | None = None
+    message: str = ""
+
+
+@dataclass
+class _Search:
+    inputs: ProgramInputs
+    failure: StructuralFailure = field(default_factory=StructuralFailure)
+
+    def fail(self, b: Binding, node: Node | None, message: str) -> None:
+        f = self.failure
+        if len(b.claimed) >= f.progress:
+            f.progress, f.node, f.message = len(b.claimed), node, message
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, Node):
+        return f"`{v.name}`"
+    return repr(v)
+
+
+def _arg_value(node: Node, index: int | None, name: str | None) -> Any:
+    """An argument by position or schema name, falling back to its default."""
+    schema = schema_of(node.target)
+    if index is None and schema is not None:
+        for i, a in enumerate(schema.arguments):
+            if a.name == name:
+                index = i
+                break
+    if index is not None and index < len(node.args):
+        return node.args[index]
+    if schema is not None and index is not None and index < len(schema.arguments):
+        arg = schema.arguments[index]
+        if arg.name in node.kwargs:
+            return node.kwargs[arg.name]
+        if arg.has_default_value():
+            return arg.default_value
+    if name is not None and name in node.kwargs:
+        return node.kwargs[name]
+    return _MISSING
+
+
+def _match_value(p: Value, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
+    got = value
+    if isinstance(value, Node):
+        if not p.tensor_ok:
+            s.fail(b, value, f"{where}: expected {p.description}, got node `{value.name}`")
+            return
+        ref = s.inputs.constant(value)
+        if ref is None or ref.tensor.dim() != 0:
+            s.fail(b, value, f"{where}: expected {p.description}, got `{value.name}`, "
+                   "which is not a 0-d constant tensor")
+            return
+        got = ref.tensor.item()
+    try:
+        ok = p.predicate(got)
+    except Exception:  # a predicate that cannot judge a value rejects it
+        ok = False
+    if not ok:
+        s.fail(b, value if isinstance(value, Node) else None,
+               f"{where}: expected {p.description}, got {_fmt(got)}")
+        return
+    if p.name is None:
+        yield b
+        return
+    nb = b.bind(p.name, got)
+    if nb is None:
+        s.fail(b, None, f"{where}: `{p.name}` is already bound to a different value")
+        return
+    yield nb
+
+
+def _match(p: Pattern, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
+    if isinstance(p, Capture):
+        nb = b.bind(p.name, value)
+        if nb is None:
+            s.fail(b, value if isinstance(value, Node) else None,
+                   f"{where}: capture `{p.name}` must be the same value at each use, "
+                   f"got {_fmt(value)} and {_fmt(b.captures[p.name])}")
+            return
+        yield nb
+    elif isinstance(p, Value):
+        yield from _match_value(p, value, b, s, where)
+    elif isinstance(p, Op):
+        yield from _match_op(p, value, b, s, where)
+    elif isinstance(p, Alt):
+        for option in p.options:
+            yield from _match(option, value, b, s, where)
+    elif isinstance(p, Named):
+        for nb in _match(p.inner, value, b, s, where):
+            bound = nb.bind(p.name, value)
+            if bound is not None:
+                yield bound
+            else:
+                s.fail(nb, value if isinstance(value, Node) else None,
+                       f"{where}: `{p.name}` must be the same value at each use")
+    elif isinstance(p, Through):
+        yield from _match_through(p, value, b, s, where, 0)
+    else:  # pragma: no cover - closed set of pattern classes
+        raise TypeError(f"unknown pattern node {p!r}")
+
+
+def _match_through(p: Through, value: Any, b: Binding, s: _Search, where: str,
+                   depth: int) -> Iterator[Binding]:
+    if (
+        depth < p.max_depth
+        and isinstance(value, Node)
+        and value.op == "call_function"
+        and op_key(value.target) in p.ops
+        and value.args
+    ):
+        yield from _match_through(p, value.args[0], b.claim(value), s,
+                                  f"{where} through `{value.name}`", depth + 1)
+    yield from _match(p.inner, value, b, s, where)
+
+
+def _match_op(p: Op, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
+    if not isinstance(value, Node) or value.op != "call_function":
+        s.fail(b, value if isinstance(value, Node) else None,
+               f"{where}: expected a call of {' or '.join(sorted(p.targets))}, got {_fmt(value)}"
+               + (f" ({value.op})" if isinstance(value, Node) else ""))
+        return
+    key = op_key(value.target)
+    if key not in p.targets:
+        s.fail(b, value, f"{where}: expected {' or '.join(sorted(p.targets))}, "
+               f"got `{value.name}` ({key or value.target})")
+        return
+    here = f"`{value.name}` ({key})"
+    b = b.claim(value)
+
+    if p.strict_defaults and not _defaults_hold(p, value, b, s, here):
+        return
+
+    positional = [_arg_value(value, i, None) for i in range(len(p.args))]
+    named = {k: _arg_value(value, None, k) for k in p.kwargs}
+    for i, v in enumerate(positional):
+        if v is _MISSING:
+            s.fail(b, value, f"{here}: has no argument {i}")
+            return
+    for k, v in named.items():
+        if v is _MISSING:
+            s.fail(b, value, f"{here}: has no argument `{k}`")
+            return
+
+    orders: list[list[int]] = [list(range(len(p.args)))]
+    if p.commutative and len(p.args) >= 2 and positional[0] is not positional[1]:
+        swapped = list(range(len(p.args)))
+        swapped[0], swapped[1] = 1, 0
+        orders.append(swapped)
+
+    items_kw = list(p.kwargs.items())
+    for order in orders:
+        yield from _match_args(p, value, positional, order, 0, named, items_kw, b, s, here)
+
+
+def _match_args(p: Op, node: Node, positional: list[Any], order: list[int], i: int,
+                named: dict[str, Any], items_kw: list[tuple[str, Pattern]], b: Binding,
+                s: _Search, here: str) -> Iterator[Binding]:
+    if i < len(p.args):
+        v = positional[order[i]]
+        for nb in _match(p.args[i], v, b, s, f"argument {order[i]} of {here}"):
+            yield from _match_args(p, node, positional, order, i + 1, named, items_kw, nb, s, here)
+        return
+    j = i - len(p.args)
+    if j < len(items_kw):
+        k, sub = items_kw[j]
+        for nb in _match(sub, named[k], b, s, f"argument `{k}` of {here}"):
+            yield from _match_args(p, node, positional, order, i + 1, named, items_kw, nb, s, here)
+        return
+    yield b
+
+
+def _defaults_hold(p: Op, node: Node, b: Binding, s: _Search, here: str) -> bool:
+    """Arguments the pattern leaves out must be at their schema default."""
+    schema = schema_of(node.target)
+    if schema is None:
+        return True
+    for i, arg in enumerate(schema.arguments):
+        if i < len(p.args) or arg.name in p.kwargs or not arg.has_default_value():
+            continue
+        if i < len(node.args):
+            v = node.args[i]
+        elif arg.name in node.kwargs:
+            v = node.kwargs[arg.name]
+        else:
+            continue
+        default = arg.default_value
+        if isinstance(v, Node) or not _equal_literal(v, default):
+            s.fail(b, node, f"{here}: argument `{arg.name}` is {_fmt(v)}, "
+                   f"the pattern requires its default {default!r}")
+            return False
+    return True
+
+
+def _equal_literal(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal_literal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.dtype) or isinstance(b, torch.dtype):
+        return a is b
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def match_pattern(pattern: Pattern, root: Node, inputs: ProgramInputs
+                  ) -> tuple[Iterator[Binding], StructuralFailure]:
+    """All structural bindings of ``pattern`` rooted at ``root``.
+
+    The failure record is filled in as the iterator is consumed.
+    """
+    s = _Search(inputs)
+    return _match(pattern, root, Binding({}, ()), s, "root"), s.failure

@@ -1,0 +1,347 @@
+"""The pattern DSL: what subgraph to look for, written as data.
+
+A pattern is a tree of immutable objects:
+
+* :func:`op` — a call of one of several operators, with argument patterns;
+  commutative ops (``mul``, ``add``) match either operand order without the
+  rule being written twice;
+* :func:`capture` — a named hole; a name used twice must bind the same value;
+* ``a | b`` — alternatives, tried in order;
+* :func:`through` — any number (possibly zero) of pass-through ops such as dtype
+  casts in front of an operand;
+* value matchers (:func:`lit`, :func:`where`, :func:`scalar`, ...) for literal
+  arguments: exact values or predicates, optionally accepting a 0-d constant
+  tensor where the graph lifted a scalar into one.
+
+Patterns hold no graph state and are compiled once (their op names resolved to
+keys) when built, so nothing is traced or resolved at match time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from fusionkit.targets import OpTarget, op_key, resolve_op
+
+__all__ = [
+    "CASTS",
+    "Alt",
+    "ArgPattern",
+    "Capture",
+    "Named",
+    "Op",
+    "Pattern",
+    "Through",
+    "Value",
+    "any_float",
+    "any_value",
+    "capture",
+    "is_op",
+    "lit",
+    "op",
+    "scalar",
+    "through",
+    "where",
+]
+
+#: ops that ExecuTorch graphs use for dtype casts (ATen and edge dialect)
+CASTS: tuple[str, ...] = (
+    "aten._to_copy.default",
+    "aten.to.dtype",
+    "dim_order_ops._to_dim_order_copy.default",
+)
+
+#: ops whose first two operands may be swapped without changing the result
+COMMUTATIVE: frozenset[str] = frozenset(
+    {
+        "aten.mul.Tensor",
+        "aten.add.Tensor",
+        "aten.maximum.default",
+        "aten.minimum.default",
+        "aten.eq.Tensor",
+        "aten.ne.Tensor",
+        "aten.logical_and.default",
+        "aten.logical_or.default",
+        "aten.bitwise_and.Tensor",
+        "aten.bitwise_or.Tensor",
+    }
+)
+
+
+class Pattern:
+    """Base of every pattern node. Supports ``|`` for alternatives."""
+
+    def __or__(self, other: Pattern) -> Alt:
+        left = self.options if isinstance(self, Alt) else (self,)
+        right = other.options if isinstance(other, Alt) else (other,)
+        return Alt(left + right)
+
+    def bind(self, name: str) -> Named:
+        """Also capture the value this pattern matched under ``name``."""
+        return Named(name, self)
+
+    def captures(self) -> set[str]:
+        """Every capture name this pattern can bind."""
+        return set()
+
+    def root_keys(self) -> frozenset[str] | None:
+        """Op keys the matched value's node can have, or None for 'any value'."""
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class Capture(Pattern):
+    """A named hole that binds whatever value stands in its place."""
+
+    name: str
+
+    def captures(self) -> set[str]:
+        return {self.name}
+
+    def __repr__(self) -> str:
+        return f"capture({self.name!r})"
+
+
+@dataclass(frozen=True, eq=False)
+class Named(Pattern):
+    """Binds the value matched by ``inner`` under ``name``."""
+
+    name: str
+    inner: Pattern
+
+    def captures(self) -> set[str]:
+        return {self.name} | self.inner.captures()
+
+    def root_keys(self) -> frozenset[str] | None:
+        return self.inner.root_keys()
+
+    def __repr__(self) -> str:
+        return f"{self.inner!r}.bind({self.name!r})"
+
+
+@dataclass(frozen=True, eq=False)
+class Value(Pattern):
+    """A literal argument: a predicate on a Python value.
+
+    ``tensor_ok`` also accepts a 0-d tensor that is a constant of the program
+    (ExecuTorch's edge dialect lifts ``x + 1e-6`` into such a constant); its
+    ``.item()`` is what the predicate sees and what ``name`` binds.
+    """
+
+    predicate: Callable[[Any], bool]
+    description: str
+    tensor_ok: bool = False
+    name: str | None = None
+
+    def captures(self) -> set[str]:
+        return {self.name} if self.name else set()
+
+    def __repr__(self) -> str:
+        return self.description
+
+
+@dataclass(frozen=True, eq=False)
+class Alt(Pattern):
+    """Alternatives, tried in order; the first that leads to a match wins."""
+
+    options: tuple[Pattern, ...]
+
+    def captures(self) -> set[str]:
+        out: set[str] = set()
+        for o in self.options:
+            out |= o.captures()
+        return out
+
+    def root_keys(self) -> frozenset[str] | None:
+        keys: set[str] = set()
+        for o in self.options:
+            k = o.root_keys()
+            if k is None:
+                return None
+            keys |= k
+        return frozenset(keys)
+
+    def __repr__(self) -> str:
+        return " | ".join(repr(o) for o in self.options)
+
+
+@dataclass(frozen=True, eq=False)
+class Through(Pattern):
+    """Zero or more pass-through ops (matched on their first argument), then ``inner``.
+
+    The pass-through nodes belong to the match (they are claimed and replaced);
+    the longest chain is tried first.
+    """
+
+    ops: frozenset[str]
+    inner: Pattern
+    max_depth: int = 8
+
+    def captures(self) -> set[str]:
+        return self.inner.captures()
+
+    def root_keys(self) -> frozenset[str] | None:
+        inner = self.inner.root_keys()
+        return None if inner is None else inner | self.ops
+
+    def __repr__(self) -> str:
+        return f"through({sorted(self.ops)}, {self.inner!r})"
+
+
+ArgPattern = Union[Pattern, Any]
+
+
+@dataclass(frozen=True, eq=False)
+class Op(Pattern):
+    """A call of one of ``targets`` whose arguments match ``args``/``kwargs``.
+
+    ``args`` are matched by position and ``kwargs`` by schema name, whichever
+    way the graph passes them. Arguments the pattern does not mention must
+    hold their schema default when ``strict_defaults`` (``add(a, b)`` does not
+    match ``add(a, b, alpha=2)``).
+    """
+
+    targets: frozenset[str]
+    args: tuple[Pattern, ...]
+    kwargs: Mapping[str, Pattern] = field(default_factory=dict)
+    commutative: bool = False
+    strict_defaults: bool = True
+
+    def captures(self) -> set[str]:
+        out: set[str] = set()
+        for a in (*self.args, *self.kwargs.values()):
+            out |= a.captures()
+        return out
+
+    def root_keys(self) -> frozenset[str] | None:
+        return self.targets
+
+    def __repr__(self) -> str:
+        name = "|".join(sorted(self.targets))
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"{name}({', '.join(parts)})"
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _key_of(target: OpTarget) -> str:
+    key = op_key(resolve_op(target))
+    assert key is not None
+    return key
+
+
+def _as_pattern(value: ArgPattern) -> Pattern:
+    if isinstance(value, Pattern):
+        return value
+    return lit(value)
+
+
+def op(
+    targets: OpTarget | Iterable[OpTarget],
+    *args: ArgPattern,
+    commutative: bool | None = None,
+    strict_defaults: bool = True,
+    **kwargs: ArgPattern,
+) -> Op:
+    """A call of ``targets`` (one op or several, by object or qualified name).
+
+    ``commutative=None`` means: commutative exactly when every target is a
+    known commutative op (``aten.mul.Tensor``, ``aten.add.Tensor``, ...).
+    Plain Python values among the arguments are exact literals.
+    """
+    raw = [targets] if isinstance(targets, str) or not isinstance(targets, Iterable) else list(targets)
+    keys = frozenset(_key_of(t) for t in raw)
+    if not keys:
+        raise ValueError("op() needs at least one target")
+    if commutative is None:
+        commutative = keys <= COMMUTATIVE
+    if commutative and len(args) < 2:
+        raise ValueError(f"commutative op pattern {sorted(keys)} needs two positional operands")
+    return Op(
+        keys,
+        tuple(_as_pattern(a) for a in args),
+        {k: _as_pattern(v) for k, v in kwargs.items()},
+        commutative,
+        strict_defaults,
+    )
+
+
+def is_op(*targets: OpTarget, **options: Any) -> Callable[..., Op]:
+    """TVM-style spelling: ``is_op("aten.mul.Tensor")(x, y)``."""
+
+    def build(*args: ArgPattern, **kwargs: ArgPattern) -> Op:
+        return op(targets, *args, **options, **kwargs)
+
+    return build
+
+
+def capture(name: str) -> Capture:
+    if not name.isidentifier():
+        raise ValueError(f"capture name {name!r} must be an identifier")
+    return Capture(name)
+
+
+def through(ops: OpTarget | Iterable[OpTarget], inner: ArgPattern, max_depth: int = 8) -> Through:
+    """Any number of ``ops`` (e.g. :data:`CASTS`) in front of ``inner``."""
+    raw = [ops] if isinstance(ops, str) or not isinstance(ops, Iterable) else list(ops)
+    return Through(frozenset(_key_of(t) for t in raw), _as_pattern(inner), max_depth)
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return tuple(_norm(x) for x in v)
+    return v
+
+
+def lit(value: Any, name: str | None = None, tensor_ok: bool = False) -> Value:
+    """Exactly ``value`` (lists and tuples compare equal; ``True`` is not ``1``)."""
+    want = _norm(value)
+
+    def same(v: Any) -> bool:
+        got = _norm(v)
+        if isinstance(want, bool) or isinstance(got, bool):
+            return type(got) is type(want) and got == want
+        return bool(got == want)
+
+    return Value(same, f"== {value!r}", tensor_ok, name)
+
+
+def where(predicate: Callable[[Any], bool], description: str, name: str | None = None,
+          tensor_ok: bool = False) -> Value:
+    """A literal satisfying ``predicate``; ``description`` appears in declines."""
+    return Value(predicate, description, tensor_ok, name)
+
+
+def any_value(name: str | None = None) -> Value:
+    return Value(lambda v: True, "any value", False, name)
+
+
+def any_float(name: str | None = None, tensor_ok: bool = True) -> Value:
+    """Any real number (an int counts; a bool does not)."""
+    return Value(
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+        "any finite number",
+        tensor_ok,
+        name,
+    )
+
+
+def scalar(
+    name: str | None = None,
+    lo: float | None = None,
+    hi: float | None = None,
+    tensor_ok: bool = True,
+) -> Value:
+    """A number in ``[lo, hi]``; by default a 0-d constant tensor counts too."""
+
+    def ok(v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return False
+        return (lo is None or v >= lo) and (hi is None or v <= hi)
+
+    desc = "a number" + (f" >= {lo}" if lo is not None else "") + (f" <= {hi}" if hi is not None else "")
+    return Value(ok, desc, tensor_ok, name)

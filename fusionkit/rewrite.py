@@ -1,0 +1,179 @@
+"""Apply accepted matches to an ExportedProgram.
+
+Every match reaching this module already passed all its constraints, so each
+one is applied: fold the constants it planned to fold, build the replacement
+before the root (new nodes get ``meta['val']`` from fake-tensor propagation and
+the root's provenance metadata), reroute the root's users, erase the claimed
+nodes, and finally drop whatever became dead — graph nodes and the constants
+(with their signature entries and state-dict tensors) nothing uses any more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch._guards import detect_fake_mode
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from fusionkit.constants import ProgramInputs
+from fusionkit.finder import Match
+from fusionkit.folding import fold_to_constant
+from fusionkit.targets import OpTarget, dialect_target, resolve_op
+
+__all__ = ["FusionError", "Rewriter", "apply_matches"]
+
+_PROVENANCE_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn",
+                    "debug_handle", "custom")
+
+
+class FusionError(RuntimeError):
+    """A rule produced something inconsistent with the node it replaces (a rule bug)."""
+
+
+def _val(a: Any) -> Any:
+    if isinstance(a, Node):
+        return a.meta["val"]
+    if isinstance(a, (list, tuple)):
+        return type(a)(_val(x) for x in a)
+    return a
+
+
+class Rewriter:
+    """Creates replacement nodes at the root's position, with full metadata."""
+
+    def __init__(self, root: Node, rule_name: str) -> None:
+        self.root = root
+        self.graph = root.graph
+        self.rule_name = rule_name
+        self.created: list[Node] = []
+
+    def call(self, target: OpTarget, *args: Any, **kwargs: Any) -> Node:
+        """Insert ``target(*args, **kwargs)`` before the root and return its node."""
+        op = dialect_target(target, like=self.root.target)
+        overload = resolve_op(op)
+        vals = [_val(a) for a in (*args, *kwargs.values())]
+        fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+        if fake_mode is None:
+            fake_mode = detect_fake_mode([self.root.meta.get("val")])
+        with self.graph.inserting_before(self.root):
+            node = self.graph.call_function(op, tuple(args), dict(kwargs))
+        if fake_mode is not None:
+            with fake_mode:
+                node.meta["val"] = overload(*_val(tuple(args)), **_val(dict(kwargs)))
+        else:
+            node.meta["val"] = overload(*_val(tuple(args)), **_val(dict(kwargs)))
+        for key in _PROVENANCE_KEYS:
+            if key in self.root.meta:
+                node.meta[key] = self.root.meta[key]
+        try:
+            from torch.fx.traceback import NodeSource, NodeSourceAction
+
+            node.meta["from_node"] = [
+                NodeSource(self.root, f"fusionkit:{self.rule_name}", NodeSourceAction.REPLACE)
+            ]
+        except ImportError:  # pragma: no cover - older torch
+            pass
+        node.meta["fusionkit_rule"] = self.rule_name
+        self.created.append(node)
+        return node
+
+
+def _same_signature(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape)
+    return type(a) is type(b)
+
+
+def _erase_dead(ep: ExportedProgram, candidates: list[Node]) -> None:
+    """Erase candidates (and, transitively, their inputs) that nothing uses.
+
+    Only pure call_function nodes and constant placeholders are removed; a
+    constant's state-dict entry and signature spec go with its placeholder.
+    """
+    from executorch.backends.transforms.utils import delete_constant_placeholder
+
+    inputs = ProgramInputs(ep)
+    graph = ep.graph_module.graph
+    work = list(candidates)
+    while work:
+        n = work.pop()
+        if getattr(n, "_erased", False) or n.users or n.op == "output":
+            continue
+        if n.op == "call_function":
+            schema = getattr(resolve_op(n.target), "_schema", None) if _is_op(n.target) else None
+            if schema is None or schema.is_mutable:
+                continue
+            ins = list(n.all_input_nodes)
+            graph.erase_node(n)
+            work.extend(ins)
+        elif n.op == "placeholder" and inputs.constant(n) is not None:
+            delete_constant_placeholder(ep, n)
+            inputs = ProgramInputs(ep)
+
+
+def _is_op(target: Any) -> bool:
+    try:
+        resolve_op(target)
+        return True
+    except Exception:
+        return False
+
+
+def apply_matches(ep: ExportedProgram, matches: Sequence[Match]) -> list[Node]:
+    """Apply every match in order; returns the new root nodes. Mutates ``ep``."""
+    graph = ep.graph_module.graph
+    inputs = ProgramInputs(ep)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    replaced: dict[Node, Node] = {}
+    folded: dict[Node, Node] = {}
+    dead_candidates: list[Node] = []
+    new_roots: list[Node] = []
+
+    for m in matches:
+        captures = {k: replaced.get(v, v) if isinstance(v, Node) else v
+                    for k, v in m.captures.items()}
+        for name, source in m.folds.items():
+            if source not in folded:
+                folded[source] = fold_to_constant(ep, source, inputs, order)
+            captures[name] = folded[source]
+            dead_candidates.append(source)
+        rw = Rewriter(m.root, m.rule.name)
+        new = m.rule.replacement.build(rw, captures)
+        old_val = m.root.meta.get("val")
+        if old_val is not None and not _same_signature(new.meta.get("val"), old_val):
+            nv = new.meta.get("val")
+            raise FusionError(
+                f"rule {m.rule.name!r} at `{m.root.name}` built `{new.name}` with "
+                f"{getattr(nv, 'dtype', type(nv))}{tuple(getattr(nv, 'shape', ()))}, but the "
+                f"root is {getattr(old_val, 'dtype', '')}{tuple(getattr(old_val, 'shape', ()))}: "
+                "add a constraint so such matches are declined"
+            )
+        m.root.replace_all_uses_with(new)
+        replaced[m.root] = new
+        new_roots.append(new)
+        for v in m.captures.values():
+            if isinstance(v, Node):
+                dead_candidates.append(v)
+        # claimed nodes: erase consumers before producers
+        pending = list(m.claimed)
+        while pending:
+            progress = False
+            for n in list(pending):
+                if not n.users:
+                    ins = list(n.all_input_nodes)
+                    graph.erase_node(n)
+                    pending.remove(n)
+                    dead_candidates.extend(ins)
+                    progress = True
+            if not progress:
+                raise FusionError(
+                    f"rule {m.rule.name!r} at `{m.root.name}`: claimed nodes "
+                    f"{[n.name for n in pending]} are still used after the replacement"
+                )
+    _erase_dead(ep, dead_candidates)
+    graph.lint()
+    ep.graph_module.recompile()
+    return new_roots

@@ -1,0 +1,160 @@
+"""A fusion rule: pattern + constraints + replacement, validated when built.
+
+The replacement receives only matches that passed every constraint, so it has
+no way (and no reason) to decline: a counted replacement is a real one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fusionkit.constraints import Constraint
+from fusionkit.pattern import Pattern
+from fusionkit.targets import OpTarget, op_key, resolve_op
+
+if TYPE_CHECKING:
+    from torch.fx import Node
+
+    from fusionkit.rewrite import Rewriter
+
+__all__ = ["CallOp", "PythonReplacement", "Ref", "Replacement", "Rule", "RuleError", "ref"]
+
+
+class RuleError(ValueError):
+    """A rule that cannot be correct as written (caught when it is built)."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to a capture inside a replacement's arguments."""
+
+    name: str
+
+
+def ref(name: str) -> Ref:
+    return Ref(name)
+
+
+class Replacement(ABC):
+    """Builds the node that takes the root's place."""
+
+    @abstractmethod
+    def captures(self) -> set[str]:
+        """Capture names the replacement reads."""
+
+    @abstractmethod
+    def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node:
+        """Create the new node(s) through ``rw`` and return the one replacing the root."""
+
+
+def _refs_in(a: Any) -> set[str]:
+    if isinstance(a, Ref):
+        return {a.name}
+    if isinstance(a, (list, tuple)):
+        out: set[str] = set()
+        for x in a:
+            out |= _refs_in(x)
+        return out
+    return set()
+
+
+def _resolve(a: Any, captures: Mapping[str, Any]) -> Any:
+    if isinstance(a, Ref):
+        return captures[a.name]
+    if isinstance(a, list):
+        return [_resolve(x, captures) for x in a]
+    if isinstance(a, tuple):
+        return tuple(_resolve(x, captures) for x in a)
+    return a
+
+
+@dataclass(frozen=True)
+class CallOp(Replacement):
+    """Replace the root by one call of ``target`` with captures and literals as arguments."""
+
+    target: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        key = op_key(resolve_op(self.target))  # raises UnknownOpError early
+        object.__setattr__(self, "target", key)
+
+    def captures(self) -> set[str]:
+        out: set[str] = set()
+        for a in (*self.args, *self.kwargs.values()):
+            out |= _refs_in(a)
+        return out
+
+    def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node:
+        return rw.call(
+            self.target,
+            *(_resolve(a, captures) for a in self.args),
+            **{k: _resolve(v, captures) for k, v in self.kwargs.items()},
+        )
+
+
+@dataclass(frozen=True)
+class PythonReplacement(Replacement):
+    """A replacement that cannot be data: ``fn(rw, captures) -> Node``."""
+
+    fn: Callable[[Rewriter, Mapping[str, Any]], Node]
+    reads: frozenset[str] = frozenset()
+
+    def captures(self) -> set[str]:
+        return set(self.reads)
+
+    def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node:
+        return self.fn(rw, captures)
+
+
+@dataclass(frozen=True, eq=False)
+class Rule:
+    """A named fusion: find ``pattern``, require ``constraints``, emit ``replacement``.
+
+    ``priority``: at the same root, higher-priority rules are tried first.
+    ``allow_escape``: by default a match whose inner nodes are used outside it
+    is declined (fusing would compute them twice); set to keep such matches.
+    """
+
+    name: str
+    pattern: Pattern
+    replacement: Replacement
+    constraints: Sequence[Constraint] = ()
+    priority: int = 0
+    allow_escape: bool = False
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise RuleError("a rule needs a name")
+        object.__setattr__(self, "constraints", tuple(self.constraints))
+        if self.pattern.root_keys() is None:
+            raise RuleError(f"rule {self.name!r}: the pattern's root must be an op, "
+                            f"not {self.pattern!r}")
+        bound = self.pattern.captures()
+        for c in self.constraints:
+            missing = c.captures() - bound
+            if missing:
+                raise RuleError(f"rule {self.name!r}: constraint {c.kind} reads "
+                                f"{sorted(missing)}, which the pattern never binds")
+        missing = self.replacement.captures() - bound
+        if missing:
+            raise RuleError(f"rule {self.name!r}: the replacement uses {sorted(missing)}, "
+                            "which the pattern never binds")
+
+    @property
+    def root_keys(self) -> frozenset[str]:
+        keys = self.pattern.root_keys()
+        assert keys is not None
+        return keys
+
+
+def replace_with(target: OpTarget, *args: Any, **kwargs: Any) -> CallOp:
+    """``replace_with("et_vk.rms_norm.default", ref("x"), ref("weight"), ref("eps"))``."""
+    key = op_key(resolve_op(target))
+    assert key is not None
+    return CallOp(key, tuple(args), dict(kwargs))

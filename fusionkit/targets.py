@@ -1,0 +1,131 @@
+"""Operator identity: one canonical name for ATen, edge-dialect and custom ops.
+
+Rules are written against qualified names (``"aten.mul.Tensor"``) or op objects;
+graphs hold ``OpOverload`` (ATen dialect) or ``EdgeOpOverload`` (edge dialect).
+Both normalise to the same key, so one rule serves both dialects and the
+matcher can index rules by the key of their root op.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+__all__ = [
+    "OpTarget",
+    "UnknownOpError",
+    "dialect_target",
+    "is_edge_target",
+    "op_key",
+    "resolve_op",
+    "schema_of",
+]
+
+OpTarget = Any  # an OpOverload, an EdgeOpOverload, or a qualified name string
+
+
+class UnknownOpError(ValueError):
+    """A qualified op name that does not resolve to a registered operator."""
+
+
+def _overload_of(target: Any) -> torch._ops.OpOverload | None:
+    if isinstance(target, torch._ops.OpOverload):
+        return target
+    inner = getattr(target, "_op", None)  # EdgeOpOverload wraps an OpOverload
+    if isinstance(inner, torch._ops.OpOverload):
+        return inner
+    return None
+
+
+_KEY_CACHE: dict[Any, str | None] = {}
+
+
+def op_key(target: Any) -> str | None:
+    """Canonical ``namespace.name.overload`` of a node target, or None.
+
+    Cached per target object: this runs once per graph node at match time.
+    """
+    try:
+        return _KEY_CACHE[target]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable target
+        return None
+    overload = _overload_of(target)
+    key: str | None = None
+    if overload is not None:
+        ns, name = overload._schema.name.split("::", 1)
+        key = f"{ns}.{name}.{overload._overloadname}"
+    _KEY_CACHE[target] = key
+    return key
+
+
+def _import_op_libraries(namespace: str) -> None:
+    """Custom op namespaces register on import; import the ones we know of."""
+    if namespace == "et_vk":
+        try:
+            import executorch.backends.vulkan.custom_ops_lib  # noqa: F401
+        except ImportError:  # pragma: no cover - only without the Vulkan backend
+            pass
+    elif namespace == "quantized_decomposed":
+        try:
+            import torch.ao.quantization.fx._decomposed  # noqa: F401
+        except ImportError:  # pragma: no cover
+            pass
+
+
+@lru_cache(maxsize=None)
+def _resolve_name(name: str) -> torch._ops.OpOverload:
+    parts = name.replace("::", ".").split(".")
+    if len(parts) == 2:
+        parts.append("default")
+    if len(parts) != 3 or not all(parts):
+        raise UnknownOpError(
+            f"op name {name!r} is not of the form 'namespace.op.overload' "
+            "(e.g. 'aten.mul.Tensor')"
+        )
+    ns, op, overload = parts
+    for attempt in range(2):
+        try:
+            packet = getattr(getattr(torch.ops, ns), op)
+            return getattr(packet, overload)  # type: ignore[no-any-return]
+        except (AttributeError, RuntimeError):
+            if attempt == 0:
+                _import_op_libraries(ns)
+    raise UnknownOpError(f"op {name!r} does not resolve to a registered operator")
+
+
+def resolve_op(target: OpTarget) -> torch._ops.OpOverload:
+    """The ATen-level ``OpOverload`` for a name, OpOverload or EdgeOpOverload."""
+    if isinstance(target, str):
+        return _resolve_name(target)
+    overload = _overload_of(target)
+    if overload is None:
+        raise UnknownOpError(f"{target!r} is not an operator overload")
+    return overload
+
+
+def schema_of(target: Any) -> torch._C.FunctionSchema | None:
+    overload = _overload_of(target)
+    return overload._schema if overload is not None else None
+
+
+def is_edge_target(target: Any) -> bool:
+    return type(target).__name__ == "EdgeOpOverload"
+
+
+def dialect_target(key_or_target: OpTarget, like: Any) -> Any:
+    """``key_or_target`` as an op object of the same dialect as ``like``.
+
+    New nodes must use edge-dialect ops in an edge program (the verifier and
+    partitioners expect ``EdgeOpOverload``) and ATen ops in an ATen program.
+    """
+    overload = resolve_op(key_or_target)
+    if not is_edge_target(like):
+        return overload
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    ns, name = overload._schema.name.split("::", 1)
+    return getattr(getattr(getattr(exir_ops.edge, ns), name), overload._overloadname)

@@ -1,0 +1,1 @@
+"""Ready-made fusion rules and YAML specs (installed as ``fusionkit.passes``)."""

@@ -339,7 +339,7 @@ def _last_dim_vector(w: tuple[Any, ...], x: tuple[Any, ...]) -> bool:
     return len(w) >= 1 and len(x) >= 1 and all(d == 1 for d in w[:-1]) and w[-1] == x[-1]
 
 
-def BroadcastsOverLastDim(weight: str, x: str) -> ShapeRelation:  # noqa: N802 - reads as a type
+def BroadcastsOverLastDim(weight: str, x: str) -> ShapeRelation:
     """``weight`` is a vector over the last dim of ``x`` (leading 1s allowed)."""
     return ShapeRelation(weight, x, _last_dim_vector,
                          f"{weight} to be a vector over the last dim of {x}")

@@ -64,7 +64,7 @@ def evaluate_constant(node: Node, inputs: ProgramInputs, order: dict[Node, int])
                 assert ref is not None
                 env[n] = ref.tensor.detach()
             else:
-                target = getattr(n.target, "_op", n.target)  # run edge ops as ATen
+                target: Any = getattr(n.target, "_op", n.target)  # run edge ops as ATen
                 env[n] = target(*load(n.args), **load(dict(n.kwargs)))
     value = env[node]
     if not isinstance(value, torch.Tensor):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from fusionkit.targets import OpTarget, op_key, resolve_op
 
@@ -191,7 +191,7 @@ class Through(Pattern):
         return f"through({sorted(self.ops)}, {self.inner!r})"
 
 
-ArgPattern = Union[Pattern, Any]
+ArgPattern = Pattern | Any
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,7 +274,7 @@ def is_op(*targets: OpTarget, **options: Any) -> Callable[..., Op]:
     """TVM-style spelling: ``is_op("aten.mul.Tensor")(x, y)``."""
 
     def build(*args: ArgPattern, **kwargs: ArgPattern) -> Op:
-        return op(targets, *args, **options, **kwargs)
+        return op(targets, *args, **{**options, **kwargs})
 
     return build
 

@@ -8,7 +8,7 @@ matcher can index rules by the key of their root op.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import torch
@@ -76,7 +76,7 @@ def _import_op_libraries(namespace: str) -> None:
             pass
 
 
-@lru_cache(maxsize=None)
+@cache
 def _resolve_name(name: str) -> torch._ops.OpOverload:
     parts = name.replace("::", ".").split(".")
     if len(parts) == 2:

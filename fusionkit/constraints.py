@@ -31,6 +31,7 @@ __all__ = [
     "GraphLeaf",
     "PrepackableConstant",
     "Rank",
+    "ReducesLastDim",
     "SameDtype",
     "ScalarRange",
     "ShapeRelation",
@@ -343,6 +344,34 @@ def BroadcastsOverLastDim(weight: str, x: str) -> ShapeRelation:
     """``weight`` is a vector over the last dim of ``x`` (leading 1s allowed)."""
     return ShapeRelation(weight, x, _last_dim_vector,
                          f"{weight} to be a vector over the last dim of {x}")
+
+
+@dataclass(frozen=True)
+class ReducesLastDim(Constraint):
+    """A captured ``dim`` list names exactly the last dim of tensor capture ``x``.
+
+    Model code writes ``mean(-1)`` or ``mean(rank - 1)``; both mean the same.
+    """
+
+    dim: str
+    x: str
+    kind = "reduces_last_dim"
+
+    def captures(self) -> set[str]:
+        return {self.dim, self.x}
+
+    def check(self, ctx: CheckContext) -> Failure | None:
+        t = _tensor_val(ctx, self.x)
+        dims = ctx.captures.get(self.dim)
+        if isinstance(dims, int) and not isinstance(dims, bool):
+            dims = [dims]
+        rank = t.dim() if t is not None else 0
+        if (t is not None and isinstance(dims, (list, tuple)) and len(dims) == 1
+                and isinstance(dims[0], int) and rank > 0 and dims[0] % rank == rank - 1):
+            return None
+        return self._fail(self.dim, None,
+                          f"the reduction is over dims {dims} of the rank-{rank} "
+                          f"{_label(self.x, ctx.captures.get(self.x))}, not over its last dim")
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,8 @@ from __future__ import annotations
 from fusionkit import (
     CASTS,
     BroadcastsOverLastDim,
-    CheckContext,
-    Custom,
     PrepackableConstant,
+    ReducesLastDim,
     Rule,
     SameDtype,
     capture,
@@ -31,15 +30,6 @@ from fusionkit import (
 RMS_NORM_TARGET = "et_vk.rms_norm.default"
 
 
-def _reduces_last_dim(ctx: CheckContext) -> str | None:
-    x = ctx.val("x")
-    (dim,) = ctx.captures["dim"]
-    rank = x.dim()
-    if rank == 0 or dim % rank != rank - 1:
-        return f"the mean reduces dim {dim} of a rank-{rank} input, not the last dim"
-    return None
-
-
 def rms_norm_rule(name: str = "rms_norm", fold: bool = True) -> Rule:
     x = through(CASTS, capture("x"))
     square = op("aten.mul.Tensor", x, x) | op("aten.pow.Tensor_Scalar", x, 2)
@@ -52,7 +42,7 @@ def rms_norm_rule(name: str = "rms_norm", fold: bool = True) -> Rule:
         name=name,
         pattern=root,
         constraints=[
-            Custom(_reduces_last_dim, "reduces_last_dim", ("x", "dim")),
+            ReducesLastDim("dim", "x"),
             SameDtype("out", "x"),
             SameDtype("weight", "x"),
             BroadcastsOverLastDim("weight", "x"),

@@ -43,11 +43,11 @@ def rms_norm_rule(name: str = "rms_norm", fold: bool = True) -> Rule:
         pattern=root,
         constraints=[
             ReducesLastDim("dim", "x"),
+            PrepackableConstant("weight", fold=fold,
+                                role="et_vk.rms_norm prepacks its weight"),
             SameDtype("out", "x"),
             SameDtype("weight", "x"),
             BroadcastsOverLastDim("weight", "x"),
-            PrepackableConstant("weight", fold=fold,
-                                role="et_vk.rms_norm prepacks its weight"),
         ],
         replacement=replace_with(RMS_NORM_TARGET, ref("x"), ref("weight"), ref("eps")),
         description="decomposed RMSNorm times a constant weight into et_vk.rms_norm",

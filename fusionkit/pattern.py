@@ -39,8 +39,10 @@ __all__ = [
     "any_float",
     "any_value",
     "capture",
+    "int_list",
     "is_op",
     "lit",
+    "one_of",
     "op",
     "scalar",
     "through",
@@ -135,6 +137,9 @@ class Value(Pattern):
     description: str
     tensor_ok: bool = False
     name: str | None = None
+    #: data form of the predicate, e.g. ("scalar", lo, hi); None for an
+    #: arbitrary Python predicate (such a pattern cannot be written as YAML)
+    spec: tuple[Any, ...] | None = None
 
     def captures(self) -> set[str]:
         return {self.name} if self.name else set()
@@ -307,7 +312,7 @@ def lit(value: Any, name: str | None = None, tensor_ok: bool = False) -> Value:
             return type(got) is type(want) and got == want
         return bool(got == want)
 
-    return Value(same, f"== {value!r}", tensor_ok, name)
+    return Value(same, f"== {value!r}", tensor_ok, name, ("lit", want))
 
 
 def where(predicate: Callable[[Any], bool], description: str, name: str | None = None,
@@ -317,7 +322,7 @@ def where(predicate: Callable[[Any], bool], description: str, name: str | None =
 
 
 def any_value(name: str | None = None) -> Value:
-    return Value(lambda v: True, "any value", False, name)
+    return Value(lambda v: True, "any value", False, name, ("any_value",))
 
 
 def any_float(name: str | None = None, tensor_ok: bool = True) -> Value:
@@ -327,6 +332,7 @@ def any_float(name: str | None = None, tensor_ok: bool = True) -> Value:
         "any finite number",
         tensor_ok,
         name,
+        ("any_float",),
     )
 
 
@@ -344,4 +350,25 @@ def scalar(
         return (lo is None or v >= lo) and (hi is None or v <= hi)
 
     desc = "a number" + (f" >= {lo}" if lo is not None else "") + (f" <= {hi}" if hi is not None else "")
-    return Value(ok, desc, tensor_ok, name)
+    return Value(ok, desc, tensor_ok, name, ("scalar", lo, hi))
+
+
+def one_of(values: Iterable[Any], name: str | None = None, tensor_ok: bool = False) -> Value:
+    """Any of ``values`` (each compared as :func:`lit` compares)."""
+    options = tuple(lit(v) for v in values)
+    wanted = tuple(_norm(v) for v in values)
+    return Value(lambda v: any(o.predicate(v) for o in options),
+                 "one of " + ", ".join(repr(v) for v in wanted), tensor_ok, name,
+                 ("one_of", wanted))
+
+
+def int_list(length: int | None = None, name: str | None = None) -> Value:
+    """A list of ints (e.g. reduction dims), optionally of a given length."""
+
+    def ok(v: Any) -> bool:
+        return (isinstance(v, (list, tuple))
+                and all(isinstance(d, int) and not isinstance(d, bool) for d in v)
+                and (length is None or len(v) == length))
+
+    desc = "a list of ints" + (f" of length {length}" if length is not None else "")
+    return Value(ok, desc, False, name, ("int_list", length))

@@ -19,12 +19,12 @@ from fusionkit import (
     Rule,
     SameDtype,
     capture,
+    int_list,
     op,
     ref,
     replace_with,
     scalar,
     through,
-    where,
 )
 
 RMS_NORM_TARGET = "et_vk.rms_norm.default"
@@ -33,7 +33,7 @@ RMS_NORM_TARGET = "et_vk.rms_norm.default"
 def rms_norm_rule(name: str = "rms_norm", fold: bool = True) -> Rule:
     x = through(CASTS, capture("x"))
     square = op("aten.mul.Tensor", x, x) | op("aten.pow.Tensor_Scalar", x, 2)
-    mean = op("aten.mean.dim", square, where(lambda d: len(d) == 1, "one dim", name="dim"), True)
+    mean = op("aten.mean.dim", square, int_list(1, name="dim"), True)
     eps = scalar("eps", lo=0.0)
     variance = op("aten.add.Tensor", mean, eps) | op("aten.add.Scalar", mean, eps)
     normed = op("aten.mul.Tensor", x, op("aten.rsqrt.default", variance))

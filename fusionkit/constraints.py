@@ -22,6 +22,7 @@ from fusionkit.constants import ProgramInputs
 from fusionkit.targets import op_key
 
 __all__ = [
+    "SHAPE_RELATIONS",
     "BroadcastsOverLastDim",
     "CheckContext",
     "Constraint",
@@ -38,6 +39,7 @@ __all__ = [
     "StaticShape",
     "UserInput",
     "constant_fold_sources",
+    "named_shape_relation",
 ]
 
 
@@ -319,6 +321,8 @@ class ShapeRelation(Constraint):
     b: str
     relation: Callable[[tuple[Any, ...], tuple[Any, ...]], bool]
     description: str
+    #: key in :data:`SHAPE_RELATIONS` when the relation is a named built-in
+    relation_name: str | None = None
     kind = "shape_relation"
 
     def captures(self) -> set[str]:
@@ -340,10 +344,34 @@ def _last_dim_vector(w: tuple[Any, ...], x: tuple[Any, ...]) -> bool:
     return len(w) >= 1 and len(x) >= 1 and all(d == 1 for d in w[:-1]) and w[-1] == x[-1]
 
 
+def _same_shape(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return a == b
+
+
+def _same_last_dim(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) >= 1 and len(b) >= 1 and a[-1] == b[-1]
+
+
+#: named shape relations (usable from YAML specs): name -> (relation, "expected ...")
+SHAPE_RELATIONS: dict[str, tuple[Callable[[tuple[Any, ...], tuple[Any, ...]], bool], str]] = {
+    "broadcasts_over_last_dim": (_last_dim_vector, "{a} to be a vector over the last dim of {b}"),
+    "same_shape": (_same_shape, "{a} and {b} to have the same shape"),
+    "same_last_dim": (_same_last_dim, "{a} and {b} to have the same last dim"),
+}
+
+
+def named_shape_relation(name: str, a: str, b: str) -> ShapeRelation:
+    """A :data:`SHAPE_RELATIONS` entry applied to captures ``a`` and ``b``."""
+    try:
+        fn, text = SHAPE_RELATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown shape relation {name!r}; known: {sorted(SHAPE_RELATIONS)}") from None
+    return ShapeRelation(a, b, fn, text.format(a=a, b=b), name)
+
+
 def BroadcastsOverLastDim(weight: str, x: str) -> ShapeRelation:
     """``weight`` is a vector over the last dim of ``x`` (leading 1s allowed)."""
-    return ShapeRelation(weight, x, _last_dim_vector,
-                         f"{weight} to be a vector over the last dim of {x}")
+    return named_shape_relation("broadcasts_over_last_dim", weight, x)
 
 
 @dataclass(frozen=True)

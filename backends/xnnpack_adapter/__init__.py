@@ -1,1 +1,72 @@
-"""XNNPACK adapter."""
+"""XNNPACK adapter: ExecuTorch's XNNPACK lowering with correct constant bytes.
+
+Drop-in::
+
+    from fusionkit.backends.xnnpack_adapter import XnnpackPartitioner, transform_passes
+    prog = to_edge_transform_and_lower(
+        ep, transform_passes=transform_passes(), partitioner=[XnnpackPartitioner()]
+    ).to_executorch()
+
+:class:`XnnpackPartitioner` takes exactly what ExecuTorch's takes and installs
+fusionkit's XNNPACK constant serializer (:func:`install`, idempotent) when it is
+created and again when it partitions, so every constant XNNPACK serializes –
+including those its own preprocess passes create – is written from the tensor's
+own bytes. The hook stays installed until :func:`uninstall`; ``with install():``
+scopes it. :func:`transform_passes` adds :class:`~fusionkit.compact_constants.CompactConstantsPass`,
+which gives every constant its own storage before lowering (smaller programs for
+any backend; not needed for correctness with this adapter).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+    XnnpackPartitioner as _StockXnnpackPartitioner,
+)
+from executorch.exir.backend.partitioner import PartitionResult
+from executorch.exir.pass_base import ExportedProgramPassBase
+from fusionkit.backends.xnnpack_adapter.serializer import (
+    SUPPORTED_EXECUTORCH,
+    Installation,
+    UnsupportedExecuTorchError,
+    install,
+    is_installed,
+    uninstall,
+)
+from torch.export import ExportedProgram
+
+from fusionkit.compact_constants import CompactConstantsPass
+
+__all__ = [
+    "SUPPORTED_EXECUTORCH",
+    "CompactConstantsPass",
+    "Installation",
+    "UnsupportedExecuTorchError",
+    "XnnpackPartitioner",
+    "install",
+    "is_installed",
+    "transform_passes",
+    "uninstall",
+]
+
+
+class XnnpackPartitioner(_StockXnnpackPartitioner):
+    """ExecuTorch's ``XnnpackPartitioner`` (same arguments) + fusionkit's constant serializer."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        install()
+        super().__init__(*args, **kwargs)
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        install()  # preprocess runs right after partitioning, in to_backend
+        return super().partition(exported_program)
+
+
+def transform_passes(compact_constants: bool = True) -> list[ExportedProgramPassBase]:
+    """Passes for ``to_edge_transform_and_lower(transform_passes=...)``.
+
+    With ``compact_constants`` (default) every constant that does not own its
+    storage exactly is replaced by a compact copy before partitioning.
+    """
+    return [CompactConstantsPass()] if compact_constants else []

@@ -11,9 +11,15 @@ into a new constant, anything depending on an input is declined.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import torch
+
 from fusionkit import (
     CASTS,
     BroadcastsOverLastDim,
+    Constraint,
+    DtypeIn,
     PrepackableConstant,
     ReducesLastDim,
     Rule,
@@ -29,26 +35,43 @@ from fusionkit import (
 
 RMS_NORM_TARGET = "et_vk.rms_norm.default"
 
+#: dtypes ExecuTorch's Vulkan backend runs et_vk.rms_norm in (``utils.FP_T`` in 1.5.1)
+VULKAN_DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.float16})
 
-def rms_norm_rule(name: str = "rms_norm", fold: bool = True) -> Rule:
+
+def rms_norm_rule(name: str = "rms_norm", fold: bool = True,
+                  dtypes: Iterable[torch.dtype] | None = None) -> Rule:
+    """The RMSNorm fusion rule.
+
+    ``fold``: accept a weight computed only from constants (folded into a new
+    constant). ``dtypes``: if given, only fuse norms whose input ``x`` has one of
+    these dtypes — a backend adapter passes the dtypes its kernel supports, so
+    that no fused op is created that the partitioner would then leave undelegated
+    (et_vk ops have no CPU kernel in the ExecuTorch runtime).
+    """
     x = through(CASTS, capture("x"))
     square = op("aten.mul.Tensor", x, x) | op("aten.pow.Tensor_Scalar", x, 2)
     mean = op("aten.mean.dim", square, int_list(1, name="dim"), True)
-    eps = scalar("eps", lo=0.0)
+    # a literal, or the 0-d constant the edge dialect lifts it into; in fp16/bf16
+    # graphs that lifted fp32 constant is cast to the activations' dtype first
+    eps = through(CASTS, scalar("eps", lo=0.0))
     variance = op("aten.add.Tensor", mean, eps) | op("aten.add.Scalar", mean, eps)
     normed = op("aten.mul.Tensor", x, op("aten.rsqrt.default", variance))
     root = op("aten.mul.Tensor", through(CASTS, normed), capture("weight")).bind("out")
+    constraints: list[Constraint] = [
+        ReducesLastDim("dim", "x"),
+        PrepackableConstant("weight", fold=fold,
+                            role="et_vk.rms_norm prepacks its weight"),
+        SameDtype("out", "x"),
+        SameDtype("weight", "x"),
+        BroadcastsOverLastDim("weight", "x"),
+    ]
+    if dtypes is not None:
+        constraints.insert(0, DtypeIn("x", frozenset(dtypes)))
     return Rule(
         name=name,
         pattern=root,
-        constraints=[
-            ReducesLastDim("dim", "x"),
-            PrepackableConstant("weight", fold=fold,
-                                role="et_vk.rms_norm prepacks its weight"),
-            SameDtype("out", "x"),
-            SameDtype("weight", "x"),
-            BroadcastsOverLastDim("weight", "x"),
-        ],
+        constraints=constraints,
         replacement=replace_with(RMS_NORM_TARGET, ref("x"), ref("weight"), ref("eps")),
         description="decomposed RMSNorm times a constant weight into et_vk.rms_norm",
     )

@@ -1,0 +1,253 @@
+"""The ``fusionkit`` command.
+
+Exit status: 0 success, 1 problems found (``check``), 2 a user's mistake (bad
+spec, bad MODEL, bad arguments) — reported in one line, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+
+
+class UserError(Exception):
+    """A mistake in what the user gave us: printed as one line, exit status 2."""
+
+
+def _quiet_imports() -> None:
+    """Keep third-party import chatter (torchao, executorch) off the user's screen."""
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    import logging
+
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    # torchao prints "Failed to load ..." for optional CUDA kernels straight to
+    # the C-level stderr; silence fd 2 only while the heavy imports happen.
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            import executorch.exir  # noqa: F401
+            import torch  # noqa: F401
+
+            try:
+                import torchao  # noqa: F401
+            except Exception:
+                pass
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _progress(msg: str) -> None:
+    print(f"… {msg}", file=sys.stderr, flush=True)
+
+
+def _load_rules(paths: Sequence[str]) -> list[Any]:
+    from fusionkit.specs import SpecError, load_specs
+
+    if not paths:
+        return []
+    try:
+        return load_specs(paths)
+    except SpecError as e:
+        raise UserError(str(e)) from None
+
+
+def _load_model(spec: str) -> Any:
+    from fusionkit.models import ModelError, load_model
+
+    try:
+        return load_model(spec)
+    except ModelError as e:
+        raise UserError(str(e)) from None
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def _explain_rows(ms: Any) -> list[tuple[str, ...]]:
+    order = {n: i for i, n in enumerate(_graph_nodes(ms))}
+    items: list[tuple[int, tuple[str, ...]]] = []
+    for m in ms.accepted:
+        folded = ", ".join(f"{k} folded from `{v.name}`" for k, v in m.folds.items())
+        items.append((order.get(m.root, 0), (m.rule.name, "fused", m.root.name, "-", "-",
+                                             folded or f"{len(m.claimed)} nodes")))
+    for d in ms.declined:
+        items.append((order.get(d.root, 0), (d.rule, "declined", d.root.name, d.step,
+                                             d.node.name if d.node is not None else "-", d.reason)))
+    items.sort(key=lambda t: t[0])
+    return [row for _, row in items]
+
+
+def _graph_nodes(ms: Any) -> list[Any]:
+    roots = [m.root for m in ms.accepted] + [d.root for d in ms.declined]
+    if not roots:
+        return []
+    graph = roots[0].graph
+    return list(graph.nodes)
+
+
+def _explain_json(ms: Any) -> dict[str, Any]:
+    return {
+        "accepted": [{"rule": m.rule.name, "root": m.root.name,
+                      "nodes": [n.name for n in m.claimed],
+                      "folded": {k: v.name for k, v in m.folds.items()}} for m in ms.accepted],
+        "declined": [{"rule": d.rule, "root": d.root.name, "step": d.step,
+                      "node": d.node.name if d.node is not None else None,
+                      "reason": d.reason} for d in ms.declined],
+    }
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from fusionkit.lowering import explain
+    from fusionkit.term import Style, table
+
+    rules = _load_rules(args.spec)
+    model = _load_model(args.model)
+    ms = explain(model.exported, args.backend, rules)
+    if args.json:
+        print(json.dumps(_explain_json(ms), indent=2))
+        return EXIT_OK
+    st = Style()
+    print(st.bold(f"{model.name}: {len(ms.accepted)} fused, {len(ms.declined)} declined "
+                  f"({args.backend} rules{' + specs' if rules else ''})"))
+    rows = _explain_rows(ms)
+    if rows:
+        print(table(["rule", "verdict", "root", "step", "node", "reason"], rows))
+    return EXIT_OK
+
+
+def _report_text(report: Any) -> str:
+    from fusionkit.term import table
+
+    rows = [(r.rule, r.fused, r.folded, len(r.declines)) for r in report.rules.values()]
+    lines = [table(["rule", "fused", "folded consts", "declined"], rows, right=(1, 2, 3))]
+    for d in report.declined:
+        lines.append(f"  declined {d.rule} at `{d.root.name}` ({d.step}): {d.reason}")
+    return "\n".join(lines)
+
+
+def cmd_lower(args: argparse.Namespace) -> int:
+    from fusionkit.lowering import lower
+
+    rules = _load_rules(args.spec)
+    model = _load_model(args.model)
+    result = lower(model.exported, args.backend, rules, progress=_progress)
+    Path(args.output).write_bytes(result.pte)
+    if args.json:
+        print(json.dumps({"output": args.output, "bytes": len(result.pte),
+                          "seconds": result.seconds, **result.report.to_dict()}, indent=2))
+        return EXIT_OK
+    print(_report_text(result.report))
+    print(f"wrote {args.output} ({len(result.pte):,} bytes) in "
+          f"{sum(result.seconds.values()):.1f} s")
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from fusionkit.backends.vulkan_adapter import check
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise UserError(f"{args.file}: no such file")
+    problems = check(path.read_bytes())
+    if args.json:
+        print(json.dumps([str(p) for p in problems], indent=2))
+    elif problems:
+        for p in problems:
+            print(f"{args.file}: {p}")
+    else:
+        print(f"{args.file}: no problems found")
+    return EXIT_PROBLEMS if problems else EXIT_OK
+
+
+def cmd_specs_validate(args: argparse.Namespace) -> int:
+    rules = _load_rules(args.files)
+    for f in args.files:
+        print(f"{f}: ok")
+    print(f"{len(rules)} rule(s): {', '.join(r.name for r in rules)}")
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from fusionkit.specs import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from fusionkit.demo_job import run_demo
+
+    return run_demo(args.model, out_dir=Path(args.out) if args.out else None)
+
+
+# ------------------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fusionkit", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="lower the built-in demo model (or MODEL) and explain what happened")
+    d.add_argument("model", nargs="?", default=None, help=".pt2 file or package.module:factory")
+    d.add_argument("--out", help="directory to write the .pte files to")
+    d.set_defaults(fn=cmd_demo)
+
+    lo = sub.add_parser("lower", help="lower MODEL through a fusionkit adapter")
+    lo.add_argument("model", help=".pt2 file or package.module:factory")
+    lo.add_argument("--backend", choices=["vulkan", "xnnpack"], required=True)
+    lo.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
+    lo.add_argument("-o", "--output", required=True, help="where to write the .pte")
+    lo.add_argument("--json", action="store_true", help="print the report as JSON")
+    lo.set_defaults(fn=cmd_lower)
+
+    ex = sub.add_parser("explain", help="every accepted and declined match, without lowering")
+    ex.add_argument("model", help=".pt2 file or package.module:factory")
+    ex.add_argument("--backend", choices=["vulkan", "xnnpack"], default="vulkan")
+    ex.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
+    ex.add_argument("--json", action="store_true")
+    ex.set_defaults(fn=cmd_explain)
+
+    ch = sub.add_parser("check", help="static checks of a .pte (Vulkan prepacked arguments)")
+    ch.add_argument("file")
+    ch.add_argument("--json", action="store_true")
+    ch.set_defaults(fn=cmd_check)
+
+    sp = sub.add_parser("specs", help="work with YAML fusion specs")
+    spsub = sp.add_subparsers(dest="specs_command", required=True)
+    v = spsub.add_parser("validate", help="load and compile spec files")
+    v.add_argument("files", nargs="+")
+    v.set_defaults(fn=cmd_specs_validate)
+
+    sc = sub.add_parser("schema", help="print the JSON Schema of spec files")
+    sc.set_defaults(fn=cmd_schema)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command not in ("schema",):
+        _quiet_imports()
+    try:
+        return int(args.fn(args))
+    except UserError as e:
+        print(f"fusionkit: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

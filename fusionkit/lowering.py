@@ -1,0 +1,101 @@
+"""Lowering through a fusionkit adapter, as the CLI and the demo do it.
+
+One function per job — :func:`explain` (find and decide matches, change
+nothing) and :func:`lower` (``to_edge_transform_and_lower`` with the adapter's
+passes and partitioner, then ``to_executorch``) — over a small table of
+backends, each adapter imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from torch.export import ExportedProgram
+
+from fusionkit.finder import MatchSet, find_matches
+from fusionkit.fusion_pass import FusionPass
+from fusionkit.report import FusionReport
+from fusionkit.rule import Rule
+
+__all__ = ["BACKENDS", "LoweringResult", "adapter", "builtin_rules", "explain", "lower"]
+
+#: backend name -> adapter module and its partitioner class name
+BACKENDS: dict[str, tuple[str, str]] = {
+    "vulkan": ("fusionkit.backends.vulkan_adapter", "VulkanPartitioner"),
+    "xnnpack": ("fusionkit.backends.xnnpack_adapter", "XnnpackPartitioner"),
+}
+
+Progress = Callable[[str], None]
+
+
+def adapter(backend: str) -> ModuleType:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS)}")
+    return importlib.import_module(BACKENDS[backend][0])
+
+
+def _fusion_passes(passes: Sequence[Any]) -> list[FusionPass]:
+    return [p for p in passes if isinstance(p, FusionPass)]
+
+
+def builtin_rules(backend: str) -> list[Rule]:
+    """The fusion rules the backend's adapter applies by default."""
+    rules: list[Rule] = []
+    for p in _fusion_passes(adapter(backend).transform_passes()):
+        rules.extend(p.rules)
+    return rules
+
+
+def explain(ep: ExportedProgram, backend: str, extra_rules: Sequence[Rule] = ()) -> MatchSet:
+    """Every accepted and declined match on the edge program; nothing is changed."""
+    from executorch.exir import to_edge
+
+    edge = to_edge(ep).exported_program()
+    return find_matches(edge, [*builtin_rules(backend), *extra_rules])
+
+
+@dataclass
+class LoweringResult:
+    backend: str
+    edge: Any  # EdgeProgramManager
+    program: Any  # ExecutorchProgramManager, or None when not serialized
+    report: FusionReport
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def pte(self) -> bytes:
+        assert self.program is not None
+        return bytes(self.program.buffer)
+
+
+def lower(ep: ExportedProgram, backend: str, extra_rules: Sequence[Rule] = (), *,
+          to_executorch: bool = True, progress: Progress | None = None) -> LoweringResult:
+    """Lower ``ep`` through the adapter of ``backend`` (plus ``extra_rules``)."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    say = progress or (lambda _msg: None)
+    mod = adapter(backend)
+    passes = list(mod.transform_passes())
+    if extra_rules:
+        passes.insert(0, FusionPass(extra_rules, name="specs"))
+    partitioner = getattr(mod, BACKENDS[backend][1])()
+    seconds: dict[str, float] = {}
+    say(f"lowering to {backend} (export → edge → fusion → partition → preprocess)")
+    t0 = time.perf_counter()
+    edge = to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[partitioner])
+    seconds["lower"] = time.perf_counter() - t0
+    program = None
+    if to_executorch:
+        say(f"serializing the {backend} program")
+        t0 = time.perf_counter()
+        program = edge.to_executorch()
+        seconds["to_executorch"] = time.perf_counter() - t0
+    report = FusionReport()
+    for p in _fusion_passes(passes):
+        report.merge(p.report)
+    return LoweringResult(backend, edge, program, report, seconds)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
+from torch.export.graph_signature import TensorArgument
 from torch.fx import Node
 
 from fusionkit.constants import ProgramInputs
@@ -114,6 +115,13 @@ def _erase_dead(ep: ExportedProgram, candidates: list[Node]) -> None:
             inputs = ProgramInputs(ep)
 
 
+def _rename_outputs(ep: ExportedProgram, renamed: dict[str, str]) -> None:
+    """A replaced root that was a program output: its output spec names the new node."""
+    for spec in ep.graph_signature.output_specs:
+        if isinstance(spec.arg, TensorArgument) and spec.arg.name in renamed:
+            spec.arg = TensorArgument(name=renamed[spec.arg.name])
+
+
 def _is_op(target: Any) -> bool:
     try:
         resolve_op(target)
@@ -174,6 +182,7 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match]) -> list[Node]:
                     f"{[n.name for n in pending]} are still used after the replacement"
                 )
     _erase_dead(ep, dead_candidates)
+    _rename_outputs(ep, {old.name: new.name for old, new in replaced.items()})
     graph.lint()
     ep.graph_module.recompile()
     return new_roots

@@ -1,0 +1,1 @@
+"""fusionkit benchmarks: run with ``python -m benchmarks`` (see README.md)."""

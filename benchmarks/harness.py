@@ -1,0 +1,196 @@
+"""Timing, call counting and the stock/fusionkit entry points the benchmark compares."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+def median_time(fn: Callable[[Any], Any], runs: int,
+                setup: Callable[[], Any] | None = None) -> tuple[float, list[float]]:
+    """Median wall time (s) of ``fn(setup())`` over ``runs``; ``setup`` is not timed."""
+    times = []
+    for _ in range(runs):
+        arg = setup() if setup is not None else None
+        gc.collect()
+        t0 = time.perf_counter()
+        fn(arg)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+# ------------------------------------------------------------------ recompile / retrace
+
+
+@dataclass
+class CallCounts:
+    recompile: int = 0
+    retrace: int = 0  # ExportPass.call: re-runs every node on fake tensors
+    graphs: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def count_recompiles_and_retraces() -> Iterator[CallCounts]:
+    """Counts ``GraphModule.recompile`` and ``ExportPass.call`` while the block runs.
+
+    ``FusePatternsPass.call`` retraces with ``super().call(graph_module)``, which
+    resolves to ``_ExportPassBase.call``; patching the class attribute sees it.
+    """
+    from executorch.exir import pass_base
+
+    counts = CallCounts()
+    real_recompile = torch.fx.GraphModule.recompile
+    real_call = pass_base._ExportPassBase.call
+
+    def recompile(self: torch.fx.GraphModule) -> Any:
+        counts.recompile += 1
+        return real_recompile(self)
+
+    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
+        counts.retrace += 1
+        counts.graphs.append(type(self).__name__)
+        return real_call(self, graph_module)
+
+    torch.fx.GraphModule.recompile = recompile  # type: ignore[method-assign]
+    pass_base._ExportPassBase.call = call  # type: ignore[method-assign]
+    try:
+        yield counts
+    finally:
+        torch.fx.GraphModule.recompile = real_recompile  # type: ignore[method-assign]
+        pass_base._ExportPassBase.call = real_call  # type: ignore[method-assign]
+
+
+# ------------------------------------------------------------------------- fusionkit
+
+
+def builtin_rules() -> tuple[list[Any], str]:
+    """Every rule fusionkit ships, and where the list came from.
+
+    Uses a registry in ``fusionkit.passes`` when one exists (a function or a
+    list under one of the usual names); otherwise falls back to the rules the
+    benchmark knows about.
+    """
+    import fusionkit.passes as fp
+
+    for name in ("builtin_rules", "all_rules", "default_rules", "BUILTIN_RULES", "ALL_RULES",
+                 "rules"):
+        obj = getattr(fp, name, None)
+        if obj is None:
+            continue
+        rules = obj() if callable(obj) else obj
+        rules = list(rules)
+        if rules:
+            return rules, f"fusionkit.passes.{name}"
+    from fusionkit.passes.rms_norm import rms_norm_rule
+
+    return [rms_norm_rule()], "no registry in fusionkit.passes: [rms_norm_rule()]"
+
+
+# ----------------------------------------------------------------------------- stock
+
+
+class StockVulkan:
+    """Stock ExecuTorch Vulkan detection/fusion, as shipped or with cached pattern graphs.
+
+    As shipped, every ``get_all_fusable_subgraphs`` / ``FusePatternsPass`` call
+    re-exports the RoPE pattern graphs (``get_rope_graphs``/``get_hf_rope_graphs``
+    call ``torch.export`` + ``to_edge``). ``cached()`` swaps in the graphs
+    built once, so only SubgraphMatcher and the per-node detectors remain: the
+    strictest comparison for fusionkit.
+    """
+
+    def __init__(self) -> None:
+        import executorch.backends.vulkan.patterns as vk
+
+        self.vk = vk
+        self._graphs: dict[str, list[torch.fx.GraphModule]] | None = None
+
+    def pattern_graphs(self) -> dict[str, list[torch.fx.GraphModule]]:
+        if self._graphs is None:
+            self._graphs = {name: list(e.get_graphs_fn())
+                            for name, e in self.vk.fusable_patterns.items()
+                            if e.get_graphs_fn is not None}
+        return self._graphs
+
+    def build_pattern_graphs(self) -> None:
+        """What every as-shipped call pays before matching starts."""
+        self.vk.all_fusable_graph_patterns()
+
+    @contextlib.contextmanager
+    def cached(self) -> Iterator[None]:
+        graphs = self.pattern_graphs()
+        entries = self.vk.fusable_patterns
+        saved = {name: entries[name].get_graphs_fn for name in graphs}
+        saved_all = self.vk.all_fusable_graph_patterns
+        for name, gs in graphs.items():
+            entries[name].get_graphs_fn = (lambda gs=gs: gs)
+        self.vk.all_fusable_graph_patterns = lambda: [g for gs in graphs.values() for g in gs]
+        try:
+            yield
+        finally:
+            for name, fn in saved.items():
+                entries[name].get_graphs_fn = fn
+            self.vk.all_fusable_graph_patterns = saved_all
+
+    def detect(self, gm: torch.fx.GraphModule) -> list[Any]:
+        return list(self.vk.get_all_fusable_subgraphs(gm))
+
+    def fuse(self, ep: Any) -> Any:
+        from executorch.backends.vulkan._passes.fuse_patterns import FusePatternsPass
+
+        p = FusePatternsPass()
+        p._exported_program = ep
+        return p(ep.graph_module)
+
+
+# -------------------------------------------------------------------------- adapters
+
+
+@dataclass
+class Adapter:
+    backend: str
+    partitioner: Callable[[], Any]
+    passes: Callable[[], list[Any]]
+    module: Any = None
+
+    def uninstall(self) -> None:
+        """Remove any global hook the adapter installed, so stock runs are stock."""
+        un = getattr(self.module, "uninstall", None)
+        if callable(un):
+            un()
+
+
+def load_adapter(backend: str) -> tuple[Adapter | None, str]:
+    """``fusionkit.backends.<backend>_adapter`` if it provides the adapter API."""
+    mod_name = f"fusionkit.backends.{backend}_adapter"
+    part_name = {"vulkan": "VulkanPartitioner", "xnnpack": "XnnpackPartitioner"}[backend]
+    try:
+        mod = importlib.import_module(mod_name)
+        part = getattr(mod, part_name)
+        tp = mod.transform_passes
+    except (ImportError, AttributeError) as e:
+        return None, f"adapter not available ({mod_name}: {e})"
+
+    def passes() -> list[Any]:
+        got = tp() if callable(tp) else tp
+        return list(got)
+
+    return Adapter(backend, part, passes, mod), mod_name
+
+
+def stock_partitioner(backend: str) -> Any:
+    if backend == "vulkan":
+        from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+
+        return VulkanPartitioner()
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return XnnpackPartitioner()

@@ -1,0 +1,468 @@
+"""fusionkit benchmark: matching, no-op pass, end-to-end lowering, .pte size.
+
+Run from the repository root (after ``bash scripts/bootstrap``)::
+
+    python -m benchmarks            # full run, a few minutes
+    python -m benchmarks --quick    # CI smoke run, well under 30 s
+    python -m benchmarks --json out.json
+
+Everything runs in one process, side by side; figures are medians of several
+runs and the table prints ratios (stock time / fusionkit time, > 1 means
+fusionkit is faster) because absolute times on shared machines are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+# ----------------------------------------------------------------------------- output
+
+
+def _table(rows: list[list[str]], head: list[str]) -> str:
+    cells = [head, *rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    out = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+           for r in cells]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def _ms(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e3:.1f}"
+
+
+def _x(r: float | None) -> str:
+    return "-" if r is None else (f"{r:.0f}x" if r >= 100 else f"{r:.2f}x")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+class Targets:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str]] = []
+
+    def add(self, name: str, met: bool | None, detail: str) -> None:
+        status = "SKIPPED" if met is None else ("MET" if met else "MISSED")
+        self.rows.append((name, status, detail))
+
+    def render(self) -> str:
+        lines = ["== targets =="]
+        w = max(len(n) for n, _, _ in self.rows)
+        for name, status, detail in self.rows:
+            lines.append(f"  [{status:7}] {name.ljust(w)}  {detail}")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------- 1. matching
+
+
+def bench_matching(sizes: Sequence[int], runs: int, big_runs: int, shipped_runs: int,
+                   stock_pass_max: int, results: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    from benchmarks import graphs
+    from benchmarks.harness import StockVulkan, builtin_rules, median_time
+    from fusionkit import FusionPass
+    from fusionkit.finder import RuleIndex, find_matches
+
+    rules, source = builtin_rules()
+    index = RuleIndex(rules)
+    stock = StockVulkan()
+    print(f"rule set: {[r.name for r in rules]} ({source})")
+
+    t_graphs, _ = median_time(lambda _: stock.build_pattern_graphs(), max(1, shipped_runs))
+    stock.pattern_graphs()
+    results["stock_pattern_graph_export_s"] = t_graphs
+    print(f"stock: every as-shipped get_all_fusable_subgraphs/FusePatternsPass call first re-exports "
+          f"its RoPE pattern graphs: {_ms(t_graphs)} ms per call (median)")
+
+    rows, out = [], {}
+    for size in sizes:
+        copies = graphs.copies_for("mixed", size)
+        ep = graphs.build("mixed", copies)
+        n = graphs.node_count(ep)
+        r = big_runs if n > 2500 else runs
+        t_fk, _ = median_time(lambda _, ep=ep: find_matches(ep, index), r)
+        ms = find_matches(ep, index)
+        with stock.cached():
+            t_st, _ = median_time(lambda _, ep=ep: stock.detect(ep.graph_module), r)
+            n_stock = len(stock.detect(ep.graph_module))
+        t_pass, _ = median_time(lambda e: FusionPass(rules)(e), r,
+                                setup=lambda c=copies: graphs.build("mixed", c))
+        t_stpass = None
+        if n <= stock_pass_max:
+            with stock.cached():
+                t_stpass, _ = median_time(lambda e: stock.fuse(e), max(1, min(r, 3)),
+                                          setup=lambda c=copies: graphs.build("mixed", c))
+        rec = {
+            "nodes": n, "runs": r,
+            "fusionkit_find_s": t_fk, "us_per_node": t_fk / n * 1e6,
+            "stock_detect_cached_s": t_st, "detect_ratio_cached": t_st / t_fk,
+            "stock_detect_shipped_s": t_st + t_graphs,
+            "detect_ratio_shipped": (t_st + t_graphs) / t_fk,
+            "fusionkit_pass_s": t_pass, "stock_pass_cached_s": t_stpass,
+            "pass_ratio": (t_stpass / t_pass) if t_stpass else None,
+            "fusionkit_fused": len(ms.accepted), "fusionkit_declined": len(ms.declined),
+            "stock_matched": n_stock,
+        }
+        out[n] = rec
+        rows.append([f"{n}", _ms(t_fk), f"{rec['us_per_node']:.2f}", _ms(t_st),
+                     _x(rec["detect_ratio_cached"]), _x(rec["detect_ratio_shipped"]),
+                     _ms(t_pass), _ms(t_stpass), _x(rec["pass_ratio"]),
+                     f"{len(ms.accepted)}/{len(ms.declined)}", f"{n_stock}"])
+        print(f"  ... {n} nodes done", file=sys.stderr, flush=True)
+    print(_table(rows, ["nodes", "fk find ms", "us/node", "stock det ms", "x cached",
+                        "x shipped", "fk pass ms", "stock pass ms", "x pass",
+                        "fk fused/decl", "stock matched"]))
+    print("  fk find = fusionkit.find_matches, full built-in rule set; stock det = "
+          "get_all_fusable_subgraphs with pattern graphs cached; x shipped adds the per-call "
+          "pattern-graph export stock pays as shipped.\n"
+          "  passes: FusionPass (find + rewrite + one recompile) vs FusePatternsPass (cached "
+          "pattern graphs; replace + recompile + ExportPass retrace). Ratios are stock/fusionkit.\n"
+          "  stock matches every norm, including the AdaLN ones whose weight is computed from "
+          "an input; fusionkit declines those (fk declined).")
+    return out
+
+
+# ------------------------------------------------------------- 2. nothing matches
+
+
+def bench_noop(size: int, runs: int, results: dict[str, Any]) -> dict[str, Any]:
+    from benchmarks import graphs
+    from benchmarks.harness import (
+        StockVulkan,
+        builtin_rules,
+        count_recompiles_and_retraces,
+        median_time,
+    )
+    from fusionkit import FusionPass
+
+    rules, _ = builtin_rules()
+    copies = graphs.copies_for("adaln", size)
+    ep = graphs.build("adaln", copies)
+    n = graphs.node_count(ep)
+    gm_before = ep.graph_module
+    nodes_before = [(x.name, x.target, x.args) for x in gm_before.graph.nodes]
+    p = FusionPass(rules)
+    with count_recompiles_and_retraces() as fk_counts:
+        t_fk, _ = median_time(lambda _: p(ep), runs)
+        res = p(ep)
+    unchanged = (res.exported_program is ep and ep.graph_module is gm_before
+                 and [(x.name, x.target, x.args) for x in ep.graph_module.graph.nodes] == nodes_before)
+    stock = StockVulkan()
+    with stock.cached(), count_recompiles_and_retraces() as st_counts:
+        ep2 = graphs.build("adaln", copies)
+        t0 = time.perf_counter()
+        st_res = stock.fuse(ep2)
+        t_st = time.perf_counter() - t0
+    rec = {
+        "nodes": n, "runs": runs, "fusionkit_s": t_fk, "us_per_node": t_fk / n * 1e6,
+        "fusionkit_modified": res.modified, "fusionkit_fused": p.report.total_fused,
+        "fusionkit_declined": len(p.report.declined),
+        "fusionkit_recompiles": fk_counts.recompile, "fusionkit_retraces": fk_counts.retrace,
+        "graph_unchanged": unchanged,
+        "stock_s": t_st, "stock_modified": st_res.modified,
+        "stock_recompiles": st_counts.recompile, "stock_retraces": st_counts.retrace,
+    }
+    print(_table([
+        ["fusionkit FusionPass", f"{n}", _ms(t_fk), f"{rec['us_per_node']:.2f}", str(res.modified),
+         f"{rec['fusionkit_fused']}/{rec['fusionkit_declined']}",
+         str(fk_counts.recompile), str(fk_counts.retrace)],
+        ["stock FusePatternsPass", f"{n}", _ms(t_st), f"{t_st / n * 1e6:.2f}", str(st_res.modified),
+         "-", str(st_counts.recompile), str(st_counts.retrace)],
+    ], ["pass (AdaLN-only graph)", "nodes", "ms", "us/node", "modified", "fused/declined",
+        "recompiles", "retraces"]))
+    print(f"  fusionkit: {runs + 1} runs counted; graph module object, node list and program "
+          f"object unchanged: {unchanged}. Stock (1 run) fuses the AdaLN norms anyway, so it "
+          "recompiles and retraces.")
+    return rec
+
+
+# ------------------------------------------------------------------ 3. end-to-end
+
+
+def _export(model: Any, example: tuple[Any, ...]) -> Any:
+    import torch
+
+    return torch.export.export(model, example)
+
+
+def bench_e2e(layers_list: Sequence[int], runs: int, results: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from executorch.exir import to_edge_transform_and_lower
+
+    from benchmarks.harness import load_adapter, median_time, stock_partitioner
+    from benchmarks.models import TinyLlama
+
+    out: dict[str, Any] = {}
+    rows = []
+    for backend in ("vulkan", "xnnpack"):
+        adapter, why = load_adapter(backend)
+        if adapter is None:
+            print(f"  {backend}: {why}")
+        for layers in layers_list:
+            torch.manual_seed(0)
+            model = TinyLlama(layers).eval()
+            example = (torch.randn(1, 8, 64),)
+
+            def stock_run(ep: Any, backend: str = backend) -> Any:
+                return to_edge_transform_and_lower(ep, partitioner=[stock_partitioner(backend)])
+
+            def adapter_run(ep: Any, adapter: Any = adapter) -> Any:
+                return to_edge_transform_and_lower(ep, transform_passes=adapter.passes(),
+                                                   partitioner=[adapter.partitioner()])
+
+            def fresh(model: Any = model, example: tuple[Any, ...] = example) -> Any:
+                return _export(model, example)
+
+            # warm up both paths once (first lowering in a process pays one-time costs)
+            if adapter is not None:
+                adapter.uninstall()
+            stock_run(fresh())
+            if adapter is not None:
+                adapter_run(fresh())
+            t_st_all, t_ad_all = [], []
+            for _ in range(runs):  # interleaved so drift hits both alike
+                if adapter is not None:
+                    adapter.uninstall()
+                t_st_all.append(median_time(stock_run, 1, setup=fresh)[0])
+                if adapter is not None:
+                    t_ad_all.append(median_time(adapter_run, 1, setup=fresh)[0])
+            if adapter is not None:
+                adapter.uninstall()
+            import statistics
+
+            t_st = statistics.median(t_st_all)
+            t_ad = statistics.median(t_ad_all) if t_ad_all else None
+            key = f"{backend}_{layers}L"
+            out[key] = {"stock_s": t_st, "adapter_s": t_ad, "runs": runs,
+                        "adapter_over_stock": (t_ad / t_st) if t_ad else None,
+                        "adapter": why}
+            rows.append([backend, str(layers), _ms(t_st), _ms(t_ad),
+                         _x(t_ad / t_st) if t_ad else "adapter not available"])
+    print(_table(rows, ["backend", "layers", "stock ms", "adapter ms", "adapter/stock"]))
+    print(f"  to_edge_transform_and_lower of a Llama-style stack (dim 64, 4 heads, seq 8); "
+          f"median of {runs} interleaved runs after one warm-up each; export not timed.")
+    return out
+
+
+# ---------------------------------------------------------------------- 4. .pte size
+
+
+def _named_data_bytes(pte: bytes) -> int:
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    pf = deserialize_pte_binary(pte)
+    nd = pf.named_data
+    return sum(len(b) for b in nd.buffers) if nd is not None else 0
+
+
+def bench_pte(results: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from executorch.exir import to_edge_transform_and_lower
+
+    from benchmarks.harness import load_adapter, stock_partitioner
+    from benchmarks.models import ViewConstant
+
+    dim = 32
+    view_bytes = dim * dim * 4
+    out: dict[str, Any] = {}
+    rows = []
+    for backend in ("vulkan", "xnnpack"):
+        adapter, why = load_adapter(backend)
+        sizes: dict[str, tuple[int, int] | None] = {}
+        for label, compact, use_adapter in (("stock compact", True, False),
+                                            ("stock view", False, False),
+                                            ("adapter view", False, True)):
+            if use_adapter and adapter is None:
+                sizes[label] = None
+                continue
+            if adapter is not None:
+                adapter.uninstall()
+            torch.manual_seed(0)
+            ep = _export(ViewConstant(dim, compact=compact).eval(), (torch.randn(2, dim),))
+            if use_adapter:
+                assert adapter is not None
+                edge = to_edge_transform_and_lower(ep, transform_passes=adapter.passes(),
+                                                   partitioner=[adapter.partitioner()])
+            else:
+                edge = to_edge_transform_and_lower(ep, partitioner=[stock_partitioner(backend)])
+            pte = edge.to_executorch().buffer
+            sizes[label] = (len(pte), _named_data_bytes(pte))
+            if adapter is not None:
+                adapter.uninstall()
+        out[backend] = {k: (None if v is None else {"pte_bytes": v[0], "named_data_bytes": v[1]})
+                        for k, v in sizes.items()}
+        out[backend]["adapter"] = why
+        for label, v in sizes.items():
+            rows.append([backend, label, "adapter not available" if v is None else str(v[0]),
+                         "-" if v is None else str(v[1])])
+    print(_table(rows, ["backend", "program", ".pte bytes", "constant bytes"]))
+    print(f"  F.linear with a {dim}x{dim} fp32 weight buffer that is randn(3,{dim},{dim})[1]: "
+          f"view {view_bytes} B inside a {3 * view_bytes} B storage at offset {view_bytes} B. "
+          "'constant bytes' = named data in the .pte.")
+    out["view_bytes"] = view_bytes
+    return out
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="CI smoke run: small graphs, fewer runs, no lowering (seconds)")
+    ap.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    t_start = time.perf_counter()
+
+    import executorch
+    import torch
+
+    quick = args.quick
+    if quick:
+        sizes, runs, big_runs, shipped_runs, stock_pass_max = [100, 1000, 2000], 3, 3, 1, 300
+        noop_size, noop_runs = 1000, 3
+    else:
+        sizes, runs, big_runs, shipped_runs, stock_pass_max = (
+            [100, 500, 1000, 2000, 5000, 10000, 20000], 7, 5, 3, 20000)
+        noop_size, noop_runs = 20000, 7
+
+    et_version = getattr(executorch, "__version__", None)
+    if et_version is None:
+        from importlib.metadata import version
+
+        et_version = version("executorch")
+    results: dict[str, Any] = {
+        "machine": {"nproc": os.cpu_count(), "cpu": _cpu_model(), "python": platform.python_version(),
+                    "torch": torch.__version__, "executorch": et_version},
+        "quick": quick,
+    }
+    m = results["machine"]
+    print(f"fusionkit benchmark{' (--quick)' if quick else ''}: {m['nproc']} CPUs, {m['cpu']}, "
+          f"python {m['python']}, torch {m['torch']}, executorch {m['executorch']}")
+    targets = Targets()
+
+    print("\n== 1. matching: fusionkit vs stock Vulkan detection and FusePatternsPass ==")
+    match = bench_matching(sizes, runs, big_runs, shipped_runs, stock_pass_max, results)
+    results["matching"] = {str(k): v for k, v in match.items()}
+    by_size = sorted(match)
+
+    def nearest(target: int) -> dict[str, Any]:
+        return match[min(by_size, key=lambda n: abs(n - target))]
+
+    r2k = nearest(2000)
+    growth_note = ""
+    big = [match[n] for n in by_size if n >= 900]
+    if len(by_size) >= 2 and max(by_size) >= 15000:
+        r1k, r20k = nearest(1000), nearest(20000)
+        g_1k = r20k["fusionkit_find_s"] / r1k["fusionkit_find_s"]
+        g_2k = r20k["fusionkit_find_s"] / r2k["fusionkit_find_s"]
+        n_ratio_1k = r20k["nodes"] / r1k["nodes"]
+        n_ratio_2k = r20k["nodes"] / r2k["nodes"]
+        results["growth"] = {"t20k_over_t1k": g_1k, "nodes20k_over_nodes1k": n_ratio_1k,
+                             "t20k_over_t2k": g_2k, "nodes20k_over_nodes2k": n_ratio_2k}
+        growth_note = (f"growth 1k->20k: time x{g_1k:.1f} for nodes x{n_ratio_1k:.1f}; "
+                       f"2k->20k: time x{g_2k:.1f} for nodes x{n_ratio_2k:.1f}")
+        print(f"  {growth_note}")
+    targets.add(">=100x faster than stock detection @2k nodes",
+                r2k["detect_ratio_shipped"] >= 100,
+                f"{r2k['nodes']} nodes: {_x(r2k['detect_ratio_shipped'])} vs get_all_fusable_subgraphs "
+                f"as shipped; {_x(r2k['detect_ratio_cached'])} with its pattern graphs cached "
+                f"({'also' if r2k['detect_ratio_cached'] >= 100 else 'not'} >=100x)")
+    worst = max(big, key=lambda r: r["us_per_node"])
+    targets.add("<=5 us/node, full built-in rule set", worst["us_per_node"] <= 5.0,
+                f"worst {worst['us_per_node']:.2f} us/node at {worst['nodes']} nodes "
+                f"(graphs >= 1k nodes: " + ", ".join(f"{r['us_per_node']:.2f}" for r in big) + ")")
+    if "growth" in results:
+        g = results["growth"]
+        targets.add("linear growth: t(20k) <= 12x t(2k)", g["t20k_over_t2k"] <= 12.0,
+                    growth_note)
+    else:
+        targets.add("linear growth: t(20k) <= 12x t(2k)", None, "needs the 20k graph (full run)")
+
+    print("\n== 2. the fusion pass when nothing matches (AdaLN-only graph) ==")
+    noop = bench_noop(noop_size, noop_runs, results)
+    results["noop"] = noop
+    targets.add("zero recompiles/retraces when nothing is fused",
+                noop["fusionkit_recompiles"] == 0 and noop["fusionkit_retraces"] == 0
+                and not noop["fusionkit_modified"] and noop["graph_unchanged"],
+                f"{noop['fusionkit_recompiles']} recompiles, {noop['fusionkit_retraces']} retraces, "
+                f"modified={noop['fusionkit_modified']}, graph unchanged={noop['graph_unchanged']} "
+                f"({noop['nodes']} nodes, {noop['us_per_node']:.2f} us/node)")
+
+    print("\n== 3. end-to-end to_edge_transform_and_lower: stock vs adapters ==")
+    tol = 1.05
+    if quick:
+        print("  skipped (--quick)")
+        targets.add("adapters no slower than stock end-to-end", None, "skipped (--quick)")
+    else:
+        e2e = bench_e2e([2, 8], 3, results)
+        results["e2e"] = e2e
+        ratios = {k: v["adapter_over_stock"] for k, v in e2e.items()}
+        have = {k: r for k, r in ratios.items() if r is not None}
+        if not have:
+            targets.add("adapters no slower than stock end-to-end", None, "adapter not available")
+        else:
+            missing = [k for k, r in ratios.items() if r is None]
+            targets.add("adapters no slower than stock end-to-end",
+                        all(r <= tol for r in have.values()) and not missing,
+                        ", ".join(f"{k} {r:.2f}x" for k, r in have.items())
+                        + f" (adapter/stock, met when <= {tol:.2f} for noise)"
+                        + (f"; adapter not available: {missing}" if missing else ""))
+
+    print("\n== 4. .pte size when constants are views ==")
+    if quick:
+        print("  skipped (--quick)")
+        targets.add("view constant's .pte carries only the view's bytes", None, "skipped (--quick)")
+    else:
+        pte = bench_pte(results)
+        results["pte"] = pte
+        details, oks = [], []
+        for backend in ("vulkan", "xnnpack"):
+            b = pte[backend]
+            if b.get("adapter view") is None:
+                details.append(f"{backend}: adapter not available")
+                oks.append(None)
+                continue
+            ok = (b["adapter view"]["named_data_bytes"] == b["stock compact"]["named_data_bytes"]
+                  and b["adapter view"]["pte_bytes"] <= b["stock compact"]["pte_bytes"])
+            oks.append(ok)
+            details.append(f"{backend}: adapter {b['adapter view']['pte_bytes']} B "
+                           f"(constants {b['adapter view']['named_data_bytes']} B) vs compact "
+                           f"{b['stock compact']['pte_bytes']} B, stock view "
+                           f"{b['stock view']['pte_bytes']} B")
+        met = None if all(o is None for o in oks) else all(o is True for o in oks)
+        targets.add("view constant's .pte carries only the view's bytes", met, "; ".join(details))
+
+    results["targets"] = [{"target": n, "status": s, "detail": d} for n, s, d in targets.rows]
+    results["wall_s"] = time.perf_counter() - t_start
+    print()
+    print(targets.render())
+    print(f"\n(total {results['wall_s']:.1f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.exit(main())

@@ -29,6 +29,7 @@ __all__ = [
     "addmm_rule",
     "calls",
     "count_op",
+    "edge_config",
     "export_aten",
     "export_edge",
     "fresh",
@@ -189,11 +190,20 @@ def export_aten(model: nn.Module, inputs: tuple[Any, ...], **kwargs: Any) -> Exp
     return torch.export.export(model.eval(), inputs, **kwargs)
 
 
-def export_edge(model: nn.Module, inputs: tuple[Any, ...], **kwargs: Any) -> ExportedProgram:
+def export_edge(model: nn.Module, inputs: tuple[Any, ...], compile_config: Any = None,
+                **kwargs: Any) -> ExportedProgram:
     """The edge-dialect program ``to_edge`` makes of ``model``."""
     from executorch.exir import to_edge
 
-    return to_edge(export_aten(model, inputs, **kwargs)).exported_program()
+    ep = export_aten(model, inputs, **kwargs)
+    return to_edge(ep, compile_config=compile_config).exported_program()
+
+
+def edge_config(*extra_ops: Any) -> Any:
+    """An ``EdgeCompileConfig`` whose verifier also allows ``extra_ops`` (non-core ATen)."""
+    from executorch.exir import EdgeCompileConfig
+
+    return EdgeCompileConfig(_core_aten_ops_exception_list=list(extra_ops))
 
 
 def fresh(ep: ExportedProgram) -> ExportedProgram:

@@ -24,6 +24,7 @@ from fusionkit.constraints import (
     ShapeRelation,
     StaticShape,
     UserInput,
+    named_shape_relation,
 )
 from fusionkit.finder import Decline, Match, MatchSet, RuleIndex, find_matches
 from fusionkit.fusion_pass import FusionPass
@@ -87,6 +88,7 @@ __all__ = [
     "int_list",
     "is_op",
     "lit",
+    "named_shape_relation",
     "one_of",
     "op",
     "ref",

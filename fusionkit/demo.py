@@ -27,6 +27,9 @@ class DemoModel(nn.Module):
         super().__init__()
         g = torch.Generator().manual_seed(0)
         self.w_param = nn.Parameter(1.0 + 0.1 * torch.randn(DIM, generator=g))
+        self.w_buffer: torch.Tensor
+        self.proj_view: torch.Tensor
+        self.v_proj: torch.Tensor
         self.register_buffer("w_buffer", 1.0 + 0.1 * torch.randn(DIM, generator=g))
         self.w_half = nn.Parameter((1.0 + 0.1 * torch.randn(DIM, generator=g)).half())
         self.w_gemma = nn.Parameter(0.1 * torch.randn(DIM, generator=g))

@@ -71,22 +71,32 @@ def _line_map(text: str) -> dict[Loc, int]:
 
 
 def _data_loc(data: Any, loc: Iterable[str | int]) -> Loc:
-    """Drop pydantic's union-tag segments: keep the segments that index the data."""
+    """Map pydantic's error location onto the data: drop the union-tag segments.
+
+    A discriminated union adds its tag (``op``, ``dtype``, ``ReplaceOp``, ...)
+    to the location; a tag is recognised as a segment that does not index the
+    data, or that equals the node's own tag and is followed by a segment that
+    does index it.
+    """
+    segs = list(loc)
     out: list[str | int] = []
     cur = data
-    for seg in loc:
-        if isinstance(cur, dict) and seg in cur:
-            out.append(seg)
-            cur = cur[seg]
+    for i, seg in enumerate(segs):
+        nxt = segs[i + 1] if i + 1 < len(segs) else None
+        if isinstance(cur, dict):
+            tag = S.pattern_tag(cur) if S.constraint_tag(cur) is None else S.constraint_tag(cur)
+            is_tag = seg == tag and nxt is not None and (nxt == seg or nxt in cur)
+            if seg in cur and not is_tag:
+                out.append(seg)
+                cur = cur[seg]
+            elif not is_tag and isinstance(seg, str) and seg[:1].islower() and "[" not in seg \
+                    and seg not in ("literal", "int", "float", "bool", "str", "none") \
+                    and not seg.startswith("function-"):
+                out.append(seg)  # a missing or unknown field: name it, then stop
+                break
         elif isinstance(cur, list) and isinstance(seg, int) and 0 <= seg < len(cur):
             out.append(seg)
             cur = cur[seg]
-        elif isinstance(cur, dict) and isinstance(seg, str) and seg not in S.PATTERN_KEYS \
-                and seg not in S.CONSTRAINT_KEYS and seg != "literal" \
-                and not seg.startswith(("function-", "list[", "dict[", "int", "float", "bool",
-                                        "str", "none", "RefArg", "ReplaceOp", "ReplacePython")):
-            out.append(seg)  # a missing field: name it, then stop
-            break
     return tuple(out)
 
 

@@ -112,14 +112,14 @@ PATTERN_KEYS: dict[str, type[_Strict]] = {
     "use": UseNode, "lit": LitNode, "scalar": ScalarNode, "any_float": AnyFloatNode,
     "any_value": AnyValueNode, "one_of": OneOfNode, "int_list": IntListNode,
 }
-_CLASS_TAG = {cls: key for key, cls in PATTERN_KEYS.items()}
+_CLASS_TAG: dict[type[BaseModel], str] = {cls: key for key, cls in PATTERN_KEYS.items()}
 
 
 _PATTERN_ERROR = ("not a pattern node: expected a mapping with one of the keys "
                   + ", ".join(PATTERN_KEYS))
 
 
-def _pattern_tag(v: Any) -> str | None:
+def pattern_tag(v: Any) -> str | None:
     if isinstance(v, dict):
         for key in PATTERN_KEYS:
             if key in v:
@@ -137,7 +137,7 @@ PatternNode = Annotated[
     | Annotated[ScalarNode, Tag("scalar")] | Annotated[AnyFloatNode, Tag("any_float")]
     | Annotated[AnyValueNode, Tag("any_value")] | Annotated[OneOfNode, Tag("one_of")]
     | Annotated[IntListNode, Tag("int_list")],
-    Discriminator(_pattern_tag, custom_error_type="unknown_pattern_node",
+    Discriminator(pattern_tag, custom_error_type="unknown_pattern_node",
                   custom_error_message=_PATTERN_ERROR),
 ]
 
@@ -150,7 +150,7 @@ PatternOrLiteral = Annotated[
     | Annotated[AnyValueNode, Tag("any_value")] | Annotated[OneOfNode, Tag("one_of")]
     | Annotated[IntListNode, Tag("int_list")]
     | Annotated[int | float | bool | str | list[Any] | None, Tag("literal")],
-    Discriminator(_pattern_tag, custom_error_type="unknown_pattern_node",
+    Discriminator(pattern_tag, custom_error_type="unknown_pattern_node",
                   custom_error_message=_PATTERN_ERROR),
 ]
 
@@ -256,10 +256,10 @@ CONSTRAINT_KEYS: dict[str, type[_Strict]] = {
     "shape_relation": ShapeRelationC, "reduces_last_dim": ReducesLastDimC,
     "scalar_range": ScalarRangeC, "custom": CustomC,
 }
-_CONSTRAINT_TAG = {cls: key for key, cls in CONSTRAINT_KEYS.items()}
+_CONSTRAINT_TAG: dict[type[BaseModel], str] = {cls: key for key, cls in CONSTRAINT_KEYS.items()}
 
 
-def _constraint_tag(v: Any) -> str | None:
+def constraint_tag(v: Any) -> str | None:
     if isinstance(v, dict):
         keys = [k for k in v if k in CONSTRAINT_KEYS]
         return keys[0] if len(keys) == 1 and len(v) == 1 else None
@@ -275,7 +275,7 @@ ConstraintEntry = Annotated[
     | Annotated[SameDtypeC, Tag("same_dtype")] | Annotated[ShapeRelationC, Tag("shape_relation")]
     | Annotated[ReducesLastDimC, Tag("reduces_last_dim")]
     | Annotated[ScalarRangeC, Tag("scalar_range")] | Annotated[CustomC, Tag("custom")],
-    Discriminator(_constraint_tag, custom_error_type="unknown_constraint",
+    Discriminator(constraint_tag, custom_error_type="unknown_constraint",
                   custom_error_message="unknown constraint: expected a mapping with exactly one "
                   "key among " + ", ".join(CONSTRAINT_KEYS)),
 ]

@@ -382,3 +382,41 @@ def test_captures_are_not_claimed_so_their_other_uses_do_not_escape():
     assert ms.declined == []
     assert m.captures["x"] not in m.claimed
     assert {op_key(n.target) for n in m.claimed} == {"aten.mul.Tensor", "aten.sigmoid.default"}
+
+
+# ------------------------------------------------------------- structural near miss
+
+
+class NotQuiteRMSNorm(nn.Module):
+    """``x * rsqrt(mean(x * y) + eps) * w``: the square is of two different values."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(8))
+
+    def forward(self, x, y):
+        return x * torch.rsqrt((x * y).mean(-1, keepdim=True) + 1e-6) * self.w
+
+
+def test_structural_near_miss_is_declined_with_step_structure():
+    from fusionkit.passes.rms_norm import rms_norm_rule
+
+    ep = export_aten(NotQuiteRMSNorm(), rand_inputs((2, 8), (2, 8)))
+    ms = find_matches(ep, [rms_norm_rule()])
+    assert ms.accepted == []
+    structure = [d for d in ms.declined if d.step == "structure"]
+    assert structure, ms.declined
+    d = structure[0]
+    assert d.rule == "rms_norm"
+    assert op_key(d.root.target) == "aten.mul.Tensor"
+    assert "capture `x` must be the same value" in d.reason
+    assert find_matches(ep, [rms_norm_rule()], structural_declines=False).declined == []
+
+
+def test_shallow_structural_misses_are_not_reported():
+    from models import MulSigmoidOther
+
+    # x * sigmoid(y) fails after two pattern ops: too shallow to be a near miss
+    ep = export_aten(MulSigmoidOther(), rand_inputs((2, 8), (2, 8)))
+    ms = find_matches(ep, [silu_rule()])
+    assert ms.accepted == [] and ms.declined == []

@@ -26,7 +26,6 @@ from fusionkit import (
     CASTS,
     Rule,
     any_float,
-    any_value,
     capture,
     find_matches,
     is_op,

@@ -27,7 +27,7 @@ from fusionkit.tensor_bytes import (
     tensor_nbytes,
 )
 
-__all__ = ["CompactConstantsPass", "CompactedConstant", "compact_tensor"]
+__all__ = ["CompactConstantsPass", "CompactedConstant", "compact_tensor", "is_compact"]
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,17 @@ class CompactedConstant:
     nbytes_after: int
 
 
-def compact_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A copy of ``t`` that owns its storage exactly (channels_last kept if dense)."""
+def is_compact(t: torch.Tensor, *, keep_channels_last: bool = False) -> bool:
+    """Owns its storage exactly, C-contiguous (or channels_last if ``keep_channels_last``)."""
+    if not owns_storage_exactly(t):
+        return False
+    return keep_channels_last or t.is_contiguous()
+
+
+def compact_tensor(t: torch.Tensor, *, keep_channels_last: bool = False) -> torch.Tensor:
+    """A copy of ``t`` that owns its storage exactly: C-contiguous, or channels_last kept."""
     order = dense_dim_order(t)
-    if order is not None and order != tuple(range(t.dim())):
+    if keep_channels_last and order is not None and order != tuple(range(t.dim())):
         fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
         out = t.detach().clone(memory_format=fmt)
     else:
@@ -84,7 +91,8 @@ def _restride_meta(node: torch.fx.Node, new: torch.Tensor) -> None:
 class CompactConstantsPass(ExportedProgramPassBase):
     """Compacts every constant of the program that does not own its storage exactly."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_channels_last: bool = False) -> None:
+        self.keep_channels_last = keep_channels_last
         #: constants replaced by the most recent run
         self.compacted: list[CompactedConstant] = []
 
@@ -94,9 +102,11 @@ class CompactConstantsPass(ExportedProgramPassBase):
         placeholders = _placeholders_by_target(ep)
         for where, table in (("state_dict", ep.state_dict), ("constants", ep.constants)):
             for target, t in list(table.items()):
-                if not isinstance(t, torch.Tensor) or owns_storage_exactly(t):
+                if not isinstance(t, torch.Tensor) or is_compact(
+                    t, keep_channels_last=self.keep_channels_last
+                ):
                     continue
-                new = compact_tensor(t)
+                new = compact_tensor(t, keep_channels_last=self.keep_channels_last)
                 table[target] = new  # type: ignore[index]
                 for node in placeholders.get(target, []):
                     _restride_meta(node, new)
@@ -114,4 +124,4 @@ class CompactConstantsPass(ExportedProgramPassBase):
         return ExportedProgramPassResult(ep, bool(self.compacted))
 
     def __repr__(self) -> str:
-        return "CompactConstantsPass()"
+        return f"CompactConstantsPass(keep_channels_last={self.keep_channels_last})"

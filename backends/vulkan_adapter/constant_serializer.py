@@ -1,0 +1,183 @@
+"""Vulkan constant serialization on fusionkit's core constant access.
+
+ExecuTorch 1.5.1's ``VkGraphBuilder.maybe_add_constant_tensor``
+(``backends/vulkan/serialization/vulkan_graph_builder.py``) writes each constant
+as ``untyped_storage()`` from byte 0 – the whole parent of a view, starting at
+the parent's first element. The same bug sits in the legacy raw-tensor branch of
+``vulkan_graph_serialize.serialize_constant_tensors``. Both are re-implemented
+here on :mod:`fusionkit.constants` and :mod:`fusionkit.tensor_bytes`: the
+constant's own bytes in logical C order (after the builder's dtype conversion),
+keyed by the sha256 of exactly those bytes, 16-byte aligned as before.
+
+:func:`install` / :func:`uninstall` (idempotent, reversible to the identical
+objects; ``with install():`` scopes it) also hold the shared NamedDataStore
+``_tensor_to_bytes`` fix. Only ExecuTorch 1.5.1 is accepted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import threading
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from fusionkit.constants import ProgramInputs
+from fusionkit.tensor_bytes import acquire_named_data_fix, release_named_data_fix, tensor_bytes
+
+__all__ = [
+    "SUPPORTED_EXECUTORCH",
+    "UnsupportedExecuTorchError",
+    "VulkanInstallation",
+    "install",
+    "is_installed",
+    "maybe_add_constant_tensor",
+    "serialize_constant_tensors",
+    "uninstall",
+]
+
+SUPPORTED_EXECUTORCH = "1.5.1"
+_BUILDER = "executorch.backends.vulkan.serialization.vulkan_graph_builder"
+_SERIALIZE = "executorch.backends.vulkan.serialization.vulkan_graph_serialize"
+_UINT64_MAX = 18446744073709551615
+_ALIGNMENT = 16
+
+
+class UnsupportedExecuTorchError(RuntimeError):
+    """The installed ExecuTorch is not the version this serializer was written for."""
+
+
+def _executorch_version() -> str:
+    return importlib.metadata.version("executorch")
+
+
+def _check_version() -> None:
+    found = _executorch_version()
+    if found != SUPPORTED_EXECUTORCH:
+        raise UnsupportedExecuTorchError(
+            f"fusionkit.backends.vulkan_adapter.constant_serializer: refusing to hook the Vulkan "
+            f"serializer of ExecuTorch {found}; the replacement was written and tested against "
+            f"ExecuTorch {SUPPORTED_EXECUTORCH} only. Install executorch=={SUPPORTED_EXECUTORCH}."
+        )
+
+
+def _constant_of(builder: Any, node: torch.fx.Node) -> torch.Tensor:
+    ref = ProgramInputs(builder.program).constant(node)
+    if ref is not None:
+        return ref.tensor
+    # mutable buffer (initial value) or get_attr: the builder's own lookup
+    return builder.get_param_tensor(node)  # type: ignore[no-any-return]
+
+
+def maybe_add_constant_tensor(self: Any, node: torch.fx.Node) -> int:
+    """``VkGraphBuilder.maybe_add_constant_tensor`` writing the constant's exact bytes."""
+    builder_mod = importlib.import_module(_BUILDER)
+    constant_id = -1
+    if builder_mod.is_param_node(self.program, node):
+        tensor = _constant_of(self, node).detach()
+        effective_dtype = self.get_effective_dtype(tensor.dtype)
+        if tensor.dtype != effective_dtype:
+            if effective_dtype.is_floating_point:
+                info = torch.finfo(effective_dtype)
+                tensor = tensor.clamp(min=info.min, max=info.max)
+            tensor = tensor.to(effective_dtype)
+        data = tensor_bytes(tensor)
+        constant_id = len(self.const_tensors)
+        if data:
+            named_key = hashlib.sha256(data).hexdigest()
+            self.named_data_store.add_named_data(named_key, data, alignment=_ALIGNMENT)
+            self.const_tensors.append((named_key, len(data)))
+        else:
+            self.const_tensors.append(None)
+    return constant_id
+
+
+def serialize_constant_tensors(vk_graph: Any, const_tensors: list[Any], raw_bytes: bytearray) -> None:
+    """``vulkan_graph_serialize.serialize_constant_tensors`` with exact bytes for raw tensors."""
+    from executorch.backends.vulkan.serialization.vulkan_graph_schema import VkBytes
+
+    ser = importlib.import_module(_SERIALIZE)
+    assert len(vk_graph.constants) == 0
+    current_offset = len(raw_bytes)
+    for tensor in const_tensors:
+        if isinstance(tensor, tuple):
+            named_key, size = tensor
+            vk_graph.constants.append(VkBytes(offset=_UINT64_MAX, length=size, named_key=named_key))
+        elif tensor is None or (isinstance(tensor, torch.Tensor) and tensor.numel() == 0):
+            vk_graph.constants.append(VkBytes(current_offset, 0))
+        elif isinstance(tensor, torch.Tensor):
+            data = tensor_bytes(tensor)
+            raw_bytes += data
+            raw_bytes += b"\x00" * ser.padding_required(len(data))
+            vk_graph.constants.append(VkBytes(current_offset, len(data)))
+            current_offset += ser.aligned_size(len(data))
+        else:
+            raise ValueError(f"Unsupported constant tensor type: {type(tensor)}")
+
+
+_lock = threading.RLock()
+_saved: list[tuple[Any, str, Any]] = []
+
+
+def _targets() -> list[tuple[Any, str, Any]]:
+    builder_mod = importlib.import_module(_BUILDER)
+    ser = importlib.import_module(_SERIALIZE)
+    return [
+        (builder_mod.VkGraphBuilder, "maybe_add_constant_tensor", maybe_add_constant_tensor),
+        (ser, "serialize_constant_tensors", serialize_constant_tensors),
+    ]
+
+
+def is_installed() -> bool:
+    """Whether the fusionkit Vulkan constant serializer is in place."""
+    return bool(_saved)
+
+
+class VulkanInstallation:
+    """Returned by :func:`install`; as a context manager it undoes only its own install."""
+
+    def __init__(self, installed_here: bool) -> None:
+        self.installed_here = installed_here
+
+    def __enter__(self) -> VulkanInstallation:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.installed_here:
+            uninstall()
+
+
+def install() -> VulkanInstallation:
+    """Route Vulkan constant serialization through fusionkit (idempotent).
+
+    Raises :class:`UnsupportedExecuTorchError` for any ExecuTorch but 1.5.1.
+    """
+    with _lock:
+        if _saved:
+            return VulkanInstallation(False)
+        _check_version()
+        targets = _targets()
+        acquire_named_data_fix()
+        for owner, name, new in targets:
+            _saved.append((owner, name, owner.__dict__[name]))
+            setattr(owner, name, new)
+        return VulkanInstallation(True)
+
+
+def uninstall() -> None:
+    """Restore ExecuTorch's original objects exactly (idempotent)."""
+    with _lock:
+        if not _saved:
+            return
+        while _saved:
+            owner, name, original = _saved.pop()
+            setattr(owner, name, original)
+        release_named_data_fix()

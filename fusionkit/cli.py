@@ -31,6 +31,7 @@ def _quiet_imports() -> None:
     import logging
 
     logging.getLogger("torch").setLevel(logging.ERROR)
+    logging.getLogger().setLevel(logging.WARNING)  # the Vulkan partitioner logs at INFO on root
     # torchao prints "Failed to load ..." for optional CUDA kernels straight to
     # the C-level stderr; silence fd 2 only while the heavy imports happen.
     saved = os.dup(2)

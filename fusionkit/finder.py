@@ -28,8 +28,13 @@ __all__ = ["Decline", "Match", "MatchSet", "RuleIndex", "find_matches"]
 
 #: how many structural bindings per root are checked before giving up
 MAX_BINDINGS_PER_ROOT = 32
-#: structural failures that matched fewer pattern ops than this (root included) are noise
+#: a structural failure is a near miss (and reported) only once it has matched at
+#: least this many of the pattern's ops (root included), and two thirds of them
 MIN_STRUCTURAL_PROGRESS = 3
+
+
+def _near_miss_threshold(rule: Rule) -> int:
+    return max(MIN_STRUCTURAL_PROGRESS, -(-2 * rule.pattern.min_ops() // 3))
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,20 @@ class RuleIndex:
                 by_key[key].append((-r.priority, order, r))
         self._by_key = {k: tuple(r for _, _, r in sorted(v, key=lambda t: (t[0], t[1])))
                         for k, v in by_key.items()}
+        #: for_target memo by target object (looked up once per graph node)
+        self._by_target: dict[Any, tuple[Rule, ...]] = {}
 
     def for_target(self, target: Any) -> tuple[Rule, ...]:
+        try:
+            return self._by_target[target]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable target
+            return self._lookup(target)
+        rules = self._by_target[target] = self._lookup(target)
+        return rules
+
+    def _lookup(self, target: Any) -> tuple[Rule, ...]:
         key = op_key(target)
         if key is None:
             return ()
@@ -166,7 +183,7 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
                 break
             if first_decline is not None:
                 result.declined.append(first_decline)
-            elif structural_declines and failure.progress >= MIN_STRUCTURAL_PROGRESS:
+            elif structural_declines and failure.progress >= _near_miss_threshold(rule):
                 result.declined.append(
                     Decline(rule.name, node, "structure", failure.node, failure.message))
     return result

@@ -93,6 +93,10 @@ class Pattern:
         """Op keys the matched value's node can have, or None for 'any value'."""
         return None
 
+    def min_ops(self) -> int:
+        """The fewest op nodes any match of this pattern covers."""
+        return 0
+
 
 @dataclass(frozen=True, eq=False)
 class Capture(Pattern):
@@ -119,6 +123,9 @@ class Named(Pattern):
 
     def root_keys(self) -> frozenset[str] | None:
         return self.inner.root_keys()
+
+    def min_ops(self) -> int:
+        return self.inner.min_ops()
 
     def __repr__(self) -> str:
         return f"{self.inner!r}.bind({self.name!r})"
@@ -169,6 +176,9 @@ class Alt(Pattern):
             keys |= k
         return frozenset(keys)
 
+    def min_ops(self) -> int:
+        return min(o.min_ops() for o in self.options)
+
     def __repr__(self) -> str:
         return " | ".join(repr(o) for o in self.options)
 
@@ -191,6 +201,9 @@ class Through(Pattern):
     def root_keys(self) -> frozenset[str] | None:
         inner = self.inner.root_keys()
         return None if inner is None else inner | self.ops
+
+    def min_ops(self) -> int:
+        return self.inner.min_ops()
 
     def __repr__(self) -> str:
         return f"through({sorted(self.ops)}, {self.inner!r})"
@@ -223,6 +236,9 @@ class Op(Pattern):
 
     def root_keys(self) -> frozenset[str] | None:
         return self.targets
+
+    def min_ops(self) -> int:
+        return 1 + sum(a.min_ops() for a in (*self.args, *self.kwargs.values()))
 
     def __repr__(self) -> str:
         name = "|".join(sorted(self.targets))

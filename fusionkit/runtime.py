@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -10,11 +13,33 @@ import torch
 __all__ = ["max_abs_error", "run_pte"]
 
 
-def run_pte(pte: bytes, inputs: Sequence[Any]) -> list[torch.Tensor]:
+def run_pte(pte: bytes, inputs: Sequence[Any], *, quiet: bool = True) -> list[torch.Tensor]:
+    """Load and run ``forward``; ``quiet`` hides the runtime's C-level CPU-probe chatter."""
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
-    module = _load_for_executorch_from_buffer(pte)
-    return list(module.forward(tuple(inputs)))
+    with _silenced_fds(quiet):
+        module = _load_for_executorch_from_buffer(pte)
+        return list(module.forward(tuple(inputs)))
+
+
+@contextlib.contextmanager
+def _silenced_fds(enabled: bool) -> Iterator[None]:
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
 
 
 def max_abs_error(got: Any, want: Any) -> float:

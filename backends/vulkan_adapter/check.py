@@ -1,0 +1,311 @@
+"""Static check of lowered Vulkan programs: what would the runtime abort on?
+
+:func:`check` finds every Vulkan delegate of a program, decodes its payload with
+the hand-written reader in :mod:`.payload` (which, unlike ExecuTorch's
+flatc-JSON reader, copes with infinite scalars) and reports:
+
+* ``not_constant`` — an op argument that the Vulkan runtime prepacks without
+  pass-through (``prepack_standard``, which aborts unless
+  ``graph.val_is_tref(arg)``) but that is not a constant: a tensor value with
+  ``constant_id < 0``, a ``None`` where the op needs a tensor, or a non-tensor.
+  Which arguments those are is :data:`PREPACKED_ARGS`, taken from the runtime's
+  C++ sources (see ``shared/vulkan-prepacked-args.md``);
+* ``bad_reference`` — an argument or constant id pointing outside the graph;
+* ``constant_size`` — a constant whose stored bytes do not have the size its
+  tensor needs (e.g. a view serialized together with its whole base storage);
+* ``missing_constant`` — a constant whose named-data key is not in the program
+  (only checked when the named data is at hand).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .payload import (
+    PayloadError,
+    VkGraph,
+    VkValue,
+    VulkanPayload,
+    decode_payload,
+)
+
+__all__ = [
+    "PREPACKED_ARGS",
+    "PrepackedArg",
+    "Problem",
+    "VulkanDelegate",
+    "check",
+    "check_payload",
+    "vulkan_delegates",
+]
+
+BACKEND_ID = "VulkanBackend"
+ABORT = "the runtime aborts in prepack_standard ... (graph.val_is_tref(tensor_data)) is false!"
+
+
+@dataclass(frozen=True)
+class PrepackedArg:
+    """An op argument the runtime requires to be a constant (a TensorRef)."""
+
+    index: int
+    name: str
+    #: the runtime accepts None in its place
+    none_ok: bool = False
+
+
+#: serialized op name -> the arguments ``prepack_standard`` requires to be TensorRefs
+PREPACKED_ARGS: dict[str, tuple[PrepackedArg, ...]] = {
+    "et_vk.rms_norm.default": (PrepackedArg(1, "weight"),),
+    "aten.native_layer_norm.default": (
+        PrepackedArg(2, "weight"),
+        PrepackedArg(3, "bias", none_ok=True),
+    ),
+    "aten.native_group_norm.default": (PrepackedArg(1, "weight"), PrepackedArg(2, "bias")),
+    "aten._native_batch_norm_legit_no_training.default": (
+        PrepackedArg(1, "weight"),
+        PrepackedArg(2, "bias"),
+        PrepackedArg(3, "running_mean"),
+        PrepackedArg(4, "running_var"),
+    ),
+    "aten.embedding.default": (PrepackedArg(0, "weight"),),
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing in a Vulkan delegate that the runtime would reject."""
+
+    kind: str  # "not_constant", "bad_reference", "constant_size", "missing_constant"
+    delegate: int  # index among the program's Vulkan delegates, in program order
+    op: str | None  # serialized op name, e.g. "et_vk.rms_norm.default"
+    arg_index: int | None
+    arg_name: str | None
+    value_id: int | None
+    message: str
+    method: str = "forward"
+    chain_index: int | None = None  # position of the op in the delegate's chain
+
+    def __str__(self) -> str:
+        at = f"{self.method}: Vulkan delegate {self.delegate}"
+        if self.chain_index is not None:
+            at += f", op #{self.chain_index}"
+        return f"{at}: {self.message}"
+
+
+@dataclass(frozen=True)
+class VulkanDelegate:
+    """A Vulkan delegate payload found in a program, with what is known of its named data."""
+
+    index: int
+    method: str
+    payload: bytes
+    #: named-data key -> byte size, when the program's named data is at hand
+    named_sizes: dict[str, int] | None = None
+    #: the named data holds every key (False for a .pte, whose .ptd may hold more)
+    named_complete: bool = True
+
+
+# -------------------------------------------------------------------- the checks
+
+
+def _describe(v: VkValue | None) -> str:
+    if v is None:
+        return "nothing"
+    t = v.tensor
+    if t is not None:
+        return f"a runtime tensor ({t.dtype_name}{list(t.dims)}, constant_id={t.constant_id})"
+    if v.kind in ("Null", "NONE"):
+        return "None"
+    return f"a {v.kind} ({v.value!r})"
+
+
+def _check_args(g: VkGraph, d: VulkanDelegate) -> Iterator[Problem]:
+    for ci, call in enumerate(g.chain):
+        wanted = PREPACKED_ARGS.get(call.name)
+        if not wanted:
+            continue
+        for arg in wanted:
+            where = f"{call.name} argument {arg.index} ({arg.name})"
+
+            def problem(kind: str, vid: int | None, message: str, arg: PrepackedArg = arg,
+                        op: str = call.name, ci: int = ci) -> Problem:
+                return Problem(kind, d.index, op, arg.index, arg.name, vid, message,
+                               d.method, ci)
+
+            # the last arg of an OperatorCall is its output
+            if arg.index >= len(call.args) - 1:
+                yield problem("bad_reference", None,
+                              f"{where} is missing: the call has {len(call.args)} value ids")
+                continue
+            vid = call.args[arg.index]
+            v = g.value(vid)
+            if v is None:
+                yield problem("bad_reference", vid,
+                              f"{where} refers to value {vid}, but the graph has "
+                              f"{len(g.values)} values")
+                continue
+            t = v.tensor
+            if t is None:
+                if v.kind in ("Null", "NONE") and arg.none_ok:
+                    continue
+                yield problem("not_constant", vid,
+                              f"{where} is {_describe(v)}, not a constant tensor (TensorRef): "
+                              f"{ABORT}")
+            elif not t.is_constant:
+                yield problem("not_constant", vid,
+                              f"{where} is not a constant (TensorRef): value {vid} is "
+                              f"{_describe(v)}; {ABORT}")
+
+
+def _check_constants(g: VkGraph, p: VulkanPayload, d: VulkanDelegate) -> Iterator[Problem]:
+    seen: set[int] = set()
+    for vid, v in enumerate(g.values):
+        t = v.tensor
+        if t is None or not t.is_constant or t.constant_id in seen:
+            continue
+        seen.add(t.constant_id)
+        cid = t.constant_id
+        what = f"constant {cid} (value {vid}, {t.dtype_name}{list(t.dims)})"
+
+        def problem(kind: str, message: str, vid: int = vid) -> Problem:
+            return Problem(kind, d.index, None, None, None, vid, message, d.method)
+
+        if cid >= len(g.constants):
+            yield problem("bad_reference", f"value {vid} refers to constant {cid}, but the "
+                          f"graph has {len(g.constants)} constants")
+            continue
+        c = g.constants[cid]
+        need = t.nbytes
+        if need is not None and c.length != need:
+            yield problem("constant_size",
+                          f"{what} holds {c.length} bytes but its tensor needs {need}"
+                          + (": the serializer copied more than the tensor (a view's whole "
+                             "base storage?)" if c.length > need else ""))
+        if c.in_named_data:
+            if d.named_sizes is not None:
+                size = d.named_sizes.get(c.named_key)
+                if size is None and d.named_complete:
+                    yield problem("missing_constant",
+                                  f"{what} refers to named data {c.named_key!r}, which the "
+                                  "program does not hold")
+                elif size is not None and size != c.length:
+                    yield problem("constant_size",
+                                  f"{what}: named data {c.named_key!r} has {size} bytes, the "
+                                  f"graph declares {c.length}")
+        elif c.offset + c.length > len(p.raw):
+            yield problem("bad_reference",
+                          f"{what} spans bytes [{c.offset}, {c.offset + c.length}) of a "
+                          f"{len(p.raw)}-byte constant section")
+
+
+def check_payload(payload: bytes | VulkanPayload, delegate: int = 0, method: str = "forward",
+                  named_sizes: dict[str, int] | None = None,
+                  named_complete: bool = True) -> list[Problem]:
+    """Problems of one decoded (or raw) Vulkan delegate payload."""
+    raw = b"" if isinstance(payload, VulkanPayload) else bytes(payload)
+    d = VulkanDelegate(delegate, method, raw, named_sizes, named_complete)
+    try:
+        p = payload if isinstance(payload, VulkanPayload) else decode_payload(raw)
+    except PayloadError as e:
+        return [Problem("bad_payload", delegate, None, None, None, None,
+                        f"the payload cannot be decoded: {e}", method)]
+    return [*_check_args(p.graph, d), *_check_constants(p.graph, p, d)]
+
+
+# ------------------------------------------------------------ finding delegates
+
+
+def _named_sizes(nd: Any) -> dict[str, int] | None:
+    """key -> size of a NamedDataStoreOutput (pte and external data)."""
+    if nd is None:
+        return None
+    out: dict[str, int] = {}
+    for key, entry in (getattr(nd, "pte_data", None) or {}).items():
+        out[key] = len(nd.buffers[entry.buffer_index])
+    for entries in (getattr(nd, "external_data", None) or {}).values():
+        for key, entry in entries.items():
+            out[key] = len(nd.buffers[entry.buffer_index])
+    return out
+
+
+def _from_edge(prog: Any) -> Iterator[VulkanDelegate]:
+    from executorch.exir.lowered_backend_module import get_lowered_submodules
+
+    index = 0
+    for method in prog.methods:
+        gm = prog.exported_program(method).graph_module
+        for module in gm.modules():
+            if not hasattr(module, "graph"):
+                continue
+            for _, lm, _ in get_lowered_submodules(module):
+                if lm.backend_id != BACKEND_ID:
+                    continue
+                named = _named_sizes(getattr(lm, "named_data_store_output", None))
+                yield VulkanDelegate(index, method, bytes(lm.processed_bytes),
+                                     named if named is not None else {})
+                index += 1
+
+
+def _from_pte(pte: bytes) -> Iterator[VulkanDelegate]:
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import DataLocation
+
+    pf = deserialize_pte_binary(pte)
+    program = pf.program
+    # named data only lists what lives in the .pte itself; constants kept in a
+    # separate .ptd are not visible here, so missing keys are not reported
+    index = 0
+    for plan in program.execution_plan:
+        for delegate in plan.delegates:
+            if delegate.id != BACKEND_ID:
+                continue
+            ref = delegate.processed
+            if ref.location != DataLocation.INLINE:
+                raise PayloadError(f"Vulkan delegate {index} of {plan.name!r} has its payload "
+                                   f"in location {ref.location}, which was not restored")
+            data = bytes(program.backend_delegate_data[ref.index].data)
+            sizes = None
+            if pf.named_data is not None:
+                sizes = {k: len(pf.named_data.buffers[e.buffer_index])
+                         for k, e in pf.named_data.pte_data.items()}
+            yield VulkanDelegate(index, plan.name, data, sizes, named_complete=False)
+            index += 1
+
+
+def vulkan_delegates(program: Any) -> list[VulkanDelegate]:
+    """Every Vulkan delegate payload of ``program`` (see :func:`check` for what it may be)."""
+    from executorch.exir import EdgeProgramManager, ExecutorchProgramManager
+
+    if isinstance(program, EdgeProgramManager):
+        return list(_from_edge(program))
+    if isinstance(program, ExecutorchProgramManager):
+        return list(_from_pte(bytes(program.buffer)))
+    if isinstance(program, (str, os.PathLike)):
+        with open(program, "rb") as f:
+            program = f.read()
+    if isinstance(program, (bytes, bytearray, memoryview)):
+        data = bytes(program)
+        if data[4:8] == b"VH00":  # a bare delegate payload
+            return [VulkanDelegate(0, "forward", data)]
+        return list(_from_pte(data))
+    raise TypeError(
+        "check() takes an ExecutorchProgramManager, an EdgeProgramManager, .pte bytes or a "
+        f"path to a .pte file, not {type(program).__name__}"
+    )
+
+
+def check(program: Any) -> list[Problem]:
+    """Problems the Vulkan runtime would abort on, in every Vulkan delegate of ``program``.
+
+    ``program``: an ``ExecutorchProgramManager``, an ``EdgeProgramManager``, the
+    bytes of a .pte (or of one delegate payload) or a path to a .pte file.
+    Returns an empty list when there are none.
+    """
+    problems: list[Problem] = []
+    for d in vulkan_delegates(program):
+        problems.extend(check_payload(d.payload, d.index, d.method, d.named_sizes,
+                                      d.named_complete))
+    return problems

@@ -9,7 +9,7 @@ failed" of a near-miss decline.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,11 +49,22 @@ class Binding:
 
 @dataclass
 class StructuralFailure:
-    """The deepest point at which every structural attempt failed."""
+    """The deepest point at which every structural attempt failed.
+
+    ``message`` is formatted on first read: most failures are overwritten by a
+    deeper one, or never reported, so formatting each eagerly is wasted work.
+    """
 
     progress: int = -1
     node: Node | None = None
-    message: str = ""
+    _message: str | Callable[[], str] = ""
+
+    @property
+    def message(self) -> str:
+        m = self._message
+        if not isinstance(m, str):
+            m = self._message = m()
+        return m
 
 
 @dataclass
@@ -61,10 +72,10 @@ class _Search:
     inputs: ProgramInputs
     failure: StructuralFailure = field(default_factory=StructuralFailure)
 
-    def fail(self, b: Binding, node: Node | None, message: str) -> None:
+    def fail(self, b: Binding, node: Node | None, message: str | Callable[[], str]) -> None:
         f = self.failure
         if len(b.claimed) >= f.progress:
-            f.progress, f.node, f.message = len(b.claimed), node, message
+            f.progress, f.node, f._message = len(b.claimed), node, message
 
 
 def _fmt(v: Any) -> str:
@@ -75,6 +86,8 @@ def _fmt(v: Any) -> str:
 
 def _arg_value(node: Node, index: int | None, name: str | None) -> Any:
     """An argument by position or schema name, falling back to its default."""
+    if index is not None and index < len(node.args):  # the common case: no schema needed
+        return node.args[index]
     schema = schema_of(node.target)
     if index is None and schema is not None:
         for i, a in enumerate(schema.arguments):
@@ -125,6 +138,17 @@ def _match_value(p: Value, value: Any, b: Binding, s: _Search, where: str) -> It
 
 
 def _match(p: Pattern, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
+    # Dispatch the common pattern classes straight to their generator, so each
+    # pattern level costs one generator frame, not two (matching is per node).
+    t = type(p)
+    if t is Op:
+        return _match_op(p, value, b, s, where)  # type: ignore[arg-type]
+    if t is Through:
+        return _match_through(p, value, b, s, where, 0)  # type: ignore[arg-type]
+    return _match_any(p, value, b, s, where)
+
+
+def _match_any(p: Pattern, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
     if isinstance(p, Capture):
         nb = b.bind(p.name, value)
         if nb is None:
@@ -171,12 +195,12 @@ def _match_through(p: Through, value: Any, b: Binding, s: _Search, where: str,
 def _match_op(p: Op, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
     if not isinstance(value, Node) or value.op != "call_function":
         s.fail(b, value if isinstance(value, Node) else None,
-               f"{where}: expected a call of {' or '.join(sorted(p.targets))}, got {_fmt(value)}"
-               + (f" ({value.op})" if isinstance(value, Node) else ""))
+               lambda: f"{where}: expected a call of {' or '.join(sorted(p.targets))}, "
+               f"got {_fmt(value)}" + (f" ({value.op})" if isinstance(value, Node) else ""))
         return
     key = op_key(value.target)
     if key not in p.targets:
-        s.fail(b, value, f"{where}: expected {' or '.join(sorted(p.targets))}, "
+        s.fail(b, value, lambda: f"{where}: expected {' or '.join(sorted(p.targets))}, "
                f"got `{value.name}` ({key or value.target})")
         return
     here = f"`{value.name}` ({key})"
@@ -226,6 +250,8 @@ def _match_args(p: Op, node: Node, positional: list[Any], order: list[int], i: i
 
 def _defaults_hold(p: Op, node: Node, b: Binding, s: _Search, here: str) -> bool:
     """Arguments the pattern leaves out must be at their schema default."""
+    if not node.kwargs and len(node.args) <= len(p.args):
+        return True  # every argument the graph passes is one the pattern matches
     schema = schema_of(node.target)
     if schema is None:
         return True

@@ -23,8 +23,10 @@ from __future__ import annotations
 import importlib
 import threading
 from importlib.metadata import PackageNotFoundError, version
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any
+
+from . import constant_serializer
 
 __all__ = [
     "TAKEN_OVER_PATTERNS",
@@ -50,6 +52,8 @@ _REGISTRY_MODULE = "executorch.backends.vulkan.patterns.pattern_registry"
 _lock = threading.RLock()
 #: the entries removed from the registry while installed (None: not installed)
 _saved: dict[str, Any] | None = None
+#: whether our install() also installed the constant serializer (so uninstall() undoes it)
+_serializer_installed_here = False
 
 
 class UnsupportedExecuTorchError(RuntimeError):
@@ -86,23 +90,6 @@ def _registry() -> dict[str, Any]:
     return registry
 
 
-def _constant_serializer() -> ModuleType | None:
-    """The colleague-owned ``constant_serializer`` module, if it exists.
-
-    HOOK: ``backends/vulkan_adapter/constant_serializer.py`` (not owned by this
-    module) exposes ``install()``/``uninstall()`` for a correct Vulkan constant
-    serializer. While that file does not exist, this returns None and the
-    adapter installs only the pattern takeover.
-    """
-    name = f"{__package__}.constant_serializer"
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name == name:
-            return None
-        raise
-
-
 class Installation:
     """What :func:`install` returns; as a context manager it restores the previous state."""
 
@@ -131,7 +118,7 @@ def install() -> Installation:
 
     Raises :class:`UnsupportedExecuTorchError` on an untested ExecuTorch version.
     """
-    global _saved
+    global _saved, _serializer_installed_here
     with _lock:
         if _saved is not None:
             return Installation(False)
@@ -145,25 +132,26 @@ def install() -> Installation:
             )
         saved = {name: registry.pop(name) for name in TAKEN_OVER_PATTERNS}
         try:
-            serializer = _constant_serializer()
-            if serializer is not None:
-                serializer.install()
+            # the correct Vulkan constant serializer (views serialized as themselves,
+            # not as their whole base storage); a no-op if it is already installed
+            serializer_here = constant_serializer.install().installed_here
         except BaseException:
             registry.update(saved)
             raise
         _saved = saved
+        _serializer_installed_here = serializer_here
         return Installation(True)
 
 
 def uninstall() -> None:
     """Restore the stock Vulkan patterns (idempotent)."""
-    global _saved
+    global _saved, _serializer_installed_here
     with _lock:
         if _saved is None:
             return
-        serializer = _constant_serializer()
-        if serializer is not None:
-            serializer.uninstall()
+        if _serializer_installed_here:
+            constant_serializer.uninstall()
+            _serializer_installed_here = False
         registry = _registry()
         for name, entry in _saved.items():
             registry.setdefault(name, entry)

@@ -1,0 +1,158 @@
+"""The `fusionkit` command, driven through its installed entry point."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fusionkit
+
+REPO = Path(fusionkit.__file__).resolve().parent.parent
+RMS_NORM_YAML = REPO / "passes" / "specs" / "rms_norm.yaml"
+DEMO = "fusionkit.demo:demo_factory"
+
+
+def fusionkit_cmd(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("fusionkit")
+    cmd = [exe, *args] if exe else [sys.executable, "-m", "fusionkit.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def test_console_script_is_installed() -> None:
+    assert shutil.which("fusionkit") is not None
+
+
+def test_schema_prints_json_schema() -> None:
+    r = fusionkit_cmd("schema")
+    assert r.returncode == 0, r.stderr
+    schema = json.loads(r.stdout)
+    assert schema["title"] == "fusionkit spec" and "rules" in schema["properties"]
+
+
+def test_specs_validate_ok() -> None:
+    r = fusionkit_cmd("specs", "validate", str(RMS_NORM_YAML))
+    assert r.returncode == 0, r.stderr
+    assert "rms_norm.yaml: ok" in r.stdout and "1 rule(s): rms_norm" in r.stdout
+
+
+def test_specs_validate_user_error_exit_2_without_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(RMS_NORM_YAML.read_text().replace("aten.rsqrt.default", "aten.rsqrtt.default"))
+    r = fusionkit_cmd("specs", "validate", str(bad))
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    line = next(i for i, t in enumerate(bad.read_text().splitlines(), 1) if "rsqrtt" in t)
+    assert f"bad.yaml:{line}: rules[0].pattern.args[0].pattern.args[1].op:" in r.stderr
+    assert "aten.rsqrtt.default" in r.stderr
+
+
+def test_bad_model_and_bad_arguments_exit_2(tmp_path: Path) -> None:
+    r = fusionkit_cmd("explain", "no.such.module:factory")
+    assert r.returncode == 2 and "cannot import" in r.stderr and "Traceback" not in r.stderr
+    r = fusionkit_cmd("explain", str(tmp_path / "missing.pt2"))
+    assert r.returncode == 2 and "no such file" in r.stderr
+    r = fusionkit_cmd("lower", DEMO, "--backend", "metal", "-o", "x.pte")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+    r = fusionkit_cmd("check", str(tmp_path / "missing.pte"))
+    assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_explain_json_lists_accepted_and_declined() -> None:
+    r = fusionkit_cmd("explain", DEMO, "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert len(data["accepted"]) == 4  # parameter, buffer, cast (folded), 1.0 + weight (folded)
+    assert sum(bool(a["folded"]) for a in data["accepted"]) == 2
+    declined = {d["node"]: d for d in data["declined"] if d["step"] == "prepackable_constant"}
+    assert "scale" in declined and "is a user input" in declined["scale"]["reason"]
+    adaln = [d for d in declined.values() if "depends on a user input `cond`" in d["reason"]]
+    assert len(adaln) == 1
+
+
+def test_explain_table_is_plain_when_not_a_tty_and_stable() -> None:
+    a = fusionkit_cmd("explain", DEMO)
+    assert a.returncode == 0, a.stderr
+    assert "\x1b[" not in a.stdout
+    header = a.stdout.splitlines()[1]
+    assert header.split() == ["rule", "verdict", "root", "step", "node", "reason"]
+    assert fusionkit_cmd("explain", DEMO).stdout == a.stdout
+
+
+def test_explain_with_extra_spec_and_pt2(tmp_path: Path) -> None:
+    from fusionkit.demo import demo_factory
+
+    module, inputs = demo_factory()
+    path = tmp_path / "demo.pt2"
+    torch.export.save(torch.export.export(module, inputs), str(path))
+    spec = tmp_path / "relu.yaml"
+    spec.write_text("version: 1\nrules:\n- name: rsqrt_mean\n  pattern:\n    op: aten.rsqrt.default\n"
+                    "    args: [{op: aten.add.Tensor, args: [{capture: m}, {capture: e}]}]\n"
+                    "  constraints: [{user_input: {capture: m}}, {user_input: {capture: e}}]\n"
+                    "  replace: {op: aten.rsqrt.default, args: [{ref: m}]}\n")
+    r = fusionkit_cmd("explain", str(path), "--spec", str(spec), "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    spec_declines = [d for d in data["declined"] if d["rule"] == "rsqrt_mean"]
+    assert len(spec_declines) == 6 and all(d["step"] == "user_input" for d in spec_declines)
+    assert len([a for a in data["accepted"] if a["rule"] == "rms_norm"]) == 4
+
+
+@pytest.fixture(scope="module")
+def lowered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("cli")
+    paths = {}
+    for backend in ("xnnpack", "vulkan"):
+        p = out / f"demo_{backend}.pte"
+        r = fusionkit_cmd("lower", DEMO, "--backend", backend, "-o", str(p), "--json")
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert report["output"] == str(p) and report["bytes"] == p.stat().st_size
+        paths[backend] = p
+        paths[f"{backend}_report"] = out / f"{backend}.json"
+        paths[f"{backend}_report"].write_text(r.stdout)
+    return paths
+
+
+def test_lower_xnnpack_pte_runs_and_matches_eager(lowered: dict[str, Path]) -> None:
+    from fusionkit.demo import demo_factory
+    from fusionkit.runtime import max_abs_error, run_pte
+
+    module, inputs = demo_factory()
+    with torch.no_grad():
+        want = module(*inputs)
+    assert max_abs_error(run_pte(lowered["xnnpack"].read_bytes(), inputs), want) < 1e-4
+
+
+def test_lower_vulkan_reports_fusions_and_passes_check(lowered: dict[str, Path]) -> None:
+    report = json.loads(lowered["vulkan_report"].read_text())
+    (rms,) = [r for r in report["rules"] if r["rule"] == "rms_norm"]
+    assert rms["fused"] == 4 and rms["folded_constants"] == 2
+    r = fusionkit_cmd("check", str(lowered["vulkan"]))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no problems found" in r.stdout
+
+
+def test_check_flags_stock_vulkan_output(tmp_path: Path) -> None:
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from fusionkit.backends import vulkan_adapter
+    from fusionkit.demo import demo_factory
+
+    module, inputs = demo_factory()
+    vulkan_adapter.uninstall()
+    prog = to_edge_transform_and_lower(torch.export.export(module, inputs),
+                                       partitioner=[VulkanPartitioner()]).to_executorch()
+    path = tmp_path / "stock.pte"
+    path.write_bytes(prog.buffer)
+    r = fusionkit_cmd("check", str(path), "--json")
+    assert r.returncode == 1
+    problems = json.loads(r.stdout)
+    weight_problems = [p for p in problems if "et_vk.rms_norm.default argument 1" in p]
+    assert len(weight_problems) == 4  # cast, 1.0 + weight, graph input, AdaLN

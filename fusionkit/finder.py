@@ -22,7 +22,7 @@ from fusionkit.constants import ProgramInputs
 from fusionkit.constraints import CheckContext, Failure
 from fusionkit.matcher import Binding, match_pattern
 from fusionkit.rule import Rule
-from fusionkit.targets import op_key
+from fusionkit.targets import is_assertion, op_key
 
 __all__ = ["Decline", "Match", "MatchSet", "RuleIndex", "find_matches"]
 
@@ -118,7 +118,7 @@ def _escaping_user(b: Binding, root: Node) -> tuple[Node, Node] | None:
         if n is root:
             continue
         for user in n.users:
-            if user not in inside:
+            if user not in inside and not is_assertion(user):
                 return n, user
     return None
 

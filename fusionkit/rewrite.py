@@ -22,7 +22,7 @@ from torch.fx import Node
 from fusionkit.constants import ProgramInputs
 from fusionkit.finder import Match
 from fusionkit.folding import fold_to_constant
-from fusionkit.targets import OpTarget, dialect_target, resolve_op
+from fusionkit.targets import OpTarget, dialect_target, is_assertion, resolve_op
 
 __all__ = ["FusionError", "Rewriter", "apply_matches"]
 
@@ -101,7 +101,10 @@ def _erase_dead(ep: ExportedProgram, candidates: list[Node]) -> None:
     work = list(candidates)
     while work:
         n = work.pop()
-        if getattr(n, "_erased", False) or n.users or n.op == "output":
+        if getattr(n, "_erased", False):
+            continue
+        _erase_assertions_on(n)
+        if n.users or n.op == "output":
             continue
         if n.op == "call_function":
             schema = getattr(resolve_op(n.target), "_schema", None) if _is_op(n.target) else None
@@ -120,6 +123,14 @@ def _rename_outputs(ep: ExportedProgram, renamed: dict[str, str]) -> None:
     for spec in ep.graph_signature.output_specs:
         if isinstance(spec.arg, TensorArgument) and spec.arg.name in renamed:
             spec.arg = TensorArgument(name=renamed[spec.arg.name])
+
+
+def _erase_assertions_on(n: Node) -> None:
+    """Drop run-time checks whose only subject is ``n`` once nothing else uses ``n``."""
+    users = list(n.users)
+    if users and all(is_assertion(u) for u in users):
+        for u in users:
+            n.graph.erase_node(u)
 
 
 def _is_op(target: Any) -> bool:
@@ -170,6 +181,7 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match]) -> list[Node]:
         while pending:
             progress = False
             for n in list(pending):
+                _erase_assertions_on(n)
                 if not n.users:
                     ins = list(n.all_input_nodes)
                     graph.erase_node(n)

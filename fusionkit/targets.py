@@ -14,9 +14,11 @@ from typing import Any
 import torch
 
 __all__ = [
+    "ASSERTION_OPS",
     "OpTarget",
     "UnknownOpError",
     "dialect_target",
+    "is_assertion",
     "is_edge_target",
     "op_key",
     "resolve_op",
@@ -110,6 +112,24 @@ def resolve_op(target: OpTarget) -> torch._ops.OpOverload:
 def schema_of(target: Any) -> torch._C.FunctionSchema | None:
     overload = _overload_of(target)
     return overload._schema if overload is not None else None
+
+
+#: ops that only check a value at run time (torch.export inserts them, e.g. before
+#: every ``.to()`` cast): they produce nothing, so they never keep a value alive
+ASSERTION_OPS: frozenset[str] = frozenset({
+    "aten._assert_tensor_metadata.default",
+    "aten._assert_scalar.default",
+    "aten._assert_async.msg",
+    "aten._assert_async.default",
+    "aten.sym_constrain_range.default",
+    "aten.sym_constrain_range_for_size.default",
+})
+
+
+def is_assertion(node: Any) -> bool:
+    """A call that only asserts something about its inputs and has no users."""
+    return (getattr(node, "op", None) == "call_function" and not node.users
+            and op_key(node.target) in ASSERTION_OPS)
 
 
 def is_edge_target(target: Any) -> bool:

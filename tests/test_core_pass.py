@@ -308,10 +308,8 @@ def test_matching_is_deterministic(mixed_edge):
 
 @pytest.mark.parametrize("dialect, bias", [
     ("edge", "cast"), ("edge", "plus_one"), ("aten", "plus_one"),
-    pytest.param("aten", "cast", marks=pytest.mark.xfail(
-        strict=True, reason="ATen export keeps aten._assert_tensor_metadata(p_b) after the "
-        "cast; that assert still uses the parameter, so the folded-away float16 original "
-        "stays in state_dict")),
+    # the ATen export's aten._assert_tensor_metadata(p_b) goes with the folded cast
+    ("aten", "cast"),
 ])
 def test_fold_makes_a_new_lifted_constant(dialect, bias):
     torch.manual_seed(0)

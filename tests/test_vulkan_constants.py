@@ -1,0 +1,234 @@
+"""Vulkan constant serialization: decode the delegate payload and the .pte's named data.
+
+No Vulkan runtime here, so the proof is by bytes: one tiny program holding every
+case as a separate constant is lowered with ExecuTorch's VulkanPartitioner twice
+(stock 1.5.1, and with ``constant_serializer.install()``). For every VkTensor
+with a constant in the VkGraph, its ``VkBytes`` (named key, length) is followed to
+the named data of the serialized .pte, and each source constant must be found
+there byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+from executorch.backends.vulkan.serialization.vulkan_graph_serialize import extract_vk_flatbuffer
+from executorch.exir import to_edge_transform_and_lower
+from executorch.exir._serialize._program import deserialize_pte_binary
+from executorch.exir.lowered_backend_module import get_lowered_submodules
+from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+from fusionkit.backends.vulkan_adapter import constant_serializer as vcs
+
+from fusionkit.tensor_bytes import tensor_bytes
+
+pytestmark = pytest.mark.slow
+
+
+class AllCases(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        base = torch.randn(4, 8, 8)  # one storage, several views used by different ops
+        self.register_buffer("offset", base[1])  # view at a non-zero offset
+        self.register_buffer("offset0", base[0])  # view at offset 0
+        self.register_buffer("transposed", base[2].t())  # transposed view at an offset
+        self.register_buffer("bias_view", base[3][5])  # 1-d view, different op (bias)
+        cl = torch.randn(8, 4, 3, 3).contiguous(memory_format=torch.channels_last)
+        self.register_buffer("cl_conv", cl[4:])  # channels_last slice of a bigger tensor
+        self.register_buffer("fp16", torch.randn(4, 8).half()[1:3])  # fp16 view at an offset
+        self.mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)  # cross-attention
+        with torch.no_grad():
+            self.mha.in_proj_bias.normal_()  # non-zero, so each bias chunk is distinguishable
+
+    def forward(self, x: torch.Tensor, img: torch.Tensor, kv: torch.Tensor) -> Any:
+        y = F.linear(x, self.offset) + F.linear(x, self.offset0, self.bias_view)
+        y = y + F.linear(x, self.transposed)
+        z = F.conv2d(img, self.cl_conv)
+        h = F.linear(x.half(), self.fp16)
+        a = self.mha(x.unsqueeze(0), kv, kv, need_weights=False)[0]
+        return y, z, h, a
+
+
+CASES = ("offset", "offset0", "transposed", "bias_view", "cl_conv", "fp16")
+
+
+def _constant_tensors(fb: bytes) -> list[tuple[list[int], int, str]]:
+    """(dims, length, named_key) of every VkTensor that has a constant, read straight from
+    the VkGraph flatbuffer (schema.fbs); executorch's flatc-JSON route chokes on the
+    -inf of an attention mask."""
+    import flatbuffers
+    from flatbuffers import number_types as N
+    from flatbuffers.table import Table
+
+    buf = bytearray(fb)
+    assert bytes(buf[4:8]) == b"VK00"
+    root = Table(buf, flatbuffers.encode.Get(N.UOffsetTFlags.packer_type, buf, 0))
+
+    def field(tab: Table, i: int) -> int:
+        return int(tab.Offset(4 + 2 * i))
+
+    def tables(tab: Table, i: int) -> list[Table]:
+        o = field(tab, i)
+        if not o:
+            return []
+        start, n = tab.Vector(o), tab.VectorLen(o)
+        return [Table(tab.Bytes, tab.Indirect(start + 4 * k)) for k in range(n)]
+
+    def scalar(tab: Table, i: int, flags: Any, default: int) -> int:
+        o = field(tab, i)
+        return int(tab.Get(flags, tab.Pos + o)) if o else default
+
+    constants = []
+    for b in tables(root, 5):  # VkGraph.constants: [VkBytes]
+        o = field(b, 2)
+        constants.append((scalar(b, 1, N.Uint64Flags, 0), b.String(b.Pos + o).decode() if o else ""))
+    out = []
+    for v in tables(root, 2):  # VkGraph.values: [VkValue]
+        if scalar(v, 0, N.Uint8Flags, 0) != 5:  # union type VkTensor
+            continue
+        t = Table(v.Bytes, 0)
+        v.Union(t, field(v, 1))
+        cid = scalar(t, 2, N.Int32Flags, -1)
+        if cid < 0:
+            continue
+        o = field(t, 1)
+        start, n = t.Vector(o), t.VectorLen(o)
+        dims = [int(t.Get(N.Uint32Flags, start + 4 * k)) for k in range(n)]
+        length, key = constants[cid]
+        out.append((dims, length, key))
+    return out
+
+
+@dataclass
+class VkConstants:
+    blobs: list[bytes]  # one per VkGraph constant referenced by a VkTensor, from the .pte
+    dims: list[list[int]]
+    pte_size: int
+    folded: dict[str, torch.Tensor]
+
+
+def _lower(model: AllCases, inputs: tuple[torch.Tensor, ...]) -> VkConstants:
+    ep = constant_prop_pass(torch.export.export(model, inputs))  # folds the in_proj chunks
+    folded = {k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor) and v._base is not None}
+    epm = to_edge_transform_and_lower(ep, partitioner=[VulkanPartitioner()])
+    et = epm.to_executorch()
+    named = deserialize_pte_binary(bytes(et.buffer)).named_data
+    assert named is not None
+    blobs, dims = [], []
+    for _, lbm, _ in get_lowered_submodules(epm.exported_program().graph_module):
+        assert lbm.backend_id == "VulkanBackend"
+        for tdims, length, key in _constant_tensors(extract_vk_flatbuffer(lbm.processed_bytes)):
+            blob = bytes(named.buffers[named.pte_data[key].buffer_index])
+            assert hashlib.sha256(blob).hexdigest() == key
+            assert len(blob) == length
+            blobs.append(blob)
+            dims.append(tdims)
+    return VkConstants(blobs, dims, len(et.buffer), folded)
+
+
+@pytest.fixture(scope="module")
+def lowered() -> Any:
+    import executorch.backends.vulkan.patterns as vk_patterns
+
+    model = AllCases().eval()
+    inputs = (torch.randn(2, 8), torch.randn(1, 4, 6, 6), torch.randn(1, 5, 8))
+    # Speed only: the Vulkan partitioner and preprocess each re-export the (constant) rope
+    # pattern graphs, ~80% of a lowering here; build them once for the module.
+    graphs = vk_patterns.all_fusable_graph_patterns()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(vk_patterns, "all_fusable_graph_patterns", lambda: graphs)
+        vcs.uninstall()
+        stock = _lower(model, inputs)
+        with vcs.install():
+            fixed = _lower(model, inputs)
+    yield {"model": model, "stock": stock, "fixed": fixed}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_each_constant_is_exactly_its_source(lowered: dict[str, Any], name: str) -> None:
+    src = getattr(lowered["model"], name)
+    expected = tensor_bytes(src)
+    fixed: VkConstants = lowered["fixed"]
+    assert expected in fixed.blobs, f"{name}: exact bytes not in the Vulkan named data"
+    stock: VkConstants = lowered["stock"]
+    # stock 1.5.1 writes the parent storage from byte 0 for a contiguous view; it is right
+    # only where it copied first (transposed: contiguous(), channels_last: contiguous())
+    stock_right = expected in stock.blobs
+    assert stock_right == (name in ("transposed", "cl_conv")), name
+    if not stock_right:
+        assert bytes(src.untyped_storage()) in stock.blobs  # the whole parent instead
+
+
+def test_mha_in_proj_chunks_after_folding(lowered: dict[str, Any]) -> None:
+    fixed: VkConstants = lowered["fixed"]
+    stock: VkConstants = lowered["stock"]
+    chunks = [t for t in fixed.folded.values() if t.storage_offset() != 0]
+    assert chunks, "constant folding should leave in_proj chunks as views at an offset"
+    used = [t for t in fixed.folded.values() if tensor_bytes(t) in fixed.blobs]
+    assert any(t.storage_offset() != 0 for t in used), "no offset chunk reached the delegate"
+    for t in used:
+        if t.storage_offset() != 0:  # stock writes the parent in_proj from byte 0 instead
+            assert tensor_bytes(t) not in stock.blobs
+            assert bytes(t.untyped_storage()) in stock.blobs
+
+
+def test_no_constant_carries_extra_bytes(lowered: dict[str, Any]) -> None:
+    fixed: VkConstants = lowered["fixed"]
+    stock: VkConstants = lowered["stock"]
+    def too_long(c: VkConstants) -> int:
+        n = 0
+        for blob, dims in zip(c.blobs, c.dims, strict=True):
+            numel = 1
+            for d in dims:
+                numel *= d
+            n += len(blob) not in (numel * 2, numel * 4)  # fp16 / fp32 constants only here
+        return n
+
+    assert too_long(fixed) == 0
+    assert too_long(stock) >= 5  # offset, offset0, bias_view, fp16, in_proj chunks
+
+
+def test_install_uninstall_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    from executorch.backends.vulkan.serialization import vulkan_graph_builder as vgb
+    from executorch.backends.vulkan.serialization import vulkan_graph_serialize as vgs
+    from executorch.exir._serialize import _named_data_store as nds
+
+    vcs.uninstall()
+    before = (
+        vgb.VkGraphBuilder.__dict__["maybe_add_constant_tensor"],
+        vgs.__dict__["serialize_constant_tensors"],
+        nds.__dict__["_tensor_to_bytes"],
+    )
+    assert vcs.install().installed_here
+    assert not vcs.install().installed_here
+    assert vgb.VkGraphBuilder.__dict__["maybe_add_constant_tensor"] is vcs.maybe_add_constant_tensor
+    assert vgs.__dict__["serialize_constant_tensors"] is vcs.serialize_constant_tensors
+    vcs.uninstall()
+    vcs.uninstall()
+    after = (
+        vgb.VkGraphBuilder.__dict__["maybe_add_constant_tensor"],
+        vgs.__dict__["serialize_constant_tensors"],
+        nds.__dict__["_tensor_to_bytes"],
+    )
+    assert all(a is b for a, b in zip(before, after, strict=True))
+    monkeypatch.setattr(vcs, "_executorch_version", lambda: "1.4.0")
+    with pytest.raises(vcs.UnsupportedExecuTorchError, match=r"1\.4\.0.*1\.5\.1"):
+        vcs.install()
+    assert not vcs.is_installed()
+
+
+def test_legacy_raw_tensor_constants_are_exact() -> None:
+    from executorch.backends.vulkan.serialization.vulkan_graph_schema import VkGraph
+
+    base = torch.randn(3, 4)
+    g = VkGraph(version="0", chain=[], values=[], input_ids=[], output_ids=[], constants=[], shaders=[])
+    raw = bytearray()
+    vcs.serialize_constant_tensors(g, [base[1], None], raw)
+    assert bytes(raw[: g.constants[0].length]) == tensor_bytes(base[1])
+    assert g.constants[0].length == 16

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fusionkit.constraints import Constraint
-from fusionkit.pattern import Pattern
+from fusionkit.pattern import Capture, Pattern
 from fusionkit.targets import OpTarget, op_key, resolve_op
 
 if TYPE_CHECKING:
@@ -50,6 +50,16 @@ class Replacement(ABC):
         """Create the new node(s) through ``rw`` and return the one replacing the root."""
 
 
+def _as_ref(a: Any) -> Any:
+    if isinstance(a, Capture):
+        return Ref(a.name)
+    if isinstance(a, list):
+        return [_as_ref(x) for x in a]
+    if isinstance(a, tuple):
+        return tuple(_as_ref(x) for x in a)
+    return a
+
+
 def _refs_in(a: Any) -> set[str]:
     if isinstance(a, Ref):
         return {a.name}
@@ -82,6 +92,9 @@ class CallOp(Replacement):
     def __post_init__(self) -> None:
         key = op_key(resolve_op(self.target))  # raises UnknownOpError early
         object.__setattr__(self, "target", key)
+        # a capture object stands for its value: capture("x") is ref("x")
+        object.__setattr__(self, "args", tuple(_as_ref(a) for a in self.args))
+        object.__setattr__(self, "kwargs", {k: _as_ref(v) for k, v in self.kwargs.items()})
 
     def captures(self) -> set[str]:
         out: set[str] = set()

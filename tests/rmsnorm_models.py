@@ -35,7 +35,9 @@ __all__ = [
     "T5LayerNorm",
     "TwoUsers",
     "VariantNorm",
+    "edge_program",
     "rms",
+    "row_case",
     "tolerance",
 ]
 
@@ -82,10 +84,8 @@ class BufferWeight(nn.Module):
 
 
 class CastWeight(nn.Module):
-    """Row 3: the weight is stored in another dtype and cast to the activations' one.
-
-    Llama-style ``.type_as(x)`` on the weight, norm computed on ``x.float()``.
-    """
+    """Row 3: the weight is stored in another dtype and cast to the activations' one
+    (``weight.type_as(x)``, as Llama-family code casts weights)."""
 
     def __init__(self, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -93,7 +93,7 @@ class CastWeight(nn.Module):
         self.weight = nn.Parameter(torch.randn(D, dtype=storage))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms(x.float()).type_as(x) * self.weight.type_as(x)
+        return rms(x) * self.weight.type_as(x)
 
 
 class GemmaPlusOne(nn.Module):
@@ -311,3 +311,31 @@ class SharedWeight(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = rms(x) * self._w()
         return rms(h + x) * self._w()
+
+
+# ------------------------------------------------------------- shared programs
+
+_EDGE: dict[Any, tuple[Any, nn.Module, tuple[torch.Tensor, ...]]] = {}
+
+
+def row_case(row: Row, dtype: torch.dtype) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The model of a row in ``dtype`` and its example inputs (deterministic)."""
+    torch.manual_seed(0)
+    m = row.make(dtype)
+    if row.name != "cast":  # the cast row keeps its weight in another dtype on purpose
+        m = m.to(dtype)
+    return m.eval(), (torch.randn(2, D, dtype=dtype), *row.extra(dtype))
+
+
+def edge_program(key: Any, make: Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
+                 ) -> tuple[Any, nn.Module, tuple[torch.Tensor, ...]]:
+    """``(to_edge(export(model)).exported_program(), model, inputs)``, built once per session.
+
+    Shared between test modules: deep-copy the program before running a pass on it.
+    """
+    if key not in _EDGE:
+        from executorch.exir import to_edge
+
+        m, args = make()
+        _EDGE[key] = (to_edge(torch.export.export(m, args)).exported_program(), m, args)
+    return _EDGE[key]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import rmsnorm_models as R
 import torch
-from executorch.exir import to_edge, to_edge_transform_and_lower
+from executorch.exir import to_edge_transform_and_lower
 from fusionkit.passes.rms_norm import RMS_NORM_TARGET, VULKAN_DTYPES, rms_norm_rule
 from models import count_op, fresh
 from torch.export import ExportedProgram
@@ -19,23 +19,11 @@ from fusionkit import FusionPass, PrepackableConstant, Rule, capture, op, ref, r
 
 pytestmark = pytest.mark.usefixtures("vulkan_ops")
 
-_EDGE: dict[Any, tuple[ExportedProgram, torch.nn.Module, tuple[torch.Tensor, ...]]] = {}
-
-
 def _row_case(row: R.Row, dtype: torch.dtype) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    torch.manual_seed(0)
-    m = row.make(dtype)
-    if row.name != "cast":  # the cast row keeps its weight in another dtype on purpose
-        m = m.to(dtype)
-    return m.eval(), (torch.randn(2, R.D, dtype=dtype), *row.extra(dtype))
+    return R.row_case(row, dtype)
 
 
-def _edge(key: Any, make: Any) -> tuple[ExportedProgram, torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """The edge program of a case, exported once per test session (copy before mutating)."""
-    if key not in _EDGE:
-        m, args = make()
-        _EDGE[key] = (to_edge(torch.export.export(m, args)).exported_program(), m, args)
-    return _EDGE[key]
+_edge = R.edge_program
 
 
 def _fuse(ep: ExportedProgram, rule: Rule | None = None) -> tuple[ExportedProgram, FusionPass]:

@@ -116,7 +116,7 @@ class CompactConstantsPass(ExportedProgramPassBase):
                         where=where,
                         shape=tuple(t.shape),
                         dtype=t.dtype,
-                        storage_offset=t.storage_offset(),
+                        storage_offset=int(t.storage_offset()),
                         storage_nbytes_before=storage_nbytes(t),
                         nbytes_after=tensor_nbytes(new),
                     )

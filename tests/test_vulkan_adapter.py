@@ -441,3 +441,13 @@ def test_partitioner_accepts_what_executorch_accepts() -> None:
     assert p.options["texture_limits"] == (2048, 2048, 2048)
     passes = transform_passes()
     assert passes is not transform_passes() and len(passes) == 1
+
+
+def test_fused_op_left_out_of_vulkan_is_an_error() -> None:
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    m, args = R.row_case(R.ROWS[0], torch.float32)
+    part = VulkanPartitioner(operator_blocklist=[exir_ops.edge.et_vk.rms_norm.default])
+    with pytest.raises(vk.FusedOpNotDelegatedError, match=r"et_vk\.rms_norm\.default.*not delegated"):
+        to_edge_transform_and_lower(torch.export.export(m, args),
+                                    transform_passes=transform_passes(), partitioner=[part])

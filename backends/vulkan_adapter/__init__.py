@@ -26,6 +26,7 @@ from .install import (
     uninstall,
 )
 from .partitioner import (
+    FusedOpNotDelegatedError,
     VulkanPartitioner,
     fusion_rules,
     transform_passes,
@@ -36,6 +37,7 @@ __all__ = [
     "PREPACKED_ARGS",
     "TAKEN_OVER_PATTERNS",
     "TESTED_EXECUTORCH_VERSIONS",
+    "FusedOpNotDelegatedError",
     "Installation",
     "PayloadError",
     "PrepackedArg",

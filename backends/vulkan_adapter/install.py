@@ -12,7 +12,10 @@ including ones whose weight is not a constant, which the runtime then aborts on.
 :func:`install` removes the entries listed in :data:`TAKEN_OVER_PATTERNS` from
 that dict (fusionkit's ``transform_passes()`` does their job, with
 constraints), so neither the partitioner nor preprocess fuses anything on its
-own; :func:`uninstall` puts the very same entry objects back. Both are
+own. It also installs the colleague-owned :mod:`.constant_serializer` (constants
+that are views serialized as themselves, not as their whole base storage).
+:func:`uninstall` puts the very same entry objects back (and uninstalls the
+serializer if this install put it in). Both are
 idempotent; ``install()`` also works as a context manager that restores the
 previous state on exit. ``install()`` refuses to patch an ExecuTorch version
 the adapter was not tested with.

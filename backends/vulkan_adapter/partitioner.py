@@ -28,10 +28,11 @@ from torch.export import ExportedProgram
 
 from fusionkit.fusion_pass import FusionPass
 from fusionkit.rule import Rule
+from fusionkit.targets import op_key
 
 from .install import install
 
-__all__ = ["VulkanPartitioner", "fusion_rules", "transform_passes"]
+__all__ = ["FusedOpNotDelegatedError", "VulkanPartitioner", "fusion_rules", "transform_passes"]
 
 PASS_NAME = "fusionkit_vulkan"
 
@@ -46,9 +47,39 @@ def transform_passes() -> list[ExportedProgramPassBase]:
     return [FusionPass(fusion_rules(), name=PASS_NAME)]
 
 
+class FusedOpNotDelegatedError(RuntimeError):
+    """A node fused for Vulkan was left out of every Vulkan partition.
+
+    ``et_vk.*`` ops have no kernel in ExecuTorch's CPU runtime, so such a program
+    would fail when loaded; failing at lowering time says where and why.
+    """
+
+
 class VulkanPartitioner(_StockVulkanPartitioner):
-    """ExecuTorch's VulkanPartitioner (same arguments) with fusionkit's patterns installed."""
+    """ExecuTorch's VulkanPartitioner (same arguments) with fusionkit's patterns installed.
+
+    After partitioning it verifies that every ``et_vk`` node that fusionkit's
+    ``transform_passes()`` created was delegated (:class:`FusedOpNotDelegatedError`
+    otherwise, e.g. when the op is in ``operator_blocklist``).
+    """
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         install()
-        return super().partition(exported_program)
+        result = super().partition(exported_program)
+        stranded = [
+            n for n in result.tagged_exported_program.graph_module.graph.nodes
+            if n.op == "call_function" and "fusionkit_rule" in n.meta
+            and (op_key(n.target) or "").startswith("et_vk.")
+            and n.meta.get("delegation_tag") not in result.partition_tags
+        ]
+        if stranded:
+            names = ", ".join(f"`{n.name}` ({op_key(n.target)})" for n in stranded)
+            raise FusedOpNotDelegatedError(
+                f"{names} created by fusionkit's Vulkan transform_passes() "
+                "(rule {0!r}) was not delegated to Vulkan by this partitioner "
+                "(operator_blocklist/allowlist, nn_module lists, texture or buffer limits?); "
+                "et_vk ops have no CPU kernel, so the program could not be loaded. Lower "
+                "without transform_passes() or let the partitioner take these nodes."
+                .format(stranded[0].meta["fusionkit_rule"])
+            )
+        return result

@@ -31,6 +31,9 @@ from typing import Any
 
 from . import constant_serializer
 
+# one exception type for the whole adapter (the constant serializer raises it too)
+UnsupportedExecuTorchError = constant_serializer.UnsupportedExecuTorchError
+
 __all__ = [
     "TAKEN_OVER_PATTERNS",
     "TESTED_EXECUTORCH_VERSIONS",
@@ -57,10 +60,6 @@ _lock = threading.RLock()
 _saved: dict[str, Any] | None = None
 #: whether our install() also installed the constant serializer (so uninstall() undoes it)
 _serializer_installed_here = False
-
-
-class UnsupportedExecuTorchError(RuntimeError):
-    """The installed ExecuTorch is not a version the Vulkan adapter was tested with."""
 
 
 def executorch_version() -> str | None:

@@ -34,6 +34,9 @@ class DemoModel(nn.Module):
         self.w_half = nn.Parameter((1.0 + 0.1 * torch.randn(DIM, generator=g)).half())
         self.w_gemma = nn.Parameter(0.1 * torch.randn(DIM, generator=g))
         self.ada = nn.Linear(COND, DIM)
+        with torch.no_grad():  # deterministic: every process builds the same weights
+            self.ada.weight.copy_(torch.randn(DIM, COND, generator=g) / COND**0.5)
+            self.ada.bias.copy_(1.0 + 0.1 * torch.randn(DIM, generator=g))
         packed = torch.randn(3, DIM, DIM, generator=g) / DIM**0.5
         self.register_buffer("proj_view", packed[1])  # a view at a non-zero offset
         qkv = torch.randn(3 * DIM, DIM, generator=g) / DIM**0.5

@@ -1,0 +1,1 @@
+"""Rules that port ExecuTorch's Vulkan pattern registry (installed as ``fusionkit.passes.vulkan``)."""

@@ -21,6 +21,7 @@ from torch.fx import Node
 from fusionkit.constants import ProgramInputs
 from fusionkit.constraints import CheckContext, Failure
 from fusionkit.matcher import Binding, match_pattern
+from fusionkit.pattern import Capture, Named, Op, Pattern, Value
 from fusionkit.rule import Rule
 from fusionkit.targets import is_assertion, op_key
 
@@ -94,6 +95,8 @@ class RuleIndex:
                         for k, v in by_key.items()}
         #: for_target memo by target object (looked up once per graph node)
         self._by_target: dict[Any, tuple[Rule, ...]] = {}
+        self._thresholds: dict[Rule, int] = {}
+        self._gates: dict[Rule, _Gate | None] = {}
 
     def for_target(self, target: Any) -> tuple[Rule, ...]:
         try:
@@ -110,6 +113,71 @@ class RuleIndex:
         if key is None:
             return ()
         return self._by_key.get(key, ())
+
+    def threshold(self, rule: Rule) -> int:
+        """:func:`_near_miss_threshold`, computed once per rule."""
+        t = self._thresholds.get(rule)
+        if t is None:
+            t = self._thresholds[rule] = _near_miss_threshold(rule)
+        return t
+
+    def gate(self, rule: Rule) -> _Gate | None:
+        if rule not in self._gates:
+            self._gates[rule] = _Gate.of(rule.pattern)
+        return self._gates[rule]
+
+
+def _claims_nothing(p: Pattern) -> bool:
+    while isinstance(p, Named):
+        p = p.inner
+    return isinstance(p, (Capture, Value))
+
+
+@dataclass(frozen=True)
+class _Gate:
+    """A necessary condition for the root op pattern to match, checked in O(1).
+
+    Of the root ``Op``'s operands, the first whose pattern names the ops its
+    value must be (``root_keys``) is checked against the graph; the operands
+    before it must be captures/literals, which claim no node. When the check
+    fails for every operand order, the structural search would fail there too,
+    with only the root claimed (progress 1, below any near-miss threshold), so
+    it is skipped: the result of :func:`find_matches` is the same, only faster
+    (most nodes with the root's op are not the root of a match).
+    """
+
+    index: int
+    keys: frozenset[str]
+    commutative: bool
+    nargs: int
+
+    @staticmethod
+    def of(pattern: Pattern) -> _Gate | None:
+        p = pattern
+        while isinstance(p, Named):
+            p = p.inner
+        if type(p) is not Op:
+            return None
+        for i, a in enumerate(p.args):
+            keys = a.root_keys()
+            if keys is not None:
+                return _Gate(i, keys, p.commutative, len(p.args))
+            if not _claims_nothing(a):
+                return None
+        return None
+
+    def may_match(self, node: Node) -> bool:
+        args = node.args
+        if len(args) < self.nargs:
+            return True  # operands by keyword or default: let the search decide
+        if self._ok(args[self.index]):
+            return True
+        if self.commutative and self.nargs >= 2 and self.index < 2 and args[0] is not args[1]:
+            return self._ok(args[1 - self.index])
+        return False
+
+    def _ok(self, v: Any) -> bool:
+        return isinstance(v, Node) and v.op == "call_function" and op_key(v.target) in self.keys
 
 
 def _escaping_user(b: Binding, root: Node) -> tuple[Node, Node] | None:
@@ -164,6 +232,9 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
             continue
         candidates = index.for_target(node.target)
         for rule in candidates:
+            gate = index.gate(rule)
+            if gate is not None and not gate.may_match(node) and index.threshold(rule) > 1:
+                continue  # the search below would fail at progress 1 (see _Gate)
             bindings, failure = match_pattern(rule.pattern, node, inputs)
             first_decline: Decline | None = None
             accepted: Match | None = None
@@ -183,7 +254,7 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
                 break
             if first_decline is not None:
                 result.declined.append(first_decline)
-            elif structural_declines and failure.progress >= _near_miss_threshold(rule):
+            elif structural_declines and failure.progress >= index.threshold(rule):
                 result.declined.append(
                     Decline(rule.name, node, "structure", failure.node, failure.message))
     return result

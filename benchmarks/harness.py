@@ -85,17 +85,19 @@ def builtin_rules() -> tuple[list[Any], str]:
     list under one of the usual names); otherwise falls back to the rules the
     benchmark knows about.
     """
-    import fusionkit.passes as fp
-
-    for name in ("builtin_rules", "all_rules", "default_rules", "BUILTIN_RULES", "ALL_RULES",
-                 "rules"):
-        obj = getattr(fp, name, None)
-        if obj is None:
+    for mod_name in ("fusionkit.passes", "fusionkit.passes.vulkan"):
+        try:
+            fp = importlib.import_module(mod_name)
+        except ImportError:
             continue
-        rules = obj() if callable(obj) else obj
-        rules = list(rules)
-        if rules:
-            return rules, f"fusionkit.passes.{name}"
+        for name in ("builtin_rules", "all_rules", "default_rules", "BUILTIN_RULES", "ALL_RULES",
+                     "rules"):
+            obj = getattr(fp, name, None)
+            if obj is None:
+                continue
+            rules = list(obj() if callable(obj) else obj)
+            if rules:
+                return rules, f"{mod_name}.{name}"
     from fusionkit.passes.rms_norm import rms_norm_rule
 
     return [rms_norm_rule()], "no registry in fusionkit.passes: [rms_norm_rule()]"

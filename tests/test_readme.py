@@ -51,3 +51,15 @@ def test_readme_rule_example_runs_and_fuses() -> None:
     (decline,) = p.report.declined
     assert decline.step == "prepackable_constant" and "is a user input" in decline.reason
     assert outputs_close(run_program(res.exported_program, *inputs), model(*inputs))
+
+
+def test_public_api_is_complete_and_importing_fusionkit_is_cheap() -> None:
+    import subprocess
+    import sys
+
+    assert set(fusionkit.__all__) == set(fusionkit._EXPORTS)
+    for name in fusionkit.__all__:
+        assert getattr(fusionkit, name) is not None
+    code = "import sys, fusionkit, fusionkit.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -273,6 +273,7 @@ def bench_e2e(layers_list: Sequence[int], runs: int, results: dict[str, Any]) ->
                         "adapter_over_stock": (t_ad / t_st) if t_ad else None,
                         "adapter_over_stock_wall": (w_ad / w_st) if w_ad else None,
                         "adapter": why}
+            print(f"  ... {backend} {layers} layers done", file=sys.stderr, flush=True)
             rows.append([backend, str(layers), _ms(t_st), _ms(t_ad),
                          _x(t_ad / t_st) if t_ad else "adapter not available",
                          _ms(w_st), _ms(w_ad), _x(w_ad / w_st) if w_ad else "-"])

@@ -1,0 +1,680 @@
+"""Run a lowered Vulkan program on the CPU by interpreting its serialized payloads.
+
+ExecuTorch's wheel has no Vulkan runtime, so a bad payload usually shows itself
+first as an abort on a phone. :func:`simulate` executes a lowered program in
+Python instead::
+
+    from fusionkit.backends.vulkan_adapter import simulate
+    out = simulate(prog, x)   # prog: EdgeProgramManager or ExecutorchProgramManager
+
+What runs
+---------
+* The program's own top-level graph (``prog.exported_program()``): placeholders
+  come from its state dict / constants and the given inputs, every
+  ``call_function`` node runs its op (for an ``ExecutorchProgramManager`` these are
+  the out-variants and ``memory.alloc`` of the emitted program), ``getitem`` picks
+  delegate outputs.
+* Each ``executorch_call_delegate`` of a ``VulkanBackend`` delegate runs the
+  **serialized payload**, never the original FX graph or tensors: the VkGraph is
+  decoded by :mod:`.payload`, constants are the bytes exactly as serialized (the
+  program's named data, or the payload's raw section). For an
+  ``EdgeProgramManager`` the payload and named data are the lowered module's
+  ``processed_bytes`` / ``named_data_store_output``; for an
+  ``ExecutorchProgramManager`` they are read back from ``prog.buffer`` (the .pte):
+  the k-th delegate call of the graph is the k-th ``DelegateCall`` instruction
+  of the method's chain, whose ``delegate_index`` names the payload.
+* Each ``OperatorCall`` of the chain is executed with its ATen implementation
+  (``torch.ops.<ns>.<op>.<overload>``; ``et_vk.*`` ops with the reference
+  kernels of ``executorch.backends.vulkan.custom_ops_lib``), its ``args`` resolved
+  from the VkGraph's values by the operator's schema: ``Int``/``Double``/``Bool``/
+  ``String``, ``IntList``/``DoubleList``/``BoolList``, ``ValueList`` (tensor lists,
+  or int lists holding ``SymInt`` values), ``Null`` and ``SymInt``. The last id is
+  the output (a ``ValueList`` for ops with several outputs).
+
+The runtime's rules that are enforced
+-------------------------------------
+* ``et_vk.prepack`` and every argument in :data:`.check.PREPACKED_ARGS` (from
+  ``shared/vulkan-prepacked-args.md``) must be a constant (a ``VkTensor`` with
+  ``constant_id >= 0``, a TensorRef); otherwise :class:`NotConstantError` is
+  raised with the condition the runtime aborts on
+  (``... (graph.val_is_tref(tensor_data)) is false!``), naming op and argument.
+* An operator the simulator cannot execute raises :class:`UnsupportedOperatorError`
+  naming it; nothing is skipped.
+* A constant whose bytes are shorter than its tensor raises; a longer one is read
+  from its first byte, as the runtime's staging copy reads it (this is how the
+  stock serializer's "whole base storage of a view" bug gives wrong numbers).
+* A value read before any op wrote it, a reference outside the graph, an output
+  whose shape or kind differs from what the VkGraph declares: :class:`SimulationError`.
+
+Dtypes, storage types and memory layouts
+----------------------------------------
+* Every tensor is held in the dtype its ``VkTensor.datatype`` declares (``VkDataType``:
+  BOOL, UINT8, INT8, INT32, FLOAT16, FLOAT32, FLOAT64, INT64): delegate inputs are
+  converted to it when they enter (the runtime's staging copy, e.g. int64 -> int32
+  with the default ``downcast_64_bit``), each op's result is converted to its
+  output's datatype, and delegate outputs are converted back to the dtype the
+  program's graph expects of the delegate call.
+* The serializer writes ``ScalarType``/``Device``/``Layout``/``MemoryFormat``
+  arguments as ``Null``; like the runtime, the simulator takes a ``ScalarType``
+  from the declared output tensor (for ``dequantize_*``'s ``dtype``: the input's),
+  and passes ``None`` for device/layout/memory format.
+* ``storage_type`` (buffer / 3-D texture / 2-D texture) and ``memory_layout``
+  (width/height/channels packed, ...) of tensors and the graph overrides are
+  **ignored**: they decide how the GPU stores a tensor, not its values, and the
+  runtime's staging copies convert to and from contiguous order. Likewise the
+  ``dim_order`` of ``_to_dim_order_copy``/``_clone_dim_order`` only changes strides.
+  Texture-size limits are not checked.
+* ``mem_obj_id`` (memory planning: tensors sharing one allocation) is not
+  simulated: every value has its own storage.
+
+Supported operators: :data:`SUPPORTED_OPS` (the ops of ExecuTorch 1.5.1's Vulkan
+op registry that have a CPU implementation here, listed explicitly); anything
+else raises :class:`UnsupportedOperatorError`.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .check import ABORT, BACKEND_ID, PREPACKED_ARGS, _describe
+from .payload import VkGraph, VkTensor, VkValue, VulkanPayload, decode_payload
+
+__all__ = [
+    "SUPPORTED_OPS",
+    "VK_TORCH_DTYPES",
+    "NotConstantError",
+    "SimulationError",
+    "UnsupportedOperatorError",
+    "run_payload",
+    "simulate",
+]
+
+#: VkDataType -> torch dtype
+VK_TORCH_DTYPES: dict[int, torch.dtype] = {
+    0: torch.bool, 1: torch.uint8, 2: torch.int8, 3: torch.int32, 4: torch.float16,
+    5: torch.float32, 6: torch.float64, 7: torch.int64,
+}
+
+PREPACK = "et_vk.prepack.default"
+
+
+class SimulationError(RuntimeError):
+    """The payload cannot be executed as the Vulkan runtime would execute it."""
+
+
+class NotConstantError(SimulationError):
+    """An argument the runtime prepacks (``prepack_standard``) is not a TensorRef."""
+
+    def __init__(self, message: str, op: str, arg_index: int, arg_name: str) -> None:
+        super().__init__(message)
+        self.op, self.arg_index, self.arg_name = op, arg_index, arg_name
+
+
+class UnsupportedOperatorError(SimulationError):
+    """The payload calls an operator the simulator has no implementation for."""
+
+    def __init__(self, message: str, op: str) -> None:
+        super().__init__(message)
+        self.op = op
+
+
+# ---------------------------------------------------------------- operator table
+
+#: ops of the ExecuTorch 1.5.1 Vulkan op registry run through their ATen/et_vk schema
+_SCHEMA_OPS: tuple[str, ...] = (
+    # unary
+    "aten.abs.default", "aten.cos.default", "aten.exp.default", "aten.gelu.default",
+    "aten.hardshrink.default", "aten.hardswish.default", "aten.hardtanh.default",
+    "aten.neg.default", "aten.relu.default", "aten.sigmoid.default", "aten.sin.default",
+    "aten.sqrt.default", "aten.rsqrt.default", "aten.tanh.default", "aten.round.default",
+    "aten.leaky_relu.default", "aten.log10.default", "aten.clamp.default",
+    "aten.logical_not.default", "aten.bitwise_not.default",
+    # binary / comparison
+    "aten.add.Tensor", "aten.sub.Tensor", "aten.minimum.default", "aten.mul.Tensor",
+    "aten.div.Tensor", "aten.div.Tensor_mode", "aten.pow.Tensor_Tensor",
+    "aten.pow.Tensor_Scalar", "aten.eq.Tensor", "aten.lt.Tensor", "aten.le.Tensor",
+    "aten.gt.Tensor", "aten.ge.Tensor", "aten.eq.Scalar", "aten.ne.Scalar",
+    "aten.lt.Scalar", "aten.le.Scalar", "aten.ge.Scalar", "aten.gt.Scalar",
+    "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor", "aten.logical_and.default",
+    "aten.logical_or.default", "aten.where.self",
+    # copies and dtype conversion
+    "aten.copy.default", "aten._to_copy.default", "aten.clone.default",
+    "dim_order_ops._to_dim_order_copy.default", "dim_order_ops._clone_dim_order.default",
+    "aten.alias_copy.default",
+    # reductions, softmax
+    "aten.mean.dim", "aten.sum.dim_IntList", "aten.amax.default", "aten.amin.default",
+    "aten.argmax.default", "aten.argmin.default", "aten._softmax.default",
+    "aten._log_softmax.default",
+    # matmul / linear / conv / pool
+    "aten.bmm.default", "aten.mm.default", "aten.addmm.default", "aten.linear.default",
+    "aten.convolution.default", "et_vk.conv_with_clamp.default",
+    "aten.avg_pool2d.default", "aten.max_pool2d.default",
+    "aten.max_pool2d_with_indices.default",
+    # shape and indexing
+    "aten.permute.default", "aten.permute_copy.default", "aten.view_copy.default",
+    "aten.squeeze_copy.dims", "aten.unsqueeze_copy.default", "aten.unfold_copy.default",
+    "aten.gather.default", "aten.expand_copy.default", "aten.cat.default",
+    "aten.select_copy.int", "aten.slice_copy.Tensor", "aten.split_with_sizes_copy.default",
+    "aten.t_copy.default", "aten.flip.default", "aten.index_select.default",
+    "aten.index.Tensor", "aten.repeat.default", "aten.constant_pad_nd.default",
+    "aten.pixel_shuffle.default", "aten.upsample_nearest2d.vec",
+    "aten.upsample_bilinear2d.vec", "aten.grid_sampler_2d.default",
+    # creation
+    "aten.arange.start_step", "aten.full.default", "aten.full_like.default",
+    "aten.ones.default", "aten.ones_like.default", "aten.zeros.default",
+    "aten.zeros_like.default", "aten.scalar_tensor.default", "et_vk.grid_priors.default",
+    # normalization, embedding
+    "aten.embedding.default", "aten._native_batch_norm_legit_no_training.default",
+    "aten.native_group_norm.default", "aten.native_layer_norm.default",
+    "et_vk.rms_norm.default",
+    # fused transformer ops
+    "et_vk.apply_rotary_emb.default", "et_vk.apply_rotary_emb_hf.default",
+    "et_vk.sdpa.default",
+)
+
+#: name as serialized (``node.target.__name__``) -> Python implementation, for ops
+#: without a torch schema (symbolic ints) or with runtime rules of their own
+_SPECIAL: dict[str, Callable[..., Any]] = {}
+
+#: every operator name :func:`simulate` executes, as serialized in ``OperatorCall.name``
+SUPPORTED_OPS: frozenset[str] = frozenset()  # filled in below
+
+_SYMINT_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul,
+    "floordiv": operator.floordiv, "lt": operator.lt, "gt": operator.gt,
+    "le": operator.le, "ge": operator.ge, "eq": operator.eq,
+}
+
+
+def _load_op_libraries() -> None:
+    """Register the et_vk (Vulkan reference kernels) and dim_order ops with torch."""
+    import executorch.backends.vulkan.custom_ops_lib
+    import executorch.exir.passes.dim_order_ops_registry  # noqa: F401
+
+
+def _torch_op(name: str) -> Any:
+    """``"aten.add.Tensor"`` -> ``torch.ops.aten.add.Tensor`` (None if there is none)."""
+    parts = name.split(".")
+    if len(parts) != 3:
+        return None
+    ns, op, overload = parts
+    try:
+        return getattr(getattr(getattr(torch.ops, ns), op), overload)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+# ------------------------------------------------------------------- values
+
+
+@dataclass
+class _Const:
+    """A TensorRef: a constant exactly as serialized."""
+
+    tensor: torch.Tensor
+
+
+_UNSET = object()
+
+
+def _vk_dtype(t: VkTensor, what: str) -> torch.dtype:
+    dt = VK_TORCH_DTYPES.get(t.datatype)
+    if dt is None:
+        raise SimulationError(f"{what} has datatype {t.dtype_name} ({t.datatype}), which "
+                              "has no torch dtype")
+    return dt
+
+
+class _Delegate:
+    """One Vulkan payload being executed."""
+
+    def __init__(self, payload: VulkanPayload, named_data: Callable[[str], bytes | None],
+                 label: str) -> None:
+        _load_op_libraries()
+        self.g: VkGraph = payload.graph
+        self.raw = payload.raw
+        self.named_data = named_data
+        self.label = label
+        self.values: list[Any] = [_UNSET] * len(self.g.values)
+        self.static = True  # inputs arrived with the shapes the VkGraph declares
+        for vid, v in enumerate(self.g.values):
+            self.values[vid] = self._initial(vid, v)
+
+    # -- errors
+    def err(self, msg: str) -> SimulationError:
+        return SimulationError(f"{self.label}: {msg}")
+
+    # -- initial values
+    def _initial(self, vid: int, v: VkValue) -> Any:
+        k = v.kind
+        if k in ("Null", "NONE"):
+            return None
+        if k in ("Int", "Double", "Bool", "String"):
+            return v.value
+        if k in ("IntList", "DoubleList", "BoolList"):
+            return list(v.value)
+        if k == "VkTensor":
+            t = v.tensor
+            assert t is not None
+            return _Const(self._constant(vid, t)) if t.is_constant else _UNSET
+        if k in ("ValueList", "SymInt"):
+            return _UNSET  # resolved on read / written by an op or an input
+        raise self.err(f"value {vid} has unknown kind {k!r}")
+
+    def _constant(self, vid: int, t: VkTensor) -> torch.Tensor:
+        what = f"constant {t.constant_id} (value {vid}, {t.dtype_name}{list(t.dims)})"
+        if t.constant_id >= len(self.g.constants):
+            raise self.err(f"{what} refers past the graph's {len(self.g.constants)} constants")
+        c = self.g.constants[t.constant_id]
+        dtype = _vk_dtype(t, what)
+        need = t.numel * dtype.itemsize
+        if c.in_named_data:
+            data = self.named_data(c.named_key)
+            if data is None:
+                raise self.err(f"{what}: named data {c.named_key!r} is not in the program "
+                               "(kept in a separate .ptd?)")
+        else:
+            data = self.raw[c.offset:c.offset + c.length]
+        if len(data) < need:
+            raise self.err(f"{what} has {len(data)} bytes, its tensor needs {need}: the "
+                           "runtime would read past the end of the constant")
+        # the runtime's staging copy reads the tensor's bytes from the constant's start
+        buf = bytearray(data[:need])
+        if need == 0:
+            return torch.empty(tuple(t.dims), dtype=dtype)
+        return torch.frombuffer(buf, dtype=dtype).reshape(tuple(t.dims)).clone()
+
+    # -- reading values
+    def read(self, vid: int, who: str) -> Any:
+        if not 0 <= vid < len(self.values):
+            raise self.err(f"{who} refers to value {vid}, but the graph has "
+                           f"{len(self.values)} values")
+        v = self.g.values[vid]
+        if v.kind == "ValueList":
+            return [self.read(i, who) for i in v.value]
+        x = self.values[vid]
+        if x is _UNSET:
+            raise self.err(f"{who} reads value {vid} ({_describe(v)}) before any op or "
+                           "input wrote it")
+        return x
+
+    def tensor_meta(self, vid: int) -> VkTensor | None:
+        v = self.g.value(vid)
+        return None if v is None else v.tensor
+
+    # -- writing values
+    def write(self, vid: int, x: Any, who: str) -> None:
+        v = self.g.value(vid)
+        if v is None:
+            raise self.err(f"{who} writes value {vid}, but the graph has {len(self.values)} "
+                           "values")
+        if v.kind == "ValueList":
+            items = list(x) if isinstance(x, (tuple, list)) else None
+            if items is None or len(items) != len(v.value):
+                raise self.err(f"{who} produced {type(x).__name__} for value {vid}, a "
+                               f"ValueList of {len(v.value)}")
+            for i, item in zip(v.value, items, strict=True):
+                self.write(i, item, who)
+            return
+        t = v.tensor
+        if t is not None:
+            if t.is_constant:
+                raise self.err(f"{who} writes value {vid}, a constant (TensorRef)")
+            if not isinstance(x, torch.Tensor):
+                raise self.err(f"{who} produced {type(x).__name__} for value {vid}, a tensor")
+            want = _vk_dtype(t, f"value {vid}")
+            if self.static and tuple(x.shape) != tuple(t.dims):
+                raise self.err(f"{who} produced shape {list(x.shape)} for value {vid}, which "
+                               f"the VkGraph declares as {list(t.dims)}")
+            self.values[vid] = x.to(want).contiguous()
+            return
+        if v.kind == "SymInt":
+            if isinstance(x, torch.Tensor):
+                x = x.item()
+            self.values[vid] = int(x)
+            return
+        raise self.err(f"{who} writes value {vid} of kind {v.kind}")
+
+    # -- running
+    def run(self, inputs: Sequence[Any]) -> list[Any]:
+        ids = self.g.input_ids
+        if len(inputs) != len(ids):
+            raise self.err(f"the delegate takes {len(ids)} inputs, got {len(inputs)}")
+        for k, (vid, x) in enumerate(zip(ids, inputs, strict=True)):
+            t = self.tensor_meta(vid)
+            if t is not None and isinstance(x, torch.Tensor):
+                if tuple(x.shape) != tuple(t.dims):
+                    self.static = False
+                self.values[vid] = x.to(_vk_dtype(t, f"input {k}")).contiguous()
+            else:
+                self.write(vid, x, f"input {k}")
+        for index, call in enumerate(self.g.chain):
+            self.call(index, call.name, call.args)
+        return [self.read(vid, f"output {k}") for k, vid in enumerate(self.g.output_ids)]
+
+    def require_constant(self, name: str, index: int, arg_name: str, vid: int) -> None:
+        v = self.g.value(vid)
+        t = None if v is None else v.tensor
+        if t is not None and t.is_constant:
+            return
+        where = f"{name} argument {index} ({arg_name})"
+        raise NotConstantError(
+            f"{self.label}: {where} is not a constant (TensorRef): value {vid} is "
+            f"{_describe(v)}; {ABORT}", name, index, arg_name)
+
+    def call(self, index: int, name: str, ids: Sequence[int]) -> None:
+        who = f"op #{index} {name}"
+        if not ids:
+            raise self.err(f"{who} has no output value")
+        ins, out = list(ids[:-1]), ids[-1]
+        # the runtime's prepack rule, before anything runs
+        if name == PREPACK:
+            if len(ins) != 1:
+                raise self.err(f"{who} takes 1 argument, the call has {len(ins)}")
+            self.require_constant(name, 0, "x", ins[0])
+        for arg in PREPACKED_ARGS.get(name, ()):
+            if arg.index >= len(ins):
+                raise self.err(f"{who} argument {arg.index} ({arg.name}) is missing")
+            v = self.g.value(ins[arg.index])
+            if arg.none_ok and v is not None and v.kind in ("Null", "NONE"):
+                continue
+            self.require_constant(name, arg.index, arg.name, ins[arg.index])
+        special = _SPECIAL.get(name)
+        try:
+            if special is not None:
+                result = special(self, who, ins, out)
+            elif name in _SCHEMA_SET:
+                result = self.call_schema(who, name, ins, out)
+            else:
+                raise UnsupportedOperatorError(
+                    f"{self.label}: {who}: the simulator cannot execute operator {name!r} "
+                    "(not in SUPPORTED_OPS)", name)
+        except SimulationError:
+            raise
+        except Exception as e:
+            raise self.err(f"{who} failed on the CPU: {type(e).__name__}: {e}") from e
+        self.write(out, result, who)
+
+    def call_schema(self, who: str, name: str, ins: list[int], out: int) -> Any:
+        op = _torch_op(name)
+        if op is None:
+            raise UnsupportedOperatorError(
+                f"{self.label}: {who}: operator {name!r} is not registered with torch", name)
+        schema = op._schema
+        if len(ins) != len(schema.arguments):
+            raise self.err(f"{who} has {len(ins)} arguments, its schema {len(schema.arguments)}")
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        for a, vid in zip(schema.arguments, ins, strict=True):
+            val = self.resolve(who, name, a, vid, ins, out)
+            if a.kwarg_only:
+                kwargs[a.name] = val
+            else:
+                args.append(val)
+        return op(*args, **kwargs)
+
+    def resolve(self, who: str, name: str, a: Any, vid: int, ins: list[int], out: int) -> Any:
+        """The Python value of schema argument ``a`` from VkGraph value ``vid``."""
+        v = self.g.value(vid)
+        if v is None:
+            raise self.err(f"{who} argument {a.name!r} refers to value {vid}, but the graph "
+                           f"has {len(self.values)} values")
+        ty = str(a.type).rstrip("?")
+        if v.kind in ("Null", "NONE"):
+            if ty == "ScalarType":
+                return self.implied_dtype(who, name, a.name, ins, out)
+            return None  # Device, Layout, MemoryFormat, or an optional left out
+        x = self.read(vid, f"{who} argument {a.name!r}")
+        if isinstance(x, _Const):
+            x = x.tensor
+        if isinstance(x, list):
+            x = [e.tensor if isinstance(e, _Const) else e for e in x]
+        if ty == "float" and isinstance(x, int):
+            x = float(x)
+        return x
+
+    def implied_dtype(self, who: str, name: str, arg: str, ins: list[int], out: int
+                      ) -> torch.dtype:
+        """A ScalarType the serializer wrote as Null: the runtime takes it from a tensor."""
+        src = out
+        if "dequantize" in name and arg == "dtype":
+            src = ins[0]
+        t = self.tensor_meta(src)
+        if t is None:
+            ov = self.g.value(out)
+            if ov is not None and ov.kind == "ValueList" and ov.value:
+                t = self.tensor_meta(ov.value[0])
+        if t is None:
+            raise self.err(f"{who}: cannot infer ScalarType argument {arg!r} (written as Null) "
+                           "from a tensor")
+        return _vk_dtype(t, f"{who} {arg}")
+
+
+_SCHEMA_SET = frozenset(_SCHEMA_OPS)
+
+
+def _prepack(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
+    x = d.read(ins[0], who)
+    assert isinstance(x, _Const)  # require_constant ran
+    return x.tensor.clone()
+
+
+def _sym_size(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
+    x = d.read(ins[0], who)
+    x = x.tensor if isinstance(x, _Const) else x
+    return int(x.shape[d.read(ins[1], who)])
+
+
+def _select_as_symint(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
+    x = d.read(ins[0], who)
+    x = x.tensor if isinstance(x, _Const) else x
+    return int(x.select(d.read(ins[1], who), d.read(ins[2], who)).item())
+
+
+def _symint_op(fn: Callable[[Any, Any], Any]) -> Callable[..., Any]:
+    def run(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
+        a, b = (d.read(i, who) for i in ins)
+        return fn(a, b)
+    return run
+
+
+_SPECIAL.update({
+    PREPACK: _prepack,
+    "sym_size.int": _sym_size,
+    "et_vk.select_as_symint.default": _select_as_symint,
+    **{n: _symint_op(f) for n, f in _SYMINT_OPS.items()},
+})
+
+SUPPORTED_OPS = frozenset(_SCHEMA_OPS) | frozenset(_SPECIAL)
+
+
+def run_payload(payload: bytes | VulkanPayload, inputs: Sequence[Any],
+                named_data: dict[str, bytes] | Callable[[str], bytes | None] | None = None,
+                label: str = "Vulkan delegate") -> list[Any]:
+    """Execute one Vulkan delegate payload on ``inputs`` (in ``input_ids`` order).
+
+    ``named_data``: key -> bytes (or a lookup function) for constants kept in the
+    program's named data. Returns the outputs in ``output_ids`` order, in the
+    dtypes the VkGraph declares.
+    """
+    p = payload if isinstance(payload, VulkanPayload) else decode_payload(bytes(payload))
+    lookup: Callable[[str], bytes | None]
+    if named_data is None:
+        lookup = lambda _key: None  # noqa: E731
+    elif callable(named_data):
+        lookup = named_data
+    else:
+        lookup = named_data.get
+    return _Delegate(p, lookup, label).run(inputs)
+
+
+# ------------------------------------------------------------ program access
+
+
+def _named_lookup(nd: Any) -> Callable[[str], bytes | None]:
+    """key -> bytes of a NamedDataStoreOutput (the .pte's entries and external ones)."""
+    def lookup(key: str) -> bytes | None:
+        if nd is None:
+            return None
+        entry = (getattr(nd, "pte_data", None) or {}).get(key)
+        if entry is None:
+            for entries in (getattr(nd, "external_data", None) or {}).values():
+                if key in entries:
+                    entry = entries[key]
+                    break
+        return None if entry is None else bytes(nd.buffers[entry.buffer_index])
+    return lookup
+
+
+@dataclass
+class _Source:
+    """Where the payloads of one method come from."""
+
+    #: k-th executorch_call_delegate node -> (backend id, payload, named-data lookup),
+    #: or None to take them from the lowered module itself (EdgeProgramManager)
+    pte_delegates: list[tuple[str, bytes]] | None
+    named: Callable[[str], bytes | None] | None
+
+
+def _pte_source(pte: bytes, method: str) -> _Source:
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import DataLocation, DelegateCall
+
+    pf = deserialize_pte_binary(pte)
+    plans = {p.name: p for p in pf.program.execution_plan}
+    if method not in plans:
+        raise SimulationError(f"the program has no method {method!r} ({sorted(plans)})")
+    plan = plans[method]
+    calls: list[tuple[str, bytes]] = []
+    for chain in plan.chains:
+        for ins in chain.instructions:
+            if not isinstance(ins.instr_args, DelegateCall):
+                continue
+            d = plan.delegates[ins.instr_args.delegate_index]
+            ref = d.processed
+            if ref.location != DataLocation.INLINE:
+                raise SimulationError(f"delegate {ins.instr_args.delegate_index} of {method!r} "
+                                      f"keeps its payload in location {ref.location}")
+            calls.append((d.id, bytes(pf.program.backend_delegate_data[ref.index].data)))
+    return _Source(calls, _named_lookup(pf.named_data))
+
+
+def _is_delegate_call(node: torch.fx.Node) -> bool:
+    from executorch.exir.delegate import executorch_call_delegate
+
+    return node.op == "call_function" and node.target is executorch_call_delegate
+
+
+def _expected_dtypes(node: torch.fx.Node) -> list[torch.dtype | None]:
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    return [v.dtype if isinstance(v, torch.Tensor) else None for v in vals]
+
+
+def simulate(program: Any, *inputs: Any, method: str = "forward") -> Any:
+    """Run ``program`` on the CPU, executing its Vulkan delegates from their payloads.
+
+    ``program``: the ``EdgeProgramManager`` of ``to_edge_transform_and_lower`` or the
+    ``ExecutorchProgramManager`` of ``.to_executorch()``. ``inputs``: the method's
+    user inputs. Returns the outputs structured as the exported module returns them.
+
+    Raises :class:`NotConstantError` where the Vulkan runtime would abort on a
+    non-constant prepacked argument, :class:`UnsupportedOperatorError` for an
+    operator it cannot execute, :class:`SimulationError` for other malformed
+    payloads. See the module docstring for what is and is not modelled.
+    """
+    from executorch.exir import EdgeProgramManager, ExecutorchProgramManager
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    if isinstance(program, ExecutorchProgramManager):
+        source = _pte_source(bytes(program.buffer), method)
+    elif isinstance(program, EdgeProgramManager):
+        source = _Source(None, None)
+    else:
+        raise TypeError("simulate() takes an EdgeProgramManager or an ExecutorchProgramManager, "
+                        f"not {type(program).__name__}")
+    ep = program.exported_program(method)
+    gm = ep.graph_module
+    sig = ep.graph_signature
+    flat_inputs = pytree.tree_leaves(inputs)
+    user_specs = [s for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
+    if len(flat_inputs) != len(user_specs):
+        raise TypeError(f"{method} takes {len(user_specs)} inputs, got {len(flat_inputs)}")
+
+    env: dict[torch.fx.Node, Any] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    user_iter = iter(flat_inputs)
+    for node, spec in zip(placeholders, sig.input_specs, strict=True):
+        if spec.kind == InputKind.USER_INPUT:
+            env[node] = next(user_iter)
+        elif spec.target in ep.state_dict:
+            env[node] = ep.state_dict[spec.target]
+        elif spec.target in ep.constants:
+            env[node] = ep.constants[spec.target]
+        else:
+            raise SimulationError(f"placeholder {node.name} ({spec.kind.name} "
+                                  f"{spec.target!r}) has no value in the program")
+
+    def value_of(a: Any) -> Any:
+        return env[a] if isinstance(a, torch.fx.Node) else a
+
+    delegate_no = 0
+    outputs: list[Any] = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "get_attr":
+            env[node] = getattr(gm, node.target)
+        elif node.op == "output":
+            outputs = list(node.args[0])
+        elif _is_delegate_call(node):
+            lm = value_of(node.args[0])
+            assert isinstance(lm, LoweredBackendModule)
+            args = [value_of(a) for a in node.args[1:]]
+            label = f"{method}: delegate {delegate_no} ({lm.backend_id})"
+            if source.pte_delegates is not None:
+                if delegate_no >= len(source.pte_delegates):
+                    raise SimulationError(f"{label}: the .pte has only "
+                                          f"{len(source.pte_delegates)} delegate calls")
+                backend, payload = source.pte_delegates[delegate_no]
+                named = source.named
+            else:
+                backend, payload = lm.backend_id, bytes(lm.processed_bytes)
+                named = _named_lookup(getattr(lm, "named_data_store_output", None))
+            if backend != BACKEND_ID:
+                raise UnsupportedOperatorError(
+                    f"{label}: only {BACKEND_ID} delegates can be simulated, not {backend}",
+                    backend)
+            outs = _Delegate(decode_payload(payload), named or (lambda _k: None), label).run(args)
+            want = _expected_dtypes(node)
+            env[node] = tuple(
+                o.to(w) if isinstance(o, torch.Tensor) and w is not None else o
+                for o, w in zip(outs, want + [None] * (len(outs) - len(want)), strict=False)
+            )
+            delegate_no += 1
+        elif node.op == "call_function":
+            args, kwargs = pytree.tree_map(value_of, (node.args, node.kwargs))
+            try:
+                env[node] = node.target(*args, **kwargs)
+            except Exception as e:
+                raise SimulationError(f"{method}: node {node.name} ({node.target}) failed: "
+                                      f"{type(e).__name__}: {e}") from e
+        else:
+            raise SimulationError(f"{method}: cannot run node {node.name} of kind {node.op}")
+
+    user = [value_of(o) for o, s in zip(outputs, sig.output_specs, strict=True)
+            if s.kind == OutputKind.USER_OUTPUT]
+    out_spec = getattr(ep.call_spec, "out_spec", None)
+    if out_spec is not None:
+        try:
+            return pytree.tree_unflatten(user, out_spec)
+        except Exception:  # a spec not matching the user outputs: return them flat
+            pass
+    return user[0] if len(user) == 1 else tuple(user)

@@ -24,8 +24,15 @@ class UserError(Exception):
     """A mistake in what the user gave us: printed as one line, exit status 2."""
 
 
+_QUIETED = False
+
+
 def _quiet_imports() -> None:
     """Keep third-party import chatter (torchao, executorch) off the user's screen."""
+    global _QUIETED
+    if _QUIETED:
+        return
+    _QUIETED = True
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     import logging
@@ -55,10 +62,14 @@ def _progress(msg: str) -> None:
 
 
 def _load_rules(paths: Sequence[str]) -> list[Any]:
-    from fusionkit.specs import SpecError, load_specs
-
     if not paths:
         return []
+    for p in paths:
+        if not Path(p).is_file():
+            raise UserError(f"{p}: no such file")
+    _quiet_imports()
+    from fusionkit.specs import SpecError, load_specs
+
     try:
         return load_specs(paths)
     except SpecError as e:
@@ -66,6 +77,9 @@ def _load_rules(paths: Sequence[str]) -> list[Any]:
 
 
 def _load_model(spec: str) -> Any:
+    if spec.endswith(".pt2") and not Path(spec).is_file():
+        raise UserError(f"{spec}: no such file")
+    _quiet_imports()
     from fusionkit.models import ModelError, load_model
 
     try:
@@ -111,11 +125,11 @@ def _explain_json(ms: Any) -> dict[str, Any]:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    rules = _load_rules(args.spec)
+    model = _load_model(args.model)
     from fusionkit.lowering import explain
     from fusionkit.term import Style, table
 
-    rules = _load_rules(args.spec)
-    model = _load_model(args.model)
     ms = explain(model.exported, args.backend, rules)
     if args.json:
         print(json.dumps(_explain_json(ms), indent=2))
@@ -140,10 +154,10 @@ def _report_text(report: Any) -> str:
 
 
 def cmd_lower(args: argparse.Namespace) -> int:
-    from fusionkit.lowering import lower
-
     rules = _load_rules(args.spec)
     model = _load_model(args.model)
+    from fusionkit.lowering import lower
+
     result = lower(model.exported, args.backend, rules, progress=_progress)
     Path(args.output).write_bytes(result.pte)
     if args.json:
@@ -157,11 +171,12 @@ def cmd_lower(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from fusionkit.backends.vulkan_adapter import check
-
     path = Path(args.file)
     if not path.is_file():
         raise UserError(f"{args.file}: no such file")
+    _quiet_imports()
+    from fusionkit.backends.vulkan_adapter import check
+
     problems = check(path.read_bytes())
     if args.json:
         print(json.dumps([str(p) for p in problems], indent=2))
@@ -189,6 +204,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    _quiet_imports()
     from fusionkit.demo_job import run_demo
 
     return run_demo(args.model, out_dir=Path(args.out) if args.out else None)
@@ -239,8 +255,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command not in ("schema",):
-        _quiet_imports()
     try:
         return int(args.fn(args))
     except UserError as e:

@@ -21,7 +21,7 @@ from torch.fx import Node
 from fusionkit.constants import ProgramInputs
 from fusionkit.constraints import CheckContext, Failure
 from fusionkit.matcher import Binding, match_pattern
-from fusionkit.pattern import Capture, Named, Op, Pattern, Value
+from fusionkit.pattern import Capture, Named, Op, Pattern, Value, output_names
 from fusionkit.rule import Rule
 from fusionkit.targets import is_assertion, op_key
 
@@ -180,10 +180,12 @@ class _Gate:
         return isinstance(v, Node) and v.op == "call_function" and op_key(v.target) in self.keys
 
 
-def _escaping_user(b: Binding, root: Node) -> tuple[Node, Node] | None:
+def _escaping_user(b: Binding, root: Node, outputs: tuple[str, ...] = ()
+                   ) -> tuple[Node, Node] | None:
     inside = set(b.claimed)
+    exempt = {root, *(b.captures[name] for name in outputs)}  # a match's outputs may escape
     for n in b.claimed:
-        if n is root:
+        if n in exempt:
             continue
         for user in n.users:
             if user not in inside and not is_assertion(user):
@@ -200,7 +202,7 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
                            f"`{n.name}` already belongs to the {owner.rule.name} match at "
                            f"`{owner.root.name}`")
     if not rule.allow_escape:
-        esc = _escaping_user(b, root)
+        esc = _escaping_user(b, root, output_names(rule.pattern))
         if esc is not None:
             inner, user = esc
             return Decline(rule.name, root, "escape", inner,

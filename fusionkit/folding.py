@@ -20,7 +20,7 @@ from torch.fx import Node
 from fusionkit.constants import ProgramInputs
 from fusionkit.constraints import constant_fold_sources
 
-__all__ = ["FoldError", "evaluate_constant", "fold_to_constant"]
+__all__ = ["FoldError", "evaluate_constant", "fold_to_constant", "new_constant_placeholder"]
 
 
 class FoldError(RuntimeError):
@@ -85,9 +85,20 @@ def _first_user_input(ep: ExportedProgram) -> Node | None:
 def fold_to_constant(ep: ExportedProgram, node: Node, inputs: ProgramInputs,
                      order: dict[Node, int]) -> Node:
     """A new lifted-constant placeholder holding the value of ``node``."""
+    value = evaluate_constant(node, inputs, order)
+    new = new_constant_placeholder(ep, f"fk_folded_{node.name}", value)
+    new.meta["fusionkit_folded_from"] = node.name
+    return new
+
+
+def new_constant_placeholder(ep: ExportedProgram, name: str, value: torch.Tensor) -> Node:
+    """A lifted-constant placeholder ``name`` holding ``value``, placed before the user inputs.
+
+    If a placeholder of that name exists already it is returned as is (the
+    name stands for the content).
+    """
     from executorch.backends.transforms.utils import create_constant_placeholder
 
-    value = evaluate_constant(node, inputs, order)
     graph = ep.graph_module.graph
     anchor = _first_user_input(ep)
     if anchor is None:  # no user input: place after the last placeholder
@@ -96,8 +107,4 @@ def fold_to_constant(ep: ExportedProgram, node: Node, inputs: ProgramInputs,
     else:
         ctx = graph.inserting_before(anchor)
     with ctx:
-        new = create_constant_placeholder(
-            ep, graph, f"fk_folded_{node.name}", InputKind.CONSTANT_TENSOR, value
-        )
-    new.meta["fusionkit_folded_from"] = node.name
-    return new
+        return create_constant_placeholder(ep, graph, name, InputKind.CONSTANT_TENSOR, value)

@@ -17,7 +17,7 @@ import torch
 from torch.fx import Node
 
 from fusionkit.constants import ProgramInputs
-from fusionkit.pattern import Alt, Capture, Named, Op, Pattern, Through, Value
+from fusionkit.pattern import Also, Alt, Capture, Named, Op, Outputs, Pattern, Seq, Through, Value
 from fusionkit.targets import op_key, schema_of
 
 __all__ = ["Binding", "StructuralFailure", "match_pattern"]
@@ -174,8 +174,71 @@ def _match_any(p: Pattern, value: Any, b: Binding, s: _Search, where: str) -> It
                        f"{where}: `{p.name}` must be the same value at each use")
     elif isinstance(p, Through):
         yield from _match_through(p, value, b, s, where, 0)
+    elif isinstance(p, Seq):
+        yield from _match_seq(p, value, b, s, where)
+    elif isinstance(p, Outputs):
+        for nb in _match(p.primary, value, b, s, where):
+            yield from _match_also(p.others, 0, nb, s)
     else:  # pragma: no cover - closed set of pattern classes
         raise TypeError(f"unknown pattern node {p!r}")
+
+
+def _match_seq(p: Seq, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
+    if not isinstance(value, (list, tuple)) or len(value) != len(p.items):
+        s.fail(b, value if isinstance(value, Node) else None,
+               f"{where}: expected a list of {len(p.items)} values, got {_fmt(value)}")
+        return
+    yield from _match_items(p.items, value, 0, b, s, where)
+
+
+def _match_items(items: tuple[Pattern, ...], values: Any, i: int, b: Binding, s: _Search,
+                 where: str) -> Iterator[Binding]:
+    if i == len(items):
+        yield b
+        return
+    for nb in _match(items[i], values[i], b, s, f"{where}[{i}]"):
+        yield from _match_items(items, values, i + 1, nb, s, where)
+
+
+def _downstream(start: Node, depth: int) -> list[Node]:
+    """Nodes reachable from ``start`` through users in at most ``depth`` steps, in graph order."""
+    seen: dict[Node, None] = {}
+    frontier = [start]
+    for _ in range(depth):
+        nxt: list[Node] = []
+        for n in frontier:
+            for u in n.users:
+                if u not in seen:
+                    seen[u] = None
+                    nxt.append(u)
+        frontier = nxt
+    return list(seen)
+
+
+def _match_also(others: tuple[Also, ...], i: int, b: Binding, s: _Search) -> Iterator[Binding]:
+    if i == len(others):
+        yield b
+        return
+    o = others[i]
+    near = b.captures.get(o.near)
+    if not isinstance(near, Node):
+        s.fail(b, None, f"output `{o.name}`: `{o.near}` is not bound to a node")
+        return
+    keys = o.pattern.root_keys()
+    found = False
+    for cand in _downstream(near, o.max_depth):
+        if cand in b.claimed or cand.op != "call_function":
+            continue
+        if keys is not None and op_key(cand.target) not in keys:
+            continue
+        for nb in _match(o.pattern, cand, b, s, f"output `{o.name}` at `{cand.name}`"):
+            bound = nb.bind(o.name, cand)
+            if bound is not None:
+                found = True
+                yield from _match_also(others, i + 1, bound, s)
+    if not found:
+        s.fail(b, near, f"output `{o.name}`: no node downstream of `{near.name}` matches "
+               f"{o.pattern!r}")
 
 
 def _match_through(p: Through, value: Any, b: Binding, s: _Search, where: str,

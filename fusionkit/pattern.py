@@ -28,14 +28,18 @@ from fusionkit.targets import OpTarget, op_key, resolve_op
 
 __all__ = [
     "CASTS",
+    "Also",
     "Alt",
     "ArgPattern",
     "Capture",
     "Named",
     "Op",
+    "Outputs",
     "Pattern",
+    "Seq",
     "Through",
     "Value",
+    "also",
     "any_float",
     "any_value",
     "capture",
@@ -44,7 +48,10 @@ __all__ = [
     "lit",
     "one_of",
     "op",
+    "output_names",
+    "outputs",
     "scalar",
+    "seq",
     "through",
     "where",
 ]
@@ -209,6 +216,94 @@ class Through(Pattern):
         return f"through({sorted(self.ops)}, {self.inner!r})"
 
 
+@dataclass(frozen=True, eq=False)
+class Seq(Pattern):
+    """A list argument (``cat``'s tensors, a shape) matched element by element.
+
+    ``items`` must match the list's elements in order and the list must have
+    exactly that many elements; a variadic operand such as ``cat([a, b], dim)``
+    is written ``op("aten.cat.default", seq(a, b), dim)`` (or with a plain
+    Python list holding patterns, which :func:`op` converts).
+    """
+
+    items: tuple[Pattern, ...]
+
+    def captures(self) -> set[str]:
+        out: set[str] = set()
+        for i in self.items:
+            out |= i.captures()
+        return out
+
+    def min_ops(self) -> int:
+        return sum(i.min_ops() for i in self.items)
+
+    def __repr__(self) -> str:
+        return f"[{', '.join(repr(i) for i in self.items)}]"
+
+
+@dataclass(frozen=True, eq=False)
+class Also(Pattern):
+    """A further output of a multi-output match (see :func:`outputs`).
+
+    ``pattern`` is matched at a node reachable forwards (through users, at
+    most ``max_depth`` steps) from the node bound to capture ``near``, with
+    the captures bound so far; that node is bound as ``name`` and becomes an
+    output of the match: the replacement returns a node for it too.
+    """
+
+    name: str
+    pattern: Pattern
+    near: str
+    max_depth: int = 12
+
+    def captures(self) -> set[str]:
+        return {self.name} | self.pattern.captures()
+
+    def min_ops(self) -> int:
+        return self.pattern.min_ops()
+
+    def __repr__(self) -> str:
+        return f"also({self.name!r}, {self.pattern!r}, near={self.near!r})"
+
+
+@dataclass(frozen=True, eq=False)
+class Outputs(Pattern):
+    """A multi-output pattern: ``primary`` at the root, then each :class:`Also`.
+
+    The root is the first output; each ``Also`` adds one more. All outputs may
+    be used outside the match; the replacement returns one node per output,
+    in order (e.g. ``getitem`` nodes of one tuple-returning fused op).
+    """
+
+    primary: Pattern
+    others: tuple[Also, ...]
+
+    def captures(self) -> set[str]:
+        out = self.primary.captures()
+        for o in self.others:
+            out |= o.captures()
+        return out
+
+    def root_keys(self) -> frozenset[str] | None:
+        return self.primary.root_keys()
+
+    def min_ops(self) -> int:
+        return self.primary.min_ops() + sum(o.min_ops() for o in self.others)
+
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.others)
+
+    def __repr__(self) -> str:
+        return f"outputs({self.primary!r}, {', '.join(repr(o) for o in self.others)})"
+
+
+def output_names(p: Pattern) -> tuple[str, ...]:
+    """Capture names of a pattern's further outputs (empty for one-output patterns)."""
+    while isinstance(p, Named):
+        p = p.inner
+    return p.output_names() if isinstance(p, Outputs) else ()
+
+
 ArgPattern = Pattern | Any
 
 
@@ -258,6 +353,8 @@ def _key_of(target: OpTarget) -> str:
 def _as_pattern(value: ArgPattern) -> Pattern:
     if isinstance(value, Pattern):
         return value
+    if isinstance(value, (list, tuple)) and any(isinstance(v, Pattern) for v in value):
+        return Seq(tuple(_as_pattern(v) for v in value))
     return lit(value)
 
 
@@ -388,3 +485,25 @@ def int_list(length: int | None = None, name: str | None = None) -> Value:
 
     desc = "a list of ints" + (f" of length {length}" if length is not None else "")
     return Value(ok, desc, False, name, ("int_list", length))
+
+
+def seq(*items: ArgPattern) -> Seq:
+    """A list argument of exactly these element patterns (literals allowed)."""
+    return Seq(tuple(_as_pattern(i) for i in items))
+
+
+def also(name: str, pattern: ArgPattern, near: str, max_depth: int = 12) -> Also:
+    """A further output ``name`` matching ``pattern``, found downstream of capture ``near``."""
+    if not name.isidentifier():
+        raise ValueError(f"output name {name!r} must be an identifier")
+    return Also(name, _as_pattern(pattern), near, max_depth)
+
+
+def outputs(primary: Pattern, *others: Also) -> Outputs:
+    """A multi-output pattern: the root matches ``primary``; ``others`` are more outputs."""
+    if not others:
+        raise ValueError("outputs() needs at least one also(...) besides the primary pattern")
+    for o in others:
+        if o.near not in primary.captures() and not any(o.near in x.captures() for x in others):
+            raise ValueError(f"also({o.name!r}): capture {o.near!r} is never bound")
+    return Outputs(primary, tuple(others))

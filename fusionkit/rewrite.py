@@ -10,6 +10,7 @@ nodes, and finally drop whatever became dead — graph nodes and the constants
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from torch.fx import Node
 from fusionkit.constants import ProgramInputs
 from fusionkit.finder import Match
 from fusionkit.folding import fold_to_constant
+from fusionkit.pattern import output_names
 from fusionkit.targets import OpTarget, dialect_target, is_assertion, resolve_op
 
 __all__ = ["FusionError", "Rewriter", "apply_matches"]
@@ -45,11 +47,47 @@ def _val(a: Any) -> Any:
 class Rewriter:
     """Creates replacement nodes at the root's position, with full metadata."""
 
-    def __init__(self, root: Node, rule_name: str) -> None:
+    def __init__(self, root: Node, rule_name: str, ep: ExportedProgram | None = None) -> None:
         self.root = root
         self.graph = root.graph
         self.rule_name = rule_name
+        self.ep = ep
         self.created: list[Node] = []
+
+    def tensor(self, node: Node) -> torch.Tensor:
+        """The real value of a constant placeholder (parameter, buffer, lifted constant)."""
+        if self.ep is None:
+            raise FusionError(f"rule {self.rule_name!r}: reading `{node.name}` needs the program")
+        ref = ProgramInputs(self.ep).constant(node)
+        if ref is None:
+            raise FusionError(f"rule {self.rule_name!r}: `{node.name}` is not a constant; "
+                              "a constraint should have declined this match")
+        return ref.tensor.detach()
+
+    def constant(self, name: str, value: torch.Tensor) -> Node:
+        """A new lifted-constant placeholder holding ``value`` (e.g. a repacked weight).
+
+        ``name`` identifies the content: asking twice for the same name (two
+        matches sharing one source weight) returns the same placeholder, so a
+        name must be derived from the source constant and the transformation.
+        """
+        if self.ep is None:
+            raise FusionError(f"rule {self.rule_name!r}: a new constant needs the program")
+        from fusionkit.folding import new_constant_placeholder
+
+        return new_constant_placeholder(self.ep, name, value.detach().contiguous().clone())
+
+    def getitem(self, node: Node, index: int) -> Node:
+        """``node[index]`` for an op returning a tuple (``operator.getitem``, as FX writes it)."""
+        with self.graph.inserting_after(node):
+            item = self.graph.call_function(operator.getitem, (node, index))
+        item.meta["val"] = node.meta["val"][index]
+        for key in _PROVENANCE_KEYS:
+            if key in self.root.meta:
+                item.meta[key] = self.root.meta[key]
+        item.meta["fusionkit_rule"] = self.rule_name
+        self.created.append(item)
+        return item
 
     def call(self, target: OpTarget, *args: Any, **kwargs: Any) -> Node:
         """Insert ``target(*args, **kwargs)`` before the root and return its node."""
@@ -159,20 +197,27 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match]) -> list[Node]:
                 folded[source] = fold_to_constant(ep, source, inputs, order)
             captures[name] = folded[source]
             dead_candidates.append(source)
-        rw = Rewriter(m.root, m.rule.name)
-        new = m.rule.replacement.build(rw, captures)
-        old_val = m.root.meta.get("val")
-        if old_val is not None and not _same_signature(new.meta.get("val"), old_val):
-            nv = new.meta.get("val")
-            raise FusionError(
-                f"rule {m.rule.name!r} at `{m.root.name}` built `{new.name}` with "
-                f"{getattr(nv, 'dtype', type(nv))}{tuple(getattr(nv, 'shape', ()))}, but the "
-                f"root is {getattr(old_val, 'dtype', '')}{tuple(getattr(old_val, 'shape', ()))}: "
-                "add a constraint so such matches are declined"
-            )
-        m.root.replace_all_uses_with(new)
-        replaced[m.root] = new
-        new_roots.append(new)
+        rw = Rewriter(m.root, m.rule.name, ep)
+        built = m.rule.replacement.build(rw, captures)
+        olds = [m.root, *(m.captures[name] for name in output_names(m.rule.pattern))]
+        news = list(built) if isinstance(built, (tuple, list)) else [built]
+        if len(news) != len(olds):
+            raise FusionError(f"rule {m.rule.name!r} at `{m.root.name}` returned {len(news)} "
+                              f"node(s) for a match with {len(olds)} output(s)")
+        for old, new in zip(olds, news, strict=True):
+            old_val = old.meta.get("val")
+            if old_val is not None and not _same_signature(new.meta.get("val"), old_val):
+                nv = new.meta.get("val")
+                raise FusionError(
+                    f"rule {m.rule.name!r} at `{old.name}` built `{new.name}` with "
+                    f"{getattr(nv, 'dtype', type(nv))}{tuple(getattr(nv, 'shape', ()))}, but the "
+                    f"output is {getattr(old_val, 'dtype', '')}"
+                    f"{tuple(getattr(old_val, 'shape', ()))}: "
+                    "add a constraint so such matches are declined"
+                )
+            old.replace_all_uses_with(new)
+            replaced[old] = new
+        new_roots.append(news[0])
         for v in m.captures.values():
             if isinstance(v, Node):
                 dead_candidates.append(v)

@@ -46,8 +46,12 @@ class Replacement(ABC):
         """Capture names the replacement reads."""
 
     @abstractmethod
-    def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node:
-        """Create the new node(s) through ``rw`` and return the one replacing the root."""
+    def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node | tuple[Node, ...]:
+        """Create the new node(s) through ``rw`` and return the one replacing the root.
+
+        A multi-output pattern (:func:`~fusionkit.pattern.outputs`) returns a
+        tuple: one node per output, the root's first.
+        """
 
 
 def _as_ref(a: Any) -> Any:
@@ -114,13 +118,13 @@ class CallOp(Replacement):
 class PythonReplacement(Replacement):
     """A replacement that cannot be data: ``fn(rw, captures) -> Node``."""
 
-    fn: Callable[[Rewriter, Mapping[str, Any]], Node]
+    fn: Callable[[Rewriter, Mapping[str, Any]], Node | tuple[Node, ...]]
     reads: frozenset[str] = frozenset()
 
     def captures(self) -> set[str]:
         return set(self.reads)
 
-    def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node:
+    def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node | tuple[Node, ...]:
         return self.fn(rw, captures)
 
 

@@ -17,6 +17,7 @@
 
 from .check import PREPACKED_ARGS, PrepackedArg, Problem, check
 from .install import (
+    NOT_TAKEN_OVER,
     TAKEN_OVER_PATTERNS,
     TESTED_EXECUTORCH_VERSIONS,
     Installation,
@@ -32,9 +33,11 @@ from .partitioner import (
     transform_passes,
 )
 from .payload import PayloadError, VulkanPayload, decode_payload
+from .simulator import simulate
 
 __all__ = [
     "PREPACKED_ARGS",
+    "NOT_TAKEN_OVER",
     "TAKEN_OVER_PATTERNS",
     "TESTED_EXECUTORCH_VERSIONS",
     "FusedOpNotDelegatedError",
@@ -50,6 +53,7 @@ __all__ = [
     "fusion_rules",
     "install",
     "is_installed",
+    "simulate",
     "transform_passes",
     "uninstall",
 ]

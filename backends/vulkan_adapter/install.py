@@ -35,6 +35,7 @@ from . import constant_serializer
 UnsupportedExecuTorchError = constant_serializer.UnsupportedExecuTorchError
 
 __all__ = [
+    "NOT_TAKEN_OVER",
     "TAKEN_OVER_PATTERNS",
     "TESTED_EXECUTORCH_VERSIONS",
     "Installation",
@@ -48,18 +49,73 @@ __all__ = [
 #: ExecuTorch versions whose Vulkan pattern registry this module was verified against
 TESTED_EXECUTORCH_VERSIONS: frozenset[str] = frozenset({"1.5.1"})
 
-#: stock Vulkan pattern name -> the fusionkit rule that replaces it
+#: stock Vulkan pattern name -> the fusionkit rule(s) that replace it. Every entry
+#: listed here is removed from ExecuTorch's registry by :func:`install`; its
+#: fusions are made by these rules, in ``transform_passes()`` and, through the
+#: patched ``replace_all_fusable_subgraphs``, inside ``FusePatternsPass`` (so in
+#: ``VulkanBackend.preprocess`` too). A stock pattern NOT listed here keeps
+#: running as ExecuTorch wrote it (see :data:`NOT_TAKEN_OVER`).
 TAKEN_OVER_PATTERNS: dict[str, str] = {
     "rms_norm": "fusionkit.passes.rms_norm.rms_norm_rule",
+    "quantized_unary": "fusionkit.passes.vulkan.quantized_unary.quantized_unary_rule",
+    "quantized_binary": "fusionkit.passes.vulkan.quantized_binary.quantized_binary_rule",
+    "quantized_pixel_shuffle":
+        "fusionkit.passes.vulkan.quantized_pixel_shuffle.quantized_pixel_shuffle_rule",
+    "select_as_symint": "fusionkit.passes.vulkan.select_as_symint.select_as_symint_rule",
+    "torchao_quantized_embedding":
+        "fusionkit.passes.vulkan.quantized_embedding.torchao_quantized_embedding_rule",
+    "quantized_embedding": "fusionkit.passes.vulkan.quantized_embedding.quantized_embedding_rule",
+}
+
+#: stock pattern name -> why it is not taken over yet (its stock detector still runs)
+NOT_TAKEN_OVER: dict[str, str] = {
+    "quantized_linear": "port in progress",
+    "quantized_convolution": "port in progress",
+    "export_llama_rope": "port in progress",
+    "hf_rope": "port in progress",
+    "causal_sdpa": "port in progress",
 }
 
 _REGISTRY_MODULE = "executorch.backends.vulkan.patterns.pattern_registry"
+_PATTERNS_MODULE = "executorch.backends.vulkan.patterns"
 
 _lock = threading.RLock()
 #: the entries removed from the registry while installed (None: not installed)
 _saved: dict[str, Any] | None = None
 #: whether our install() also installed the constant serializer (so uninstall() undoes it)
 _serializer_installed_here = False
+#: the stock ``patterns.replace_all_fusable_subgraphs`` while ours is in its place
+_stock_replace_all: Any = None
+#: matches fusionkit applied through the patched ``replace_all_fusable_subgraphs``, by rule
+FUSED_IN_FUSE_PATTERNS_PASS: dict[str, int] = {}
+
+
+def _replace_all_fusable_subgraphs(ep: Any, graph_module: Any) -> int:
+    """Stand-in for ``patterns.replace_all_fusable_subgraphs`` (what ``FusePatternsPass`` calls).
+
+    fusionkit's rules fuse the ExportedProgram (every match decided with its
+    constraints first); then the stock function runs for the registry entries
+    that are left (none, when every pattern is taken over). Returns the number
+    of fusions, as the stock function does.
+    """
+    from fusionkit.finder import find_matches
+    from fusionkit.rewrite import apply_matches
+
+    from .partitioner import fusion_rules
+
+    if ep is None or ep.graph_module is not graph_module:
+        raise RuntimeError(
+            "fusionkit's FusePatternsPass stand-in needs the ExportedProgram whose graph it "
+            "fuses (set `_exported_program` to the program owning this graph module)"
+        )
+    ms = find_matches(ep, fusion_rules(), structural_declines=False)
+    if ms.accepted:
+        apply_matches(ep, ms.accepted)
+    for m in ms.accepted:
+        FUSED_IN_FUSE_PATTERNS_PASS[m.rule.name] = FUSED_IN_FUSE_PATTERNS_PASS.get(m.rule.name, 0) + 1
+    stock = _stock_replace_all
+    rest = stock(ep, graph_module) if stock is not None and _registry() else 0
+    return len(ms.accepted) + int(rest)
 
 
 def executorch_version() -> str | None:
@@ -140,6 +196,10 @@ def install() -> Installation:
         except BaseException:
             registry.update(saved)
             raise
+        global _stock_replace_all
+        patterns = importlib.import_module(_PATTERNS_MODULE)
+        _stock_replace_all = patterns.replace_all_fusable_subgraphs
+        patterns.replace_all_fusable_subgraphs = _replace_all_fusable_subgraphs
         _saved = saved
         _serializer_installed_here = serializer_here
         return Installation(True)
@@ -154,6 +214,11 @@ def uninstall() -> None:
         if _serializer_installed_here:
             constant_serializer.uninstall()
             _serializer_installed_here = False
+        global _stock_replace_all
+        if _stock_replace_all is not None:
+            importlib.import_module(_PATTERNS_MODULE).replace_all_fusable_subgraphs = \
+                _stock_replace_all
+            _stock_replace_all = None
         registry = _registry()
         for name, entry in _saved.items():
             registry.setdefault(name, entry)

@@ -38,8 +38,13 @@ PASS_NAME = "fusionkit_vulkan"
 
 
 def fusion_rules() -> list[Rule]:
-    """The fusionkit rules that replace the stock Vulkan patterns (fresh objects)."""
-    return [rms_norm_rule(dtypes=VULKAN_DTYPES)]
+    """The fusionkit rules that replace the stock Vulkan patterns (fresh objects).
+
+    One or more rules per entry of :data:`~.install.TAKEN_OVER_PATTERNS`.
+    """
+    from fusionkit.passes.vulkan import vulkan_rules
+
+    return [rms_norm_rule(dtypes=VULKAN_DTYPES), *vulkan_rules()]
 
 
 def transform_passes() -> list[ExportedProgramPassBase]:

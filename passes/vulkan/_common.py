@@ -1,0 +1,118 @@
+"""Building blocks shared by the ported Vulkan patterns: quantize/dequantize chains.
+
+ExecuTorch 1.5.1's detectors recognise Q/DQ nodes by name
+(``utils.is_quant_node``/``is_dequant_node``) and pass their scale and zero
+point straight into the fused ``et_vk.q8ta_*`` op, whose schema wants a
+``float`` scale and an ``int`` zero point. Here a Q/DQ chain is a pattern, so
+what the fused op needs is stated: the per-tensor ``.default`` overloads
+(literal scale and zero point; the ``.tensor`` overloads hold tensors the
+kernel cannot take), int8 with the full [-128, 127] range the kernels assume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import CheckContext, Custom, lit, op, where
+from fusionkit.pattern import Pattern
+
+Q_PER_TENSOR = "quantized_decomposed.quantize_per_tensor.default"
+DQ_PER_TENSOR = "quantized_decomposed.dequantize_per_tensor.default"
+DQ_PER_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
+#: ops that only copy a value (the pixel-shuffle detector walks through them)
+CLONES: tuple[str, ...] = ("aten.clone.default", "dim_order_ops._clone_dim_order.default")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def int_value(name: str) -> Any:
+    """A literal int (a zero point as the q8ta schemas take it)."""
+    return where(_is_int, "an int literal", name=name)
+
+
+def positive_float(name: str) -> Any:
+    """A literal positive number (a scale as the q8ta schemas take it)."""
+    return where(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+                 "a positive number literal", name=name)
+
+
+def int8_dq(x: Pattern | Any, prefix: str) -> Pattern:
+    """``dequantize_per_tensor(x, scale, zp, -128, 127, int8)`` binding ``{prefix}_scale/_zp``."""
+    return op(DQ_PER_TENSOR, x, positive_float(f"{prefix}_scale"), int_value(f"{prefix}_zp"),
+              -128, 127, lit(torch.int8))
+
+
+def int8_q(x: Pattern | Any, prefix: str) -> Pattern:
+    """``quantize_per_tensor(x, scale, zp, -128, 127, int8)`` binding ``{prefix}_scale/_zp``."""
+    return op(Q_PER_TENSOR, x, positive_float(f"{prefix}_scale"), int_value(f"{prefix}_zp"),
+              -128, 127, lit(torch.int8))
+
+
+def constant_tensor(ctx: CheckContext, name: str) -> torch.Tensor | None:
+    """The real tensor of a captured constant placeholder, else None."""
+    v = ctx.captures.get(name)
+    if not isinstance(v, Node):
+        return None
+    ref = ctx.inputs.constant(v)
+    return None if ref is None else ref.tensor
+
+
+def shape_of(ctx: CheckContext, name: str) -> tuple[Any, ...] | None:
+    t = ctx.val(name)
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else None
+
+
+def check(name: str, *reads: str) -> Callable[[Callable[[CheckContext], str | None]], Custom]:
+    """Decorator: a :class:`~fusionkit.Custom` constraint from ``fn(ctx) -> reason | None``."""
+
+    def wrap(fn: Callable[[CheckContext], str | None]) -> Custom:
+        return Custom(fn, name, tuple(reads))
+
+    return wrap
+
+
+def et_vk(name: str) -> str:
+    """Qualified name of an ``et_vk`` custom op (registers the library on first use)."""
+    import executorch.backends.vulkan.custom_ops_lib  # noqa: F401
+
+    return f"et_vk.{name}.default"
+
+
+def zero_points_are_zero(ctx: CheckContext, name: str) -> str | None:
+    """None when capture ``name`` is absent/None, a literal 0 (or list of 0s), or an all-zero constant."""
+    v = ctx.captures.get(name)
+    if v is None:
+        return None
+    if isinstance(v, Node):
+        t = constant_tensor(ctx, name)
+        if t is None:
+            return f"zero point `{v.name}` is not a constant, so it cannot be shown to be 0"
+        if bool((t == 0).all()):
+            return None
+        return f"zero point `{v.name}` is not all zeros (the kernel assumes symmetric quantization)"
+    values = v if isinstance(v, (list, tuple)) else [v]
+    if all(x == 0 for x in values):
+        return None
+    return f"zero point {v!r} is not 0 (the kernel assumes symmetric quantization)"
+
+
+def in_int_range(ctx: CheckContext, name: str, lo: int, hi: int) -> str | None:
+    """None when capture ``name`` is an int8/uint8 constant with every value in [lo, hi]."""
+    t = constant_tensor(ctx, name)
+    if t is None:
+        return f"`{name}` is not a constant tensor"
+    if t.dtype not in (torch.int8, torch.uint8):
+        return f"`{name}` has dtype {t.dtype}, not int8"
+    if t.numel() and (int(t.min()) < lo or int(t.max()) > hi):
+        return f"`{name}` holds values in [{int(t.min())}, {int(t.max())}], outside [{lo}, {hi}]"
+    return None
+
+
+def source_name(node: Any) -> str:
+    return node.name if isinstance(node, Node) else "const"

@@ -1,0 +1,171 @@
+"""Ports of ExecuTorch 1.5.1 ``patterns/quantized_embedding.py``.
+
+Two registry entries, two rules, one fused op ``et_vk.embedding_q4gsw(weight,
+scales, group_size, indices, is_linear_weight=True)`` whose weight is 4-bit
+packed in the *linear* nibble order (so a tied LM-head weight shares bytes):
+
+* ``torchao_quantized_embedding``: ``embedding(torchao.dequantize_affine(w,
+  [1, G], scales, zp, int8, -8, 7), indices)``; the int8 weight is packed.
+* ``quantized_embedding``: ``quantized_decomposed.embedding_4bit(w, scales, zp,
+  -8, 7, indices)``; the already packed uint8 weight is repacked.
+
+Constraints stated: weight and scales are prepackable constants (the stock
+detector only traced ``args[0]`` chains to *a* placeholder, user inputs
+included); zero points None, literal 0 or an all-zero constant (the stock
+torchao replacement asserted this mid-rewrite); quant range exactly [-8, 7];
+int8 weight values really inside [-8, 7] (the stock packer asserted
+mid-rewrite); per-row groups ``block_size == [1, G]`` tiling the row; embed_dim a
+multiple of 32 (the shader's load granularity); scales of shape [vocab,
+embed_dim / G]; float32 output (the op's reference computes in float32).
+Instead of overwriting the shared weight in the state dict (the stock pass
+guards that with ``register_param_mutation``), the packed weight is a new
+constant named after its source, so two lookups of one table share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import (
+    DtypeIn,
+    PrepackableConstant,
+    PythonReplacement,
+    Rank,
+    Rule,
+    capture,
+    lit,
+    op,
+    where,
+)
+from fusionkit.constraints import CheckContext
+from fusionkit.rewrite import Rewriter
+
+from ._common import check, et_vk, in_int_range, shape_of, zero_points_are_zero
+
+EMBED_DIM_MULTIPLE = 32
+
+
+def _import_ops() -> None:
+    import torchao.quantization.quant_primitives  # noqa: F401  (torchao.dequantize_affine)
+    from executorch.exir.passes import _quant_patterns_and_replacements  # noqa: F401
+
+
+def pack_linear_q4(unpacked: torch.Tensor) -> torch.Tensor:
+    """int8 values in [-8, 7] -> uint8 pairs, linear convention (low nibble = even)."""
+    from executorch.backends.vulkan.patterns.weight_packing_utils import (
+        pack_4bit_weight_tensor,
+    )
+
+    return pack_4bit_weight_tensor(unpacked)
+
+
+def _geometry(ctx: CheckContext, embed_dim: int, group: int) -> str | None:
+    if group <= 0 or embed_dim % group:
+        return f"group size {group} does not tile embed_dim {embed_dim}"
+    if embed_dim % EMBED_DIM_MULTIPLE:
+        return (f"embed_dim {embed_dim} is not a multiple of {EMBED_DIM_MULTIPLE} "
+                "(the embedding_q4gsw shader's load granularity)")
+    w, s = shape_of(ctx, "weight"), shape_of(ctx, "scales")
+    if s is None or w is None or s != (w[0], embed_dim // group):
+        return f"scales of shape {s} are not [vocab, embed_dim / group] = [{w and w[0]}, " \
+               f"{embed_dim // group}]"
+    return None
+
+
+def torchao_quantized_embedding_rule(name: str = "torchao_quantized_embedding") -> Rule:
+    _import_ops()
+    block = where(lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and v[0] == 1
+                  and isinstance(v[1], int), "a per-row block size [1, G]", name="block_size")
+    dq = op("torchao.dequantize_affine.default", capture("weight"), block, capture("scales"),
+            capture("zero_point"), lit(torch.int8), -8, 7)
+    root = op("aten.embedding.default", dq, capture("indices"))
+
+    @check("zero_point_is_zero", "zero_point")
+    def zp(ctx: CheckContext) -> str | None:
+        return zero_points_are_zero(ctx, "zero_point")
+
+    @check("int4_values", "weight")
+    def int4(ctx: CheckContext) -> str | None:
+        return in_int_range(ctx, "weight", -8, 7)
+
+    @check("embedding_geometry", "weight", "scales", "block_size")
+    def geometry(ctx: CheckContext) -> str | None:
+        w = shape_of(ctx, "weight")
+        return _geometry(ctx, int(w[1]) if w else 0, int(ctx.captures["block_size"][1]))
+
+    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+        w: Node = c["weight"]
+        packed = rw.constant(f"{w.name}_fk_q4_linear", pack_linear_q4(rw.tensor(w)))
+        return rw.call(et_vk("embedding_q4gsw"), packed, c["scales"], int(c["block_size"][1]),
+                       c["indices"], True)
+
+    return Rule(
+        name=name,
+        pattern=root,
+        constraints=[
+            PrepackableConstant("weight", role="embedding_q4gsw prepacks the 4-bit weight"),
+            PrepackableConstant("scales", role="embedding_q4gsw prepacks the scales"),
+            DtypeIn("weight", frozenset({torch.int8})), Rank("weight", frozenset({2})),
+            zp, geometry, int4,
+        ],
+        replacement=PythonReplacement(build, frozenset({"weight", "scales", "block_size",
+                                                         "indices"})),
+        description="torchao 4-bit weight-only embedding into et_vk.embedding_q4gsw",
+    )
+
+
+def quantized_embedding_rule(name: str = "quantized_embedding") -> Rule:
+    _import_ops()
+    root = op("quantized_decomposed.embedding_4bit.dtype", capture("weight"), capture("scales"),
+              capture("zero_point"), -8, 7, capture("indices"),
+              dtype=where(lambda v: v in (None, torch.float32), "None or float32"))
+
+    @check("zero_point_is_zero", "zero_point")
+    def zp(ctx: CheckContext) -> str | None:
+        return zero_points_are_zero(ctx, "zero_point")
+
+    @check("embedding_geometry", "weight", "scales")
+    def geometry(ctx: CheckContext) -> str | None:
+        w, s = shape_of(ctx, "weight"), shape_of(ctx, "scales")
+        if w is None or s is None:
+            return "weight or scales has no shape"
+        groups = s[1] if len(s) == 2 else 1
+        embed_dim = int(w[1]) * 2  # packed: two values per byte
+        return _geometry(ctx, embed_dim, embed_dim // groups if groups else 0)
+
+    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+        w: Node = c["weight"]
+        packed = rw.tensor(w)
+        vocab = packed.shape[0]
+        high = (packed >> 4).to(torch.int8) - 8
+        low = (packed & 0xF).to(torch.int8) - 8
+        unpacked = torch.stack([high, low], dim=-1).reshape(vocab, -1)
+        new = rw.constant(f"{w.name}_fk_q4_linear_from_e4", pack_linear_q4(unpacked))
+        scales = constant_tensor_shape(c["scales"])
+        embed_dim = packed.shape[1] * 2
+        group = embed_dim // (scales[1] if len(scales) == 2 else 1)
+        return rw.call(et_vk("embedding_q4gsw"), new, c["scales"], group, c["indices"], True)
+
+    return Rule(
+        name=name,
+        pattern=root,
+        constraints=[
+            PrepackableConstant("weight", role="embedding_q4gsw prepacks the 4-bit weight"),
+            PrepackableConstant("scales", role="embedding_q4gsw prepacks the scales"),
+            DtypeIn("weight", frozenset({torch.uint8})), Rank("weight", frozenset({2})),
+            Rank("scales", frozenset({2})), zp, geometry,
+        ],
+        replacement=PythonReplacement(build, frozenset({"weight", "scales", "indices"})),
+        description="quantized_decomposed.embedding_4bit into et_vk.embedding_q4gsw",
+    )
+
+
+def constant_tensor_shape(node: Node) -> tuple[int, ...]:
+    return tuple(int(d) for d in node.meta["val"].shape)
+
+
+__all__ = ["quantized_embedding_rule", "torchao_quantized_embedding_rule"]

@@ -1,0 +1,50 @@
+"""Port of ExecuTorch 1.5.1 ``patterns/select_as_symint.py`` (registry: ``select_as_symint``).
+
+``_local_scalar_dense(select_copy(x, dim, index))`` -> ``et_vk.select_as_symint(x, dim, index)``.
+
+Constraints stated (the stock detector checks only the two op names): ``dim``
+and ``index`` are int literals (the op's schema takes ``int``), ``x`` is an
+integer tensor (the op reads an int) and ``index`` is in range for that dim.
+The ``select_copy`` node is only claimed when nothing else uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import DtypeIn, PythonReplacement, Rule, capture, op
+from fusionkit.constraints import CheckContext
+from fusionkit.rewrite import Rewriter
+
+from ._common import check, et_vk, int_value, shape_of
+
+
+def select_as_symint_rule(name: str = "select_as_symint") -> Rule:
+    select = op("aten.select_copy.int", capture("x"), int_value("dim"), int_value("index"))
+
+    @check("index_in_range", "x", "dim", "index")
+    def in_range(ctx: CheckContext) -> str | None:
+        s, d, i = shape_of(ctx, "x"), ctx.captures["dim"], ctx.captures["index"]
+        if s is None or not -len(s) <= d < len(s):
+            return f"dim {d} is out of range for a tensor of shape {s}"
+        size = s[d]
+        if isinstance(size, int) and not -size <= i < size:
+            return f"index {i} is out of range for dim {d} of size {size}"
+        return None
+
+    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+        node = rw.call(et_vk("select_as_symint"), c["x"], c["dim"], c["index"])
+        node.meta["val"] = rw.root.meta["val"]  # keep the program's symbol (as the stock pass)
+        return node
+
+    return Rule(
+        name=name,
+        pattern=op("aten._local_scalar_dense.default", select),
+        constraints=[in_range, DtypeIn("x", frozenset({torch.int32, torch.int64}))],
+        replacement=PythonReplacement(build, frozenset({"x", "dim", "index"})),
+        description="an int read from one element of a tensor into et_vk.select_as_symint",
+    )

@@ -25,6 +25,7 @@ from executorch.exir.lowered_backend_module import get_lowered_submodules
 from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 from fusionkit.backends.vulkan_adapter import constant_serializer as vcs
 
+from fusionkit import hooks
 from fusionkit.tensor_bytes import tensor_bytes
 
 pytestmark = pytest.mark.slow
@@ -217,7 +218,7 @@ def test_install_uninstall_identity(monkeypatch: pytest.MonkeyPatch) -> None:
         nds.__dict__["_tensor_to_bytes"],
     )
     assert all(a is b for a, b in zip(before, after, strict=True))
-    monkeypatch.setattr(vcs, "_executorch_version", lambda: "1.4.0")
+    monkeypatch.setattr(hooks, "installed_executorch_version", lambda: "1.4.0")
     with pytest.raises(vcs.UnsupportedExecuTorchError, match=r"1\.4\.0.*1\.5\.1"):
         vcs.install()
     assert not vcs.is_installed()

@@ -30,6 +30,7 @@ from executorch.extension.pybindings.portable_lib import _load_for_executorch_fr
 from fusionkit.backends.xnnpack_adapter import XnnpackPartitioner, transform_passes
 from fusionkit.backends.xnnpack_adapter import serializer as xser
 
+from fusionkit import hooks
 from fusionkit.tensor_bytes import tensor_bytes
 
 pytestmark = pytest.mark.slow
@@ -356,7 +357,7 @@ def test_transposed_groupwise_int4_scale(groupwise: dict[str, Any]) -> None:
 
 
 def _raw_targets() -> list[tuple[Any, str, Any]]:
-    return [(o, n, o.__dict__[n]) for o, n, _ in xser._targets()]
+    return [(o, n, o.__dict__[n]) for o, n, _ in xser._patches()]
 
 
 def test_install_uninstall_restores_identical_objects() -> None:
@@ -368,7 +369,7 @@ def test_install_uninstall_restores_identical_objects() -> None:
     h = xa.install()
     assert xa.is_installed() and h.installed_here
     assert not xa.install().installed_here  # idempotent
-    for (o, n, orig), (_, _, new) in zip(before, xser._targets(), strict=True):
+    for (o, n, orig), (_, _, new) in zip(before, xser._patches(), strict=True):
         assert o.__dict__[n] is not orig
         assert o.__dict__[n] is new or getattr(o, n) is getattr(new, "__func__", new)
     assert nds.__dict__["_tensor_to_bytes"] is not nds_before
@@ -395,7 +396,7 @@ def test_context_manager_and_partitioner_install() -> None:
 
 def test_refuses_untested_executorch(monkeypatch: pytest.MonkeyPatch) -> None:
     xa.uninstall()
-    monkeypatch.setattr(xser, "_executorch_version", lambda: "1.6.0")
+    monkeypatch.setattr(hooks, "installed_executorch_version", lambda: "1.6.0")
     with pytest.raises(xa.UnsupportedExecuTorchError, match=r"ExecuTorch 1\.6\.0.*1\.5\.1"):
         xa.install()
     assert not xa.is_installed()

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.metadata
-import threading
-from types import TracebackType
 from typing import Any
 
 import torch
 
 from fusionkit.constants import ProgramInputs
+from fusionkit.hooks import TESTED_EXECUTORCH, Installation, PatchSet, UnsupportedExecuTorchError
 from fusionkit.tensor_bytes import acquire_named_data_fix, release_named_data_fix, tensor_bytes
 
 __all__ = [
@@ -39,29 +37,11 @@ __all__ = [
     "uninstall",
 ]
 
-SUPPORTED_EXECUTORCH = "1.5.1"
+SUPPORTED_EXECUTORCH = max(TESTED_EXECUTORCH)
 _BUILDER = "executorch.backends.vulkan.serialization.vulkan_graph_builder"
 _SERIALIZE = "executorch.backends.vulkan.serialization.vulkan_graph_serialize"
 _UINT64_MAX = 18446744073709551615
 _ALIGNMENT = 16
-
-
-class UnsupportedExecuTorchError(RuntimeError):
-    """The installed ExecuTorch is not the version this serializer was written for."""
-
-
-def _executorch_version() -> str:
-    return importlib.metadata.version("executorch")
-
-
-def _check_version() -> None:
-    found = _executorch_version()
-    if found != SUPPORTED_EXECUTORCH:
-        raise UnsupportedExecuTorchError(
-            f"fusionkit.backends.vulkan_adapter.constant_serializer: refusing to hook the Vulkan "
-            f"serializer of ExecuTorch {found}; the replacement was written and tested against "
-            f"ExecuTorch {SUPPORTED_EXECUTORCH} only. Install executorch=={SUPPORTED_EXECUTORCH}."
-        )
 
 
 def _constant_of(builder: Any, node: torch.fx.Node) -> torch.Tensor:
@@ -118,11 +98,7 @@ def serialize_constant_tensors(vk_graph: Any, const_tensors: list[Any], raw_byte
             raise ValueError(f"Unsupported constant tensor type: {type(tensor)}")
 
 
-_lock = threading.RLock()
-_saved: list[tuple[Any, str, Any]] = []
-
-
-def _targets() -> list[tuple[Any, str, Any]]:
+def _patches() -> list[tuple[Any, str, Any]]:
     builder_mod = importlib.import_module(_BUILDER)
     ser = importlib.import_module(_SERIALIZE)
     return [
@@ -131,53 +107,25 @@ def _targets() -> list[tuple[Any, str, Any]]:
     ]
 
 
+_PATCHES = PatchSet("fusionkit.backends.vulkan_adapter.constant_serializer", _patches,
+                    before_install=acquire_named_data_fix,
+                    after_uninstall=release_named_data_fix)
+VulkanInstallation = Installation
+
+
 def is_installed() -> bool:
     """Whether the fusionkit Vulkan constant serializer is in place."""
-    return bool(_saved)
+    return _PATCHES.is_installed()
 
 
-class VulkanInstallation:
-    """Returned by :func:`install`; as a context manager it undoes only its own install."""
-
-    def __init__(self, installed_here: bool) -> None:
-        self.installed_here = installed_here
-
-    def __enter__(self) -> VulkanInstallation:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.installed_here:
-            uninstall()
-
-
-def install() -> VulkanInstallation:
+def install() -> Installation:
     """Route Vulkan constant serialization through fusionkit (idempotent).
 
-    Raises :class:`UnsupportedExecuTorchError` for any ExecuTorch but 1.5.1.
+    Raises :class:`UnsupportedExecuTorchError` for any untested ExecuTorch.
     """
-    with _lock:
-        if _saved:
-            return VulkanInstallation(False)
-        _check_version()
-        targets = _targets()
-        acquire_named_data_fix()
-        for owner, name, new in targets:
-            _saved.append((owner, name, owner.__dict__[name]))
-            setattr(owner, name, new)
-        return VulkanInstallation(True)
+    return _PATCHES.install()
 
 
 def uninstall() -> None:
     """Restore ExecuTorch's original objects exactly (idempotent)."""
-    with _lock:
-        if not _saved:
-            return
-        while _saved:
-            owner, name, original = _saved.pop()
-            setattr(owner, name, original)
-        release_named_data_fix()
+    _PATCHES.uninstall()

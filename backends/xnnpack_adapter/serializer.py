@@ -22,17 +22,20 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.metadata
 import logging
-import threading
 import weakref
-from types import TracebackType
 from typing import Any, cast
 
 import torch
 from torch.export import ExportedProgram
 
 from fusionkit.constants import ProgramInputs
+from fusionkit.hooks import (
+    TESTED_EXECUTORCH,
+    Installation,
+    PatchSet,
+    UnsupportedExecuTorchError,
+)
 from fusionkit.tensor_bytes import (
     acquire_named_data_fix,
     pack_int4,
@@ -53,32 +56,12 @@ __all__ = [
     "uninstall",
 ]
 
-SUPPORTED_EXECUTORCH = "1.5.1"
+SUPPORTED_EXECUTORCH = max(TESTED_EXECUTORCH)
 
 log = logging.getLogger(__name__)
 
 _NV = "executorch.backends.xnnpack.operators.node_visitor"
 _QP = "executorch.backends.xnnpack.operators.quant_params"
-
-
-class UnsupportedExecuTorchError(RuntimeError):
-    """The installed ExecuTorch is not the version the serializer hook was written for."""
-
-
-def _executorch_version() -> str:
-    return importlib.metadata.version("executorch")
-
-
-def check_executorch_version(component: str = "fusionkit.backends.xnnpack_adapter") -> None:
-    """Raise :class:`UnsupportedExecuTorchError` unless ExecuTorch is exactly 1.5.1."""
-    found = _executorch_version()
-    if found != SUPPORTED_EXECUTORCH:
-        raise UnsupportedExecuTorchError(
-            f"{component}: refusing to hook the serializer of ExecuTorch {found}; the replacement "
-            f"was written and tested against ExecuTorch {SUPPORTED_EXECUTORCH} only. Install "
-            f"executorch=={SUPPORTED_EXECUTORCH}, or lower with the stock partitioner (whose "
-            f"constant serialization may write wrong bytes for tensor views)."
-        )
 
 
 # ----------------------------------------------------------------------------- constants
@@ -254,11 +237,8 @@ def get_quant_params(
 
 # ----------------------------------------------------------------------------- install
 
-_lock = threading.RLock()
-_saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, original raw object)
 
-
-def _targets() -> list[tuple[Any, str, Any]]:
+def _patches() -> list[tuple[Any, str, Any]]:
     nv = importlib.import_module(_NV)
     qp = importlib.import_module(_QP)
     cls = nv.NodeVisitor
@@ -272,56 +252,25 @@ def _targets() -> list[tuple[Any, str, Any]]:
     ]
 
 
+_PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter", _patches,
+                    before_install=acquire_named_data_fix,
+                    after_uninstall=release_named_data_fix)
+
+
 def is_installed() -> bool:
     """Whether the fusionkit XNNPACK serializer is in place."""
-    return bool(_saved)
-
-
-class Installation:
-    """Returned by :func:`install`; as a context manager it undoes only its own install."""
-
-    def __init__(self, installed_here: bool) -> None:
-        self.installed_here = installed_here
-
-    def __enter__(self) -> Installation:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.installed_here:
-            uninstall()
+    return _PATCHES.is_installed()
 
 
 def install() -> Installation:
     """Route XNNPACK constant serialization through fusionkit (idempotent).
 
     ``with install(): ...`` restores the previous state on exit.
-    Raises :class:`UnsupportedExecuTorchError` for any ExecuTorch but 1.5.1.
+    Raises :class:`UnsupportedExecuTorchError` for any untested ExecuTorch.
     """
-    with _lock:
-        if _saved:
-            return Installation(False)
-        check_executorch_version()
-        targets = _targets()
-        acquire_named_data_fix()
-        for owner, name, new in targets:
-            _saved.append((owner, name, owner.__dict__[name]))
-            setattr(owner, name, new)
-        log.debug("fusionkit XNNPACK constant serializer installed")
-        return Installation(True)
+    return _PATCHES.install()
 
 
 def uninstall() -> None:
     """Restore ExecuTorch's original objects exactly (idempotent)."""
-    with _lock:
-        if not _saved:
-            return
-        while _saved:
-            owner, name, original = _saved.pop()
-            setattr(owner, name, original)
-        release_named_data_fix()
-        log.debug("fusionkit XNNPACK constant serializer uninstalled")
+    _PATCHES.uninstall()

@@ -16,8 +16,10 @@ def vulkan_rules() -> list[Rule]:
     """Fresh rule objects for every ported Vulkan pattern except rms_norm."""
     from .quantized_binary import quantized_binary_rule
     from .quantized_embedding import quantized_embedding_rule, torchao_quantized_embedding_rule
+    from .quantized_linear import quantized_linear_rules
     from .quantized_pixel_shuffle import quantized_pixel_shuffle_rule
     from .quantized_unary import quantized_unary_rule
+    from .rope import rope_rule
     from .select_as_symint import select_as_symint_rule
 
     return [
@@ -27,6 +29,8 @@ def vulkan_rules() -> list[Rule]:
         select_as_symint_rule(),
         torchao_quantized_embedding_rule(),
         quantized_embedding_rule(),
+        rope_rule(),
+        *quantized_linear_rules(),
     ]
 
 

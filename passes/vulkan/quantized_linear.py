@@ -1,0 +1,285 @@
+"""Port of ExecuTorch 1.5.1 ``patterns/quantized_linear.py`` (registry: ``quantized_linear``).
+
+The stock detector anchors on ``linear``/``mm``/``addmm``/``bmm``, walks
+``args[0]`` chains to find a dequantized constant weight, then the stock
+replacement *routes* on what it found — and silently does nothing (yet counts
+a fusion) when no route fits. Here each route is its own rule whose
+constraints say when it applies:
+
+* ``quantized_linear_q8ta`` — int8 per-tensor input, int8 per-channel weight,
+  re-quantized output (optionally relu, optionally behind the views of a 3-D
+  linear) -> ``et_vk.q8ta_linear`` or, for one row, ``et_vk.q8ta_linear_gemv``;
+* ``quantized_linear_q8csw`` — the same with a float output ->
+  ``et_vk.linear_q8ta_q8csw``;
+* ``quantized_linear_q4gsw`` — float input, torchao 4-bit per-group weight ->
+  ``et_vk.linear_q4gsw``.
+
+Constraints stated: weight, weight scales, weight zero points and bias are
+prepackable constants; the weight zero points are all 0 (the kernels are
+symmetric; the stock code never looked); 8-bit weights quantized along axis 0
+with values in [-127, 127], 4-bit weights with values in [-8, 7] and per-row
+groups ``[1, G]`` tiling K; scales of shape [N] (per channel) or [N, K/G]
+(per group); K a multiple of 4 (texel loads); the fused op's output shape is
+the replaced node's. New constants (weight sums, padded scales/bias, packed
+4-bit weight, transposed scales) are new placeholders named after their
+source; the shared state-dict entry is never overwritten.
+
+Not ported: the dynamically quantized activation route
+(``choose_qparams`` -> ``et_vk.linear_dq8ca_q4gsw``) and ``bmm`` anchors; with the
+adapter installed such graphs stay unfused (decomposed ops, still correct).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.fx import Node
+
+from fusionkit import (
+    DtypeIn,
+    PrepackableConstant,
+    PythonReplacement,
+    Rank,
+    Rule,
+    any_value,
+    capture,
+    lit,
+    op,
+    where,
+)
+from fusionkit.constraints import CheckContext, Constraint
+from fusionkit.pattern import Pattern
+from fusionkit.rewrite import Rewriter
+from fusionkit.targets import op_key
+
+from ._common import (
+    DQ_PER_CHANNEL,
+    DQ_PER_TENSOR,
+    Q_PER_TENSOR,
+    check,
+    et_vk,
+    in_int_range,
+    int8_dq,
+    int8_q,
+    shape_of,
+    zero_points_are_zero,
+)
+from .quantized_embedding import pack_linear_q4
+
+VIEW = "aten.view_copy.default"
+
+
+def _linear(inp: Pattern, wdq: Pattern) -> Pattern:
+    w_t = op("aten.permute_copy.default", wdq, [1, 0])
+    return (op("aten.mm.default", inp, w_t)
+            | op("aten.addmm.default", capture("bias"), inp, w_t)
+            | op("aten.linear.default", inp, wdq)
+            | op("aten.linear.default", inp, wdq, capture("bias")))
+
+
+def _w8() -> Pattern:
+    return op(DQ_PER_CHANNEL, capture("weight"), capture("w_scales"), capture("w_zp"),
+              any_value("axis"), any_value("w_qmin"), 127, lit(torch.int8))
+
+
+def _w4() -> Pattern:
+    block = where(lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and v[0] == 1
+                  and isinstance(v[1], int) and v[1] > 0, "a per-row block size [1, G]",
+                  name="block_size")
+    return op("torchao.dequantize_affine.default", capture("weight"), block,
+              capture("w_scales"), capture("w_zp"), lit(torch.int8), -8, 7)
+
+
+def _common_constraints(bits: int) -> list[Constraint]:
+    role = "the quantized linear prepacks it"
+
+    @check("weight_zero_points_zero", "w_zp")
+    def zp(ctx: CheckContext) -> str | None:
+        return zero_points_are_zero(ctx, "w_zp")
+
+    @check("weight_values", "weight")
+    def values(ctx: CheckContext) -> str | None:
+        return in_int_range(ctx, "weight", -8, 7) if bits == 4 else \
+            in_int_range(ctx, "weight", -127, 127)
+
+    @check("bias_is_constant_vector", "weight")
+    def bias(ctx: CheckContext) -> str | None:
+        b = ctx.captures.get("bias")
+        if b is None:
+            return None
+        if not isinstance(b, Node) or ctx.inputs.constant(b) is None:
+            return f"bias {b!r} is not a constant tensor: {role}"
+        w = shape_of(ctx, "weight")
+        if shape_of(ctx, "bias") != (w[0] if w else None,):
+            return f"bias of shape {shape_of(ctx, 'bias')} is not [N] for weight {w}"
+        return None
+
+    @check("in_channels_multiple_of_4", "x")
+    def k4(ctx: CheckContext) -> str | None:
+        s = shape_of(ctx, "x")
+        if s and isinstance(s[-1], int) and s[-1] % 4 == 0:
+            return None
+        return f"in_channels of input {s} is not a multiple of 4 (texel-aligned loads)"
+
+    @check("output_shape", "x", "weight")
+    def out_shape(ctx: CheckContext) -> str | None:
+        x, w, root = shape_of(ctx, "x"), shape_of(ctx, "weight"), ctx.root.meta.get("val")
+        want = (*x[:-1], w[0]) if x and w else None
+        got = tuple(root.shape) if isinstance(root, torch.Tensor) else None
+        return None if want == got else f"the fused op would produce {want}, the graph has {got}"
+
+    return [
+        PrepackableConstant("weight", role=role), PrepackableConstant("w_scales", role=role),
+        DtypeIn("weight", frozenset({torch.int8})), Rank("weight", frozenset({2})),
+        zp, values, bias, k4, out_shape,
+    ]
+
+
+def _per_channel(ctx: CheckContext) -> str | None:
+    if ctx.captures.get("axis") != 0:
+        return f"weight quantized along axis {ctx.captures.get('axis')}, not 0 (output channels)"
+    if ctx.captures.get("w_qmin") not in (-127, -128):
+        return f"weight quant_min {ctx.captures.get('w_qmin')} is not that of int8"
+    w, s = shape_of(ctx, "weight"), shape_of(ctx, "w_scales")
+    if w is None or s != (w[0],):
+        return f"weight scales of shape {s} are not per output channel [{w and w[0]}]"
+    return None
+
+
+def _pad_to(t: torch.Tensor, m: int) -> torch.Tensor:
+    n = t.shape[-1]
+    return t if n % m == 0 else F.pad(t, (0, m - n % m)).contiguous()
+
+
+def _padded(rw: Rewriter, node: Node | None, m: int = 4) -> Node | None:
+    if node is None:
+        return None
+    t = rw.tensor(node)
+    if t.shape[-1] % m == 0:
+        return node
+    return rw.constant(f"{node.name}_fk_pad{m}", _pad_to(t, m))
+
+
+def _weight_sums(rw: Rewriter, w: Node) -> Node:
+    sums = rw.tensor(w).sum(dim=1).to(torch.int32)
+    return rw.constant(f"{w.name}_fk_sums_pad4", _pad_to(sums, 4))
+
+
+def q8ta_linear_rule(name: str = "quantized_linear_q8ta") -> Rule:
+    dq_in = int8_dq(capture("x"), "in")
+    core = _linear(dq_in | op(VIEW, dq_in, any_value()), _w8())
+    viewed = core | op(VIEW, core, any_value())
+    act = viewed | op("aten.relu.default", viewed).bind("relu")
+
+    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+        x: Node = c["x"]
+        shape = x.meta["val"].shape
+        gemv = len(shape) >= 2 and shape[-2] == 1
+        return rw.call(et_vk("q8ta_linear_gemv" if gemv else "q8ta_linear"), x, c["in_scale"],
+                       c["in_zp"], c["weight"], _weight_sums(rw, c["weight"]),
+                       _padded(rw, c["w_scales"]), c["out_scale"], c["out_zp"],
+                       _padded(rw, c.get("bias")), "relu" if "relu" in c else "none")
+
+    return Rule(
+        name=name,
+        pattern=int8_q(act, "out"),
+        constraints=[DtypeIn("x", frozenset({torch.int8})), check("per_channel_weight",
+                     "weight", "w_scales")(_per_channel), *_common_constraints(8)],
+        replacement=PythonReplacement(build, frozenset({"x", "in_scale", "in_zp", "weight",
+                                                         "w_scales", "out_scale", "out_zp"})),
+        description="int8 static linear with int8 output into et_vk.q8ta_linear(_gemv)",
+    )
+
+
+_REQUANT = frozenset({Q_PER_TENSOR, "quantized_decomposed.quantize_per_tensor.tensor"})
+
+
+def _requantized(n: Node) -> bool:
+    for _ in range(3):
+        if len(n.users) != 1:
+            return False
+        n = next(iter(n.users))
+        key = op_key(n.target) if n.op == "call_function" else None
+        if key in _REQUANT:
+            return True
+        if key not in (VIEW, "aten.relu.default"):
+            return False
+    return False
+
+
+def q8csw_linear_rule(name: str = "quantized_linear_q8csw") -> Rule:
+    root = _linear(int8_dq(capture("x"), "in"), _w8())
+
+    @check("float_output", "x")
+    def not_requantized(ctx: CheckContext) -> str | None:
+        if _requantized(ctx.root):
+            return ("the output is re-quantized: that is the q8ta_linear route "
+                    "(quantized_linear_q8ta), not linear_q8ta_q8csw")
+        return None
+
+    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+        return rw.call(et_vk("linear_q8ta_q8csw"), c["x"], c["in_scale"], c["in_zp"],
+                       c["weight"], _weight_sums(rw, c["weight"]), _padded(rw, c["w_scales"]),
+                       _padded(rw, c.get("bias")))
+
+    return Rule(
+        name=name,
+        pattern=root,
+        constraints=[not_requantized, DtypeIn("x", frozenset({torch.int8})),
+                     check("per_channel_weight", "weight", "w_scales")(_per_channel),
+                     *_common_constraints(8)],
+        replacement=PythonReplacement(build, frozenset({"x", "in_scale", "in_zp", "weight",
+                                                         "w_scales"})),
+        description="int8 static linear with float output into et_vk.linear_q8ta_q8csw",
+    )
+
+
+def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
+    root = _linear(capture("x"), _w4())
+
+    @check("float_input", "x")
+    def float_input(ctx: CheckContext) -> str | None:
+        x = ctx.captures["x"]
+        if isinstance(x, Node) and x.op == "call_function" and "dequantize" in (op_key(x.target) or ""):
+            return "the input is dequantized: not the weight-only route"
+        return None
+
+    @check("per_group_weight", "weight", "w_scales", "block_size")
+    def per_group(ctx: CheckContext) -> str | None:
+        w, s, g = shape_of(ctx, "weight"), shape_of(ctx, "w_scales"), ctx.captures["block_size"][1]
+        if w is None or w[1] % g or s != (w[0], w[1] // g):
+            return f"weight {w} with group size {g} needs scales [N, K/G], got {s}"
+        return None
+
+    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+        w: Node = c["weight"]
+        packed = rw.constant(f"{w.name}_fk_q4_linear", pack_linear_q4(rw.tensor(w)))
+        s: Node = c["w_scales"]
+        scales_t = rw.constant(f"{s.name}_fk_q4gsw_t_pad4",
+                               _pad_to(rw.tensor(s).transpose(0, 1).contiguous(), 4))
+        return rw.call(et_vk("linear_q4gsw"), c["x"], packed, scales_t,
+                       int(c["block_size"][1]), _padded(rw, c.get("bias")))
+
+    return Rule(
+        name=name,
+        pattern=root,
+        constraints=[float_input, DtypeIn("x", frozenset({torch.float32, torch.float16})),
+                     per_group, *_common_constraints(4)],
+        replacement=PythonReplacement(build, frozenset({"x", "weight", "w_scales",
+                                                         "block_size"})),
+        description="torchao 4-bit weight-only linear into et_vk.linear_q4gsw",
+    )
+
+
+def quantized_linear_rules() -> list[Rule]:
+    from .quantized_embedding import _import_ops
+
+    _import_ops()
+    return [q8ta_linear_rule(), q8csw_linear_rule(), q4gsw_linear_rule()]
+
+
+__all__ = ["DQ_PER_TENSOR", "q4gsw_linear_rule", "q8csw_linear_rule", "q8ta_linear_rule",
+           "quantized_linear_rules"]

@@ -1,0 +1,100 @@
+"""Port of ExecuTorch 1.5.1 ``patterns/rope.py`` (registry: ``export_llama_rope``).
+
+The Llama ``apply_rotary_emb`` (interleaved real/imaginary halves), for q and
+k at once, as it appears in an edge graph::
+
+    xr, xi = squeeze(slice(view(x, [..., -1, 2]), -1, 0, 1)), ... (1, 2)
+    out = view(cat([unsqueeze(xr*cos - xi*sin), unsqueeze(xr*sin + xi*cos)], -1))
+
+-> ``et_vk.apply_rotary_emb(xq, xk, freqs_cos, freqs_sin)`` (a tuple; two
+``getitem`` nodes replace the two outputs). The stock pattern is a traced
+graph matched by ``SubgraphMatcher(ignore_literals=True)``: any slice, any
+view shape, any dims matched. This is a multi-output fusionkit pattern
+(``outputs(q_chain, also("xk_out", k_chain, near="freqs_cos"))``).
+
+Constraints stated: xq and xk rank 4 fp32 with the same head_dim (even), the
+slices split the last dim into [0:1] and [1:2], the output shapes equal the
+inputs' shapes, freqs_cos/freqs_sin of shape [seq_len, head_dim / 2] (what the
+kernel indexes) and the same for both; every intermediate used only inside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import DtypeIn, PythonReplacement, Rank, Rule, any_value, capture, op
+from fusionkit.constraints import CheckContext
+from fusionkit.pattern import Pattern, also, outputs
+from fusionkit.rewrite import Rewriter
+
+from ._common import check, et_vk, shape_of
+
+VIEW = "aten.view_copy.default"
+
+
+def _half(x: Pattern, start: int, tag: str) -> Pattern:
+    sl = op("aten.slice_copy.Tensor", x, any_value(f"{tag}_sdim"), start, start + 1)
+    return op("aten.squeeze_copy.dims", sl, any_value(f"{tag}_qdim"))
+
+
+def _rotary(x: str, p: str) -> Pattern:
+    xv = op(VIEW, capture(x), any_value())
+    xr, xi = _half(xv, 0, f"{p}r"), _half(xv, 1, f"{p}i")
+    cos = op(VIEW, capture("freqs_cos"), any_value())
+    sin = op(VIEW, capture("freqs_sin"), any_value())
+    out_r = op("aten.sub.Tensor", op("aten.mul.Tensor", xr, cos), op("aten.mul.Tensor", xi, sin))
+    out_i = op("aten.add.Tensor", op("aten.mul.Tensor", xr, sin), op("aten.mul.Tensor", xi, cos))
+    cat = op("aten.cat.default",
+             [op("aten.unsqueeze_copy.default", out_r, any_value(f"{p}u0")),
+              op("aten.unsqueeze_copy.default", out_i, any_value(f"{p}u1"))],
+             any_value(f"{p}cat_dim"))
+    return op(VIEW, cat, any_value())
+
+
+def _last(v: Any, rank: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v % rank == rank - 1
+
+
+def rope_rule(name: str = "export_llama_rope") -> Rule:
+    pattern = outputs(_rotary("xq", "q").bind("xq_out"),
+                      also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
+
+    @check("rope_geometry", "xq", "xk", "freqs_cos", "freqs_sin", "xq_out", "xk_out")
+    def geometry(ctx: CheckContext) -> str | None:
+        q, k = shape_of(ctx, "xq"), shape_of(ctx, "xk")
+        c, s = shape_of(ctx, "freqs_cos"), shape_of(ctx, "freqs_sin")
+        if q is None or k is None or q[-1] != k[-1] or q[-1] % 2:
+            return f"xq {q} and xk {k} do not share an even head_dim"
+        if shape_of(ctx, "xq_out") != q or shape_of(ctx, "xk_out") != k:
+            return "the outputs do not have the inputs' shapes"
+        if c != s or c is None or len(c) != 2 or c[0] != q[1] or c[1] != q[-1] // 2:
+            return (f"freqs_cos {c} / freqs_sin {s} are not [seq_len, head_dim / 2] = "
+                    f"[{q[1]}, {q[-1] // 2}]")
+        for p in ("q", "k"):
+            rank = 5  # the [..., head_dim / 2, 2] view
+            dims = [ctx.captures[f"{p}{h}_{d}"] for h in "ri" for d in ("sdim", "qdim")]
+            flat = [d[0] if isinstance(d, (list, tuple)) and len(d) == 1 else d for d in dims]
+            if not all(_last(d, rank) for d in flat):
+                return f"the {p} halves are not slices of the last dim (dims {dims})"
+            if not all(_last(ctx.captures[f"{p}{u}"], rank) for u in ("u0", "u1", "cat_dim")):
+                return f"the {p} halves are not re-interleaved along the last dim"
+        return None
+
+    def build(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
+        fused = rw.call(et_vk("apply_rotary_emb"), c["xq"], c["xk"], c["freqs_cos"],
+                        c["freqs_sin"])
+        return rw.getitem(fused, 0), rw.getitem(fused, 1)
+
+    reads = ("xq", "xk", "freqs_cos", "freqs_sin")
+    return Rule(
+        name=name,
+        pattern=pattern,
+        constraints=[Rank("xq", frozenset({4})), Rank("xk", frozenset({4})),
+                     *(DtypeIn(n, frozenset({torch.float32})) for n in reads), geometry],
+        replacement=PythonReplacement(build, frozenset(reads)),
+        description="Llama interleaved RoPE on q and k into et_vk.apply_rotary_emb",
+    )

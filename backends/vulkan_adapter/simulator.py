@@ -67,9 +67,66 @@ Dtypes, storage types and memory layouts
 * ``mem_obj_id`` (memory planning: tensors sharing one allocation) is not
   simulated: every value has its own storage.
 
-Supported operators: :data:`SUPPORTED_OPS` (the ops of ExecuTorch 1.5.1's Vulkan
-op registry that have a CPU implementation here, listed explicitly); anything
-else raises :class:`UnsupportedOperatorError`.
+Supported operators
+-------------------
+:data:`SUPPORTED_OPS`: the ops of ExecuTorch 1.5.1's Vulkan op registry
+(``op_registry.py``) that have a CPU implementation, by serialized name. All but
+the special cases run generically through their schema; the special cases are
+``et_vk.prepack`` (the constant rule, then a copy), ``et_vk.conv_with_clamp``
+(bounds cast to the tensor's dtype like the runtime: ``FuseClampPass`` writes
+relu's upper bound as ``sys.float_info.max``), ``sym_size.int``,
+``et_vk.select_as_symint`` and the symbolic-int ``operator`` functions. The
+quantized ops of the registry (``quantized_decomposed.*``, ``torchao.*``,
+``et_vk.q8ta_*``/``linear_q*``/``embedding_q4gsw``), ``llama::sdpa_with_kv_cache``,
+the training ops (``et_vk.fused_ce``, ``adamw_step``, ``linear_dW``, ...) and
+``aten._weight_int8pack_mm`` are **not** supported: they raise
+:class:`UnsupportedOperatorError`. Which ops the tests exercise through real
+lowerings is listed in ``tests/test_vulkan_simulator.py``.
+
+* et_vk: ``et_vk.apply_rotary_emb.default``, ``et_vk.apply_rotary_emb_hf.default``,
+  ``et_vk.conv_with_clamp.default``, ``et_vk.grid_priors.default``,
+  ``et_vk.prepack.default``, ``et_vk.rms_norm.default``, ``et_vk.sdpa.default``,
+  ``et_vk.select_as_symint.default``
+* aten: ``aten._log_softmax.default``,
+  ``aten._native_batch_norm_legit_no_training.default``, ``aten._softmax.default``,
+  ``aten._to_copy.default``, ``aten.abs.default``, ``aten.add.Tensor``,
+  ``aten.addmm.default``, ``aten.alias_copy.default``, ``aten.amax.default``,
+  ``aten.amin.default``, ``aten.arange.start_step``, ``aten.argmax.default``,
+  ``aten.argmin.default``, ``aten.avg_pool2d.default``, ``aten.bitwise_and.Tensor``,
+  ``aten.bitwise_not.default``, ``aten.bitwise_or.Tensor``, ``aten.bmm.default``,
+  ``aten.cat.default``, ``aten.clamp.default``, ``aten.clone.default``,
+  ``aten.constant_pad_nd.default``, ``aten.convolution.default``, ``aten.copy.default``,
+  ``aten.cos.default``, ``aten.div.Tensor``, ``aten.div.Tensor_mode``,
+  ``aten.embedding.default``, ``aten.eq.Scalar``, ``aten.eq.Tensor``,
+  ``aten.exp.default``, ``aten.expand_copy.default``, ``aten.flip.default``,
+  ``aten.full.default``, ``aten.full_like.default``, ``aten.gather.default``,
+  ``aten.ge.Scalar``, ``aten.ge.Tensor``, ``aten.gelu.default``,
+  ``aten.grid_sampler_2d.default``, ``aten.gt.Scalar``, ``aten.gt.Tensor``,
+  ``aten.hardshrink.default``, ``aten.hardswish.default``, ``aten.hardtanh.default``,
+  ``aten.index.Tensor``, ``aten.index_select.default``, ``aten.le.Scalar``,
+  ``aten.le.Tensor``, ``aten.leaky_relu.default``, ``aten.linear.default``,
+  ``aten.log10.default``, ``aten.logical_and.default``, ``aten.logical_not.default``,
+  ``aten.logical_or.default``, ``aten.lt.Scalar``, ``aten.lt.Tensor``,
+  ``aten.max_pool2d.default``, ``aten.max_pool2d_with_indices.default``,
+  ``aten.mean.dim``, ``aten.minimum.default``, ``aten.mm.default``, ``aten.mul.Tensor``,
+  ``aten.native_group_norm.default``, ``aten.native_layer_norm.default``,
+  ``aten.ne.Scalar``, ``aten.neg.default``, ``aten.ones.default``,
+  ``aten.ones_like.default``, ``aten.permute.default``, ``aten.permute_copy.default``,
+  ``aten.pixel_shuffle.default``, ``aten.pow.Tensor_Scalar``,
+  ``aten.pow.Tensor_Tensor``, ``aten.relu.default``, ``aten.repeat.default``,
+  ``aten.round.default``, ``aten.rsqrt.default``, ``aten.scalar_tensor.default``,
+  ``aten.select_copy.int``, ``aten.sigmoid.default``, ``aten.sin.default``,
+  ``aten.slice_copy.Tensor``, ``aten.split_with_sizes_copy.default``,
+  ``aten.sqrt.default``, ``aten.squeeze_copy.dims``, ``aten.sub.Tensor``,
+  ``aten.sum.dim_IntList``, ``aten.t_copy.default``, ``aten.tanh.default``,
+  ``aten.unfold_copy.default``, ``aten.unsqueeze_copy.default``,
+  ``aten.upsample_bilinear2d.vec``, ``aten.upsample_nearest2d.vec``,
+  ``aten.view_copy.default``, ``aten.where.self``, ``aten.zeros.default``,
+  ``aten.zeros_like.default``
+* dim_order_ops: ``dim_order_ops._clone_dim_order.default``,
+  ``dim_order_ops._to_dim_order_copy.default``
+* symbolic ints (no schema): ``add``, ``eq``, ``floordiv``, ``ge``, ``gt``, ``le``,
+  ``lt``, ``mul``, ``sub``, ``sym_size.int``
 """
 
 from __future__ import annotations
@@ -153,7 +210,7 @@ _SCHEMA_OPS: tuple[str, ...] = (
     "aten._log_softmax.default",
     # matmul / linear / conv / pool
     "aten.bmm.default", "aten.mm.default", "aten.addmm.default", "aten.linear.default",
-    "aten.convolution.default", "et_vk.conv_with_clamp.default",
+    "aten.convolution.default",
     "aten.avg_pool2d.default", "aten.max_pool2d.default",
     "aten.max_pool2d_with_indices.default",
     # shape and indexing
@@ -402,6 +459,12 @@ class _Delegate:
         self.write(out, result, who)
 
     def call_schema(self, who: str, name: str, ins: list[int], out: int) -> Any:
+        op, args, kwargs = self.schema_args(who, name, ins, out)
+        return op(*args, **kwargs)
+
+    def schema_args(self, who: str, name: str, ins: list[int], out: int
+                    ) -> tuple[Any, list[Any], dict[str, Any]]:
+        """The torch op of ``name`` and its arguments resolved by its schema."""
         op = _torch_op(name)
         if op is None:
             raise UnsupportedOperatorError(
@@ -417,7 +480,7 @@ class _Delegate:
                 kwargs[a.name] = val
             else:
                 args.append(val)
-        return op(*args, **kwargs)
+        return op, args, kwargs
 
     def resolve(self, who: str, name: str, a: Any, vid: int, ins: list[int], out: int) -> Any:
         """The Python value of schema argument ``a`` from VkGraph value ``vid``."""
@@ -435,8 +498,15 @@ class _Delegate:
             x = x.tensor
         if isinstance(x, list):
             x = [e.tensor if isinstance(e, _Const) else e for e in x]
-        if ty == "float" and isinstance(x, int):
+        # The serializer dedups scalars by Python equality (1 == 1.0 == True share an
+        # entry), and the runtime's extract_scalar<T> casts Int/Double/Bool to the type it
+        # wants: do the same.
+        if ty == "float" and isinstance(x, (int, bool)):
             x = float(x)
+        elif ty in ("int", "SymInt") and isinstance(x, (float, bool)):
+            x = int(x)
+        elif ty == "bool" and isinstance(x, (int, float)):
+            x = bool(x)
         return x
 
     def implied_dtype(self, who: str, name: str, arg: str, ins: list[int], out: int
@@ -465,6 +535,16 @@ def _prepack(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
     return x.tensor.clone()
 
 
+def _conv_with_clamp(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
+    # FuseClampPass writes relu's upper bound as sys.float_info.max; the runtime casts the
+    # bounds to the tensor's float type (+inf), torch.clamp refuses the overflow
+    _, args, _ = d.schema_args(who, "et_vk.conv_with_clamp.default", ins, out)
+    y = torch.convolution(*args[:9])
+    lo, hi = (None if b is None else torch.tensor(float(b), dtype=torch.float64).to(y.dtype)
+              for b in args[9:11])
+    return torch.clamp(y, lo, hi)
+
+
 def _sym_size(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
     x = d.read(ins[0], who)
     x = x.tensor if isinstance(x, _Const) else x
@@ -486,6 +566,7 @@ def _symint_op(fn: Callable[[Any, Any], Any]) -> Callable[..., Any]:
 
 _SPECIAL.update({
     PREPACK: _prepack,
+    "et_vk.conv_with_clamp.default": _conv_with_clamp,
     "sym_size.int": _sym_size,
     "et_vk.select_as_symint.default": _select_as_symint,
     **{n: _symint_op(f) for n, f in _SYMINT_OPS.items()},

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-vk_test = pytest.importorskip("executorch.backends.vulkan.test")
+vk = pytest.importorskip("executorch.backends.vulkan")
 pytest.importorskip("torchao")
 
 from fusionkit.backends.vulkan_adapter import NOT_TAKEN_OVER, TAKEN_OVER_PATTERNS  # noqa: E402
 
-STOCK_TESTS = Path(vk_test.__file__).parent / "test_vulkan_passes.py"
+STOCK_TESTS = Path(list(vk.__path__)[0]) / "test" / "test_vulkan_passes.py"
 HERE = Path(__file__).parent
 
 

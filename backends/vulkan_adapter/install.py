@@ -199,7 +199,7 @@ def install() -> Installation:
             registry.update(saved)
             raise
         global _stock_replace_all
-        patterns = importlib.import_module(_PATTERNS_MODULE)
+        patterns: Any = importlib.import_module(_PATTERNS_MODULE)
         _stock_replace_all = patterns.replace_all_fusable_subgraphs
         patterns.replace_all_fusable_subgraphs = _replace_all_fusable_subgraphs
         _saved = saved
@@ -218,8 +218,8 @@ def uninstall() -> None:
             _serializer_installed_here = False
         global _stock_replace_all
         if _stock_replace_all is not None:
-            importlib.import_module(_PATTERNS_MODULE).replace_all_fusable_subgraphs = \
-                _stock_replace_all
+            stock_patterns: Any = importlib.import_module(_PATTERNS_MODULE)
+            stock_patterns.replace_all_fusable_subgraphs = _stock_replace_all
             _stock_replace_all = None
         registry = _registry()
         for name, entry in _saved.items():

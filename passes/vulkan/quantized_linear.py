@@ -221,9 +221,15 @@ def q8csw_linear_rule(name: str = "quantized_linear_q8csw") -> Rule:
         return None
 
     def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-        return rw.call(et_vk("linear_q8ta_q8csw"), c["x"], c["in_scale"], c["in_zp"],
+        node = rw.call(et_vk("linear_q8ta_q8csw"), c["x"], c["in_scale"], c["in_zp"],
                        c["weight"], _weight_sums(rw, c["weight"]), _padded(rw, c["w_scales"]),
                        _padded(rw, c.get("bias")))
+        # ExecuTorch 1.5.1's CPU reference of this op ignores the input quantization
+        # (linear of the raw int8 tensor), so its fake result is int8; the Vulkan
+        # kernel returns the float output of the node it replaces (as the stock pass
+        # records it).
+        node.meta["val"] = rw.root.meta["val"]
+        return node
 
     return Rule(
         name=name,

@@ -188,6 +188,36 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if problems else EXIT_OK
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    rules = _load_rules(args.spec)
+    model = _load_model(args.model)
+    import logging
+
+    import executorch.backends.vulkan.serialization.vulkan_graph_builder  # noqa: F401
+
+    from fusionkit.backends.vulkan_adapter.sim_report import simulate_model
+    from fusionkit.term import table
+
+    logging.getLogger().setLevel(logging.WARNING)  # that import set the root logger to INFO
+
+    report = simulate_model(model.exported, model.module, model.example_inputs, rules=rules,
+                            stock=args.stock, seed=args.seed, progress=_progress)
+    if args.json:
+        print(json.dumps({"model": model.name, **report.to_dict()}, indent=2))
+    elif report.error is not None:
+        print(f"{model.name}: the Vulkan runtime would stop: {report.error}")
+    else:
+        rows = [(o.index, "x".join(map(str, o.shape)) or "-", o.dtype, f"{o.max_abs_error:.3g}",
+                 f"{o.atol:g}+{o.rtol:g}*|eager|", "ok" if o.ok else "TOO LARGE")
+                for o in report.outputs]
+        print(table(["output", "shape", "dtype", "max |simulated - eager|", "tolerance", "verdict"],
+                    rows))
+        print(f"{model.name}: simulated {'stock ExecuTorch' if args.stock else 'fusionkit'}'s "
+              f"Vulkan program on random inputs (seed {args.seed}): "
+              + ("all outputs within tolerance" if report.ok else "outputs differ"))
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
 def cmd_specs_validate(args: argparse.Namespace) -> int:
     rules = _load_rules(args.files)
     for f in args.files:
@@ -241,6 +271,16 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("file")
     ch.add_argument("--json", action="store_true")
     ch.set_defaults(fn=cmd_check)
+
+    si = sub.add_parser("simulate", help="lower MODEL for Vulkan and run the .pte's Vulkan "
+                        "payloads on the CPU against eager, on random inputs")
+    si.add_argument("model", help=".pt2 file or package.module:factory")
+    si.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
+    si.add_argument("--stock", action="store_true",
+                    help="lower with stock ExecuTorch's VulkanPartitioner instead of fusionkit's")
+    si.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    si.add_argument("--json", action="store_true")
+    si.set_defaults(fn=cmd_simulate)
 
     sp = sub.add_parser("specs", help="work with YAML fusion specs")
     spsub = sp.add_subparsers(dest="specs_command", required=True)

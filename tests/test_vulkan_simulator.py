@@ -474,3 +474,46 @@ def test_dtypes_follow_the_vkgraph() -> None:
 def test_simulate_rejects_other_inputs() -> None:
     with pytest.raises(TypeError, match="EdgeProgramManager or an ExecutorchProgramManager"):
         simulate(b"not a program")
+
+
+# ------------------------------------------------------------------------ CLI
+
+
+@pytest.mark.usefixtures("lowered")  # its cached stock pattern graphs speed lowering up
+def test_cli_simulate(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from fusionkit.cli import main
+
+    was = vk.is_installed()
+    try:
+        assert main(["simulate", "fusionkit.demo:demo_factory", "--seed", "1"]) == 0
+        out = capsys.readouterr().out
+        assert re.search(r"^0\s+2x16\s+float32\s+\S+\s+1e-05\+1e-05\*\|eager\|\s+ok$", out, re.M)
+        assert "all outputs within tolerance" in out
+        assert main(["simulate", "fusionkit.demo:demo_factory", "--stock", "--json"]) == 1
+        report = json.loads(capsys.readouterr().out)
+        assert report["stock"] and not report["ok"] and report["error_kind"] == "not_constant"
+        assert f"{RMS} argument 1 (weight)" in report["error"]
+        assert report["error"].endswith(VAL_IS_TREF)
+        assert main(["simulate", "no.such.module:factory"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("fusionkit: error: no.such.module:factory") and "\n" not in err
+        assert main(["simulate", "missing.pt2"]) == 2
+    finally:
+        if was:
+            vk.install()
+        else:
+            vk.uninstall()
+
+
+def test_random_inputs_keep_shapes_dtypes_and_ranges() -> None:
+    from fusionkit.backends.vulkan_adapter.sim_report import random_inputs
+
+    ex = (torch.zeros(2, 3, dtype=torch.float16), torch.tensor([[3, 7, 5]]),
+          torch.ones(4, dtype=torch.bool), 2.5)
+    a, b = random_inputs(ex, 0), random_inputs(ex, 1)
+    for x, y in zip(a[:3], ex[:3], strict=True):
+        assert x.shape == y.shape and x.dtype == y.dtype
+    assert a[1].min() >= 3 and a[1].max() <= 7 and a[3] == 2.5
+    assert not torch.equal(a[0], b[0])

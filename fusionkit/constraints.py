@@ -62,6 +62,8 @@ class CheckContext:
     root: Node
     captures: Mapping[str, Any]
     folds: dict[str, Node] = field(default_factory=dict)
+    #: whether the caller can add folded constants to the program
+    allow_folding: bool = True
 
     def node(self, name: str) -> Node | None:
         v = self.captures.get(name)
@@ -190,6 +192,9 @@ class PrepackableConstant(Constraint):
         sources, why = constant_fold_sources(v, ctx.inputs)
         if sources is None:
             return self._fail(self.capture, v, f"{what}, and cannot be folded because {why}: {self.role}")
+        if not ctx.allow_folding:
+            return self._fail(self.capture, v, f"{what}; it depends only on constants, but folding "
+                              f"is not available in this pass: {self.role}")
         ctx.plan_fold(self.capture, v)
         return None
 

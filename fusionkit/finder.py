@@ -194,7 +194,7 @@ def _escaping_user(b: Binding, root: Node, outputs: tuple[str, ...] = ()
 
 
 def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: ProgramInputs,
-            claimed_by: Mapping[Node, Match]) -> Match | Decline:
+            claimed_by: Mapping[Node, Match], allow_folding: bool = True) -> Match | Decline:
     for n in b.claimed:
         owner = claimed_by.get(n)
         if owner is not None:
@@ -208,7 +208,7 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
             return Decline(rule.name, root, "escape", inner,
                            f"intermediate `{inner.name}` is also used by `{user.name}` outside "
                            "the match; fusing would have to compute it twice")
-    ctx = CheckContext(ep, inputs, root, b.captures)
+    ctx = CheckContext(ep, inputs, root, b.captures, allow_folding=allow_folding)
     for c in rule.constraints:
         failure: Failure | None = c.check(ctx)
         if failure is not None:
@@ -217,13 +217,15 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
 
 
 def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
-                 *, structural_declines: bool = True) -> MatchSet:
+                 *, structural_declines: bool = True, allow_folding: bool = True) -> MatchSet:
     """Accepted and declined matches of ``rules`` in ``ep``, in graph order.
 
     A node belongs to at most one accepted match. Near misses are reported:
     a constraint that failed, an intermediate used elsewhere, an overlap, or
-    (with ``structural_declines``) a structure that matched at least two op
-    nodes before it failed.
+    (with ``structural_declines``) a structure that matched at least two thirds
+    of the pattern before it failed. ``allow_folding=False`` is for callers that
+    cannot add constants to the program (a graph-module pass): a weight that
+    would need folding is declined instead.
     """
     index = rules if isinstance(rules, RuleIndex) else RuleIndex(rules)
     inputs = ProgramInputs(ep)
@@ -243,7 +245,7 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
             for i, b in enumerate(bindings):
                 if i >= MAX_BINDINGS_PER_ROOT:
                     break
-                outcome = _decide(rule, node, b, ep, inputs, claimed_by)
+                outcome = _decide(rule, node, b, ep, inputs, claimed_by, allow_folding)
                 if isinstance(outcome, Match):
                     accepted = outcome
                     break

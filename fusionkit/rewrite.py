@@ -126,7 +126,7 @@ def _same_signature(a: Any, b: Any) -> bool:
     return type(a) is type(b)
 
 
-def _erase_dead(ep: ExportedProgram, candidates: list[Node]) -> None:
+def _erase_dead(ep: ExportedProgram, candidates: list[Node], drop_constants: bool = True) -> None:
     """Erase candidates (and, transitively, their inputs) that nothing uses.
 
     Only pure call_function nodes and constant placeholders are removed; a
@@ -151,7 +151,7 @@ def _erase_dead(ep: ExportedProgram, candidates: list[Node]) -> None:
             ins = list(n.all_input_nodes)
             graph.erase_node(n)
             work.extend(ins)
-        elif n.op == "placeholder" and inputs.constant(n) is not None:
+        elif drop_constants and n.op == "placeholder" and inputs.constant(n) is not None:
             delete_constant_placeholder(ep, n)
             inputs = ProgramInputs(ep)
 
@@ -179,8 +179,13 @@ def _is_op(target: Any) -> bool:
         return False
 
 
-def apply_matches(ep: ExportedProgram, matches: Sequence[Match]) -> list[Node]:
-    """Apply every match in order; returns the new root nodes. Mutates ``ep``."""
+def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
+                  drop_dead_constants: bool = True) -> list[Node]:
+    """Apply every match in order; returns the new root nodes. Mutates ``ep``.
+
+    ``drop_dead_constants=False`` leaves constants that became unused in place,
+    for callers (graph-module passes) whose pass manager owns the signature.
+    """
     graph = ep.graph_module.graph
     inputs = ProgramInputs(ep)
     order = {n: i for i, n in enumerate(graph.nodes)}
@@ -238,7 +243,7 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match]) -> list[Node]:
                     f"rule {m.rule.name!r} at `{m.root.name}`: claimed nodes "
                     f"{[n.name for n in pending]} are still used after the replacement"
                 )
-    _erase_dead(ep, dead_candidates)
+    _erase_dead(ep, dead_candidates, drop_dead_constants)
     _rename_outputs(ep, {old.name: new.name for old, new in replaced.items()})
     graph.lint()
     ep.graph_module.recompile()

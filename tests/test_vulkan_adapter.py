@@ -262,11 +262,17 @@ def test_qwen_qk_norms_through_vulkan(lowered: Lowerer) -> None:
     assert fk.fused == 3 and check(fk.prog) == [] and fk.spy == Spy(0, 0)
 
 
-def test_partitioner_without_transform_passes_fuses_nothing(lowered: Lowerer) -> None:
-    row = R.ROWS[0]  # a leaf parameter: the stock detector would fuse it
+@pytest.mark.parametrize("index, fused", [(0, 1), (3, 0), (5, 0)])  # param, Gemma (needs folding), AdaLN
+def test_partitioner_alone_fuses_only_through_fusionkit_rules(lowered: Lowerer, index: int,
+                                                               fused: int) -> None:
+    """Without our transform passes, VulkanBackend.preprocess still fuses — but with
+    fusionkit's rules (and their constraints) in place of the stock detector."""
+    row = R.ROWS[index]
     lo = lowered.get((row.name, torch.float32), _row_make(row, torch.float32),
                      "partitioner_only")
-    assert lo.fused == 0 and lo.chains and "aten.rsqrt.default" in lo.chains[0]
+    assert lo.fused == fused and lo.chains
+    if not fused:
+        assert "aten.rsqrt.default" in lo.chains[0]
     assert lo.spy == Spy(0, 0)
     assert check(lo.prog) == []
 

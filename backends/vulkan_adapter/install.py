@@ -110,9 +110,11 @@ def _replace_all_fusable_subgraphs(ep: Any, graph_module: Any) -> int:
             "fusionkit's FusePatternsPass stand-in needs the ExportedProgram whose graph it "
             "fuses (set `_exported_program` to the program owning this graph module)"
         )
-    ms = find_matches(ep, fusion_rules(), structural_declines=False)
+    # inside a graph-module pass the pass manager owns the signature and state
+    # dict: fuse without adding (folding) or removing constants
+    ms = find_matches(ep, fusion_rules(), structural_declines=False, allow_folding=False)
     if ms.accepted:
-        apply_matches(ep, ms.accepted)
+        apply_matches(ep, ms.accepted, drop_dead_constants=False)
     for m in ms.accepted:
         FUSED_IN_FUSE_PATTERNS_PASS[m.rule.name] = FUSED_IN_FUSE_PATTERNS_PASS.get(m.rule.name, 0) + 1
     stock = _stock_replace_all

@@ -36,8 +36,8 @@ from .payload import PayloadError, VulkanPayload, decode_payload
 from .simulator import simulate
 
 __all__ = [
-    "PREPACKED_ARGS",
     "NOT_TAKEN_OVER",
+    "PREPACKED_ARGS",
     "TAKEN_OVER_PATTERNS",
     "TESTED_EXECUTORCH_VERSIONS",
     "FusedOpNotDelegatedError",

@@ -24,7 +24,7 @@ pytest.importorskip("torchao")
 
 from fusionkit.backends.vulkan_adapter import NOT_TAKEN_OVER, TAKEN_OVER_PATTERNS  # noqa: E402
 
-STOCK_TESTS = Path(list(vk.__path__)[0]) / "test" / "test_vulkan_passes.py"
+STOCK_TESTS = Path(next(iter(vk.__path__))) / "test" / "test_vulkan_passes.py"
 HERE = Path(__file__).parent
 
 

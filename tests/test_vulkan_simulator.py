@@ -309,6 +309,48 @@ def test_view_weight_stock_wrong_adapter_right(lowered: Lowerer) -> None:
         torch.testing.assert_close(simulate(prog, *args), want, **R.tolerance(torch.float32))
 
 
+# ------------------------------------------- several delegates, CPU ops, int64
+
+
+class Split(nn.Module):
+    """Two Vulkan delegates around an op kept on the CPU, and an int64 path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.w = nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.sin(R.rms(self.a(x)) * self.w)  # sin: blocked from Vulkan below
+        return self.b(h) + 1, ids * 3
+
+
+def test_program_graph_with_two_delegates_and_a_cpu_op(lowered: Lowerer) -> None:
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    def lower(ep: Any) -> EdgeProgramManager:
+        part = vk.VulkanPartitioner(operator_blocklist=[exir_ops.edge.aten.sin.default])
+        return to_edge_transform_and_lower(ep, transform_passes=vk.transform_passes(),
+                                           partitioner=[part])
+
+    torch.manual_seed(0)
+    m = Split().eval()
+    ids = torch.tensor([1, 2, 2**20])
+    args = (torch.randn(2, 8), ids)
+    prog = lower(torch.export.export(m, args))
+    assert len(vulkan_delegates(prog)) == 2
+    et = copy.deepcopy(prog).to_executorch()
+    assert any("sin.out" in str(n.target) for n in et.exported_program().graph_module.graph.nodes)
+    with torch.no_grad():
+        want = m(*args)
+    for p in (prog, et):
+        out = simulate(p, *args)
+        _assert_close(out, want, torch.float32)
+        # int64 crosses the delegate boundary as int32 (downcast_64_bit), as on the device
+        big = simulate(p, args[0], torch.tensor([2**33 + 1]))[1]
+        assert big.dtype == torch.int64 and big.tolist() == [3]
+
+
 # --------------------------------------------------------------- op coverage
 
 

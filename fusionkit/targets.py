@@ -64,17 +64,24 @@ def op_key(target: Any) -> str | None:
     return key
 
 
+#: modules whose import registers an op namespace ExecuTorch graphs use
+_OP_LIBRARIES: dict[str, tuple[str, ...]] = {
+    "et_vk": ("executorch.backends.vulkan.custom_ops_lib",),
+    "dim_order_ops": ("executorch.exir.passes.dim_order_ops_registry",),
+    "quantized_decomposed": ("torch.ao.quantization.fx._decomposed",),
+    "torchao": ("torchao",),
+    "llama": ("executorch.extension.llm.custom_ops.custom_ops",),
+}
+
+
 def _import_op_libraries(namespace: str) -> None:
     """Custom op namespaces register on import; import the ones we know of."""
-    if namespace == "et_vk":
+    import importlib
+
+    for module in (*_OP_LIBRARIES.get(namespace, ()), "executorch.exir"):
         try:
-            import executorch.backends.vulkan.custom_ops_lib  # noqa: F401
-        except ImportError:  # pragma: no cover - only without the Vulkan backend
-            pass
-    elif namespace == "quantized_decomposed":
-        try:
-            import torch.ao.quantization.fx._decomposed  # noqa: F401
-        except ImportError:  # pragma: no cover
+            importlib.import_module(module)
+        except Exception:  # an optional library that is not installed or fails to load
             pass
 
 

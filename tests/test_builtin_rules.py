@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from fusionkit import RuleIndex
 from fusionkit.passes import builtin_rules
+
+from fusionkit import RuleIndex
 
 
 def test_builtin_rules_have_unique_names_and_index() -> None:
@@ -14,7 +15,11 @@ def test_builtin_rules_have_unique_names_and_index() -> None:
     names = [r.name for r in rules]
     assert len(set(names)) == len(names) and "rms_norm" in names
     index = RuleIndex(rules)  # raises on duplicate names
-    assert all(r.root_keys for r in rules)
+    from fusionkit.targets import resolve_op
+
+    for r in rules:  # every rule is found under each op its root can be
+        for key in r.root_keys:
+            assert r in index.for_target(resolve_op(key))
 
 
 def test_builtin_rules_build_in_a_fresh_interpreter() -> None:

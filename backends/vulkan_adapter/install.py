@@ -66,6 +66,7 @@ TAKEN_OVER_PATTERNS: dict[str, str] = {
         "fusionkit.passes.vulkan.quantized_embedding.torchao_quantized_embedding_rule",
     "quantized_embedding": "fusionkit.passes.vulkan.quantized_embedding.quantized_embedding_rule",
     "export_llama_rope": "fusionkit.passes.vulkan.rope.rope_rule",
+    "hf_rope": "fusionkit.passes.vulkan.rope_hf.hf_rope_rule",
     # routes q8ta_linear(_gemv), linear_q8ta_q8csw, linear_q4gsw; NOT linear_dq8ca_q4gsw
     # (dynamically quantized activations) nor bmm anchors: those stay unfused
     "quantized_linear": "fusionkit.passes.vulkan.quantized_linear.quantized_linear_rules",
@@ -74,7 +75,6 @@ TAKEN_OVER_PATTERNS: dict[str, str] = {
 #: stock pattern name -> why it is not taken over yet (its stock detector still runs)
 NOT_TAKEN_OVER: dict[str, str] = {
     "quantized_convolution": "not ported yet (q8ta_conv2d/_dw/_pw/_transposed weight re-layout)",
-    "hf_rope": "not ported yet (rotate_half RoPE, full and partial rotary dim)",
     "causal_sdpa": "not ported yet (llama.custom_sdpa + update_cache -> sdpa_with_kv_cache)",
 }
 

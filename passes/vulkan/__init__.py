@@ -20,6 +20,7 @@ def vulkan_rules() -> list[Rule]:
     from .quantized_pixel_shuffle import quantized_pixel_shuffle_rule
     from .quantized_unary import quantized_unary_rule
     from .rope import rope_rule
+    from .rope_hf import hf_rope_rule
     from .select_as_symint import select_as_symint_rule
 
     return [
@@ -30,6 +31,7 @@ def vulkan_rules() -> list[Rule]:
         torchao_quantized_embedding_rule(),
         quantized_embedding_rule(),
         rope_rule(),
+        hf_rope_rule(),
         *quantized_linear_rules(),
     ]
 

@@ -1,0 +1,147 @@
+"""Port of ExecuTorch 1.5.1 ``patterns/rope_hf.py`` (registry: ``hf_rope``).
+
+The HuggingFace ``rotate_half`` RoPE on q and k at once, full or partial
+rotary dim, as it appears in an edge graph::
+
+    cos, sin = unsqueeze(freqs_cos, 1), unsqueeze(freqs_sin, 1)
+    rot = alias(x)                     # full: rotary_dim == head_dim
+        | slice(x, -1, 0, rotary_dim)  # partial
+    rh = cat([neg(slice(rot, -1, half, end)), slice(rot, -1, 0, half)], -1)
+    out = cat([rot * cos + rh * sin (, slice(x, -1, rotary_dim, end))], -1)
+
+-> ``et_vk.apply_rotary_emb_hf(xq, xk, freqs_cos, freqs_sin, start_pos)`` (a
+tuple; two ``getitem`` nodes replace the two outputs). When the freqs are a
+``slice_copy`` of a table, the table and the slice start are passed instead
+(as the stock replacement does), so the kernel indexes the table at
+``start_pos``.
+
+Constraints stated (the stock detector is a ``SubgraphMatcher`` with
+``ignore_literals=True``: any slice bounds, any dims): xq and xk rank 4 fp32
+with the same batch, seq_len and head_dim; every slice/cat on the last dim and
+the freqs unsqueezed at dim 1; the halves split the rotary dim exactly
+(``half * 2 == rotary_dim``), the pass-through part starts at ``rotary_dim``
+and runs to the end; freqs_cos/freqs_sin fp32 of the same shape
+``[seq_len, rotary_dim]``; a sliced table is sliced on dim 0, step 1, with the
+same start for cos and sin and ``seq_len`` rows (what the kernel reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import DtypeIn, PythonReplacement, Rank, Rule, any_value, capture, op
+from fusionkit.constraints import CheckContext
+from fusionkit.pattern import Pattern, also, outputs
+from fusionkit.rewrite import Rewriter
+from fusionkit.targets import op_key
+
+from ._common import check, et_vk, shape_of
+
+SLICE = "aten.slice_copy.Tensor"
+
+
+def _rotary(x: str, p: str) -> Pattern:
+    cos = op("aten.unsqueeze_copy.default", capture("freqs_cos"), any_value("cos_udim"))
+    sin = op("aten.unsqueeze_copy.default", capture("freqs_sin"), any_value("sin_udim"))
+    full = op("aten.alias_copy.default", capture(x))
+    part = op(SLICE, capture(x), any_value(f"{p}_rot_dim"), 0, any_value(f"{p}_rd"))
+    rot_full, rot_part = full.bind(f"{p}_rot"), part.bind(f"{p}_rot")
+
+    def body(rot: Pattern) -> Pattern:
+        x1 = op(SLICE, rot, any_value(f"{p}_x1_dim"), 0, any_value(f"{p}_half"))
+        x2 = op(SLICE, rot, any_value(f"{p}_x2_dim"), any_value(f"{p}_half"),
+                any_value(f"{p}_x2_end"))
+        rh = op("aten.cat.default", [op("aten.neg.default", x2), x1], any_value(f"{p}_rh_dim"))
+        return op("aten.add.Tensor", op("aten.mul.Tensor", rot, cos),
+                  op("aten.mul.Tensor", rh, sin))
+
+    passthrough = op(SLICE, capture(x), any_value(f"{p}_pass_dim"), any_value(f"{p}_rd"),
+                     any_value(f"{p}_pass_end"))
+    return (op("aten.cat.default", [body(rot_full)], any_value(f"{p}_cat_dim"))
+            | op("aten.cat.default", [body(rot_part), passthrough], any_value(f"{p}_cat_dim")))
+
+
+def _freqs_source(n: Any) -> tuple[Any, Any, Node | None]:
+    """(table, start, slice node) for a ``slice_copy`` of a table, else (n, 0, None)."""
+    if isinstance(n, Node) and n.op == "call_function" and op_key(n.target) == SLICE:
+        return n.args[0], (n.args[2] if len(n.args) > 2 else None), n
+    return n, 0, None
+
+
+def _is_last(v: Any, rank: int = 4) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v % rank == rank - 1
+
+
+def hf_rope_rule(name: str = "hf_rope") -> Rule:
+    pattern = outputs(_rotary("xq", "q").bind("xq_out"),
+                      also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
+
+    @check("hf_rope_geometry", "xq", "xk", "freqs_cos", "freqs_sin", "xq_out", "xk_out")
+    def geometry(ctx: CheckContext) -> str | None:
+        q, k = shape_of(ctx, "xq"), shape_of(ctx, "xk")
+        if q is None or k is None or q[:2] != k[:2] or q[-1] != k[-1]:
+            return f"xq {q} and xk {k} do not share batch, seq_len and head_dim"
+        if shape_of(ctx, "xq_out") != q or shape_of(ctx, "xk_out") != k:
+            return "the outputs do not have the inputs' shapes"
+        c, s = shape_of(ctx, "freqs_cos"), shape_of(ctx, "freqs_sin")
+        if c is None or c != s or len(c) != 2 or c[0] != q[1]:
+            return f"freqs_cos {c} / freqs_sin {s} are not both [seq_len={q[1]}, rotary_dim]"
+        rd = c[1]
+        if not isinstance(rd, int) or rd % 2 or rd > q[-1] or rd <= 0:
+            return f"rotary_dim {rd} is not an even size <= head_dim {q[-1]}"
+        if ctx.captures["cos_udim"] != 1 or ctx.captures["sin_udim"] != 1:
+            return "the freqs are not unsqueezed at dim 1 (broadcast over heads)"
+        for p in ("q", "k"):
+            dims = [ctx.captures.get(f"{p}_{d}_dim") for d in ("rot", "x1", "x2", "rh", "pass", "cat")]
+            if not all(_is_last(d) for d in dims if d is not None):
+                return f"the {p} slices/cats are not all on the last dim (dims {dims})"
+            half = ctx.captures[f"{p}_half"]
+            if half * 2 != rd or ctx.captures[f"{p}_x2_end"] < rd:
+                return f"rotate_half of {p} splits at {half}, not at rotary_dim / 2 = {rd // 2}"
+            if f"{p}_rd" in ctx.captures:  # partial rotation
+                if ctx.captures[f"{p}_rd"] != rd or ctx.captures[f"{p}_pass_end"] < q[-1]:
+                    return (f"the {p} rotated part [0:{ctx.captures[f'{p}_rd']}] and pass-through "
+                            f"part do not split head_dim at rotary_dim {rd}")
+                if rd >= q[-1]:
+                    return f"partial rotation of {p} with rotary_dim {rd} == head_dim"
+            elif rd != q[-1]:
+                return f"{p} is rotated whole, but rotary_dim {rd} != head_dim {q[-1]}"
+        (_, cstart, cs), (_, sstart, ss) = (_freqs_source(ctx.captures["freqs_cos"]),
+                                            _freqs_source(ctx.captures["freqs_sin"]))
+        if (cs is None) != (ss is None):
+            return "only one of freqs_cos/freqs_sin is a slice of a table"
+        if cs is not None and ss is not None:
+            for sl in (cs, ss):
+                step = sl.args[4] if len(sl.args) > 4 else 1
+                if len(sl.args) < 3 or sl.args[1] != 0 or step != 1:
+                    return f"`{sl.name}` is not a step-1 slice of the table's rows (dim 0)"
+            if cstart is not sstart and cstart != sstart:
+                return f"freqs_cos starts at {cstart}, freqs_sin at {sstart}"
+            for t in (cs.args[0], ss.args[0]):
+                tv = t.meta.get("val") if isinstance(t, Node) else None
+                if not isinstance(tv, torch.Tensor) or tv.dim() != 2 or tv.shape[1] != rd:
+                    return f"the freqs table `{getattr(t, 'name', t)}` is not [max_seq_len, {rd}]"
+        return None
+
+    def build(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
+        cos, start, _ = _freqs_source(c["freqs_cos"])
+        sin, _, _ = _freqs_source(c["freqs_sin"])
+        fused = rw.call(et_vk("apply_rotary_emb_hf"), c["xq"], c["xk"], cos, sin, start)
+        return rw.getitem(fused, 0), rw.getitem(fused, 1)
+
+    reads = ("xq", "xk", "freqs_cos", "freqs_sin")
+    return Rule(
+        name=name,
+        pattern=pattern,
+        constraints=[Rank("xq", frozenset({4})), Rank("xk", frozenset({4})),
+                     *(DtypeIn(n, frozenset({torch.float32})) for n in reads), geometry],
+        replacement=PythonReplacement(build, frozenset(reads)),
+        description="HuggingFace rotate_half RoPE on q and k into et_vk.apply_rotary_emb_hf",
+    )
+
+
+__all__ = ["hf_rope_rule"]

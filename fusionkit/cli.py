@@ -38,20 +38,22 @@ def _quiet_imports() -> None:
     import logging
 
     logging.getLogger("torch").setLevel(logging.ERROR)
-    logging.getLogger().setLevel(logging.WARNING)  # the Vulkan partitioner logs at INFO on root
     # torchao prints "Failed to load ..." for optional CUDA kernels straight to
     # the C-level stderr; silence fd 2 only while the heavy imports happen.
     saved = os.dup(2)
     try:
         with open(os.devnull, "w") as devnull:
             os.dup2(devnull.fileno(), 2)
-            import executorch.exir  # noqa: F401
+            import executorch.exir
             import torch  # noqa: F401
 
             try:
+                # sets the *root* logger to INFO when imported: import it now, then undo that
+                import executorch.backends.vulkan.partitioner.vulkan_partitioner  # noqa: F401
                 import torchao  # noqa: F401
             except Exception:
                 pass
+            logging.getLogger().setLevel(logging.WARNING)
     finally:
         os.dup2(saved, 2)
         os.close(saved)

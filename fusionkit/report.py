@@ -79,14 +79,18 @@ class FusionReport:
         }
 
     def __str__(self) -> str:
+        """An aligned table of the rules that found something, then every decline."""
+        active = [r for r in self.rules.values() if r.fused or r.declines]
         rows = [("rule", "fused", "folded", "declined")]
-        for r in self.rules.values():
-            rows.append((r.rule, str(r.fused), str(r.folded), str(len(r.declines))))
+        rows += [(r.rule, str(r.fused), str(r.folded), str(len(r.declines))) for r in active]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                            for i, (c, w) in enumerate(zip(row, widths, strict=True)))
                  for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
+        idle = len(self.rules) - len(active)
+        if idle:
+            lines.append(f"({idle} more rule{'s' if idle > 1 else ''} found no candidate)")
         for d in self.declined:
             lines.append(f"  declined {d}")
         return "\n".join(lines)

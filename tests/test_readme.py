@@ -63,3 +63,11 @@ def test_public_api_is_complete_and_importing_fusionkit_is_cheap() -> None:
     code = "import sys, fusionkit, fusionkit.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_readme_yaml_spec_loads() -> None:
+    from fusionkit.specs import load_spec_text
+
+    (block,) = re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.S)
+    (rule,) = load_spec_text(block, file="README.md")
+    assert rule.name == "silu" and rule.root_keys == frozenset({"aten.mul.Tensor"})

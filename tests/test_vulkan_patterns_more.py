@@ -112,3 +112,81 @@ def test_hf_rope_near_miss_rotate_half_split_elsewhere() -> None:
     ms = fuse(edge(HfRope(split=8), a))
     assert not any(x.rule.name == "hf_rope" for x in ms.accepted)
     assert any("splits at 8, not at rotary_dim / 2 = 16" in r for r in declined(ms, "hf_rope"))
+
+
+# ------------------------------------------------------- quantized_linear: dq8ca and bmm
+
+
+def _q4(n: int = 12, k: int = 64, g: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(2)
+    return (torch.randint(-8, 8, (n, k), dtype=I8, generator=gen),
+            torch.rand(n, k // g, generator=gen) * 0.1 + 0.01, torch.zeros(n, k // g, dtype=I8))
+
+
+class DynActQ4Linear(torch.nn.Module):
+    """What torchao's Int8DynamicActivationIntxWeightConfig(int4, PerGroup(32)) exports to."""
+
+    def __init__(self, act_block: int = 64, quantize_act: bool = True) -> None:
+        super().__init__()
+        w, s, z = _q4()
+        self.register_buffer("w", w)
+        self.register_buffer("s", s)
+        self.register_buffer("z", z)
+        self.b = torch.nn.Parameter(torch.randn(12, generator=torch.Generator().manual_seed(3)))
+        self.act_block, self.quantize_act = act_block, quantize_act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ta = torch.ops.torchao
+        if self.quantize_act:
+            blk = [1, self.act_block]
+            s, z = ta.choose_qparams_affine(x, "ASYMMETRIC", blk, I8, -128, 127, None, None, I8)
+            x = ta.dequantize_affine(ta.quantize_affine(x, blk, s, z, I8, -128, 127),
+                                     blk, s, z, I8, -128, 127)
+        w = ta.dequantize_affine(self.w, [1, 32], self.s, self.z, I8, -8, 7)
+        return torch.nn.functional.linear(x, w, self.b)
+
+
+def test_quantized_linear_dq8ca_q4gsw_and_per_group_activation_near_miss() -> None:
+    x = torch.randn(3, 64)
+    m = DynActQ4Linear()
+    ep = edge(m, (x,))
+    ms = fuse(ep)
+    assert [a.rule.name for a in ms.accepted] == ["quantized_linear_dq8ca_q4gsw"]
+    (node,) = [n for n in ep.graph.nodes if op_key(n.target) == "et_vk.linear_dq8ca_q4gsw.default"]
+    assert op_key(node.args[1].args[0].target) == "torchao.choose_qparams_affine.default"
+    assert node.args[6] == 32 and tuple(node.args[4].meta["val"].shape) == (2, 16)  # sums, N -> 16
+    # ExecuTorch's reference of linear_dq8ca_q4gsw computes in float (linear_q4gsw):
+    # exact against the float-activation model, within the int8 rounding of eager
+    assert torch.allclose(ep.module()(x), DynActQ4Linear(quantize_act=False)(x), atol=1e-4)
+    assert torch.allclose(ep.module()(x), m(x), atol=0.1)
+    ms = fuse(edge(DynActQ4Linear(act_block=32), (x,)))
+    assert not any(a.rule.name == "quantized_linear_dq8ca_q4gsw" for a in ms.accepted)
+    assert any("is not per token" in r for r in declined(ms, "quantized_linear_dq8ca_q4gsw"))
+
+
+class BmmQ4(torch.nn.Module):
+    def __init__(self, batch: int = 1) -> None:
+        super().__init__()
+        w, s, z = _q4(n=16)
+        self.register_buffer("w", w)
+        self.register_buffer("s", s)
+        self.register_buffer("z", z)
+        self.batch = batch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = torch.ops.torchao.dequantize_affine(self.w, [1, 32], self.s, self.z, I8, -8, 7)
+        return torch.bmm(x, w.t().unsqueeze(0).expand(self.batch, -1, -1))
+
+
+def test_quantized_linear_bmm_anchor_and_batch_near_miss() -> None:
+    x = torch.randn(1, 3, 64)
+    m = BmmQ4()
+    ep = edge(m, (x,))
+    ms = fuse(ep)
+    assert [a.rule.name for a in ms.accepted] == ["quantized_linear_q4gsw"]
+    assert "aten.bmm.default" not in ops(ep) and "et_vk.linear_q4gsw.default" in ops(ep)
+    assert torch.allclose(ep.module()(x), m(x), atol=1e-4)
+    x2 = torch.randn(2, 3, 64)
+    ms = fuse(edge(BmmQ4(batch=2), (x2,)))
+    assert not ms.accepted
+    assert any("bmm with batch 2" in r for r in declined(ms, "quantized_linear_q4gsw"))

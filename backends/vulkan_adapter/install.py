@@ -67,8 +67,8 @@ TAKEN_OVER_PATTERNS: dict[str, str] = {
     "quantized_embedding": "fusionkit.passes.vulkan.quantized_embedding.quantized_embedding_rule",
     "export_llama_rope": "fusionkit.passes.vulkan.rope.rope_rule",
     "hf_rope": "fusionkit.passes.vulkan.rope_hf.hf_rope_rule",
-    # routes q8ta_linear(_gemv), linear_q8ta_q8csw, linear_q4gsw; NOT linear_dq8ca_q4gsw
-    # (dynamically quantized activations) nor bmm anchors: those stay unfused
+    # routes q8ta_linear(_gemv), linear_q8ta_q8csw, linear_q4gsw, linear_dq8ca_q4gsw
+    # (torchao dynamic per-token activations); mm/addmm/linear and batch-1 bmm anchors
     "quantized_linear": "fusionkit.passes.vulkan.quantized_linear.quantized_linear_rules",
 }
 

@@ -12,7 +12,15 @@ constraints say when it applies:
 * ``quantized_linear_q8csw`` — the same with a float output ->
   ``et_vk.linear_q8ta_q8csw``;
 * ``quantized_linear_q4gsw`` — float input, torchao 4-bit per-group weight ->
-  ``et_vk.linear_q4gsw``.
+  ``et_vk.linear_q4gsw``;
+* ``quantized_linear_dq8ca_q4gsw`` — the input dynamically quantized per token
+  (``torchao.choose_qparams_affine`` -> ``quantize_affine`` -> ``dequantize_affine``)
+  and a torchao 4-bit per-group weight -> ``et_vk.linear_dq8ca_q4gsw`` (input,
+  its chosen scales and zero points, packed weight, per-group weight sums,
+  transposed scales, group size, bias).
+
+Every route also anchors on ``bmm(x, W^T[None])`` (``unsqueeze``/``view``/
+``expand`` of the transposed weight), which is ``linear(x, W)`` for batch 1 only.
 
 Constraints stated: weight, weight scales, weight zero points and bias are
 prepackable constants; the weight zero points are all 0 (the kernels are
@@ -20,17 +28,22 @@ symmetric; the stock code never looked); 8-bit weights quantized along axis 0
 with values in [-127, 127], 4-bit weights with values in [-8, 7] and per-row
 groups ``[1, G]`` tiling K; scales of shape [N] (per channel) or [N, K/G]
 (per group); K a multiple of 4 (texel loads); the fused op's output shape is
-the replaced node's. New constants (weight sums, padded scales/bias, packed
-4-bit weight, transposed scales) are new placeholders named after their
-source; the shared state-dict entry is never overwritten.
+the replaced node's; a bmm anchor has batch 1 and the operand ``[1, K, N]``;
+the dynamic route's scale and zero point are outputs 0 and 1 of one int8
+[-128, 127] ``choose_qparams_affine`` of the same input with a per-token
+block ``[1, .., 1, K]`` (one scale per row). New constants (weight sums,
+padded scales/bias, packed 4-bit weight, transposed scales) are new
+placeholders named after their source; the shared state-dict entry is never
+overwritten.
 
-Not ported: the dynamically quantized activation route
-(``choose_qparams`` -> ``et_vk.linear_dq8ca_q4gsw``) and ``bmm`` anchors; with the
-adapter installed such graphs stay unfused (decomposed ops, still correct).
+Not ported: the ``quantized_decomposed`` per-token dynamic route
+(``choose_qparams_per_token_asymmetric``), whose [M, 1] scales the stock
+router only accepted for M == 1; such graphs stay unfused (still correct).
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,14 +83,33 @@ from ._common import (
 from .quantized_embedding import pack_linear_q4
 
 VIEW = "aten.view_copy.default"
+CHOOSE_QPARAMS = "torchao.choose_qparams_affine.default"
 
 
 def _linear(inp: Pattern, wdq: Pattern) -> Pattern:
     w_t = op("aten.permute_copy.default", wdq, [1, 0])
+    # bmm(x[1, M, K], W^T as [1, K, N]) is linear(x, W) (the stock anchor set has bmm)
+    w_u = op("aten.unsqueeze_copy.default", w_t, 0)
+    w_b = (w_u | op(VIEW, w_t, any_value())
+           | op("aten.expand_copy.default", w_u, any_value())).bind("bmm_weight")
     return (op("aten.mm.default", inp, w_t)
             | op("aten.addmm.default", capture("bias"), inp, w_t)
             | op("aten.linear.default", inp, wdq)
-            | op("aten.linear.default", inp, wdq, capture("bias")))
+            | op("aten.linear.default", inp, wdq, capture("bias"))
+            | op("aten.bmm.default", inp, w_b).bind("bmm"))
+
+
+def _bmm_ok(ctx: CheckContext) -> str | None:
+    """A bmm anchor: batch 1 (as the stock detector requires) and the weight operand W^T[None]."""
+    if "bmm" not in ctx.captures:
+        return None
+    out, w = shape_of(ctx, "bmm"), shape_of(ctx, "weight")
+    if out is None or out[0] != 1:
+        return f"bmm with batch {out and out[0]}: only batch 1 is a linear"
+    got = shape_of(ctx, "bmm_weight")
+    if w is None or got != (1, w[1], w[0]):
+        return f"the bmm weight operand {got} is not the transposed weight [1, K, N]"
+    return None
 
 
 def _w8() -> Pattern:
@@ -134,7 +166,7 @@ def _common_constraints(bits: int) -> list[Constraint]:
     return [
         PrepackableConstant("weight", role=role), PrepackableConstant("w_scales", role=role),
         DtypeIn("weight", frozenset({torch.int8})), Rank("weight", frozenset({2})),
-        zp, values, bias, k4, out_shape,
+        zp, values, bias, check("bmm_is_batch_1_linear", "weight")(_bmm_ok), k4, out_shape,
     ]
 
 
@@ -243,6 +275,96 @@ def q8csw_linear_rule(name: str = "quantized_linear_q8csw") -> Rule:
     )
 
 
+def _per_group(ctx: CheckContext) -> str | None:
+    w, s, g = shape_of(ctx, "weight"), shape_of(ctx, "w_scales"), ctx.captures["block_size"][1]
+    if w is None or w[1] % g or s != (w[0], w[1] // g):
+        return f"weight {w} with group size {g} needs scales [N, K/G], got {s}"
+    return None
+
+
+def _q4_constants(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
+    """The packed 4-bit weight and the transposed [K/G, N] scales (padded to 4), as new constants."""
+    w: Node = c["weight"]
+    packed = rw.constant(f"{w.name}_fk_q4_linear", pack_linear_q4(rw.tensor(w)))
+    s: Node = c["w_scales"]
+    scales_t = rw.constant(f"{s.name}_fk_q4gsw_t_pad4",
+                           _pad_to(rw.tensor(s).transpose(0, 1).contiguous(), 4))
+    return packed, scales_t
+
+
+def per_group_sums(weight: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Sums of each quantization group, [K/G, N] int32, N padded to a multiple of 8.
+
+    What ExecuTorch's ``compute_per_group_sums`` computes for linear_dq8ca_q4gsw
+    (the activation zero point's correction under integer accumulation).
+    """
+    n, k = weight.shape
+    sums = weight.to(torch.int32).view(n, k // group_size, group_size).sum(dim=2)
+    sums = sums.transpose(0, 1).contiguous()
+    if n % 8:
+        sums = F.pad(sums, (0, 8 - n % 8))
+    return sums.to(torch.int32).contiguous()
+
+
+def _choose_qparams_item(v: Any, index: int) -> Node | None:
+    """The ``torchao.choose_qparams_affine`` node whose output ``index`` is ``v``, else None."""
+    if (isinstance(v, Node) and v.op == "call_function" and v.target is operator.getitem
+            and len(v.args) == 2 and v.args[1] == index and isinstance(v.args[0], Node)
+            and op_key(v.args[0].target) == CHOOSE_QPARAMS):
+        return v.args[0]
+    return None
+
+
+def _dynamic_per_token(ctx: CheckContext) -> str | None:
+    x, block = shape_of(ctx, "x"), ctx.captures["in_block"]
+    if x is None or list(block) != [1] * (len(x) - 1) + [x[-1]]:
+        return f"input block size {block} is not per token (one group per row of {x})"
+    cq_s = _choose_qparams_item(ctx.captures["in_scale"], 0)
+    cq_z = _choose_qparams_item(ctx.captures["in_zp"], 1)
+    if cq_s is None or cq_s is not cq_z:
+        return ("the input scale and zero point are not the outputs of one "
+                "torchao.choose_qparams_affine: not a dynamically quantized activation")
+    a: list[Any] = [*cq_s.args, *([None] * 6)]
+    if a[0] is not ctx.captures["x"] or not isinstance(a[2], (list, tuple)) \
+            or list(a[2]) != list(block) or a[3] != torch.int8 \
+            or (a[4], a[5]) != (-128, 127):
+        return (f"`{cq_s.name}` does not choose int8 [-128, 127] per-token parameters of the "
+                "quantized input")
+    if shape_of(ctx, "in_scale") != x[:-1]:
+        return f"input scales {shape_of(ctx, 'in_scale')} are not one per row of {x}"
+    return None
+
+
+def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
+    q = op("torchao.quantize_affine.default", capture("x"), any_value("in_block"),
+           capture("in_scale"), capture("in_zp"), lit(torch.int8), -128, 127)
+    dq = op("torchao.dequantize_affine.default", q, any_value("in_block"), capture("in_scale"),
+            capture("in_zp"), lit(torch.int8), -128, 127)
+    root = _linear(dq | op(VIEW, dq, any_value()), _w4())
+
+    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+        packed, scales_t = _q4_constants(rw, c)
+        w: Node = c["weight"]
+        g = int(c["block_size"][1])
+        sums = rw.constant(f"{w.name}_fk_group_sums_g{g}", per_group_sums(rw.tensor(w), g))
+        return rw.call(et_vk("linear_dq8ca_q4gsw"), c["x"], c["in_scale"], c["in_zp"], packed,
+                       sums, scales_t, g, _padded(rw, c.get("bias")))
+
+    return Rule(
+        name=name,
+        pattern=root,
+        constraints=[DtypeIn("x", frozenset({torch.float32})),
+                     check("dynamic_per_token_input", "x", "in_scale", "in_zp", "in_block")(
+                         _dynamic_per_token),
+                     check("per_group_weight", "weight", "w_scales", "block_size")(_per_group),
+                     *_common_constraints(4)],
+        replacement=PythonReplacement(build, frozenset({"x", "in_scale", "in_zp", "weight",
+                                                         "w_scales", "block_size"})),
+        description="int8 dynamic per-token activation, torchao 4-bit weight linear into "
+                    "et_vk.linear_dq8ca_q4gsw",
+    )
+
+
 def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
     root = _linear(capture("x"), _w4())
 
@@ -253,19 +375,8 @@ def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
             return "the input is dequantized: not the weight-only route"
         return None
 
-    @check("per_group_weight", "weight", "w_scales", "block_size")
-    def per_group(ctx: CheckContext) -> str | None:
-        w, s, g = shape_of(ctx, "weight"), shape_of(ctx, "w_scales"), ctx.captures["block_size"][1]
-        if w is None or w[1] % g or s != (w[0], w[1] // g):
-            return f"weight {w} with group size {g} needs scales [N, K/G], got {s}"
-        return None
-
     def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-        w: Node = c["weight"]
-        packed = rw.constant(f"{w.name}_fk_q4_linear", pack_linear_q4(rw.tensor(w)))
-        s: Node = c["w_scales"]
-        scales_t = rw.constant(f"{s.name}_fk_q4gsw_t_pad4",
-                               _pad_to(rw.tensor(s).transpose(0, 1).contiguous(), 4))
+        packed, scales_t = _q4_constants(rw, c)
         return rw.call(et_vk("linear_q4gsw"), c["x"], packed, scales_t,
                        int(c["block_size"][1]), _padded(rw, c.get("bias")))
 
@@ -273,7 +384,8 @@ def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
         name=name,
         pattern=root,
         constraints=[float_input, DtypeIn("x", frozenset({torch.float32, torch.float16})),
-                     per_group, *_common_constraints(4)],
+                     check("per_group_weight", "weight", "w_scales", "block_size")(_per_group),
+                     *_common_constraints(4)],
         replacement=PythonReplacement(build, frozenset({"x", "weight", "w_scales",
                                                          "block_size"})),
         description="torchao 4-bit weight-only linear into et_vk.linear_q4gsw",
@@ -284,8 +396,9 @@ def quantized_linear_rules() -> list[Rule]:
     from .quantized_embedding import _import_ops
 
     _import_ops()
-    return [q8ta_linear_rule(), q8csw_linear_rule(), q4gsw_linear_rule()]
+    return [q8ta_linear_rule(), q8csw_linear_rule(), q4gsw_linear_rule(),
+            dq8ca_q4gsw_linear_rule()]
 
 
-__all__ = ["DQ_PER_TENSOR", "q4gsw_linear_rule", "q8csw_linear_rule", "q8ta_linear_rule",
+__all__ = ["DQ_PER_TENSOR", "dq8ca_q4gsw_linear_rule", "per_group_sums", "q4gsw_linear_rule", "q8csw_linear_rule", "q8ta_linear_rule",
            "quantized_linear_rules"]

@@ -206,10 +206,18 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
         built = m.rule.replacement.build(rw, captures)
         olds = [m.root, *(m.captures[name] for name in output_names(m.rule.pattern))]
         news = list(built) if isinstance(built, (tuple, list)) else [built]
-        if len(news) != len(olds):
+        if len(news) != len(olds) or news[0] is None:
             raise FusionError(f"rule {m.rule.name!r} at `{m.root.name}` returned {len(news)} "
                               f"node(s) for a match with {len(olds)} output(s)")
         for old, new in zip(olds, news, strict=True):
+            if new is None:
+                # an output the fused op subsumes (e.g. an in-place cache update whose
+                # return value nothing reads): allowed only when nothing uses it
+                if old.users:
+                    raise FusionError(f"rule {m.rule.name!r} dropped output `{old.name}`, which "
+                                      "is still used: add a constraint so such matches are "
+                                      "declined")
+                continue
             old_val = old.meta.get("val")
             if old_val is not None and not _same_signature(new.meta.get("val"), old_val):
                 nv = new.meta.get("val")

@@ -46,11 +46,12 @@ class Replacement(ABC):
         """Capture names the replacement reads."""
 
     @abstractmethod
-    def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node | tuple[Node, ...]:
+    def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node | tuple[Node | None, ...]:
         """Create the new node(s) through ``rw`` and return the one replacing the root.
 
         A multi-output pattern (:func:`~fusionkit.pattern.outputs`) returns a
-        tuple: one node per output, the root's first.
+        tuple: one node per output, the root's first; ``None`` for a further
+        output that nothing uses (a side-effecting op the fused op subsumes).
         """
 
 
@@ -118,13 +119,13 @@ class CallOp(Replacement):
 class PythonReplacement(Replacement):
     """A replacement that cannot be data: ``fn(rw, captures) -> Node``."""
 
-    fn: Callable[[Rewriter, Mapping[str, Any]], Node | tuple[Node, ...]]
+    fn: Callable[[Rewriter, Mapping[str, Any]], Node | tuple[Node | None, ...]]
     reads: frozenset[str] = frozenset()
 
     def captures(self) -> set[str]:
         return set(self.reads)
 
-    def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node | tuple[Node, ...]:
+    def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node | tuple[Node | None, ...]:
         return self.fn(rw, captures)
 
 

@@ -29,8 +29,8 @@ def edge(m: torch.nn.Module, args: tuple[Any, ...], preserve: list[Any] | None =
     return to_edge(torch.export.export(m, args, strict=True), compile_config=cfg).exported_program()
 
 
-def fuse(ep: Any) -> Any:
-    ms = find_matches(ep, vulkan_rules())
+def fuse(ep: Any, rules: list[Any] | None = None) -> Any:
+    ms = find_matches(ep, vulkan_rules() if rules is None else rules)
     apply_matches(ep, ms.accepted)
     return ms
 
@@ -190,3 +190,52 @@ def test_quantized_linear_bmm_anchor_and_batch_near_miss() -> None:
     ms = fuse(edge(BmmQ4(batch=2), (x2,)))
     assert not ms.accepted
     assert any("bmm with batch 2" in r for r in declined(ms, "quantized_linear_q4gsw"))
+
+
+# ------------------------------------------------------------------------- causal_sdpa
+
+
+class KVAttention(torch.nn.Module):
+    def __init__(self, read_pos: int | None = None) -> None:
+        super().__init__()
+        self.register_buffer("kc", torch.zeros(1, 16, 2, 8))
+        self.register_buffer("vc", torch.zeros(1, 16, 2, 8))
+        self.read_pos = read_pos
+
+    def forward(self, q, k, v, pos):  # type: ignore[no-untyped-def]
+        start = pos[0].item()
+        torch._check(start >= 0)
+        torch._check(start < 12)
+        torch.ops.llama.update_cache(k, self.kc, start)
+        torch.ops.llama.update_cache(v, self.vc, start)
+        at = start if self.read_pos is None else self.read_pos
+        return torch.ops.llama.custom_sdpa(q, self.kc, self.vc, at, None, 0.0, True)
+
+
+def _in_place_edge(m: torch.nn.Module, a: tuple[Any, ...]) -> Any:
+    """The program as VulkanBackend.preprocess sees it: in-place cache updates."""
+    from torch.export._remove_auto_functionalized_pass import unsafe_remove_auto_functionalized_pass
+
+    return unsafe_remove_auto_functionalized_pass(edge(m, a))
+
+
+def test_causal_sdpa_and_start_pos_near_miss() -> None:
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    a = (torch.randn(1, 3, 4, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), torch.tensor([2]))
+    from fusionkit.passes.vulkan.sdpa import causal_sdpa_rule
+
+    def sdpa_fused(ms: Any) -> list[str]:
+        return [x.rule.name for x in ms.accepted if x.rule.name == "causal_sdpa"]
+
+    assert not sdpa_fused(fuse(edge(KVAttention(), a)))  # functional form: nothing to fuse
+    ep = _in_place_edge(KVAttention(), a)
+    # only this rule: select_as_symint (pos[0].item()) has no CPU reference to run
+    ms = fuse(ep, [causal_sdpa_rule()])
+    assert sdpa_fused(ms) == ["causal_sdpa"]
+    assert "llama.update_cache.default" not in ops(ep) and "llama.custom_sdpa.default" not in ops(ep)
+    (node,) = [n for n in ep.graph.nodes if op_key(n.target) == "llama.sdpa_with_kv_cache.default"]
+    assert node.args[6] == 1 and node.args[9] is True
+    assert torch.allclose(ep.module()(*a), KVAttention()(*a), atol=1e-5)
+    ms = fuse(_in_place_edge(KVAttention(read_pos=0), a))
+    assert not sdpa_fused(ms)
+    assert any("the sdpa reads at 0" in r for r in declined(ms, "causal_sdpa"))

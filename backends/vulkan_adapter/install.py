@@ -67,6 +67,7 @@ TAKEN_OVER_PATTERNS: dict[str, str] = {
     "quantized_embedding": "fusionkit.passes.vulkan.quantized_embedding.quantized_embedding_rule",
     "export_llama_rope": "fusionkit.passes.vulkan.rope.rope_rule",
     "hf_rope": "fusionkit.passes.vulkan.rope_hf.hf_rope_rule",
+    "causal_sdpa": "fusionkit.passes.vulkan.sdpa.causal_sdpa_rule",
     # routes q8ta_linear(_gemv), linear_q8ta_q8csw, linear_q4gsw, linear_dq8ca_q4gsw
     # (torchao dynamic per-token activations); mm/addmm/linear and batch-1 bmm anchors
     "quantized_linear": "fusionkit.passes.vulkan.quantized_linear.quantized_linear_rules",
@@ -75,7 +76,6 @@ TAKEN_OVER_PATTERNS: dict[str, str] = {
 #: stock pattern name -> why it is not taken over yet (its stock detector still runs)
 NOT_TAKEN_OVER: dict[str, str] = {
     "quantized_convolution": "not ported yet (q8ta_conv2d/_dw/_pw/_transposed weight re-layout)",
-    "causal_sdpa": "not ported yet (llama.custom_sdpa + update_cache -> sdpa_with_kv_cache)",
 }
 
 _REGISTRY_MODULE = "executorch.backends.vulkan.patterns.pattern_registry"

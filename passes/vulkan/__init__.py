@@ -21,6 +21,7 @@ def vulkan_rules() -> list[Rule]:
     from .quantized_unary import quantized_unary_rule
     from .rope import rope_rule
     from .rope_hf import hf_rope_rule
+    from .sdpa import causal_sdpa_rule
     from .select_as_symint import select_as_symint_rule
 
     return [
@@ -32,6 +33,7 @@ def vulkan_rules() -> list[Rule]:
         quantized_embedding_rule(),
         rope_rule(),
         hf_rope_rule(),
+        causal_sdpa_rule(),
         *quantized_linear_rules(),
     ]
 

@@ -1,0 +1,117 @@
+"""Port of ExecuTorch 1.5.1 ``patterns/sdpa.py`` (registry: ``causal_sdpa``).
+
+The KV-cache attention of ExecuTorch's Llama export, in the in-place form
+``VulkanBackend.preprocess`` sees (after ``unsafe_remove_auto_functionalized_pass``)::
+
+    llama.update_cache(k_proj, k_cache, start_pos)     # in place, result unused
+    llama.update_cache(v_proj, v_cache, start_pos)
+    out = llama.custom_sdpa(q, k_cache, v_cache, start_pos, mask, dropout_p, is_causal, scale)
+
+-> ``llama.sdpa_with_kv_cache(q, k_proj, v_proj, k_cache, v_cache, start_pos, 1,
+mask, dropout_p, is_causal, scale)`` at the ``custom_sdpa``; the two
+``update_cache`` nodes are erased (the fused op updates the caches itself). The
+updates are further outputs of the match (``also``) whose replacement is
+``None``: they must be unused. In the functional form (``auto_functionalized``
+cache updates, e.g. in ``transform_passes()``) nothing matches, as with the
+stock detector.
+
+Constraints stated (the stock detector checks nothing and asserts in the
+replacement when an update is missing; it also takes ``start_pos`` from the
+first ``update_cache`` of the whole graph): both updates write the caches the
+sdpa reads, at the sdpa's own ``start_pos``, before it in graph order, and
+their results are unused; the caches are graph inputs (mutable buffers the
+fused op writes) used only by their update, the sdpa and the program output
+(no other reader that the move of the update would change); q, the projections
+and the caches are fp32/fp16 rank 4 with matching batch/heads/head_dim and the
+projections' seq_len equal to q's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import DtypeIn, GraphLeaf, PythonReplacement, Rank, Rule, any_value, capture, op
+from fusionkit.constraints import CheckContext
+from fusionkit.pattern import also, outputs
+from fusionkit.rewrite import Rewriter
+
+from ._common import check, shape_of
+
+UPDATE = "llama.update_cache.default"
+FP = frozenset({torch.float32, torch.float16})
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b if isinstance(a, Node) or isinstance(b, Node) else bool(a == b)
+
+
+def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
+    sdpa = op("llama.custom_sdpa.default", capture("q"), capture("k_cache"), capture("v_cache"),
+              capture("start_pos"), strict_defaults=False,
+              attn_mask=any_value("attn_mask"), drpout_p=any_value("dropout_p"),
+              is_causal=any_value("is_causal"), scale=any_value("scale"))
+    pattern = outputs(
+        sdpa,
+        also("k_update", op(UPDATE, capture("k_proj"), capture("k_cache"), capture("k_pos")),
+             near="k_cache", max_depth=1),
+        also("v_update", op(UPDATE, capture("v_proj"), capture("v_cache"), capture("v_pos")),
+             near="v_cache", max_depth=1),
+    )
+
+    @check("cache_updates_fused", "k_update", "v_update", "k_cache", "v_cache", "start_pos")
+    def updates(ctx: CheckContext) -> str | None:
+        order = {n: i for i, n in enumerate(ctx.root.graph.nodes)}
+        for p in ("k", "v"):
+            upd: Node = ctx.captures[f"{p}_update"]
+            if upd.users:
+                return f"the result of `{upd.name}` is used; the fused op does not produce it"
+            if order[upd] > order[ctx.root]:
+                return f"`{upd.name}` runs after the sdpa: the sdpa reads the cache before the update"
+            if not _same(ctx.captures[f"{p}_pos"], ctx.captures["start_pos"]):
+                return (f"`{upd.name}` writes at {ctx.captures[f'{p}_pos']}, the sdpa reads at "
+                        f"{ctx.captures['start_pos']}")
+            cache: Node = ctx.captures[f"{p}_cache"]
+            others = [u.name for u in cache.users if u not in (upd, ctx.root) and u.op != "output"]
+            if others:
+                return (f"{p}_cache `{cache.name}` is also used by {others}; moving its update "
+                        "into the sdpa would change what they read")
+        if ctx.captures["k_cache"] is ctx.captures["v_cache"]:
+            return "k_cache and v_cache are the same tensor"
+        return None
+
+    @check("sdpa_shapes", "q", "k_proj", "v_proj", "k_cache", "v_cache")
+    def shapes(ctx: CheckContext) -> str | None:
+        q, kp, vp = shape_of(ctx, "q"), shape_of(ctx, "k_proj"), shape_of(ctx, "v_proj")
+        kc, vc = shape_of(ctx, "k_cache"), shape_of(ctx, "v_cache")
+        if None in (q, kp, vp, kc, vc) or kc != vc or kp != vp:
+            return f"k/v caches {kc}/{vc} or projections {kp}/{vp} differ"
+        assert q is not None and kp is not None and kc is not None
+        if kp[0] != kc[0] or kp[2:] != kc[2:] or q[0] != kc[0] or q[3] != kc[3]:
+            return f"projections {kp} and q {q} do not fit the cache {kc} ([B, max_seq, H_kv, D])"
+        if kp[1] != q[1]:
+            return f"the projections' seq_len {kp[1]} is not q's {q[1]}"
+        return None
+
+    def build(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, None, None]:
+        fused = rw.call("llama.sdpa_with_kv_cache.default", c["q"], c["k_proj"], c["v_proj"],
+                        c["k_cache"], c["v_cache"], c["start_pos"], 1, c["attn_mask"],
+                        c["dropout_p"], c["is_causal"], c["scale"])
+        return fused, None, None
+
+    tensors = ("q", "k_proj", "v_proj", "k_cache", "v_cache")
+    return Rule(
+        name=name,
+        pattern=pattern,
+        constraints=[*(DtypeIn(n, FP) for n in tensors), *(Rank(n, frozenset({4})) for n in tensors),
+                     GraphLeaf("k_cache"), GraphLeaf("v_cache"), updates, shapes],
+        replacement=PythonReplacement(build, frozenset({*tensors, "start_pos", "attn_mask",
+                                                         "dropout_p", "is_causal", "scale"})),
+        description="llama.update_cache x2 + llama.custom_sdpa into llama.sdpa_with_kv_cache",
+    )
+
+
+__all__ = ["causal_sdpa_rule"]

@@ -239,3 +239,83 @@ def test_causal_sdpa_and_start_pos_near_miss() -> None:
     ms = fuse(_in_place_edge(KVAttention(read_pos=0), a))
     assert not sdpa_fused(ms)
     assert any("the sdpa reads at 0" in r for r in declined(ms, "causal_sdpa"))
+
+
+# ---------------------------------------------------------------- quantized_convolution
+
+
+class QConv(torch.nn.Module):
+    def __init__(self, oc: int = 8, ic: int = 4, k: int = 1, groups: int = 1,
+                 transposed: bool = False, stride: int = 1, padding: int = 0,
+                 relu: bool = False) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(4)
+        shape = (ic, oc // groups, k, k) if transposed else (oc, ic // groups, k, k)
+        self.register_buffer("w", torch.randint(-127, 128, shape, dtype=I8, generator=g))
+        self.register_buffer("s", torch.rand(oc, generator=g) * 0.01 + 0.001)
+        self.register_buffer("z", torch.zeros(oc, dtype=torch.int64))
+        self.b = torch.nn.Parameter(torch.randn(oc, generator=g))
+        self.cfg = (groups, transposed, stride, padding, relu)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        groups, transposed, stride, padding, relu = self.cfg
+        xd = qd.dequantize_per_tensor(x, 0.05, 3, -128, 127, I8)
+        w = qd.dequantize_per_channel(self.w, self.s, self.z, int(transposed), -127, 127, I8)
+        conv = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
+        y = conv(xd, w, self.b, stride, padding, groups=groups)
+        return qd.quantize_per_tensor(torch.relu(y) if relu else y, 0.1, -2, -128, 127, I8)
+
+
+def _conv_node(ep: Any) -> Any:
+    (node,) = [n for n in ep.graph.nodes if (op_key(n.target) or "").startswith("et_vk.q8ta_conv2d")]
+    return node
+
+
+@pytest.mark.parametrize("cfg,ic,target", [
+    ({}, 4, "et_vk.q8ta_conv2d_pw.default"),
+    ({"k": 3, "groups": 8, "padding": 1}, 8, "et_vk.q8ta_conv2d_dw.default"),
+])
+def test_quantized_convolution_pw_dw_numerics(cfg: dict[str, Any], ic: int, target: str) -> None:
+    m = QConv(ic=ic, **cfg)
+    x = torch.randint(-128, 127, (1, ic, 6, 6), dtype=I8)
+    ep = edge(m, (x,))
+    ms = fuse(ep)
+    assert [a.rule.name for a in ms.accepted] == ["quantized_convolution"]
+    assert op_key(_conv_node(ep).target) == target and "aten.convolution.default" not in ops(ep)
+    assert (ep.module()(x).int() - m(x).int()).abs().max() <= 1
+
+
+@pytest.mark.parametrize("cfg,target", [
+    ({"k": 3, "padding": 1, "relu": True}, "et_vk.q8ta_conv2d.default"),
+    ({"k": 3, "transposed": True, "stride": 2}, "et_vk.q8ta_conv2d_transposed.default"),
+])
+def test_quantized_convolution_im2col_and_transposed_layout(cfg: dict[str, Any], target: str) -> None:
+    # ExecuTorch 1.5.1's CPU references of q8ta_conv2d/_transposed view the packed
+    # [OC, H*W*IC] weight as [OC, IC, H, W] (they ignore the (H, W, IC) order the stock
+    # replacement packs), so they are no reference for k > 1: check the layout instead
+    m = QConv(**cfg)
+    x = torch.randint(-128, 127, (1, 4, 6, 6), dtype=I8)
+    ep = edge(m, (x,))
+    ms = fuse(ep)
+    assert [a.rule.name for a in ms.accepted] == ["quantized_convolution"]
+    node = _conv_node(ep)
+    assert op_key(node.target) == target
+    assert node.args[-1] == ("relu" if cfg.get("relu") else "none") and node.args[9] == [3, 3]
+    from fusionkit.constants import ProgramInputs
+
+    packed = ProgramInputs(ep).constant(node.args[3]).tensor
+    w = m.w if not cfg.get("transposed") else m.w.permute(1, 0, 2, 3)  # -> [OC, IC, H, W]
+    oc, icg = w.shape[0], w.shape[1]
+    assert packed.shape[-1] % 4 == 0
+    back = packed[:, : 9 * icg].reshape(oc, 3, 3, icg).permute(0, 3, 1, 2)
+    assert torch.equal(back, w)
+    sums = ProgramInputs(ep).constant(node.args[4]).tensor
+    assert torch.equal(sums[:oc], w.to(torch.int32).sum(dim=(1, 2, 3)))
+
+
+def test_quantized_convolution_depthwise_channels_near_miss() -> None:
+    m = QConv(oc=6, ic=6, k=3, groups=6, padding=1)
+    ms = fuse(edge(m, (torch.randint(-128, 127, (1, 6, 6, 6), dtype=I8),)))
+    assert not ms.accepted
+    assert any("depthwise conv with 6 output channels" in r
+               for r in declined(ms, "quantized_convolution"))

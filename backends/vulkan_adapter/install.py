@@ -71,12 +71,13 @@ TAKEN_OVER_PATTERNS: dict[str, str] = {
     # routes q8ta_linear(_gemv), linear_q8ta_q8csw, linear_q4gsw, linear_dq8ca_q4gsw
     # (torchao dynamic per-token activations); mm/addmm/linear and batch-1 bmm anchors
     "quantized_linear": "fusionkit.passes.vulkan.quantized_linear.quantized_linear_rules",
+    "quantized_convolution":
+        "fusionkit.passes.vulkan.quantized_convolution.quantized_convolution_rule",
 }
 
-#: stock pattern name -> why it is not taken over yet (its stock detector still runs)
-NOT_TAKEN_OVER: dict[str, str] = {
-    "quantized_convolution": "not ported yet (q8ta_conv2d/_dw/_pw/_transposed weight re-layout)",
-}
+#: stock pattern name -> why it is not taken over yet (its stock detector still runs);
+#: empty: with :func:`install` in effect no entry of ExecuTorch 1.5.1's registry runs
+NOT_TAKEN_OVER: dict[str, str] = {}
 
 _REGISTRY_MODULE = "executorch.backends.vulkan.patterns.pattern_registry"
 _PATTERNS_MODULE = "executorch.backends.vulkan.patterns"

@@ -15,6 +15,7 @@ from fusionkit.rule import Rule
 def vulkan_rules() -> list[Rule]:
     """Fresh rule objects for every ported Vulkan pattern except rms_norm."""
     from .quantized_binary import quantized_binary_rule
+    from .quantized_convolution import quantized_convolution_rule
     from .quantized_embedding import quantized_embedding_rule, torchao_quantized_embedding_rule
     from .quantized_linear import quantized_linear_rules
     from .quantized_pixel_shuffle import quantized_pixel_shuffle_rule
@@ -35,6 +36,7 @@ def vulkan_rules() -> list[Rule]:
         hf_rope_rule(),
         causal_sdpa_rule(),
         *quantized_linear_rules(),
+        quantized_convolution_rule(),
     ]
 
 

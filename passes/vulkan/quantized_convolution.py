@@ -1,0 +1,203 @@
+"""Port of ExecuTorch 1.5.1 ``patterns/quantized_convolution.py`` (registry: ``quantized_convolution``).
+
+A statically quantized 2-D convolution, as pt2e leaves it::
+
+    y = convolution(dq(x_int8), dq_per_channel(w_int8, scales, zps), bias, ...)
+    out = quantize_per_tensor(y | relu(y), out_scale, out_zp, -128, 127, int8)
+
+-> ``et_vk.q8ta_conv2d`` (im2col), ``_pw`` (1x1, stride 1, no padding or
+dilation), ``_dw`` (depthwise) or ``_transposed``, with the weight re-laid
+out as the kernels read it: ``[OC, H*W*IC/g]`` (im2col, transposed) or
+``[H, W, OC]`` (depthwise), width padded to 4; per-channel weight sums (int32,
+padded to 4); scales and bias padded to 4. The new layouts are new constants
+named after their source weight (the shared state-dict entry is never
+overwritten, unlike the stock ``register_param_mutation`` path).
+
+Constraints stated: the input is int8 per-tensor dequantized (literal scale
+and zero point) and the output re-quantized int8; weight, weight scales and
+(if any) bias are prepackable constants; the weight is int8 rank 4, symmetric
+(all-zero zero points: the kernels take no weight zero point, the stock code
+never looked), quantized per output channel (axis 0, or axis 1 for a
+transposed weight ``[IC, OC/g, H, W]``) with scales ``[OC]``; a bias is a
+float vector ``[OC]`` (the stock detector traced through whatever produced it
+and passed the placeholder found, e.g. an int32 quantized bias); grouped
+(non-depthwise) convs have a multiple of 4 output channels per group;
+depthwise convs have a multiple of 4 output channels (the stock replacement
+asserted this after deciding to fuse); transposed convs have dilation 1 and
+no groups (the per-channel scales of a grouped transposed weight cover
+OC/g channels only); stride, padding and dilation are pairs of ints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import (
+    DtypeIn,
+    PrepackableConstant,
+    PythonReplacement,
+    Rank,
+    Rule,
+    any_value,
+    capture,
+    lit,
+    op,
+)
+from fusionkit.constraints import CheckContext
+from fusionkit.pattern import Pattern
+from fusionkit.rewrite import Rewriter
+
+from ._common import DQ_PER_CHANNEL, check, et_vk, int8_dq, int8_q, shape_of, zero_points_are_zero
+from .quantized_linear import _pad_to, _padded
+
+
+def _conv() -> Pattern:
+    x = int8_dq(capture("x"), "in")
+    w = op(DQ_PER_CHANNEL, capture("weight"), capture("w_scales"), capture("w_zp"),
+           any_value("axis"), any_value("w_qmin"), 127, lit(torch.int8))
+    conv = op("aten.convolution.default", x, w, capture("bias"), any_value("stride"),
+              any_value("padding"), any_value("dilation"), any_value("transposed"),
+              any_value("output_padding"), any_value("groups"))
+    conv2d = op("aten.conv2d.default", x, w, capture("bias"), any_value("stride"),
+                any_value("padding"), any_value("dilation"), any_value("groups"))
+    return conv | conv2d
+
+
+def _pair(v: Any) -> list[int] | None:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return [v, v]
+    if isinstance(v, (list, tuple)) and len(v) in (1, 2) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in v):
+        return [v[0], v[-1]]
+    return None
+
+
+def _geometry(c: Mapping[str, Any], w: tuple[int, ...]) -> dict[str, Any]:
+    """OC, IC per group, kernel size and the op variant of a match (weight shape ``w``)."""
+    transposed = bool(c.get("transposed", False))
+    groups = c["groups"]
+    if transposed:
+        ic, ocg, kh, kw = w
+        oc, icg = ocg * groups, ic // groups
+    else:
+        oc, icg, kh, kw = w
+    stride, padding, dilation = _pair(c["stride"]), _pair(c["padding"]), _pair(c["dilation"])
+    depthwise = not transposed and icg == 1 and groups == oc
+    pointwise = (kh == 1 and kw == 1 and stride == [1, 1] and dilation == [1, 1]
+                 and padding == [0, 0])
+    kind = ("transposed" if transposed else "dw" if depthwise else "pw" if pointwise else "im2col")
+    return {"oc": oc, "icg": icg, "kh": kh, "kw": kw, "kind": kind, "transposed": transposed,
+            "stride": stride, "padding": padding, "dilation": dilation,
+            "output_padding": _pair(c.get("output_padding", [0, 0]))}
+
+
+def quantized_convolution_rule(name: str = "quantized_convolution") -> Rule:
+    role = "the quantized convolution prepacks it"
+    act = _conv() | op("aten.relu.default", _conv()).bind("relu")
+
+    @check("conv_geometry", "weight", "w_scales", "stride", "padding", "dilation", "groups")
+    def geometry(ctx: CheckContext) -> str | None:
+        c = ctx.captures
+        w = shape_of(ctx, "weight")
+        if w is None or len(w) != 4:
+            return f"weight {w} is not a 2-D convolution weight"
+        if c.get("transposed", False) not in (True, False):
+            return f"transposed flag {c.get('transposed')!r} is not a bool"
+        groups = c["groups"]
+        if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+            return f"groups {groups!r} is not a positive int"
+        if None in (_pair(c["stride"]), _pair(c["padding"]), _pair(c["dilation"]),
+                    _pair(c.get("output_padding", [0, 0]))):
+            return (f"stride {c['stride']!r}, padding {c['padding']!r} or dilation "
+                    f"{c['dilation']!r} is not a pair of ints")
+        g = _geometry(c, w)
+        oc = g["oc"]
+        if g["transposed"]:
+            if g["dilation"] != [1, 1]:
+                return f"transposed conv with dilation {g['dilation']}: the kernel supports 1 only"
+            if groups != 1:
+                return ("grouped transposed conv: its per-channel scales cover OC/groups "
+                        "channels, not the OC the kernel indexes")
+        if c["axis"] != (1 if g["transposed"] else 0):
+            return (f"weight quantized along axis {c['axis']}, not the output-channel axis "
+                    f"{1 if g['transposed'] else 0}")
+        if c["w_qmin"] not in (-127, -128):
+            return f"weight quant_min {c['w_qmin']} is not that of int8"
+        if shape_of(ctx, "w_scales") != (oc,):
+            return f"weight scales of shape {shape_of(ctx, 'w_scales')} are not per output channel [{oc}]"
+        if 1 < groups < oc and (oc // groups) % 4:
+            return (f"{oc // groups} output channels per group is not a multiple of 4 "
+                    "(a group may not cross a texel)")
+        if g["kind"] == "dw" and oc % 4:
+            return f"depthwise conv with {oc} output channels: the kernel needs a multiple of 4"
+        return None
+
+    @check("weight_zero_points_zero", "w_zp")
+    def zp(ctx: CheckContext) -> str | None:
+        return zero_points_are_zero(ctx, "w_zp")
+
+    @check("bias_is_constant_vector", "weight", "bias")
+    def bias(ctx: CheckContext) -> str | None:
+        b = ctx.captures.get("bias")
+        if b is None:
+            return None
+        if not isinstance(b, Node) or ctx.inputs.constant(b) is None:
+            return f"bias {getattr(b, 'name', b)!r} is not a constant tensor: {role}"
+        bv, w = ctx.val("bias"), shape_of(ctx, "weight")
+        oc = _geometry(ctx.captures, w)["oc"] if w is not None and len(w) == 4 else None
+        if not isinstance(bv, torch.Tensor) or bv.dtype != torch.float32 or tuple(bv.shape) != (oc,):
+            got = (getattr(bv, "dtype", None), tuple(getattr(bv, "shape", ())))
+            return f"bias {got} is not a float32 vector [{oc}]"
+        return None
+
+    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+        w_node: Node = c["weight"]
+        w = rw.tensor(w_node)
+        g = _geometry(c, tuple(w.shape))
+        oc, icg, kh, kw, kind = g["oc"], g["icg"], g["kh"], g["kw"], g["kind"]
+        if kind == "transposed":
+            ic, ocg = w.shape[0], w.shape[1]
+            groups = c["groups"]
+            mat = (w.reshape(groups, ic // groups, ocg, kh, kw).permute(0, 2, 3, 4, 1)
+                   .reshape(oc, kh * kw * icg).contiguous())
+            sums = mat.sum(dim=1)
+        elif kind == "dw":
+            mat = w.permute(2, 3, 1, 0).contiguous().view(kh, kw, oc).contiguous()
+            sums = mat.sum(dim=(0, 1))
+        else:
+            mat = w.permute(0, 2, 3, 1).contiguous().view(oc, kh * kw * icg).contiguous()
+            sums = mat.sum(dim=1)
+        weight = rw.constant(f"{w_node.name}_fk_q8ta_conv_{kind}_pad4", _pad_to(mat, 4))
+        sums_n = rw.constant(f"{w_node.name}_fk_q8ta_conv_{kind}_sums_pad4",
+                             _pad_to(sums.to(torch.int32), 4))
+        target = {"transposed": "q8ta_conv2d_transposed", "dw": "q8ta_conv2d_dw",
+                  "pw": "q8ta_conv2d_pw", "im2col": "q8ta_conv2d"}[kind]
+        args: list[Any] = [c["x"], c["in_scale"], c["in_zp"], weight, sums_n,
+                           _padded(rw, c["w_scales"]), c["out_scale"], c["out_zp"],
+                           _padded(rw, c.get("bias")), [kh, kw], g["stride"], g["padding"]]
+        if kind == "transposed":
+            args.append(g["output_padding"])
+        args += [g["dilation"], c["groups"], "relu" if "relu" in c else "none"]
+        return rw.call(et_vk(target), *args)
+
+    return Rule(
+        name=name,
+        pattern=int8_q(act, "out"),
+        constraints=[DtypeIn("x", frozenset({torch.int8})), Rank("x", frozenset({4})),
+                     PrepackableConstant("weight", role=role),
+                     PrepackableConstant("w_scales", role=role),
+                     DtypeIn("weight", frozenset({torch.int8})), Rank("weight", frozenset({4})),
+                     geometry, zp, bias],
+        replacement=PythonReplacement(build, frozenset({
+            "x", "in_scale", "in_zp", "weight", "w_scales", "out_scale", "out_zp", "bias",
+            "stride", "padding", "dilation", "groups"})),
+        description="int8 static conv2d (+relu) with int8 output into et_vk.q8ta_conv2d(_pw/_dw/"
+                    "_transposed)",
+    )
+
+
+__all__ = ["quantized_convolution_rule"]

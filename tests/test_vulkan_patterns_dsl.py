@@ -58,3 +58,20 @@ def test_outputs_also_replaces_two_outputs_with_one_tuple_op_and_new_constant() 
     got = ep.module()(x)
     assert torch.allclose(got[0], torch.sin(x) * 2) and torch.allclose(got[1], torch.cos(x) * 2)
     assert "fk_two" in {n.name for n in ep.graph.nodes if n.op == "placeholder"}
+
+
+def test_outputs_may_drop_an_unused_output_but_not_a_used_one() -> None:
+    import pytest
+
+    from fusionkit.rewrite import FusionError
+
+    pat = outputs(op("aten.mul.Tensor", op("aten.sin.default", capture("x")), 2),
+                  also("c", op("aten.mul.Tensor", op("aten.cos.default", capture("x")), 2),
+                       near="x"))
+    rule = Rule("drop", pat, PythonReplacement(
+        lambda rw, c: (rw.call("aten.mul.Tensor", rw.call("aten.sin.default", c["x"]), 2), None),
+        frozenset({"x"})))
+    ep = torch.export.export(Two(), (torch.randn(4),))
+    ms = find_matches(ep, [rule])
+    with pytest.raises(FusionError, match="dropped output"):  # the cos output is returned
+        apply_matches(ep, ms.accepted)

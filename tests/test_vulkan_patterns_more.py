@@ -319,3 +319,25 @@ def test_quantized_convolution_depthwise_channels_near_miss() -> None:
     assert not ms.accepted
     assert any("depthwise conv with 6 output channels" in r
                for r in declined(ms, "quantized_convolution"))
+
+
+def test_dq8ca_is_fused_inside_preprocess_not_in_transform_passes() -> None:
+    # ExecuTorch's op registry rejects et_vk.linear_dq8ca_q4gsw's int8 zero point at
+    # partitioning time; the unfused ops are delegated and fused in preprocess (as stock)
+    import importlib
+
+    from executorch.exir import to_edge_transform_and_lower
+    from fusionkit.backends.vulkan_adapter import VulkanPartitioner, install, transform_passes
+
+    install_mod = importlib.import_module("fusionkit.backends.vulkan_adapter.install")
+    with install():
+        before = install_mod.FUSED_IN_FUSE_PATTERNS_PASS.get("quantized_linear_dq8ca_q4gsw", 0)
+        prog = to_edge_transform_and_lower(
+            torch.export.export(DynActQ4Linear(), (torch.randn(3, 64),), strict=True),
+            transform_passes=transform_passes(), partitioner=[VulkanPartitioner()],
+            compile_config=EdgeCompileConfig(_check_ir_validity=False))
+        after = install_mod.FUSED_IN_FUSE_PATTERNS_PASS.get("quantized_linear_dq8ca_q4gsw", 0)
+    calls = [n for n in prog.exported_program().graph.nodes if n.op == "call_function"]
+    assert "executorch_call_delegate" in str(calls[0].target)
+    assert all(op_key(n.target) is None for n in calls)  # nothing left outside the delegate
+    assert after == before + 1

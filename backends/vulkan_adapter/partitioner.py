@@ -47,9 +47,18 @@ def fusion_rules() -> list[Rule]:
     return [rms_norm_rule(dtypes=VULKAN_DTYPES), *vulkan_rules()]
 
 
+#: rules applied only inside ``VulkanBackend.preprocess`` (the FusePatternsPass stand-in),
+#: not in :func:`transform_passes`: ExecuTorch 1.5.1's op registry declares every input of
+#: ``et_vk.linear_dq8ca_q4gsw`` floating point, so the partitioner rejects the fused node
+#: (its int8 input zero point); the unfused ops are each delegated and fused in preprocess,
+#: as the stock pattern does
+PREPROCESS_ONLY_RULES: frozenset[str] = frozenset({"quantized_linear_dq8ca_q4gsw"})
+
+
 def transform_passes() -> list[ExportedProgramPassBase]:
     """A fresh list of passes for ``to_edge_transform_and_lower(transform_passes=...)``."""
-    return [FusionPass(fusion_rules(), name=PASS_NAME)]
+    rules = [r for r in fusion_rules() if r.name not in PREPROCESS_ONLY_RULES]
+    return [FusionPass(rules, name=PASS_NAME)]
 
 
 class FusedOpNotDelegatedError(RuntimeError):

@@ -341,3 +341,20 @@ def test_dq8ca_is_fused_inside_preprocess_not_in_transform_passes() -> None:
     assert "executorch_call_delegate" in str(calls[0].target)
     assert all(op_key(n.target) is None for n in calls)  # nothing left outside the delegate
     assert after == before + 1
+
+
+def test_kv_cache_model_lowers_through_the_adapter_drop_in() -> None:
+    """Symint-producing graphs: select_as_symint must not leave an undelegated et_vk op."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (llama.* ops)
+    from executorch.exir import to_edge_transform_and_lower
+
+    from fusionkit.backends.vulkan_adapter import VulkanPartitioner, check, transform_passes
+
+    m = KVAttention()
+    a = (torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8),
+         torch.tensor([3]))
+    prog = to_edge_transform_and_lower(torch.export.export(m, a), transform_passes=transform_passes(),
+                                       partitioner=[VulkanPartitioner()])
+    assert check(prog) == []
+    et = prog.to_executorch()
+    assert len(et.buffer) > 0

@@ -52,7 +52,11 @@ def fusion_rules() -> list[Rule]:
 #: ``et_vk.linear_dq8ca_q4gsw`` floating point, so the partitioner rejects the fused node
 #: (its int8 input zero point); the unfused ops are each delegated and fused in preprocess,
 #: as the stock pattern does
-PREPROCESS_ONLY_RULES: frozenset[str] = frozenset({"quantized_linear_dq8ca_q4gsw"})
+#: ``et_vk.select_as_symint`` likewise: the partitioner does not delegate it on its own (a
+#: fused node left on the CPU has no kernel), so it is fused only where the stock pattern
+#: fused it, inside preprocess, when its select/item nodes were delegated
+PREPROCESS_ONLY_RULES: frozenset[str] = frozenset(
+    {"quantized_linear_dq8ca_q4gsw", "select_as_symint"})
 
 
 def transform_passes() -> list[ExportedProgramPassBase]:

@@ -347,7 +347,6 @@ def test_kv_cache_model_lowers_through_the_adapter_drop_in() -> None:
     """Symint-producing graphs: select_as_symint must not leave an undelegated et_vk op."""
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (llama.* ops)
     from executorch.exir import to_edge_transform_and_lower
-
     from fusionkit.backends.vulkan_adapter import VulkanPartitioner, check, transform_passes
 
     m = KVAttention()

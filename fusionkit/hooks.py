@@ -42,9 +42,9 @@ def installed_executorch_version() -> str:
         return "not installed"
 
 
-def check_executorch_version(component: str) -> None:
+def check_executorch_version(component: str, found: str | None = None) -> None:
     """Raise :class:`UnsupportedExecuTorchError` unless ExecuTorch is a tested release."""
-    found = installed_executorch_version()
+    found = installed_executorch_version() if found is None else found
     if found not in TESTED_EXECUTORCH:
         tested = ", ".join(sorted(TESTED_EXECUTORCH))
         raise UnsupportedExecuTorchError(
@@ -56,10 +56,11 @@ def check_executorch_version(component: str) -> None:
 
 
 class Installation:
-    """What :meth:`PatchSet.install` returns; as a context manager it undoes only its own install."""
+    """What an ``install()`` returns; as a context manager it undoes only its own install."""
 
-    def __init__(self, patch_set: PatchSet, installed_here: bool) -> None:
-        self.patch_set = patch_set
+    def __init__(self, undo: Callable[[], None], installed_here: bool) -> None:
+        self._undo = undo
+        #: True when this call did the installing (False: it was already in place)
         self.installed_here = installed_here
 
     def __enter__(self) -> Installation:
@@ -68,7 +69,10 @@ class Installation:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if self.installed_here:
-            self.patch_set.uninstall()
+            self._undo()
+
+    def __repr__(self) -> str:
+        return f"Installation(installed_here={self.installed_here})"
 
 
 class PatchSet:
@@ -91,7 +95,7 @@ class PatchSet:
         """Apply every patch (no-op if already applied)."""
         with self._lock:
             if self._saved:
-                return Installation(self, False)
+                return Installation(self.uninstall, False)
             check_executorch_version(self.component)
             patches = self._patches()
             if self._before_install is not None:
@@ -100,7 +104,7 @@ class PatchSet:
                 original = owner.__dict__[name] if name in vars(owner) else getattr(owner, name)
                 self._saved.append((owner, name, original))
                 setattr(owner, name, new)
-            return Installation(self, True)
+            return Installation(self.uninstall, True)
 
     def uninstall(self) -> None:
         """Put back the exact original objects (no-op if not installed)."""

@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import importlib
 import threading
-from importlib.metadata import PackageNotFoundError, version
-from types import TracebackType
 from typing import Any
 
-from . import constant_serializer
+from fusionkit import hooks
+from fusionkit.hooks import Installation, UnsupportedExecuTorchError
 
-# one exception type for the whole adapter (the constant serializer raises it too)
-UnsupportedExecuTorchError = constant_serializer.UnsupportedExecuTorchError
+from . import constant_serializer
 
 __all__ = [
     "NOT_TAKEN_OVER",
@@ -47,7 +45,7 @@ __all__ = [
 ]
 
 #: ExecuTorch versions whose Vulkan pattern registry this module was verified against
-TESTED_EXECUTORCH_VERSIONS: frozenset[str] = frozenset({"1.5.1"})
+TESTED_EXECUTORCH_VERSIONS: frozenset[str] = hooks.TESTED_EXECUTORCH
 
 #: stock Vulkan pattern name -> the fusionkit rule(s) that replace it. Every entry
 #: listed here is removed from ExecuTorch's registry by :func:`install`; its
@@ -124,25 +122,14 @@ def _replace_all_fusable_subgraphs(ep: Any, graph_module: Any) -> int:
 
 
 def executorch_version() -> str | None:
-    try:
-        return version("executorch")
-    except PackageNotFoundError:
-        return None
+    found = hooks.installed_executorch_version()
+    return None if found == "not installed" else found
 
 
 def _check_version() -> None:
-    v = executorch_version()
-    if v not in TESTED_EXECUTORCH_VERSIONS:
-        raise UnsupportedExecuTorchError(
-            f"fusionkit's Vulkan adapter was tested with ExecuTorch "
-            f"{', '.join(sorted(TESTED_EXECUTORCH_VERSIONS))}, but "
-            f"{'no ExecuTorch' if v is None else f'ExecuTorch {v}'} is installed. It "
-            f"replaces the stock Vulkan patterns {sorted(TAKEN_OVER_PATTERNS)} by editing "
-            f"{_REGISTRY_MODULE}.fusable_patterns, whose layout may differ in other "
-            "versions; refusing to patch it. Use ExecuTorch's own VulkanPartitioner, or "
-            "verify the adapter against this version and add it to "
-            "TESTED_EXECUTORCH_VERSIONS."
-        )
+    hooks.check_executorch_version(
+        f"fusionkit.backends.vulkan_adapter (takes over {sorted(TAKEN_OVER_PATTERNS)} in "
+        f"{_REGISTRY_MODULE}.fusable_patterns)", found=executorch_version())
 
 
 def _registry() -> dict[str, Any]:
@@ -151,25 +138,6 @@ def _registry() -> dict[str, Any]:
     module = importlib.import_module(_REGISTRY_MODULE)
     registry: dict[str, Any] = module.fusable_patterns
     return registry
-
-
-class Installation:
-    """What :func:`install` returns; as a context manager it restores the previous state."""
-
-    def __init__(self, installed_here: bool) -> None:
-        #: True when this call did the installing (False: it was already installed)
-        self.installed_here = installed_here
-
-    def __enter__(self) -> Installation:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if self.installed_here:
-            uninstall()
-
-    def __repr__(self) -> str:
-        return f"Installation(installed_here={self.installed_here})"
 
 
 def is_installed() -> bool:
@@ -184,7 +152,7 @@ def install() -> Installation:
     global _saved, _serializer_installed_here
     with _lock:
         if _saved is not None:
-            return Installation(False)
+            return Installation(uninstall, False)
         _check_version()
         registry = _registry()
         missing = [name for name in TAKEN_OVER_PATTERNS if name not in registry]
@@ -207,7 +175,7 @@ def install() -> Installation:
         patterns.replace_all_fusable_subgraphs = _replace_all_fusable_subgraphs
         _saved = saved
         _serializer_installed_here = serializer_here
-        return Installation(True)
+        return Installation(uninstall, True)
 
 
 def uninstall() -> None:

@@ -21,7 +21,7 @@ from torch.fx import Node
 from fusionkit.constants import ProgramInputs
 from fusionkit.constraints import CheckContext, Failure
 from fusionkit.matcher import Binding, match_pattern
-from fusionkit.pattern import Capture, Named, Op, Pattern, Value, output_names
+from fusionkit.pattern import Alt, Capture, Named, Op, Outputs, Pattern, Value, output_names
 from fusionkit.rule import Rule
 from fusionkit.targets import is_assertion, op_key
 
@@ -96,7 +96,7 @@ class RuleIndex:
         #: for_target memo by target object (looked up once per graph node)
         self._by_target: dict[Any, tuple[Rule, ...]] = {}
         self._thresholds: dict[Rule, int] = {}
-        self._gates: dict[Rule, _Gate | None] = {}
+        self._gates: dict[Rule, _Gate | _AnyGate | None] = {}
 
     def for_target(self, target: Any) -> tuple[Rule, ...]:
         try:
@@ -121,7 +121,7 @@ class RuleIndex:
             t = self._thresholds[rule] = _near_miss_threshold(rule)
         return t
 
-    def gate(self, rule: Rule) -> _Gate | None:
+    def gate(self, rule: Rule) -> _Gate | _AnyGate | None:
         if rule not in self._gates:
             self._gates[rule] = _Gate.of(rule.pattern)
         return self._gates[rule]
@@ -133,40 +133,62 @@ def _claims_nothing(p: Pattern) -> bool:
     return isinstance(p, (Capture, Value))
 
 
+#: how many pattern levels a gate looks at (root, its operand, that operand's operand)
+GATE_DEPTH = 2
+
+
 @dataclass(frozen=True)
 class _Gate:
     """A necessary condition for the root op pattern to match, checked in O(1).
 
     Of the root ``Op``'s operands, the first whose pattern names the ops its
-    value must be (``root_keys``) is checked against the graph; the operands
-    before it must be captures/literals, which claim no node. When the check
-    fails for every operand order, the structural search would fail there too,
-    with only the root claimed (progress 1, below any near-miss threshold), so
-    it is skipped: the result of :func:`find_matches` is the same, only faster
-    (most nodes with the root's op are not the root of a match).
+    value must be (``root_keys``) is checked against the graph — and, one level
+    down, the same for that operand's pattern; the operands before each checked
+    one must be captures/literals, which claim no node. When the check fails for
+    every operand order, the structural search would fail there too, with at
+    most :attr:`depth` nodes claimed; the finder skips the search only when that
+    is below the rule's near-miss threshold, so :func:`find_matches` returns the
+    same result, only faster (most nodes with the root's op are not the root of
+    a match).
     """
 
+    targets: frozenset[str]  # the ops the gated node itself must be
     index: int
     keys: frozenset[str]
     commutative: bool
     nargs: int
+    inner: _Gate | _AnyGate | None = None
+
+    @property
+    def depth(self) -> int:
+        return 1 + (self.inner.depth if self.inner is not None else 0)
 
     @staticmethod
-    def of(pattern: Pattern) -> _Gate | None:
+    def of(pattern: Pattern, levels: int = GATE_DEPTH) -> _Gate | _AnyGate | None:
         p = pattern
-        while isinstance(p, Named):
-            p = p.inner
-        if type(p) is not Op:
+        while isinstance(p, (Named, Outputs)):
+            # a multi-output pattern fails where its primary (matched first) fails
+            p = p.inner if isinstance(p, Named) else p.primary
+        if isinstance(p, Alt):
+            # alternatives at the root: skippable only if every option fails at the root
+            gates = [_Gate.of(o, levels) for o in p.options]
+            if any(g is None for g in gates):
+                return None
+            return _AnyGate(tuple(g for g in gates if g is not None))
+        if type(p) is not Op or levels < 1:
             return None
         for i, a in enumerate(p.args):
             keys = a.root_keys()
             if keys is not None:
-                return _Gate(i, keys, p.commutative, len(p.args))
+                inner = _Gate.of(a, levels - 1) if levels > 1 else None
+                return _Gate(p.targets, i, keys, p.commutative, len(p.args), inner)
             if not _claims_nothing(a):
                 return None
         return None
 
     def may_match(self, node: Node) -> bool:
+        if op_key(node.target) not in self.targets:
+            return False  # another option's op (alternatives at the root)
         args = node.args
         if len(args) < self.nargs:
             return True  # operands by keyword or default: let the search decide
@@ -177,7 +199,23 @@ class _Gate:
         return False
 
     def _ok(self, v: Any) -> bool:
-        return isinstance(v, Node) and v.op == "call_function" and op_key(v.target) in self.keys
+        if not (isinstance(v, Node) and v.op == "call_function" and op_key(v.target) in self.keys):
+            return False
+        return self.inner is None or self.inner.may_match(v)
+
+
+@dataclass(frozen=True)
+class _AnyGate:
+    """The gate of alternatives: some option's gate must pass."""
+
+    options: tuple[_Gate | _AnyGate, ...]
+
+    @property
+    def depth(self) -> int:
+        return max(g.depth for g in self.options)
+
+    def may_match(self, node: Node) -> bool:
+        return any(g.may_match(node) for g in self.options)
 
 
 def _escaping_user(b: Binding, root: Node, outputs: tuple[str, ...] = ()
@@ -237,7 +275,8 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
         candidates = index.for_target(node.target)
         for rule in candidates:
             gate = index.gate(rule)
-            if gate is not None and not gate.may_match(node) and index.threshold(rule) > 1:
+            if (gate is not None and index.threshold(rule) > gate.depth
+                    and not gate.may_match(node)):
                 continue  # the search below would fail at progress 1 (see _Gate)
             bindings, failure = match_pattern(rule.pattern, node, inputs)
             first_decline: Decline | None = None

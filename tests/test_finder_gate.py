@@ -1,0 +1,48 @@
+"""The finder's O(1) gates only skip searches that could not report anything."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fusionkit.passes import builtin_rules
+from models import export_edge
+from rmsnorm_models import ROWS, D, HFLlamaRMSNorm, QwenAttention, TwoUsers
+
+import fusionkit.finder as finder
+from fusionkit import RuleIndex, find_matches
+
+
+def _summary(ms: finder.MatchSet) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
+    return ([(m.rule.name, m.root.name, *(n.name for n in m.claimed)) for m in ms.accepted],
+            [(d.rule, d.root.name, d.step, d.reason) for d in ms.declined])
+
+
+def _corpus() -> list[tuple[str, torch.nn.Module, tuple[torch.Tensor, ...]]]:
+    out = [(r.name, r.make(torch.float32), (torch.randn(2, D), *r.extra(torch.float32)))
+           for r in ROWS]
+    out += [("hf", HFLlamaRMSNorm(), (torch.randn(2, 3, D),)),
+            ("qwen", QwenAttention(), (torch.randn(2, 3, 16),)),
+            ("two_users", TwoUsers(), (torch.randn(2, 3, D),))]
+    return out
+
+
+@pytest.mark.parametrize("name,model,inputs", _corpus(), ids=[c[0] for c in _corpus()])
+def test_gates_change_no_result(name: str, model: torch.nn.Module,
+                                inputs: tuple[torch.Tensor, ...],
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    ep = export_edge(model, inputs)
+    gated = _summary(find_matches(ep, RuleIndex(builtin_rules())))
+    monkeypatch.setattr(finder.RuleIndex, "gate", lambda self, rule: None)
+    ungated = _summary(find_matches(ep, RuleIndex(builtin_rules())))
+    assert gated == ungated
+
+
+def test_alternative_roots_are_gated_by_their_own_op() -> None:
+    from fusionkit.passes.vulkan.quantized_linear import q4gsw_linear_rule
+
+    index = RuleIndex([q4gsw_linear_rule()])
+    gate = index.gate(index.rules[0])
+    assert gate is not None and gate.depth == 2
+    ep = export_edge(torch.nn.Linear(8, 4, bias=False), (torch.randn(3, 8),))
+    (mm,) = [n for n in ep.graph.nodes if n.op == "call_function" and "mm" in str(n.target)]
+    assert not gate.may_match(mm)  # a float weight: no dequantize behind the transpose

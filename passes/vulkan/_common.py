@@ -31,6 +31,11 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def is_last_dim(v: Any, rank: int) -> bool:
+    """``v`` is an int naming the last of ``rank`` dims (``-1`` or ``rank - 1``)."""
+    return _is_int(v) and v % rank == rank - 1
+
+
 def int_value(name: str) -> Any:
     """A literal int (a zero point as the q8ta schemas take it)."""
     return where(_is_int, "an int literal", name=name)

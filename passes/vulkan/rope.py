@@ -31,7 +31,7 @@ from fusionkit.constraints import CheckContext
 from fusionkit.pattern import Pattern, also, outputs
 from fusionkit.rewrite import Rewriter
 
-from ._common import check, et_vk, shape_of
+from ._common import check, et_vk, is_last_dim, shape_of
 
 VIEW = "aten.view_copy.default"
 
@@ -55,10 +55,6 @@ def _rotary(x: str, p: str) -> Pattern:
     return op(VIEW, cat, any_value())
 
 
-def _last(v: Any, rank: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v % rank == rank - 1
-
-
 def rope_rule(name: str = "export_llama_rope") -> Rule:
     pattern = outputs(_rotary("xq", "q").bind("xq_out"),
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
@@ -78,9 +74,9 @@ def rope_rule(name: str = "export_llama_rope") -> Rule:
             rank = 5  # the [..., head_dim / 2, 2] view
             dims = [ctx.captures[f"{p}{h}_{d}"] for h in "ri" for d in ("sdim", "qdim")]
             flat = [d[0] if isinstance(d, (list, tuple)) and len(d) == 1 else d for d in dims]
-            if not all(_last(d, rank) for d in flat):
+            if not all(is_last_dim(d, rank) for d in flat):
                 return f"the {p} halves are not slices of the last dim (dims {dims})"
-            if not all(_last(ctx.captures[f"{p}{u}"], rank) for u in ("u0", "u1", "cat_dim")):
+            if not all(is_last_dim(ctx.captures[f"{p}{u}"], rank) for u in ("u0", "u1", "cat_dim")):
                 return f"the {p} halves are not re-interleaved along the last dim"
         return None
 

@@ -39,7 +39,7 @@ from fusionkit.pattern import Pattern, also, outputs
 from fusionkit.rewrite import Rewriter
 from fusionkit.targets import op_key
 
-from ._common import check, et_vk, shape_of
+from ._common import check, et_vk, is_last_dim, shape_of
 
 SLICE = "aten.slice_copy.Tensor"
 
@@ -72,10 +72,6 @@ def _freqs_source(n: Any) -> tuple[Any, Any, Node | None]:
     return n, 0, None
 
 
-def _is_last(v: Any, rank: int = 4) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v % rank == rank - 1
-
-
 def hf_rope_rule(name: str = "hf_rope") -> Rule:
     pattern = outputs(_rotary("xq", "q").bind("xq_out"),
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
@@ -97,7 +93,7 @@ def hf_rope_rule(name: str = "hf_rope") -> Rule:
             return "the freqs are not unsqueezed at dim 1 (broadcast over heads)"
         for p in ("q", "k"):
             dims = [ctx.captures.get(f"{p}_{d}_dim") for d in ("rot", "x1", "x2", "rh", "pass", "cat")]
-            if not all(_is_last(d) for d in dims if d is not None):
+            if not all(is_last_dim(d, 4) for d in dims if d is not None):
                 return f"the {p} slices/cats are not all on the last dim (dims {dims})"
             half = ctx.captures[f"{p}_half"]
             if half * 2 != rd or ctx.captures[f"{p}_x2_end"] < rd:

@@ -122,8 +122,11 @@ class RuleIndex:
         return t
 
     def gate(self, rule: Rule) -> _Gate | _AnyGate | None:
+        """The rule's gate, if skipping on it can never hide a reportable near miss."""
         if rule not in self._gates:
-            self._gates[rule] = _Gate.of(rule.pattern)
+            gate = _Gate.of(rule.pattern)
+            usable = gate is not None and self.threshold(rule) > gate.depth
+            self._gates[rule] = gate if usable else None
         return self._gates[rule]
 
 
@@ -275,9 +278,8 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
         candidates = index.for_target(node.target)
         for rule in candidates:
             gate = index.gate(rule)
-            if (gate is not None and index.threshold(rule) > gate.depth
-                    and not gate.may_match(node)):
-                continue  # the search below would fail at progress 1 (see _Gate)
+            if gate is not None and not gate.may_match(node):
+                continue  # the search below would fail before any reportable progress
             bindings, failure = match_pattern(rule.pattern, node, inputs)
             first_decline: Decline | None = None
             accepted: Match | None = None

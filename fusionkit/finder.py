@@ -177,7 +177,7 @@ class _Gate:
             gates = [_Gate.of(o, levels) for o in p.options]
             if any(g is None for g in gates):
                 return None
-            return _AnyGate(tuple(g for g in gates if g is not None))
+            return _AnyGate.build(tuple(g for g in gates if g is not None))
         if type(p) is not Op or levels < 1:
             return None
         for i, a in enumerate(p.args):
@@ -209,16 +209,35 @@ class _Gate:
 
 @dataclass(frozen=True)
 class _AnyGate:
-    """The gate of alternatives: some option's gate must pass."""
+    """The gate of alternatives: some option's gate must pass.
+
+    Options are looked up by the node's op, so alternatives rooted at different
+    ops (``mm | addmm | linear``) cost one dictionary lookup, not one check each.
+    """
 
     options: tuple[_Gate | _AnyGate, ...]
+    by_key: Mapping[str, tuple[_Gate | _AnyGate, ...]] = field(default_factory=dict,
+                                                                compare=False)
+
+    @staticmethod
+    def build(options: tuple[_Gate | _AnyGate, ...]) -> _AnyGate:
+        by_key: dict[str, list[_Gate | _AnyGate]] = defaultdict(list)
+        for g in options:
+            for key in g.targets:
+                by_key[key].append(g)
+        return _AnyGate(options, {k: tuple(v) for k, v in by_key.items()})
+
+    @property
+    def targets(self) -> frozenset[str]:
+        return frozenset(self.by_key)
 
     @property
     def depth(self) -> int:
         return max(g.depth for g in self.options)
 
     def may_match(self, node: Node) -> bool:
-        return any(g.may_match(node) for g in self.options)
+        gates = self.by_key.get(op_key(node.target) or "")
+        return gates is not None and any(g.may_match(node) for g in gates)
 
 
 def _escaping_user(b: Binding, root: Node, outputs: tuple[str, ...] = ()

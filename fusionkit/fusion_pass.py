@@ -14,7 +14,7 @@ from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPa
 from torch.export import ExportedProgram
 
 from fusionkit.finder import RuleIndex, find_matches
-from fusionkit.report import FusionReport
+from fusionkit.report import FusionReport, RuleReport
 from fusionkit.rewrite import apply_matches
 from fusionkit.rule import Rule
 
@@ -28,7 +28,7 @@ class FusionPass(ExportedProgramPassBase):
         self.index = RuleIndex(rules)  # validates names, indexes by root op, once
         self.name = name
         #: report of the most recent run
-        self.report = FusionReport({r.name: _empty(r.name) for r in self.index.rules})
+        self.report = FusionReport({r.name: RuleReport(r.name) for r in self.index.rules})
         #: reports of every run, in order
         self.history: list[FusionReport] = []
 
@@ -47,9 +47,3 @@ class FusionPass(ExportedProgramPassBase):
 
     def __repr__(self) -> str:
         return f"FusionPass({self.name!r}, rules={[r.name for r in self.rules]})"
-
-
-def _empty(name: str):  # type: ignore[no-untyped-def]
-    from fusionkit.report import RuleReport
-
-    return RuleReport(name)

@@ -17,7 +17,17 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import CheckContext, Custom, lit, op, where
+from fusionkit import (
+    CheckContext,
+    Custom,
+    DtypeIn,
+    PythonReplacement,
+    Rank,
+    Rule,
+    lit,
+    op,
+    where,
+)
 from fusionkit.pattern import Pattern
 
 Q_PER_TENSOR = "quantized_decomposed.quantize_per_tensor.default"
@@ -121,3 +131,20 @@ def in_int_range(ctx: CheckContext, name: str, lo: int, hi: int) -> str | None:
 
 def source_name(node: Any) -> str:
     return node.name if isinstance(node, Node) else "const"
+
+
+#: what both RoPE rules read: q and k, and the cos/sin tables
+ROPE_READS = ("xq", "xk", "freqs_cos", "freqs_sin")
+
+
+def qk_rope_rule(name: str, pattern: Pattern, geometry: Custom,
+              build: Callable[..., Any], description: str) -> Rule:
+    """A RoPE fusion over q and k: fp32 rank-4 operands plus the rule's own geometry check."""
+    return Rule(
+        name=name,
+        pattern=pattern,
+        constraints=[Rank("xq", frozenset({4})), Rank("xk", frozenset({4})),
+                     *(DtypeIn(n, frozenset({torch.float32})) for n in ROPE_READS), geometry],
+        replacement=PythonReplacement(build, frozenset(ROPE_READS)),
+        description=description,
+    )

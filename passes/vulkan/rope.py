@@ -23,15 +23,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch.fx import Node
 
-from fusionkit import DtypeIn, PythonReplacement, Rank, Rule, any_value, capture, op
+from fusionkit import Rule, any_value, capture, op
 from fusionkit.constraints import CheckContext
 from fusionkit.pattern import Pattern, also, outputs
 from fusionkit.rewrite import Rewriter
 
-from ._common import check, et_vk, is_last_dim, shape_of
+from ._common import check, et_vk, is_last_dim, qk_rope_rule, shape_of
 
 VIEW = "aten.view_copy.default"
 
@@ -85,12 +84,5 @@ def rope_rule(name: str = "export_llama_rope") -> Rule:
                         c["freqs_sin"])
         return rw.getitem(fused, 0), rw.getitem(fused, 1)
 
-    reads = ("xq", "xk", "freqs_cos", "freqs_sin")
-    return Rule(
-        name=name,
-        pattern=pattern,
-        constraints=[Rank("xq", frozenset({4})), Rank("xk", frozenset({4})),
-                     *(DtypeIn(n, frozenset({torch.float32})) for n in reads), geometry],
-        replacement=PythonReplacement(build, frozenset(reads)),
-        description="Llama interleaved RoPE on q and k into et_vk.apply_rotary_emb",
-    )
+    return qk_rope_rule(name, pattern, geometry, build,
+                     "Llama interleaved RoPE on q and k into et_vk.apply_rotary_emb")

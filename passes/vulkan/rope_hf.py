@@ -33,13 +33,13 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import DtypeIn, PythonReplacement, Rank, Rule, any_value, capture, op
+from fusionkit import Rule, any_value, capture, op
 from fusionkit.constraints import CheckContext
 from fusionkit.pattern import Pattern, also, outputs
 from fusionkit.rewrite import Rewriter
 from fusionkit.targets import op_key
 
-from ._common import check, et_vk, is_last_dim, shape_of
+from ._common import check, et_vk, is_last_dim, qk_rope_rule, shape_of
 
 SLICE = "aten.slice_copy.Tensor"
 
@@ -129,15 +129,8 @@ def hf_rope_rule(name: str = "hf_rope") -> Rule:
         fused = rw.call(et_vk("apply_rotary_emb_hf"), c["xq"], c["xk"], cos, sin, start)
         return rw.getitem(fused, 0), rw.getitem(fused, 1)
 
-    reads = ("xq", "xk", "freqs_cos", "freqs_sin")
-    return Rule(
-        name=name,
-        pattern=pattern,
-        constraints=[Rank("xq", frozenset({4})), Rank("xk", frozenset({4})),
-                     *(DtypeIn(n, frozenset({torch.float32})) for n in reads), geometry],
-        replacement=PythonReplacement(build, frozenset(reads)),
-        description="HuggingFace rotate_half RoPE on q and k into et_vk.apply_rotary_emb_hf",
-    )
+    return qk_rope_rule(name, pattern, geometry, build,
+                     "HuggingFace rotate_half RoPE on q and k into et_vk.apply_rotary_emb_hf")
 
 
 __all__ = ["hf_rope_rule"]

@@ -1,10 +1,22 @@
 """fusionkit: declarative, constraint-checked fusion passes for ExecuTorch lowering.
 
-A rule states the subgraph to find (:mod:`fusionkit.pattern`), what its operands
-must be (:mod:`fusionkit.constraints`) and what replaces it
-(:mod:`fusionkit.rule`). :func:`find_matches` decides every match in one phase
-with the ExportedProgram at hand; :class:`FusionPass` applies the accepted ones
-and drops straight into ``to_edge_transform_and_lower(transform_passes=[...])``.
+This module is the one public face: a rule author imports from ``fusionkit`` only.
+A rule states the subgraph to find (the pattern DSL), what its operands must be
+(constraints, checked with the ExportedProgram at hand) and what replaces it;
+:func:`find_matches` decides every match in one phase and :class:`FusionPass`
+applies the accepted ones inside ``to_edge_transform_and_lower(transform_passes=[...])``.
+
+Package layout (one concern per folder):
+
+* ``fusionkit`` — the core: ``pattern``, ``constraints``, ``matcher``, ``finder``,
+  ``rule``, ``builder`` (:class:`Rewriter`), ``rewrite`` (apply), ``fusion_pass``,
+  ``report``, ``folding``, ``targets``, ``program_inputs``;
+* ``fusionkit.specs`` — rules written as YAML;
+* ``fusionkit.integration`` — ExecuTorch plumbing: reversible hooks, exact tensor bytes,
+  constant compaction;
+* ``fusionkit.passes`` — ready-made rules and the rule-set registry;
+* ``fusionkit.backends.vulkan_adapter`` / ``xnnpack_adapter`` — thin drop-in adapters;
+* ``fusionkit.app`` — the command line, the demo job and lowering helpers.
 """
 
 from __future__ import annotations
@@ -14,81 +26,86 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-#: public name -> defining module; loaded on first attribute access (PEP 562), so
-#: ``import fusionkit.cli`` does not pull in torch and ExecuTorch by itself
-_EXPORTS: dict[str, str] = {
-    "BroadcastsOverLastDim": "fusionkit.constraints",
-    "CASTS": "fusionkit.pattern",
-    "CompactConstantsPass": "fusionkit.compact_constants",
-    "CallOp": "fusionkit.rule",
-    "CheckContext": "fusionkit.constraints",
-    "ConstantKind": "fusionkit.constants",
-    "ConstantRef": "fusionkit.constants",
-    "Constraint": "fusionkit.constraints",
-    "Custom": "fusionkit.constraints",
-    "Decline": "fusionkit.finder",
-    "DtypeIn": "fusionkit.constraints",
-    "Failure": "fusionkit.constraints",
-    "FusionError": "fusionkit.rewrite",
-    "FusionPass": "fusionkit.fusion_pass",
-    "FusionReport": "fusionkit.report",
-    "GraphLeaf": "fusionkit.constraints",
-    "Match": "fusionkit.finder",
-    "MatchSet": "fusionkit.finder",
-    "Pattern": "fusionkit.pattern",
-    "PrepackableConstant": "fusionkit.constraints",
-    "ProgramInputs": "fusionkit.constants",
-    "PythonReplacement": "fusionkit.rule",
-    "Rank": "fusionkit.constraints",
-    "ReducesLastDim": "fusionkit.constraints",
-    "Rule": "fusionkit.rule",
-    "RuleError": "fusionkit.rule",
-    "RuleIndex": "fusionkit.finder",
-    "SameDtype": "fusionkit.constraints",
-    "ScalarRange": "fusionkit.constraints",
-    "ShapeRelation": "fusionkit.constraints",
-    "StaticShape": "fusionkit.constraints",
-    "UserInput": "fusionkit.constraints",
-    "any_float": "fusionkit.pattern",
-    "any_value": "fusionkit.pattern",
-    "capture": "fusionkit.pattern",
-    "compact_tensor": "fusionkit.compact_constants",
-    "find_matches": "fusionkit.finder",
-    "int_list": "fusionkit.pattern",
-    "is_op": "fusionkit.pattern",
-    "lit": "fusionkit.pattern",
-    "named_shape_relation": "fusionkit.constraints",
-    "one_of": "fusionkit.pattern",
-    "op": "fusionkit.pattern",
-    "pack_int4": "fusionkit.tensor_bytes",
-    "ref": "fusionkit.rule",
-    "replace_with": "fusionkit.rule",
-    "scalar": "fusionkit.pattern",
-    "tensor_bytes": "fusionkit.tensor_bytes",
-    "through": "fusionkit.pattern",
-    "where": "fusionkit.pattern",
+#: public name -> (defining module, one line saying what it is). Loaded on first
+#: attribute access (PEP 562), so ``import fusionkit`` does not pull in torch by itself.
+EXPORTS: dict[str, tuple[str, str]] = {
+    "Pattern": ("fusionkit.pattern", "base class of every pattern node"),
+    "op": ("fusionkit.pattern", "match a call of one op (or any of several) with argument patterns"),
+    "is_op": ("fusionkit.pattern", "TVM-style spelling of op: ``is_op(target)(*args)``"),
+    "capture": ("fusionkit.pattern", "bind a node or value to a name (the same name must bind the same thing)"),
+    "through": ("fusionkit.pattern", "skip value-preserving pass-through ops (e.g. CASTS) before an inner pattern"),
+    "CASTS": ("fusionkit.pattern", "the dtype-conversion ops :func:`through` skips"),
+    "seq": ("fusionkit.pattern", "match a list argument element by element"),
+    "outputs": ("fusionkit.pattern", "a pattern with several outputs: a primary plus :func:`also` parts"),
+    "also": ("fusionkit.pattern", "a further output of a multi-output pattern, found near a capture"),
+    "lit": ("fusionkit.pattern", "an exact literal argument"),
+    "where": ("fusionkit.pattern", "a literal accepted by a predicate, with a description for declines"),
+    "any_value": ("fusionkit.pattern", "any argument (a wildcard)"),
+    "any_float": ("fusionkit.pattern", "any float literal (or 0-d float constant)"),
+    "scalar": ("fusionkit.pattern", "a numeric literal within optional bounds"),
+    "one_of": ("fusionkit.pattern", "a literal from a fixed set"),
+    "int_list": ("fusionkit.pattern", "a list of ints, optionally of a given length"),
+    "Constraint": ("fusionkit.constraints", "base class of operand constraints checked with the ExportedProgram"),
+    "CheckContext": ("fusionkit.constraints", "what a constraint sees: captures, program, program inputs"),
+    "Failure": ("fusionkit.constraints", "a constraint's reasoned refusal (reason and node at fault)"),
+    "PrepackableConstant": ("fusionkit.constraints", "operand must be a constant (optionally folded into one)"),
+    "GraphLeaf": ("fusionkit.constraints", "operand must be a placeholder of the program"),
+    "UserInput": ("fusionkit.constraints", "operand must be a user input of the program"),
+    "DtypeIn": ("fusionkit.constraints", "operand dtype must be one of a set"),
+    "Rank": ("fusionkit.constraints", "operand must have a given rank"),
+    "StaticShape": ("fusionkit.constraints", "operand shape must be static"),
+    "SameDtype": ("fusionkit.constraints", "operands must share one dtype"),
+    "ShapeRelation": ("fusionkit.constraints", "two operands' shapes must satisfy a relation"),
+    "named_shape_relation": ("fusionkit.constraints", "a :class:`ShapeRelation` by name (see SHAPE_RELATIONS)"),
+    "broadcasts_over_last_dim": ("fusionkit.constraints", "a weight that is a vector over x's last dim"),
+    "BroadcastsOverLastDim": ("fusionkit.constraints", "former name of :func:`broadcasts_over_last_dim`"),
+    "ReducesLastDim": ("fusionkit.constraints", "a captured dim list names exactly the last dim"),
+    "ScalarRange": ("fusionkit.constraints", "a captured scalar lies within bounds"),
+    "Custom": ("fusionkit.constraints", "a constraint written as a Python function returning a reason or None"),
+    "Rule": ("fusionkit.rule", "a fusion: name, pattern, constraints, replacement"),
+    "RuleError": ("fusionkit.rule", "a rule that cannot be correct as written (raised when built)"),
+    "Replacement": ("fusionkit.rule", "base class of replacements (build the fused node(s))"),
+    "CallOp": ("fusionkit.rule", "a replacement that calls one op with referenced captures"),
+    "PythonReplacement": ("fusionkit.rule", "a replacement written as a Python function over a Rewriter"),
+    "Ref": ("fusionkit.rule", "a reference to a capture inside replacement arguments"),
+    "ref": ("fusionkit.rule", "make a :class:`Ref`"),
+    "replace_with": ("fusionkit.rule", "make a :class:`CallOp` replacement"),
+    "Rewriter": ("fusionkit.builder", "creates replacement nodes with metadata (the replacement author's API)"),
+    "FusionError": ("fusionkit.builder", "a rule produced something inconsistent (a rule bug)"),
+    "op_key": ("fusionkit.targets", "the one string key of an op target (ATen, edge or custom)"),
+    "find_matches": ("fusionkit.finder", "decide every match of a rule set in one phase (changes nothing)"),
+    "Match": ("fusionkit.finder", "an accepted match: rule, root, captures, claimed nodes, folds"),
+    "Decline": ("fusionkit.finder", "a refused match: rule, root, step, node at fault, reason"),
+    "MatchSet": ("fusionkit.finder", "the accepted and declined matches of one search"),
+    "RuleIndex": ("fusionkit.finder", "rules indexed by root op (build once, search many graphs)"),
+    "FusionPass": ("fusionkit.fusion_pass", "ExportedProgram pass applying a rule set (drop-in transform pass)"),
+    "FusionReport": ("fusionkit.report", "per-rule outcome of a pass run: fused, folded, declined"),
+    "ProgramInputs": ("fusionkit.program_inputs", "classifies placeholders: parameters, buffers, constants, user inputs"),
+    "ConstantRef": ("fusionkit.program_inputs", "a constant placeholder's kind, name and tensor"),
+    "ConstantKind": ("fusionkit.program_inputs", "parameter, buffer or lifted tensor constant"),
+    "CompactConstantsPass": ("fusionkit.integration.compact_constants", "gives every view constant its own compact storage"),
+    "compact_tensor": ("fusionkit.integration.compact_constants", "a tensor's exact bytes in a storage of its own"),
+    "tensor_bytes": ("fusionkit.integration.tensor_bytes", "the exact bytes of a tensor (views included) in C or dim order"),
+    "pack_int4": ("fusionkit.integration.tensor_bytes", "pack int4 values two per byte as the backends expect"),
 }
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    entry = EXPORTS.get(name)
+    if entry is None:
         raise AttributeError(f"module 'fusionkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(entry[0]), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    return sorted([*globals(), *EXPORTS])
 
 
 if TYPE_CHECKING:
-    from fusionkit.compact_constants import CompactConstantsPass as CompactConstantsPass
-    from fusionkit.compact_constants import compact_tensor as compact_tensor
-    from fusionkit.constants import ConstantKind as ConstantKind
-    from fusionkit.constants import ConstantRef as ConstantRef
-    from fusionkit.constants import ProgramInputs as ProgramInputs
+    from fusionkit.builder import FusionError as FusionError
+    from fusionkit.builder import Rewriter as Rewriter
     from fusionkit.constraints import BroadcastsOverLastDim as BroadcastsOverLastDim
     from fusionkit.constraints import CheckContext as CheckContext
     from fusionkit.constraints import Constraint as Constraint
@@ -104,6 +121,7 @@ if TYPE_CHECKING:
     from fusionkit.constraints import ShapeRelation as ShapeRelation
     from fusionkit.constraints import StaticShape as StaticShape
     from fusionkit.constraints import UserInput as UserInput
+    from fusionkit.constraints import broadcasts_over_last_dim as broadcasts_over_last_dim
     from fusionkit.constraints import named_shape_relation as named_shape_relation
     from fusionkit.finder import Decline as Decline
     from fusionkit.finder import Match as Match
@@ -111,8 +129,13 @@ if TYPE_CHECKING:
     from fusionkit.finder import RuleIndex as RuleIndex
     from fusionkit.finder import find_matches as find_matches
     from fusionkit.fusion_pass import FusionPass as FusionPass
+    from fusionkit.integration.compact_constants import CompactConstantsPass as CompactConstantsPass
+    from fusionkit.integration.compact_constants import compact_tensor as compact_tensor
+    from fusionkit.integration.tensor_bytes import pack_int4 as pack_int4
+    from fusionkit.integration.tensor_bytes import tensor_bytes as tensor_bytes
     from fusionkit.pattern import CASTS as CASTS
     from fusionkit.pattern import Pattern as Pattern
+    from fusionkit.pattern import also as also
     from fusionkit.pattern import any_float as any_float
     from fusionkit.pattern import any_value as any_value
     from fusionkit.pattern import capture as capture
@@ -121,19 +144,24 @@ if TYPE_CHECKING:
     from fusionkit.pattern import lit as lit
     from fusionkit.pattern import one_of as one_of
     from fusionkit.pattern import op as op
+    from fusionkit.pattern import outputs as outputs
     from fusionkit.pattern import scalar as scalar
+    from fusionkit.pattern import seq as seq
     from fusionkit.pattern import through as through
     from fusionkit.pattern import where as where
+    from fusionkit.program_inputs import ConstantKind as ConstantKind
+    from fusionkit.program_inputs import ConstantRef as ConstantRef
+    from fusionkit.program_inputs import ProgramInputs as ProgramInputs
     from fusionkit.report import FusionReport as FusionReport
-    from fusionkit.rewrite import FusionError as FusionError
     from fusionkit.rule import CallOp as CallOp
     from fusionkit.rule import PythonReplacement as PythonReplacement
+    from fusionkit.rule import Ref as Ref
+    from fusionkit.rule import Replacement as Replacement
     from fusionkit.rule import Rule as Rule
     from fusionkit.rule import RuleError as RuleError
     from fusionkit.rule import ref as ref
     from fusionkit.rule import replace_with as replace_with
-    from fusionkit.tensor_bytes import pack_int4 as pack_int4
-    from fusionkit.tensor_bytes import tensor_bytes as tensor_bytes
+    from fusionkit.targets import op_key as op_key
 
 __all__ = [
     "CASTS",
@@ -160,6 +188,9 @@ __all__ = [
     "PythonReplacement",
     "Rank",
     "ReducesLastDim",
+    "Ref",
+    "Replacement",
+    "Rewriter",
     "Rule",
     "RuleError",
     "RuleIndex",
@@ -168,8 +199,10 @@ __all__ = [
     "ShapeRelation",
     "StaticShape",
     "UserInput",
+    "also",
     "any_float",
     "any_value",
+    "broadcasts_over_last_dim",
     "capture",
     "compact_tensor",
     "find_matches",
@@ -179,10 +212,13 @@ __all__ = [
     "named_shape_relation",
     "one_of",
     "op",
+    "op_key",
+    "outputs",
     "pack_int4",
     "ref",
     "replace_with",
     "scalar",
+    "seq",
     "tensor_bytes",
     "through",
     "where",

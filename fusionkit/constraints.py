@@ -18,7 +18,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from fusionkit.constants import ProgramInputs
+from fusionkit.program_inputs import ProgramInputs
 from fusionkit.targets import op_key
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "ShapeRelation",
     "StaticShape",
     "UserInput",
+    "broadcasts_over_last_dim",
     "constant_fold_sources",
     "named_shape_relation",
 ]
@@ -374,9 +375,13 @@ def named_shape_relation(name: str, a: str, b: str) -> ShapeRelation:
     return ShapeRelation(a, b, fn, text.format(a=a, b=b), name)
 
 
-def BroadcastsOverLastDim(weight: str, x: str) -> ShapeRelation:
+def broadcasts_over_last_dim(weight: str, x: str) -> ShapeRelation:
     """``weight`` is a vector over the last dim of ``x`` (leading 1s allowed)."""
     return named_shape_relation("broadcasts_over_last_dim", weight, x)
+
+
+#: the name this constraint factory had before it was spelled as the function it is
+BroadcastsOverLastDim = broadcasts_over_last_dim
 
 
 @dataclass(frozen=True)

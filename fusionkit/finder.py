@@ -18,10 +18,10 @@ from typing import Any
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from fusionkit.constants import ProgramInputs
 from fusionkit.constraints import CheckContext, Failure
 from fusionkit.matcher import Binding, match_pattern
 from fusionkit.pattern import Alt, Capture, Named, Op, Outputs, Pattern, Value, output_names
+from fusionkit.program_inputs import ProgramInputs
 from fusionkit.rule import Rule
 from fusionkit.targets import is_assertion, op_key
 
@@ -70,12 +70,10 @@ class Decline:
 
 @dataclass
 class MatchSet:
+    """What one search decided: the accepted matches and the declined ones."""
+
     accepted: list[Match] = field(default_factory=list)
     declined: list[Decline] = field(default_factory=list)
-
-    def by_rule(self, name: str) -> tuple[list[Match], list[Decline]]:
-        return ([m for m in self.accepted if m.rule.name == name],
-                [d for d in self.declined if d.rule == name])
 
 
 class RuleIndex:

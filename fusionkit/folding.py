@@ -17,8 +17,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Node
 
-from fusionkit.constants import ProgramInputs
 from fusionkit.constraints import constant_fold_sources
+from fusionkit.program_inputs import ProgramInputs
 
 __all__ = ["FoldError", "evaluate_constant", "fold_to_constant", "new_constant_placeholder"]
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit.constants import ProgramInputs
 from fusionkit.pattern import Also, Alt, Capture, Named, Op, Outputs, Pattern, Seq, Through, Value
+from fusionkit.program_inputs import ProgramInputs
 from fusionkit.targets import op_key, schema_of
 
 __all__ = ["Binding", "StructuralFailure", "match_pattern"]

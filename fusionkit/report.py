@@ -3,12 +3,41 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fusionkit.finder import Decline, Match, MatchSet
 
-__all__ = ["FusionReport", "RuleReport"]
+__all__ = ["FusionReport", "RuleReport", "decline_record", "match_record", "text_table"]
+
+
+def match_record(m: Match) -> dict[str, Any]:
+    """The one JSON shape of an accepted match (reports, ``explain --json``)."""
+    return {"rule": m.rule.name, "root": m.root.name, "nodes": [n.name for n in m.claimed],
+            "folded": {k: v.name for k, v in m.folds.items()}}
+
+
+def decline_record(d: Decline) -> dict[str, Any]:
+    """The one JSON shape of a declined match."""
+    return {"rule": d.rule, "root": d.root.name, "step": d.step,
+            "node": d.node.name if d.node is not None else None, "reason": d.reason}
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
+               right: Sequence[int] = ()) -> str:
+    """A plain aligned table; columns listed in ``right`` are right-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(r: Sequence[str]) -> str:
+        parts = [c.rjust(w) if i in right else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        return "  ".join(parts).rstrip()
+
+    out = [line(cells[0]), "  ".join("-" * w for w in widths)]
+    out.extend(line(r) for r in cells[1:])
+    return "\n".join(out)
 
 
 @dataclass
@@ -55,39 +84,16 @@ class FusionReport:
         self.declined.extend(other.declined)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rules": [
-                {
-                    "rule": r.rule,
-                    "fused": r.fused,
-                    "folded_constants": r.folded,
-                    "declined": [
-                        {"root": d.root.name, "step": d.step,
-                         "node": d.node.name if d.node is not None else None,
-                         "reason": d.reason}
-                        for d in r.declines
-                    ],
-                }
-                for r in self.rules.values()
-            ],
-            "accepted": [
-                {"rule": m.rule.name, "root": m.root.name,
-                 "nodes": [n.name for n in m.claimed],
-                 "folded": {k: v.name for k, v in m.folds.items()}}
-                for m in self.accepted
-            ],
-        }
+        by_rule = [{"rule": r.rule, "fused": r.fused, "folded_constants": r.folded,
+                    "declined": [decline_record(d) for d in r.declines]}
+                   for r in self.rules.values()]
+        return {"rules": by_rule, "accepted": [match_record(m) for m in self.accepted]}
 
     def __str__(self) -> str:
         """An aligned table of the rules that found something, then every decline."""
         active = [r for r in self.rules.values() if r.fused or r.declines]
-        rows = [("rule", "fused", "folded", "declined")]
-        rows += [(r.rule, str(r.fused), str(r.folded), str(len(r.declines))) for r in active]
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
-        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-                 for row in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        rows = [(r.rule, r.fused, r.folded, len(r.declines)) for r in active]
+        lines = [text_table(("rule", "fused", "folded", "declined"), rows, right=(1, 2, 3))]
         idle = len(self.rules) - len(active)
         if idle:
             lines.append(f"({idle} more rule{'s' if idle > 1 else ''} found no candidate)")

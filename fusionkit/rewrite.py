@@ -1,4 +1,4 @@
-"""Apply accepted matches to an ExportedProgram.
+"""The engine's apply step: accepted matches become replacements in an ExportedProgram.
 
 Every match reaching this module already passed all its constraints, so each
 one is applied: fold the constants it planned to fold, build the replacement
@@ -10,115 +10,22 @@ nodes, and finally drop whatever became dead — graph nodes and the constants
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import TensorArgument
 from torch.fx import Node
 
-from fusionkit.constants import ProgramInputs
+from fusionkit.builder import FusionError, Rewriter
 from fusionkit.finder import Match
 from fusionkit.folding import fold_to_constant
 from fusionkit.pattern import output_names
-from fusionkit.targets import OpTarget, dialect_target, is_assertion, resolve_op
+from fusionkit.program_inputs import ProgramInputs
+from fusionkit.targets import is_assertion, resolve_op
 
-__all__ = ["FusionError", "Rewriter", "apply_matches"]
-
-_PROVENANCE_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn",
-                    "debug_handle", "custom")
-
-
-class FusionError(RuntimeError):
-    """A rule produced something inconsistent with the node it replaces (a rule bug)."""
-
-
-def _val(a: Any) -> Any:
-    if isinstance(a, Node):
-        return a.meta["val"]
-    if isinstance(a, (list, tuple)):
-        return type(a)(_val(x) for x in a)
-    return a
-
-
-class Rewriter:
-    """Creates replacement nodes at the root's position, with full metadata."""
-
-    def __init__(self, root: Node, rule_name: str, ep: ExportedProgram | None = None) -> None:
-        self.root = root
-        self.graph = root.graph
-        self.rule_name = rule_name
-        self.ep = ep
-        self.created: list[Node] = []
-
-    def tensor(self, node: Node) -> torch.Tensor:
-        """The real value of a constant placeholder (parameter, buffer, lifted constant)."""
-        if self.ep is None:
-            raise FusionError(f"rule {self.rule_name!r}: reading `{node.name}` needs the program")
-        ref = ProgramInputs(self.ep).constant(node)
-        if ref is None:
-            raise FusionError(f"rule {self.rule_name!r}: `{node.name}` is not a constant; "
-                              "a constraint should have declined this match")
-        return ref.tensor.detach()
-
-    def constant(self, name: str, value: torch.Tensor) -> Node:
-        """A new lifted-constant placeholder holding ``value`` (e.g. a repacked weight).
-
-        ``name`` identifies the content: asking twice for the same name (two
-        matches sharing one source weight) returns the same placeholder, so a
-        name must be derived from the source constant and the transformation.
-        """
-        if self.ep is None:
-            raise FusionError(f"rule {self.rule_name!r}: a new constant needs the program")
-        from fusionkit.folding import new_constant_placeholder
-
-        return new_constant_placeholder(self.ep, name, value.detach().contiguous().clone())
-
-    def getitem(self, node: Node, index: int) -> Node:
-        """``node[index]`` for an op returning a tuple (``operator.getitem``, as FX writes it)."""
-        with self.graph.inserting_after(node):
-            item = self.graph.call_function(operator.getitem, (node, index))
-        item.meta["val"] = node.meta["val"][index]
-        for key in _PROVENANCE_KEYS:
-            if key in self.root.meta:
-                item.meta[key] = self.root.meta[key]
-        item.meta["fusionkit_rule"] = self.rule_name
-        self.created.append(item)
-        return item
-
-    def call(self, target: OpTarget, *args: Any, **kwargs: Any) -> Node:
-        """Insert ``target(*args, **kwargs)`` before the root and return its node."""
-        op = dialect_target(target, like=self.root.target)
-        overload = resolve_op(op)
-        vals = [_val(a) for a in (*args, *kwargs.values())]
-        fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-        if fake_mode is None:
-            fake_mode = detect_fake_mode([self.root.meta.get("val")])
-        with self.graph.inserting_before(self.root):
-            node = self.graph.call_function(op, tuple(args), dict(kwargs))
-        if fake_mode is not None:
-            with fake_mode:
-                node.meta["val"] = overload(*_val(tuple(args)), **_val(dict(kwargs)))
-        else:
-            node.meta["val"] = overload(*_val(tuple(args)), **_val(dict(kwargs)))
-        for key in _PROVENANCE_KEYS:
-            if key in self.root.meta:
-                node.meta[key] = self.root.meta[key]
-        try:
-            from torch.fx.traceback import NodeSource, NodeSourceAction
-
-            node.meta["from_node"] = [
-                NodeSource(self.root, f"fusionkit:{self.rule_name}", NodeSourceAction.REPLACE)
-            ]
-        except ImportError:  # pragma: no cover - older torch
-            pass
-        node.meta["fusionkit_rule"] = self.rule_name
-        self.created.append(node)
-        return node
-
+__all__ = ["apply_matches"]
 
 def _same_signature(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):

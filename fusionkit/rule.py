@@ -18,7 +18,7 @@ from fusionkit.targets import OpTarget, op_key, resolve_op
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from fusionkit.rewrite import Rewriter
+    from fusionkit.builder import Rewriter
 
 __all__ = ["CallOp", "PythonReplacement", "Ref", "Replacement", "Rule", "RuleError", "ref"]
 

@@ -2,7 +2,8 @@
 
 * :mod:`fusionkit.passes.rms_norm` — RMSNorm x constant weight into ``et_vk.rms_norm``
   (also written as the spec ``specs/rms_norm.yaml``);
-* :mod:`fusionkit.passes.vulkan` — ports of ExecuTorch's Vulkan pattern registry.
+* :mod:`fusionkit.passes.vulkan` — ports of ExecuTorch's Vulkan pattern registry;
+* :mod:`fusionkit.passes.registry` — where every rule set is discoverable.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ __all__ = ["builtin_rules"]
 
 def builtin_rules() -> list[Rule]:
     """Fresh objects of every rule fusionkit ships (what the benchmarks call the full set)."""
-    from fusionkit.passes.rms_norm import rms_norm_rule
-    from fusionkit.passes.vulkan import vulkan_rules
+    from fusionkit.passes.registry import rule_set
 
-    return [rms_norm_rule(), *vulkan_rules()]
+    return rule_set("builtin")

@@ -17,13 +17,13 @@ import torch
 
 from fusionkit import (
     CASTS,
-    BroadcastsOverLastDim,
     Constraint,
     DtypeIn,
     PrepackableConstant,
     ReducesLastDim,
     Rule,
     SameDtype,
+    broadcasts_over_last_dim,
     capture,
     int_list,
     op,
@@ -32,6 +32,7 @@ from fusionkit import (
     scalar,
     through,
 )
+from fusionkit.passes.registry import register_rules
 
 RMS_NORM_TARGET = "et_vk.rms_norm.default"
 
@@ -39,6 +40,7 @@ RMS_NORM_TARGET = "et_vk.rms_norm.default"
 VULKAN_DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.float16})
 
 
+@register_rules("builtin")
 def rms_norm_rule(name: str = "rms_norm", fold: bool = True,
                   dtypes: Iterable[torch.dtype] | None = None) -> Rule:
     """The RMSNorm fusion rule.
@@ -64,7 +66,7 @@ def rms_norm_rule(name: str = "rms_norm", fold: bool = True,
                             role="et_vk.rms_norm prepacks its weight"),
         SameDtype("out", "x"),
         SameDtype("weight", "x"),
-        BroadcastsOverLastDim("weight", "x"),
+        broadcasts_over_last_dim("weight", "x"),
     ]
     if dtypes is not None:
         constraints.insert(0, DtypeIn("x", frozenset(dtypes)))

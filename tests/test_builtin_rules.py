@@ -5,9 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from fusionkit.passes import builtin_rules
-
 from fusionkit import RuleIndex
+from fusionkit.passes import builtin_rules
 
 
 def test_builtin_rules_have_unique_names_and_index() -> None:

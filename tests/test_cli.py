@@ -15,12 +15,12 @@ import fusionkit
 
 REPO = Path(fusionkit.__file__).resolve().parent.parent
 RMS_NORM_YAML = REPO / "passes" / "specs" / "rms_norm.yaml"
-DEMO = "fusionkit.demo:demo_factory"
+DEMO = "fusionkit.app.demo_model:demo_factory"
 
 
 def fusionkit_cmd(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("fusionkit")
-    cmd = [exe, *args] if exe else [sys.executable, "-m", "fusionkit.cli", *args]
+    cmd = [exe, *args] if exe else [sys.executable, "-m", "fusionkit.app.cli", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
@@ -108,7 +108,7 @@ def test_explain_table_is_plain_when_not_a_tty_and_agrees_with_json(
 
 
 def test_explain_with_extra_spec_and_pt2(tmp_path: Path) -> None:
-    from fusionkit.demo import demo_factory
+    from fusionkit.app.demo_model import demo_factory
 
     module, inputs = demo_factory()
     path = tmp_path / "demo.pt2"
@@ -145,8 +145,8 @@ def lowered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_lower_xnnpack_pte_runs_and_matches_eager(lowered: dict[str, Path]) -> None:
-    from fusionkit.demo import demo_factory
-    from fusionkit.runtime import max_abs_error, run_pte
+    from fusionkit.app.demo_model import demo_factory
+    from fusionkit.app.runtime import max_abs_error, run_pte
 
     module, inputs = demo_factory()
     with torch.no_grad():
@@ -166,9 +166,9 @@ def test_lower_vulkan_reports_fusions_and_passes_check(lowered: dict[str, Path])
 def test_check_flags_stock_vulkan_output(tmp_path: Path) -> None:
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
     from executorch.exir import to_edge_transform_and_lower
-    from fusionkit.backends import vulkan_adapter
 
-    from fusionkit.demo import demo_factory
+    from fusionkit.app.demo_model import demo_factory
+    from fusionkit.backends import vulkan_adapter
 
     module, inputs = demo_factory()
     vulkan_adapter.uninstall()

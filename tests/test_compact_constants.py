@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fusionkit.compact_constants import CompactConstantsPass, compact_tensor, is_compact
-from fusionkit.constants import ProgramInputs
-from fusionkit.tensor_bytes import owns_storage_exactly, tensor_bytes
+from fusionkit.integration.compact_constants import CompactConstantsPass, compact_tensor, is_compact
+from fusionkit.integration.tensor_bytes import owns_storage_exactly, tensor_bytes
+from fusionkit.program_inputs import ProgramInputs
 
 
 class Views(torch.nn.Module):
@@ -70,6 +70,7 @@ def test_pass_alone_fixes_stock_xnnpack() -> None:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
     from fusionkit.backends import xnnpack_adapter
 
     class L(torch.nn.Module):

@@ -22,7 +22,6 @@ from torch import nn
 from torch.export import Dim
 
 from fusionkit import (
-    BroadcastsOverLastDim,
     Custom,
     DtypeIn,
     GraphLeaf,
@@ -35,6 +34,7 @@ from fusionkit import (
     StaticShape,
     UserInput,
     any_float,
+    broadcasts_over_last_dim,
     capture,
     find_matches,
     op,
@@ -248,9 +248,9 @@ def test_same_dtype(sub_ep):
 
 def test_broadcasts_over_last_dim(sub_ep):
     # b is a vector over the last dim of x: (8,) and (1, 8) yes, (2, 8) no
-    accepted = _accepted_kinds(sub_ep, BroadcastsOverLastDim("b", "x"))
+    accepted = _accepted_kinds(sub_ep, broadcasts_over_last_dim("b", "x"))
     assert accepted == {"param", "buffer", "const", "input", "computed", "half", "row"}
-    d = _outcomes(sub_ep, _sub_rule(BroadcastsOverLastDim("b", "x")))[ROOTS["full"]]
+    d = _outcomes(sub_ep, _sub_rule(broadcasts_over_last_dim("b", "x")))[ROOTS["full"]]
     assert d.step == "shape_relation"
     assert "(2, 8)" in d.reason and "vector over the last dim" in d.reason
 
@@ -261,7 +261,7 @@ def test_broadcasts_over_last_dim_rejects_a_wrong_length():
             return x - y
 
     ep = export_aten(Sub(), rand_inputs((1, 8), (8, 1)))
-    ms = find_matches(ep, [_sub_rule(BroadcastsOverLastDim("b", "x"))])
+    ms = find_matches(ep, [_sub_rule(broadcasts_over_last_dim("b", "x"))])
     assert ms.accepted == [] and ms.declined[0].step == "shape_relation"
 
 

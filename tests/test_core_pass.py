@@ -7,7 +7,6 @@ import pytest
 import torch
 from executorch.exir import to_edge, to_edge_transform_and_lower
 from executorch.exir.pass_base import ExportedProgramPassBase
-from fusionkit.passes.rms_norm import rms_norm_rule
 from models import (
     AddMM,
     MulSigmoidOther,
@@ -33,6 +32,7 @@ from torch import nn
 from torch.export.graph_signature import InputKind
 
 from fusionkit import FusionPass, Rule, capture, find_matches, op, ref, replace_with
+from fusionkit.passes.rms_norm import rms_norm_rule
 
 X2 = rand_inputs((2, 8))
 #: aten.silu (the reference silu rule's output) is not core ATen: let the edge verifier accept it

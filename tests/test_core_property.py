@@ -5,7 +5,6 @@ embedded fusable subgraphs are fused."""
 from __future__ import annotations
 
 import torch
-from fusionkit.passes.rms_norm import rms_norm_rule
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from models import (
@@ -20,6 +19,7 @@ from models import (
 from torch import nn
 
 from fusionkit import FusionPass
+from fusionkit.passes.rms_norm import rms_norm_rule
 
 D = 8
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fusionkit.passes import builtin_rules
 from models import export_edge
 from rmsnorm_models import ROWS, D, HFLlamaRMSNorm, QwenAttention, TwoUsers
 
 import fusionkit.finder as finder
 from fusionkit import RuleIndex, find_matches
+from fusionkit.passes import builtin_rules
 
 
 def _summary(ms: finder.MatchSet) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:

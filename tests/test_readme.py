@@ -60,7 +60,7 @@ def test_public_api_is_complete_and_importing_fusionkit_is_cheap() -> None:
     assert set(fusionkit.__all__) == set(fusionkit._EXPORTS)
     for name in fusionkit.__all__:
         assert getattr(fusionkit, name) is not None
-    code = "import sys, fusionkit, fusionkit.cli; print('torch' in sys.modules)"
+    code = "import sys, fusionkit, fusionkit.app.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

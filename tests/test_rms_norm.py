@@ -10,12 +10,12 @@ import pytest
 import rmsnorm_models as R
 import torch
 from executorch.exir import to_edge_transform_and_lower
-from fusionkit.passes.rms_norm import RMS_NORM_TARGET, VULKAN_DTYPES, rms_norm_rule
 from models import count_op, fresh
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from fusionkit import FusionPass, PrepackableConstant, Rule, capture, op, ref, replace_with
+from fusionkit.passes.rms_norm import RMS_NORM_TARGET, VULKAN_DTYPES, rms_norm_rule
 
 pytestmark = pytest.mark.usefixtures("vulkan_ops")
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from fusionkit.passes.rms_norm import rms_norm_rule
 from models import export_edge, outputs_close, run_program
 from rmsnorm_models import (
     ROWS,
@@ -26,6 +25,7 @@ from rmsnorm_models import (
 
 import fusionkit as fk
 from fusionkit import FusionPass, find_matches
+from fusionkit.passes.rms_norm import rms_norm_rule
 from fusionkit.specs import (
     SpecError,
     json_schema,

@@ -1,11 +1,11 @@
-"""fusionkit.tensor_bytes: the exact bytes of a tensor itself, for every serialized dtype."""
+"""fusionkit.integration.tensor_bytes: the exact bytes of a tensor itself, for every serialized dtype."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fusionkit.tensor_bytes import (
+from fusionkit.integration.tensor_bytes import (
     acquire_named_data_fix,
     layout_bytes,
     named_data_fix_installed,
@@ -78,6 +78,7 @@ def test_layout_bytes_channels_last_slice() -> None:
 
 def _stock_qc4w(t: torch.Tensor) -> torch.Tensor:
     from executorch.backends.xnnpack.operators.node_visitor import NodeVisitor
+
     from fusionkit.backends.xnnpack_adapter import serializer
 
     if serializer.is_installed():

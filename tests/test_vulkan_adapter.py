@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import fusionkit.backends.vulkan_adapter as vk
 import pytest
 import rmsnorm_models as R
 import torch
@@ -27,6 +26,8 @@ from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
     VulkanPartitioner as StockVulkanPartitioner,
 )
 from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
+
+import fusionkit.backends.vulkan_adapter as vk
 from fusionkit.backends.vulkan_adapter import (
     Problem,
     VulkanPartitioner,
@@ -36,7 +37,7 @@ from fusionkit.backends.vulkan_adapter import (
     transform_passes,
     uninstall,
 )
-from fusionkit.backends.vulkan_adapter.check import vulkan_delegates
+from fusionkit.backends.vulkan_adapter.inspect.prepack_check import vulkan_delegates
 
 pytestmark = pytest.mark.usefixtures("vulkan_ops")
 
@@ -369,7 +370,7 @@ def test_decoder_round_trips_every_value_kind() -> None:
 
 
 def test_check_payload_findings() -> None:
-    from fusionkit.backends.vulkan_adapter.check import check_payload
+    from fusionkit.backends.vulkan_adapter.inspect.prepack_check import check_payload
 
     ok = check_payload(_synthetic_payload(32, 0), named_sizes={"key0": 32})
     # only the layer-norm weight (a runtime tensor) is a problem; its None bias is allowed

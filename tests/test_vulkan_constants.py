@@ -23,10 +23,10 @@ from executorch.exir import to_edge_transform_and_lower
 from executorch.exir._serialize._program import deserialize_pte_binary
 from executorch.exir.lowered_backend_module import get_lowered_submodules
 from executorch.exir.passes.constant_prop_pass import constant_prop_pass
-from fusionkit.backends.vulkan_adapter import constant_serializer as vcs
 
-from fusionkit import hooks
-from fusionkit.tensor_bytes import tensor_bytes
+from fusionkit.backends.vulkan_adapter import constant_serializer as vcs
+from fusionkit.integration import hooks
+from fusionkit.integration.tensor_bytes import tensor_bytes
 
 pytestmark = pytest.mark.slow
 

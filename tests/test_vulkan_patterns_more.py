@@ -276,7 +276,7 @@ def test_quantized_convolution_im2col_and_transposed_layout(cfg: dict[str, Any],
     node = _conv_node(ep)
     assert op_key(node.target) == target
     assert node.args[-1] == ("relu" if cfg.get("relu") else "none") and node.args[9] == [3, 3]
-    from fusionkit.constants import ProgramInputs
+    from fusionkit.program_inputs import ProgramInputs
 
     packed = ProgramInputs(ep).constant(node.args[3]).tensor
     w = m.w if not cfg.get("transposed") else m.w.permute(1, 0, 2, 3)  # -> [OC, IC, H, W]
@@ -302,6 +302,7 @@ def test_dq8ca_is_fused_inside_preprocess_not_in_transform_passes() -> None:
     import importlib
 
     from executorch.exir import to_edge_transform_and_lower
+
     from fusionkit.backends.vulkan_adapter import VulkanPartitioner, install, transform_passes
 
     install_mod = importlib.import_module("fusionkit.backends.vulkan_adapter.install")
@@ -322,6 +323,7 @@ def test_kv_cache_model_lowers_through_the_adapter_drop_in() -> None:
     """Symint-producing graphs: select_as_symint must not leave an undelegated et_vk op."""
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (llama.* ops)
     from executorch.exir import to_edge_transform_and_lower
+
     from fusionkit.backends.vulkan_adapter import VulkanPartitioner, check, transform_passes
 
     m = KVAttention()

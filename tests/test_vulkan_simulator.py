@@ -24,7 +24,6 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import fusionkit.backends.vulkan_adapter as vk
 import pytest
 import rmsnorm_models as R
 import torch
@@ -33,10 +32,12 @@ from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
     VulkanPartitioner as StockVulkanPartitioner,
 )
 from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
-from fusionkit.backends.vulkan_adapter import constant_serializer, decode_payload, simulate
-from fusionkit.backends.vulkan_adapter import simulator as S
-from fusionkit.backends.vulkan_adapter.check import vulkan_delegates
 from torch import nn
+
+import fusionkit.backends.vulkan_adapter as vk
+from fusionkit.backends.vulkan_adapter import constant_serializer, decode_payload, simulate
+from fusionkit.backends.vulkan_adapter.inspect import simulator as S
+from fusionkit.backends.vulkan_adapter.inspect.prepack_check import vulkan_delegates
 
 pytestmark = pytest.mark.usefixtures("vulkan_ops")
 
@@ -527,15 +528,15 @@ def test_simulate_rejects_other_inputs() -> None:
 def test_cli_simulate(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from fusionkit.cli import main
+    from fusionkit.app.cli import main
 
     was = vk.is_installed()
     try:
-        assert main(["simulate", "fusionkit.demo:demo_factory", "--seed", "1"]) == 0
+        assert main(["simulate", "fusionkit.app.demo_model:demo_factory", "--seed", "1"]) == 0
         out = capsys.readouterr().out
         assert re.search(r"^0\s+2x16\s+float32\s+\S+\s+1e-05\+1e-05\*\|eager\|\s+ok$", out, re.M)
         assert "all outputs within tolerance" in out
-        assert main(["simulate", "fusionkit.demo:demo_factory", "--stock", "--json"]) == 1
+        assert main(["simulate", "fusionkit.app.demo_model:demo_factory", "--stock", "--json"]) == 1
         report = json.loads(capsys.readouterr().out)
         assert report["stock"] and not report["ok"] and report["error_kind"] == "not_constant"
         assert f"{RMS} argument 1 (weight)" in report["error"]
@@ -552,7 +553,7 @@ def test_cli_simulate(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_random_inputs_keep_shapes_dtypes_and_ranges() -> None:
-    from fusionkit.backends.vulkan_adapter.sim_report import random_inputs
+    from fusionkit.app.simulate_job import random_inputs
 
     ex = (torch.zeros(2, 3, dtype=torch.float16), torch.tensor([[3, 7, 5]]),
           torch.ones(4, dtype=torch.bool), 2.5)

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import fusionkit.backends.xnnpack_adapter as xa
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,11 +26,12 @@ from executorch.exir import to_edge_transform_and_lower
 from executorch.exir.lowered_backend_module import get_lowered_submodules
 from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
+import fusionkit.backends.xnnpack_adapter as xa
 from fusionkit.backends.xnnpack_adapter import XnnpackPartitioner, transform_passes
 from fusionkit.backends.xnnpack_adapter import serializer as xser
-
-from fusionkit import hooks
-from fusionkit.tensor_bytes import tensor_bytes
+from fusionkit.integration import hooks
+from fusionkit.integration.tensor_bytes import tensor_bytes
 
 pytestmark = pytest.mark.slow
 

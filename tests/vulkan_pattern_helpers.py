@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 from executorch.exir import EdgeCompileConfig, to_edge
-from fusionkit.passes.vulkan import vulkan_rules
 
 from fusionkit import find_matches
+from fusionkit.passes.vulkan import vulkan_rules
 from fusionkit.rewrite import apply_matches
 from fusionkit.targets import op_key
 

@@ -5,19 +5,26 @@
                                        partitioner=[VulkanPartitioner()])
     assert check(prog) == []
 
-* :func:`transform_passes` — fresh fusion passes (RMSNorm x constant weight into
-  ``et_vk.rms_norm``; weights computed only from constants are folded);
-* :class:`VulkanPartitioner` — ExecuTorch's partitioner (same arguments) that
-  first calls :func:`install`, which takes the stock detectors fusionkit
-  reimplements out of ExecuTorch's pattern registry (reversible with
-  :func:`uninstall`; ``with install(): ...`` restores the previous state);
-* :func:`check` — decodes every Vulkan delegate payload of a lowered program and
-  lists what the runtime would abort on (:class:`Problem`).
+The adapter itself is thin:
+
+* :mod:`.rules` — :func:`fusion_rules` (the ``"vulkan"`` rule set) and
+  :func:`transform_passes`, fresh fusion passes for ``to_edge_transform_and_lower``;
+* :mod:`.partitioner` — :class:`VulkanPartitioner`, ExecuTorch's (same arguments),
+  which verifies that every fused node it is given is delegated;
+* :mod:`.install` — :func:`install` / :func:`uninstall`: the reversible takeover of
+  the stock patterns fusionkit reimplements, and :mod:`.constant_serializer`.
+
+Reading lowered programs lives in :mod:`.inspect`, imported only when used:
+:func:`check` (what the runtime would abort on, :class:`Problem`), :func:`simulate`
+(run a lowered program from its payloads), :func:`decode_payload`.
 """
 
-from .check import PREPACKED_ARGS, PrepackedArg, Problem, check
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .install import (
-    NOT_TAKEN_OVER,
     TAKEN_OVER_PATTERNS,
     TESTED_EXECUTORCH_VERSIONS,
     Installation,
@@ -26,17 +33,42 @@ from .install import (
     is_installed,
     uninstall,
 )
-from .partitioner import (
-    FusedOpNotDelegatedError,
-    VulkanPartitioner,
-    fusion_rules,
-    transform_passes,
-)
-from .payload import PayloadError, VulkanPayload, decode_payload
-from .simulator import simulate
+from .partitioner import FusedOpNotDelegatedError, VulkanPartitioner
+from .rules import fusion_rules, transform_passes
+
+#: names served from the inspect subpackage, imported on first use
+_INSPECT: dict[str, str] = {
+    "PREPACKED_ARGS": "prepack_check",
+    "PrepackedArg": "prepack_check",
+    "Problem": "prepack_check",
+    "check": "prepack_check",
+    "PayloadError": "payload",
+    "VulkanPayload": "payload",
+    "decode_payload": "payload",
+    "simulate": "simulator",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _INSPECT.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.inspect.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from .inspect.payload import PayloadError as PayloadError
+    from .inspect.payload import VulkanPayload as VulkanPayload
+    from .inspect.payload import decode_payload as decode_payload
+    from .inspect.prepack_check import PREPACKED_ARGS as PREPACKED_ARGS
+    from .inspect.prepack_check import PrepackedArg as PrepackedArg
+    from .inspect.prepack_check import Problem as Problem
+    from .inspect.prepack_check import check as check
+    from .inspect.simulator import simulate as simulate
 
 __all__ = [
-    "NOT_TAKEN_OVER",
     "PREPACKED_ARGS",
     "TAKEN_OVER_PATTERNS",
     "TESTED_EXECUTORCH_VERSIONS",

@@ -5,7 +5,7 @@ ExecuTorch 1.5.1's ``VkGraphBuilder.maybe_add_constant_tensor``
 as ``untyped_storage()`` from byte 0 – the whole parent of a view, starting at
 the parent's first element. The same bug sits in the legacy raw-tensor branch of
 ``vulkan_graph_serialize.serialize_constant_tensors``. Both are re-implemented
-here on :mod:`fusionkit.constants` and :mod:`fusionkit.tensor_bytes`: the
+here on :mod:`fusionkit.program_inputs` and :mod:`fusionkit.integration.tensor_bytes`: the
 constant's own bytes in logical C order (after the builder's dtype conversion),
 keyed by the sha256 of exactly those bytes, 16-byte aligned as before.
 
@@ -22,14 +22,23 @@ from typing import Any
 
 import torch
 
-from fusionkit.constants import ProgramInputs
-from fusionkit.hooks import TESTED_EXECUTORCH, Installation, PatchSet, UnsupportedExecuTorchError
-from fusionkit.tensor_bytes import acquire_named_data_fix, release_named_data_fix, tensor_bytes
+from fusionkit.integration.hooks import (
+    TESTED_EXECUTORCH,
+    Installation,
+    PatchSet,
+    UnsupportedExecuTorchError,
+)
+from fusionkit.integration.tensor_bytes import (
+    acquire_named_data_fix,
+    release_named_data_fix,
+    tensor_bytes,
+)
+from fusionkit.program_inputs import ProgramInputs
 
 __all__ = [
+    "PATCHES",
     "SUPPORTED_EXECUTORCH",
     "UnsupportedExecuTorchError",
-    "VulkanInstallation",
     "install",
     "is_installed",
     "maybe_add_constant_tensor",
@@ -107,15 +116,14 @@ def _patches() -> list[tuple[Any, str, Any]]:
     ]
 
 
-_PATCHES = PatchSet("fusionkit.backends.vulkan_adapter.constant_serializer", _patches,
+PATCHES = PatchSet("fusionkit.backends.vulkan_adapter.constant_serializer", _patches,
                     before_install=acquire_named_data_fix,
                     after_uninstall=release_named_data_fix)
-VulkanInstallation = Installation
 
 
 def is_installed() -> bool:
     """Whether the fusionkit Vulkan constant serializer is in place."""
-    return _PATCHES.is_installed()
+    return PATCHES.is_installed()
 
 
 def install() -> Installation:
@@ -123,9 +131,9 @@ def install() -> Installation:
 
     Raises :class:`UnsupportedExecuTorchError` for any untested ExecuTorch.
     """
-    return _PATCHES.install()
+    return PATCHES.install()
 
 
 def uninstall() -> None:
     """Restore ExecuTorch's original objects exactly (idempotent)."""
-    _PATCHES.uninstall()
+    PATCHES.uninstall()

@@ -1,4 +1,4 @@
-"""The adapter's VulkanPartitioner and the fusion passes it pairs with.
+"""The adapter's VulkanPartitioner: ExecuTorch's, checked against fusionkit's fused nodes.
 
 Use::
 
@@ -22,47 +22,13 @@ from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
     VulkanPartitioner as _StockVulkanPartitioner,
 )
 from executorch.exir.backend.partitioner import PartitionResult
-from executorch.exir.pass_base import ExportedProgramPassBase
-from fusionkit.passes.rms_norm import VULKAN_DTYPES, rms_norm_rule
 from torch.export import ExportedProgram
 
-from fusionkit.fusion_pass import FusionPass
-from fusionkit.rule import Rule
-from fusionkit.targets import op_key
+from fusionkit import op_key
 
 from .install import install
 
-__all__ = ["FusedOpNotDelegatedError", "VulkanPartitioner", "fusion_rules", "transform_passes"]
-
-PASS_NAME = "fusionkit_vulkan"
-
-
-def fusion_rules() -> list[Rule]:
-    """The fusionkit rules that replace the stock Vulkan patterns (fresh objects).
-
-    One or more rules per entry of :data:`~.install.TAKEN_OVER_PATTERNS`.
-    """
-    from fusionkit.passes.vulkan import vulkan_rules
-
-    return [rms_norm_rule(dtypes=VULKAN_DTYPES), *vulkan_rules()]
-
-
-#: rules applied only inside ``VulkanBackend.preprocess`` (the FusePatternsPass stand-in),
-#: not in :func:`transform_passes`: ExecuTorch 1.5.1's op registry declares every input of
-#: ``et_vk.linear_dq8ca_q4gsw`` floating point, so the partitioner rejects the fused node
-#: (its int8 input zero point); the unfused ops are each delegated and fused in preprocess,
-#: as the stock pattern does
-#: ``et_vk.select_as_symint`` likewise: the partitioner does not delegate it on its own (a
-#: fused node left on the CPU has no kernel), so it is fused only where the stock pattern
-#: fused it, inside preprocess, when its select/item nodes were delegated
-PREPROCESS_ONLY_RULES: frozenset[str] = frozenset(
-    {"quantized_linear_dq8ca_q4gsw", "select_as_symint"})
-
-
-def transform_passes() -> list[ExportedProgramPassBase]:
-    """A fresh list of passes for ``to_edge_transform_and_lower(transform_passes=...)``."""
-    rules = [r for r in fusion_rules() if r.name not in PREPROCESS_ONLY_RULES]
-    return [FusionPass(rules, name=PASS_NAME)]
+__all__ = ["FusedOpNotDelegatedError", "VulkanPartitioner"]
 
 
 class FusedOpNotDelegatedError(RuntimeError):

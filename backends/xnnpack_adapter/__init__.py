@@ -12,21 +12,19 @@ fusionkit's XNNPACK constant serializer (:func:`install`, idempotent) when it is
 created and again when it partitions, so every constant XNNPACK serializes –
 including those its own preprocess passes create – is written from the tensor's
 own bytes. The hook stays installed until :func:`uninstall`; ``with install():``
-scopes it. :func:`transform_passes` adds :class:`~fusionkit.compact_constants.CompactConstantsPass`,
+scopes it. :func:`transform_passes` adds :class:`~fusionkit.integration.compact_constants.CompactConstantsPass`,
 which gives every constant its own storage before lowering (smaller programs for
 any backend; not needed for correctness with this adapter).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
-    XnnpackPartitioner as _StockXnnpackPartitioner,
-)
-from executorch.exir.backend.partitioner import PartitionResult
 from executorch.exir.pass_base import ExportedProgramPassBase
-from fusionkit.backends.xnnpack_adapter.serializer import (
+
+from fusionkit.integration.compact_constants import CompactConstantsPass
+
+from .partitioner import XnnpackPartitioner
+from .serializer import (
     SUPPORTED_EXECUTORCH,
     Installation,
     UnsupportedExecuTorchError,
@@ -34,9 +32,6 @@ from fusionkit.backends.xnnpack_adapter.serializer import (
     is_installed,
     uninstall,
 )
-from torch.export import ExportedProgram
-
-from fusionkit.compact_constants import CompactConstantsPass
 
 __all__ = [
     "SUPPORTED_EXECUTORCH",
@@ -49,18 +44,6 @@ __all__ = [
     "transform_passes",
     "uninstall",
 ]
-
-
-class XnnpackPartitioner(_StockXnnpackPartitioner):
-    """ExecuTorch's ``XnnpackPartitioner`` (same arguments) + fusionkit's constant serializer."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        install()
-        super().__init__(*args, **kwargs)
-
-    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        install()  # preprocess runs right after partitioning, in to_backend
-        return super().partition(exported_program)
 
 
 def transform_passes(compact_constants: bool = True) -> list[ExportedProgramPassBase]:

@@ -7,8 +7,8 @@ produce constant bytes – ``NodeVisitor.get_serialized_buffer_index`` (weights,
 biases, every other constant, including those XNNPACK's own preprocess passes
 create), ``NodeVisitor.get_quant_params`` (per-channel and per-channel-group
 scales) and ``NodeVisitor.convert_to_qc4w`` (int4 packing) – on
-:mod:`fusionkit.constants` (what a placeholder is bound to) and
-:mod:`fusionkit.tensor_bytes` (the tensor's own bytes). Keys stay content
+:mod:`fusionkit.program_inputs` (what a placeholder is bound to) and
+:mod:`fusionkit.integration.tensor_bytes` (the tensor's own bytes). Keys stay content
 hashes (``sha256`` / ``"scale_" + sha256``) of the *exact* bytes, so the
 NamedDataStore de-duplicates identical constants and nothing else.
 
@@ -22,26 +22,25 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import logging
 import weakref
 from typing import Any, cast
 
 import torch
 from torch.export import ExportedProgram
 
-from fusionkit.constants import ProgramInputs
-from fusionkit.hooks import (
+from fusionkit.integration.hooks import (
     TESTED_EXECUTORCH,
     Installation,
     PatchSet,
     UnsupportedExecuTorchError,
 )
-from fusionkit.tensor_bytes import (
+from fusionkit.integration.tensor_bytes import (
     acquire_named_data_fix,
     pack_int4,
     release_named_data_fix,
     tensor_bytes,
 )
+from fusionkit.program_inputs import ProgramInputs
 
 __all__ = [
     "SUPPORTED_EXECUTORCH",
@@ -58,7 +57,6 @@ __all__ = [
 
 SUPPORTED_EXECUTORCH = max(TESTED_EXECUTORCH)
 
-log = logging.getLogger(__name__)
 
 _NV = "executorch.backends.xnnpack.operators.node_visitor"
 _QP = "executorch.backends.xnnpack.operators.quant_params"

@@ -3,41 +3,39 @@
 One module per stock pattern file of ExecuTorch 1.5.1
 (``executorch/backends/vulkan/patterns/``); each rule states the operand
 constraints the fused op needs, so a graph the stock detector would have
-fused wrongly is declined with a reason. :func:`vulkan_rules` returns them all
-(rms_norm lives in :mod:`fusionkit.passes.rms_norm`).
+fused wrongly is declined with a reason. Every factory registers itself in
+:mod:`fusionkit.passes.registry` (sets ``"builtin"`` and ``"vulkan"``); the
+import order below is the rule-set order.
 """
 
 from __future__ import annotations
 
-from fusionkit.rule import Rule
+import importlib
+
+from fusionkit import Rule
+from fusionkit.passes.registry import register_rules, registered
+from fusionkit.passes.rms_norm import VULKAN_DTYPES, rms_norm_rule
+
+
+@register_rules("vulkan", takes_over="rms_norm")
+def vulkan_rms_norm_rule() -> Rule:
+    """RMSNorm for the Vulkan kernel's dtypes (no bf16 kernels in Vulkan 1.5.1)."""
+    return rms_norm_rule(dtypes=VULKAN_DTYPES)
+
+
+#: the rule modules, in rule-set order; importing one registers its factories
+RULE_MODULES: tuple[str, ...] = (
+    "quantized_unary", "quantized_binary", "quantized_pixel_shuffle", "select_as_symint",
+    "quantized_embedding", "rope", "rope_hf", "sdpa", "quantized_linear",
+    "quantized_convolution",
+)
+for _module in RULE_MODULES:
+    importlib.import_module(f"{__name__}.{_module}")
 
 
 def vulkan_rules() -> list[Rule]:
     """Fresh rule objects for every ported Vulkan pattern except rms_norm."""
-    from .quantized_binary import quantized_binary_rule
-    from .quantized_convolution import quantized_convolution_rule
-    from .quantized_embedding import quantized_embedding_rule, torchao_quantized_embedding_rule
-    from .quantized_linear import quantized_linear_rules
-    from .quantized_pixel_shuffle import quantized_pixel_shuffle_rule
-    from .quantized_unary import quantized_unary_rule
-    from .rope import rope_rule
-    from .rope_hf import hf_rope_rule
-    from .sdpa import causal_sdpa_rule
-    from .select_as_symint import select_as_symint_rule
-
-    return [
-        quantized_unary_rule(),
-        quantized_binary_rule(),
-        quantized_pixel_shuffle_rule(),
-        select_as_symint_rule(),
-        torchao_quantized_embedding_rule(),
-        quantized_embedding_rule(),
-        rope_rule(),
-        hf_rope_rule(),
-        causal_sdpa_rule(),
-        *quantized_linear_rules(),
-        quantized_convolution_rule(),
-    ]
+    return [r for f in registered("vulkan") if f.takes_over != "rms_norm" for r in f.rules()]
 
 
-__all__ = ["vulkan_rules"]
+__all__ = ["RULE_MODULES", "vulkan_rms_norm_rule", "vulkan_rules"]

@@ -21,6 +21,7 @@ from fusionkit import (
     CheckContext,
     Custom,
     DtypeIn,
+    Pattern,
     PythonReplacement,
     Rank,
     Rule,
@@ -28,7 +29,6 @@ from fusionkit import (
     op,
     where,
 )
-from fusionkit.pattern import Pattern
 
 Q_PER_TENSOR = "quantized_decomposed.quantize_per_tensor.default"
 DQ_PER_TENSOR = "quantized_decomposed.dequantize_per_tensor.default"
@@ -83,7 +83,7 @@ def shape_of(ctx: CheckContext, name: str) -> tuple[Any, ...] | None:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else None
 
 
-def check(name: str, *reads: str) -> Callable[[Callable[[CheckContext], str | None]], Custom]:
+def constraint(name: str, *reads: str) -> Callable[[Callable[[CheckContext], str | None]], Custom]:
     """Decorator: a :class:`~fusionkit.Custom` constraint from ``fn(ctx) -> reason | None``."""
 
     def wrap(fn: Callable[[CheckContext], str | None]) -> Custom:
@@ -129,11 +129,6 @@ def in_int_range(ctx: CheckContext, name: str, lo: int, hi: int) -> str | None:
     return None
 
 
-def source_name(node: Any) -> str:
-    return node.name if isinstance(node, Node) else "const"
-
-
-#: what both RoPE rules read: q and k, and the cos/sin tables
 ROPE_READS = ("xq", "xk", "freqs_cos", "freqs_sin")
 
 

@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import torch
 
-from fusionkit import DtypeIn, Rule, capture, op, ref, replace_with, scalar
-from fusionkit.constraints import CheckContext
+from fusionkit import CheckContext, DtypeIn, Rule, capture, op, ref, replace_with, scalar
+from fusionkit.passes.registry import register_rules
 
-from ._common import check, et_vk, int8_dq, int8_q
+from ._common import constraint, et_vk, int8_dq, int8_q
 
 
+@register_rules("builtin", "vulkan", takes_over="quantized_binary")
 def quantized_binary_rule(name: str = "quantized_binary") -> Rule:
     add = op("aten.add.Tensor", int8_dq(capture("a"), "a"), int8_dq(capture("b"), "b"),
              alpha=scalar("alpha", tensor_ok=False), commutative=False).bind("add")
     relu = op("aten.relu.default", add).bind("relu")
 
-    @check("no_activation", "add")
+    @constraint("no_activation", "add")
     def no_relu(ctx: CheckContext) -> str | None:
         if "relu" in ctx.captures:
             return ("a relu sits between the add and the quantize, but et_vk.q8ta_add has no "

@@ -37,22 +37,31 @@ import torch
 from torch.fx import Node
 
 from fusionkit import (
+    CheckContext,
     DtypeIn,
+    Pattern,
     PrepackableConstant,
     PythonReplacement,
     Rank,
+    Rewriter,
     Rule,
     any_value,
     capture,
     lit,
     op,
 )
-from fusionkit.constraints import CheckContext
-from fusionkit.pattern import Pattern
-from fusionkit.rewrite import Rewriter
+from fusionkit.passes.registry import register_rules
 
-from ._common import DQ_PER_CHANNEL, check, et_vk, int8_dq, int8_q, shape_of, zero_points_are_zero
-from .quantized_linear import _pad_to, _padded
+from ._common import (
+    DQ_PER_CHANNEL,
+    constraint,
+    et_vk,
+    int8_dq,
+    int8_q,
+    shape_of,
+    zero_points_are_zero,
+)
+from .quantized_linear import pad_to, padded
 
 
 def _conv() -> Pattern:
@@ -95,11 +104,12 @@ def _geometry(c: Mapping[str, Any], w: tuple[int, ...]) -> dict[str, Any]:
             "output_padding": _pair(c.get("output_padding", [0, 0]))}
 
 
+@register_rules("builtin", "vulkan", takes_over="quantized_convolution")
 def quantized_convolution_rule(name: str = "quantized_convolution") -> Rule:
     role = "the quantized convolution prepacks it"
     act = _conv() | op("aten.relu.default", _conv()).bind("relu")
 
-    @check("conv_geometry", "weight", "w_scales", "stride", "padding", "dilation", "groups")
+    @constraint("conv_geometry", "weight", "w_scales", "stride", "padding", "dilation", "groups")
     def geometry(ctx: CheckContext) -> str | None:
         c = ctx.captures
         w = shape_of(ctx, "weight")
@@ -136,11 +146,11 @@ def quantized_convolution_rule(name: str = "quantized_convolution") -> Rule:
             return f"depthwise conv with {oc} output channels: the kernel needs a multiple of 4"
         return None
 
-    @check("weight_zero_points_zero", "w_zp")
+    @constraint("weight_zero_points_zero", "w_zp")
     def zp(ctx: CheckContext) -> str | None:
         return zero_points_are_zero(ctx, "w_zp")
 
-    @check("bias_is_constant_vector", "weight", "bias")
+    @constraint("bias_is_constant_vector", "weight", "bias")
     def bias(ctx: CheckContext) -> str | None:
         b = ctx.captures.get("bias")
         if b is None:
@@ -171,14 +181,14 @@ def quantized_convolution_rule(name: str = "quantized_convolution") -> Rule:
         else:
             mat = w.permute(0, 2, 3, 1).contiguous().view(oc, kh * kw * icg).contiguous()
             sums = mat.sum(dim=1)
-        weight = rw.constant(f"{w_node.name}_fk_q8ta_conv_{kind}_pad4", _pad_to(mat, 4))
+        weight = rw.constant(f"{w_node.name}_fk_q8ta_conv_{kind}_pad4", pad_to(mat, 4))
         sums_n = rw.constant(f"{w_node.name}_fk_q8ta_conv_{kind}_sums_pad4",
-                             _pad_to(sums.to(torch.int32), 4))
+                             pad_to(sums.to(torch.int32), 4))
         target = {"transposed": "q8ta_conv2d_transposed", "dw": "q8ta_conv2d_dw",
                   "pw": "q8ta_conv2d_pw", "im2col": "q8ta_conv2d"}[kind]
         args: list[Any] = [c["x"], c["in_scale"], c["in_zp"], weight, sums_n,
-                           _padded(rw, c["w_scales"]), c["out_scale"], c["out_zp"],
-                           _padded(rw, c.get("bias")), [kh, kw], g["stride"], g["padding"]]
+                           padded(rw, c["w_scales"]), c["out_scale"], c["out_zp"],
+                           padded(rw, c.get("bias")), [kh, kw], g["stride"], g["padding"]]
         if kind == "transposed":
             args.append(g["output_padding"])
         args += [g["dilation"], c["groups"], "relu" if "relu" in c else "none"]

@@ -31,25 +31,26 @@ import torch
 from torch.fx import Node
 
 from fusionkit import (
+    CheckContext,
     DtypeIn,
     PrepackableConstant,
     PythonReplacement,
     Rank,
+    Rewriter,
     Rule,
     capture,
     lit,
     op,
     where,
 )
-from fusionkit.constraints import CheckContext
-from fusionkit.rewrite import Rewriter
+from fusionkit.passes.registry import register_rules
 
-from ._common import check, et_vk, in_int_range, shape_of, zero_points_are_zero
+from ._common import constraint, et_vk, in_int_range, shape_of, zero_points_are_zero
 
 EMBED_DIM_MULTIPLE = 32
 
 
-def _import_ops() -> None:
+def import_quant_ops() -> None:
     import torchao.quantization.quant_primitives  # noqa: F401  (torchao.dequantize_affine)
     from executorch.exir.passes import _quant_patterns_and_replacements  # noqa: F401
 
@@ -76,23 +77,24 @@ def _geometry(ctx: CheckContext, embed_dim: int, group: int) -> str | None:
     return None
 
 
+@register_rules("builtin", "vulkan", takes_over="torchao_quantized_embedding")
 def torchao_quantized_embedding_rule(name: str = "torchao_quantized_embedding") -> Rule:
-    _import_ops()
+    import_quant_ops()
     block = where(lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and v[0] == 1
                   and isinstance(v[1], int), "a per-row block size [1, G]", name="block_size")
     dq = op("torchao.dequantize_affine.default", capture("weight"), block, capture("scales"),
             capture("zero_point"), lit(torch.int8), -8, 7)
     root = op("aten.embedding.default", dq, capture("indices"))
 
-    @check("zero_point_is_zero", "zero_point")
+    @constraint("zero_point_is_zero", "zero_point")
     def zp(ctx: CheckContext) -> str | None:
         return zero_points_are_zero(ctx, "zero_point")
 
-    @check("int4_values", "weight")
+    @constraint("int4_values", "weight")
     def int4(ctx: CheckContext) -> str | None:
         return in_int_range(ctx, "weight", -8, 7)
 
-    @check("embedding_geometry", "weight", "scales", "block_size")
+    @constraint("embedding_geometry", "weight", "scales", "block_size")
     def geometry(ctx: CheckContext) -> str | None:
         w = shape_of(ctx, "weight")
         return _geometry(ctx, int(w[1]) if w else 0, int(ctx.captures["block_size"][1]))
@@ -118,17 +120,18 @@ def torchao_quantized_embedding_rule(name: str = "torchao_quantized_embedding") 
     )
 
 
+@register_rules("builtin", "vulkan", takes_over="quantized_embedding")
 def quantized_embedding_rule(name: str = "quantized_embedding") -> Rule:
-    _import_ops()
+    import_quant_ops()
     root = op("quantized_decomposed.embedding_4bit.dtype", capture("weight"), capture("scales"),
               capture("zero_point"), -8, 7, capture("indices"),
               dtype=where(lambda v: v in (None, torch.float32), "None or float32"))
 
-    @check("zero_point_is_zero", "zero_point")
+    @constraint("zero_point_is_zero", "zero_point")
     def zp(ctx: CheckContext) -> str | None:
         return zero_points_are_zero(ctx, "zero_point")
 
-    @check("embedding_geometry", "weight", "scales")
+    @constraint("embedding_geometry", "weight", "scales")
     def geometry(ctx: CheckContext) -> str | None:
         w, s = shape_of(ctx, "weight"), shape_of(ctx, "scales")
         if w is None or s is None:

@@ -52,27 +52,29 @@ import torch.nn.functional as F
 from torch.fx import Node
 
 from fusionkit import (
+    CheckContext,
+    Constraint,
     DtypeIn,
+    Pattern,
     PrepackableConstant,
     PythonReplacement,
     Rank,
+    Rewriter,
     Rule,
     any_value,
     capture,
     lit,
     op,
+    op_key,
     where,
 )
-from fusionkit.constraints import CheckContext, Constraint
-from fusionkit.pattern import Pattern
-from fusionkit.rewrite import Rewriter
-from fusionkit.targets import op_key
+from fusionkit.passes.registry import register_rules
 
 from ._common import (
     DQ_PER_CHANNEL,
     DQ_PER_TENSOR,
     Q_PER_TENSOR,
-    check,
+    constraint,
     et_vk,
     in_int_range,
     int8_dq,
@@ -128,16 +130,16 @@ def _w4() -> Pattern:
 def _common_constraints(bits: int) -> list[Constraint]:
     role = "the quantized linear prepacks it"
 
-    @check("weight_zero_points_zero", "w_zp")
+    @constraint("weight_zero_points_zero", "w_zp")
     def zp(ctx: CheckContext) -> str | None:
         return zero_points_are_zero(ctx, "w_zp")
 
-    @check("weight_values", "weight")
+    @constraint("weight_values", "weight")
     def values(ctx: CheckContext) -> str | None:
         return in_int_range(ctx, "weight", -8, 7) if bits == 4 else \
             in_int_range(ctx, "weight", -127, 127)
 
-    @check("bias_is_constant_vector", "weight")
+    @constraint("bias_is_constant_vector", "weight")
     def bias(ctx: CheckContext) -> str | None:
         b = ctx.captures.get("bias")
         if b is None:
@@ -149,14 +151,14 @@ def _common_constraints(bits: int) -> list[Constraint]:
             return f"bias of shape {shape_of(ctx, 'bias')} is not [N] for weight {w}"
         return None
 
-    @check("in_channels_multiple_of_4", "x")
+    @constraint("in_channels_multiple_of_4", "x")
     def k4(ctx: CheckContext) -> str | None:
         s = shape_of(ctx, "x")
         if s and isinstance(s[-1], int) and s[-1] % 4 == 0:
             return None
         return f"in_channels of input {s} is not a multiple of 4 (texel-aligned loads)"
 
-    @check("output_shape", "x", "weight")
+    @constraint("output_shape", "x", "weight")
     def out_shape(ctx: CheckContext) -> str | None:
         x, w, root = shape_of(ctx, "x"), shape_of(ctx, "weight"), ctx.root.meta.get("val")
         want = (*x[:-1], w[0]) if x and w else None
@@ -166,7 +168,7 @@ def _common_constraints(bits: int) -> list[Constraint]:
     return [
         PrepackableConstant("weight", role=role), PrepackableConstant("w_scales", role=role),
         DtypeIn("weight", frozenset({torch.int8})), Rank("weight", frozenset({2})),
-        zp, values, bias, check("bmm_is_batch_1_linear", "weight")(_bmm_ok), k4, out_shape,
+        zp, values, bias, constraint("bmm_is_batch_1_linear", "weight")(_bmm_ok), k4, out_shape,
     ]
 
 
@@ -181,23 +183,23 @@ def _per_channel(ctx: CheckContext) -> str | None:
     return None
 
 
-def _pad_to(t: torch.Tensor, m: int) -> torch.Tensor:
+def pad_to(t: torch.Tensor, m: int) -> torch.Tensor:
     n = t.shape[-1]
     return t if n % m == 0 else F.pad(t, (0, m - n % m)).contiguous()
 
 
-def _padded(rw: Rewriter, node: Node | None, m: int = 4) -> Node | None:
+def padded(rw: Rewriter, node: Node | None, m: int = 4) -> Node | None:
     if node is None:
         return None
     t = rw.tensor(node)
     if t.shape[-1] % m == 0:
         return node
-    return rw.constant(f"{node.name}_fk_pad{m}", _pad_to(t, m))
+    return rw.constant(f"{node.name}_fk_pad{m}", pad_to(t, m))
 
 
 def _weight_sums(rw: Rewriter, w: Node) -> Node:
     sums = rw.tensor(w).sum(dim=1).to(torch.int32)
-    return rw.constant(f"{w.name}_fk_sums_pad4", _pad_to(sums, 4))
+    return rw.constant(f"{w.name}_fk_sums_pad4", pad_to(sums, 4))
 
 
 def q8ta_linear_rule(name: str = "quantized_linear_q8ta") -> Rule:
@@ -212,13 +214,13 @@ def q8ta_linear_rule(name: str = "quantized_linear_q8ta") -> Rule:
         gemv = len(shape) >= 2 and shape[-2] == 1
         return rw.call(et_vk("q8ta_linear_gemv" if gemv else "q8ta_linear"), x, c["in_scale"],
                        c["in_zp"], c["weight"], _weight_sums(rw, c["weight"]),
-                       _padded(rw, c["w_scales"]), c["out_scale"], c["out_zp"],
-                       _padded(rw, c.get("bias")), "relu" if "relu" in c else "none")
+                       padded(rw, c["w_scales"]), c["out_scale"], c["out_zp"],
+                       padded(rw, c.get("bias")), "relu" if "relu" in c else "none")
 
     return Rule(
         name=name,
         pattern=int8_q(act, "out"),
-        constraints=[DtypeIn("x", frozenset({torch.int8})), check("per_channel_weight",
+        constraints=[DtypeIn("x", frozenset({torch.int8})), constraint("per_channel_weight",
                      "weight", "w_scales")(_per_channel), *_common_constraints(8)],
         replacement=PythonReplacement(build, frozenset({"x", "in_scale", "in_zp", "weight",
                                                          "w_scales", "out_scale", "out_zp"})),
@@ -245,7 +247,7 @@ def _requantized(n: Node) -> bool:
 def q8csw_linear_rule(name: str = "quantized_linear_q8csw") -> Rule:
     root = _linear(int8_dq(capture("x"), "in"), _w8())
 
-    @check("float_output", "x")
+    @constraint("float_output", "x")
     def not_requantized(ctx: CheckContext) -> str | None:
         if _requantized(ctx.root):
             return ("the output is re-quantized: that is the q8ta_linear route "
@@ -254,8 +256,8 @@ def q8csw_linear_rule(name: str = "quantized_linear_q8csw") -> Rule:
 
     def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
         node = rw.call(et_vk("linear_q8ta_q8csw"), c["x"], c["in_scale"], c["in_zp"],
-                       c["weight"], _weight_sums(rw, c["weight"]), _padded(rw, c["w_scales"]),
-                       _padded(rw, c.get("bias")))
+                       c["weight"], _weight_sums(rw, c["weight"]), padded(rw, c["w_scales"]),
+                       padded(rw, c.get("bias")))
         # ExecuTorch 1.5.1's CPU reference of this op ignores the input quantization
         # (linear of the raw int8 tensor), so its fake result is int8; the Vulkan
         # kernel returns the float output of the node it replaces (as the stock pass
@@ -267,7 +269,7 @@ def q8csw_linear_rule(name: str = "quantized_linear_q8csw") -> Rule:
         name=name,
         pattern=root,
         constraints=[not_requantized, DtypeIn("x", frozenset({torch.int8})),
-                     check("per_channel_weight", "weight", "w_scales")(_per_channel),
+                     constraint("per_channel_weight", "weight", "w_scales")(_per_channel),
                      *_common_constraints(8)],
         replacement=PythonReplacement(build, frozenset({"x", "in_scale", "in_zp", "weight",
                                                          "w_scales"})),
@@ -288,7 +290,7 @@ def _q4_constants(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
     packed = rw.constant(f"{w.name}_fk_q4_linear", pack_linear_q4(rw.tensor(w)))
     s: Node = c["w_scales"]
     scales_t = rw.constant(f"{s.name}_fk_q4gsw_t_pad4",
-                           _pad_to(rw.tensor(s).transpose(0, 1).contiguous(), 4))
+                           pad_to(rw.tensor(s).transpose(0, 1).contiguous(), 4))
     return packed, scales_t
 
 
@@ -348,15 +350,15 @@ def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
         g = int(c["block_size"][1])
         sums = rw.constant(f"{w.name}_fk_group_sums_g{g}", per_group_sums(rw.tensor(w), g))
         return rw.call(et_vk("linear_dq8ca_q4gsw"), c["x"], c["in_scale"], c["in_zp"], packed,
-                       sums, scales_t, g, _padded(rw, c.get("bias")))
+                       sums, scales_t, g, padded(rw, c.get("bias")))
 
     return Rule(
         name=name,
         pattern=root,
         constraints=[DtypeIn("x", frozenset({torch.float32})),
-                     check("dynamic_per_token_input", "x", "in_scale", "in_zp", "in_block")(
+                     constraint("dynamic_per_token_input", "x", "in_scale", "in_zp", "in_block")(
                          _dynamic_per_token),
-                     check("per_group_weight", "weight", "w_scales", "block_size")(_per_group),
+                     constraint("per_group_weight", "weight", "w_scales", "block_size")(_per_group),
                      *_common_constraints(4)],
         replacement=PythonReplacement(build, frozenset({"x", "in_scale", "in_zp", "weight",
                                                          "w_scales", "block_size"})),
@@ -368,7 +370,7 @@ def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
 def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
     root = _linear(capture("x"), _w4())
 
-    @check("float_input", "x")
+    @constraint("float_input", "x")
     def float_input(ctx: CheckContext) -> str | None:
         x = ctx.captures["x"]
         if isinstance(x, Node) and x.op == "call_function" and "dequantize" in (op_key(x.target) or ""):
@@ -378,13 +380,13 @@ def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
     def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
         packed, scales_t = _q4_constants(rw, c)
         return rw.call(et_vk("linear_q4gsw"), c["x"], packed, scales_t,
-                       int(c["block_size"][1]), _padded(rw, c.get("bias")))
+                       int(c["block_size"][1]), padded(rw, c.get("bias")))
 
     return Rule(
         name=name,
         pattern=root,
         constraints=[float_input, DtypeIn("x", frozenset({torch.float32, torch.float16})),
-                     check("per_group_weight", "weight", "w_scales", "block_size")(_per_group),
+                     constraint("per_group_weight", "weight", "w_scales", "block_size")(_per_group),
                      *_common_constraints(4)],
         replacement=PythonReplacement(build, frozenset({"x", "weight", "w_scales",
                                                          "block_size"})),
@@ -392,10 +394,11 @@ def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
     )
 
 
+@register_rules("builtin", "vulkan", takes_over="quantized_linear")
 def quantized_linear_rules() -> list[Rule]:
-    from .quantized_embedding import _import_ops
+    from .quantized_embedding import import_quant_ops
 
-    _import_ops()
+    import_quant_ops()
     return [q8ta_linear_rule(), q8csw_linear_rule(), q4gsw_linear_rule(),
             dq8ca_q4gsw_linear_rule()]
 

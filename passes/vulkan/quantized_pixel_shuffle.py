@@ -18,20 +18,31 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import DtypeIn, PythonReplacement, Rank, Rule, capture, op, through, where
-from fusionkit.constraints import CheckContext
-from fusionkit.rewrite import Rewriter
+from fusionkit import (
+    CheckContext,
+    DtypeIn,
+    PythonReplacement,
+    Rank,
+    Rewriter,
+    Rule,
+    capture,
+    op,
+    through,
+    where,
+)
+from fusionkit.passes.registry import register_rules
 
-from ._common import CLONES, check, et_vk, int8_dq, int8_q, shape_of
+from ._common import CLONES, constraint, et_vk, int8_dq, int8_q, shape_of
 
 
+@register_rules("builtin", "vulkan", takes_over="quantized_pixel_shuffle")
 def quantized_pixel_shuffle_rule(name: str = "quantized_pixel_shuffle") -> Rule:
     factor = where(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                    "an int upscale factor >= 1", name="r")
     shuffle = op("aten.pixel_shuffle.default", through(CLONES, int8_dq(capture("xq"), "in")),
                  factor)
 
-    @check("channels_divisible", "xq", "r")
+    @constraint("channels_divisible", "xq", "r")
     def channels(ctx: CheckContext) -> str | None:
         s, r = shape_of(ctx, "xq"), ctx.captures["r"]
         if s is not None and len(s) == 4 and isinstance(s[1], int) and s[1] % (r * r) == 0:

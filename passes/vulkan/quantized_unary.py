@@ -13,10 +13,12 @@ from __future__ import annotations
 import torch
 
 from fusionkit import DtypeIn, Rule, capture, op, ref, replace_with
+from fusionkit.passes.registry import register_rules
 
 from ._common import et_vk, int8_dq, int8_q
 
 
+@register_rules("builtin", "vulkan", takes_over="quantized_unary")
 def quantized_unary_rule(name: str = "quantized_unary") -> Rule:
     relu = op("aten.relu.default", int8_dq(capture("xq"), "in"))
     return Rule(

@@ -25,12 +25,10 @@ from typing import Any
 
 from torch.fx import Node
 
-from fusionkit import Rule, any_value, capture, op
-from fusionkit.constraints import CheckContext
-from fusionkit.pattern import Pattern, also, outputs
-from fusionkit.rewrite import Rewriter
+from fusionkit import CheckContext, Pattern, Rewriter, Rule, also, any_value, capture, op, outputs
+from fusionkit.passes.registry import register_rules
 
-from ._common import check, et_vk, is_last_dim, qk_rope_rule, shape_of
+from ._common import constraint, et_vk, is_last_dim, qk_rope_rule, shape_of
 
 VIEW = "aten.view_copy.default"
 
@@ -54,11 +52,12 @@ def _rotary(x: str, p: str) -> Pattern:
     return op(VIEW, cat, any_value())
 
 
+@register_rules("builtin", "vulkan", takes_over="export_llama_rope")
 def rope_rule(name: str = "export_llama_rope") -> Rule:
     pattern = outputs(_rotary("xq", "q").bind("xq_out"),
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
 
-    @check("rope_geometry", "xq", "xk", "freqs_cos", "freqs_sin", "xq_out", "xk_out")
+    @constraint("rope_geometry", "xq", "xk", "freqs_cos", "freqs_sin", "xq_out", "xk_out")
     def geometry(ctx: CheckContext) -> str | None:
         q, k = shape_of(ctx, "xq"), shape_of(ctx, "xk")
         c, s = shape_of(ctx, "freqs_cos"), shape_of(ctx, "freqs_sin")

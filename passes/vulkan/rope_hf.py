@@ -33,13 +33,21 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import Rule, any_value, capture, op
-from fusionkit.constraints import CheckContext
-from fusionkit.pattern import Pattern, also, outputs
-from fusionkit.rewrite import Rewriter
-from fusionkit.targets import op_key
+from fusionkit import (
+    CheckContext,
+    Pattern,
+    Rewriter,
+    Rule,
+    also,
+    any_value,
+    capture,
+    op,
+    op_key,
+    outputs,
+)
+from fusionkit.passes.registry import register_rules
 
-from ._common import check, et_vk, is_last_dim, qk_rope_rule, shape_of
+from ._common import constraint, et_vk, is_last_dim, qk_rope_rule, shape_of
 
 SLICE = "aten.slice_copy.Tensor"
 
@@ -72,11 +80,12 @@ def _freqs_source(n: Any) -> tuple[Any, Any, Node | None]:
     return n, 0, None
 
 
+@register_rules("builtin", "vulkan", takes_over="hf_rope")
 def hf_rope_rule(name: str = "hf_rope") -> Rule:
     pattern = outputs(_rotary("xq", "q").bind("xq_out"),
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
 
-    @check("hf_rope_geometry", "xq", "xk", "freqs_cos", "freqs_sin", "xq_out", "xk_out")
+    @constraint("hf_rope_geometry", "xq", "xk", "freqs_cos", "freqs_sin", "xq_out", "xk_out")
     def geometry(ctx: CheckContext) -> str | None:
         q, k = shape_of(ctx, "xq"), shape_of(ctx, "xk")
         if q is None or k is None or q[:2] != k[:2] or q[-1] != k[-1]:

@@ -34,12 +34,23 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import DtypeIn, GraphLeaf, PythonReplacement, Rank, Rule, any_value, capture, op
-from fusionkit.constraints import CheckContext
-from fusionkit.pattern import also, outputs
-from fusionkit.rewrite import Rewriter
+from fusionkit import (
+    CheckContext,
+    DtypeIn,
+    GraphLeaf,
+    PythonReplacement,
+    Rank,
+    Rewriter,
+    Rule,
+    also,
+    any_value,
+    capture,
+    op,
+    outputs,
+)
+from fusionkit.passes.registry import register_rules
 
-from ._common import check, shape_of
+from ._common import constraint, shape_of
 
 UPDATE = "llama.update_cache.default"
 FP = frozenset({torch.float32, torch.float16})
@@ -49,6 +60,7 @@ def _same(a: Any, b: Any) -> bool:
     return a is b if isinstance(a, Node) or isinstance(b, Node) else bool(a == b)
 
 
+@register_rules("builtin", "vulkan", takes_over="causal_sdpa")
 def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
     sdpa = op("llama.custom_sdpa.default", capture("q"), capture("k_cache"), capture("v_cache"),
               capture("start_pos"), strict_defaults=False,
@@ -62,7 +74,7 @@ def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
              near="v_cache", max_depth=1),
     )
 
-    @check("cache_updates_fused", "k_update", "v_update", "k_cache", "v_cache", "start_pos")
+    @constraint("cache_updates_fused", "k_update", "v_update", "k_cache", "v_cache", "start_pos")
     def updates(ctx: CheckContext) -> str | None:
         order = {n: i for i, n in enumerate(ctx.root.graph.nodes)}
         for p in ("k", "v"):
@@ -83,7 +95,7 @@ def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
             return "k_cache and v_cache are the same tensor"
         return None
 
-    @check("sdpa_shapes", "q", "k_proj", "v_proj", "k_cache", "v_cache")
+    @constraint("sdpa_shapes", "q", "k_proj", "v_proj", "k_cache", "v_cache")
     def shapes(ctx: CheckContext) -> str | None:
         q, kp, vp = shape_of(ctx, "q"), shape_of(ctx, "k_proj"), shape_of(ctx, "v_proj")
         kc, vc = shape_of(ctx, "k_cache"), shape_of(ctx, "v_cache")

@@ -16,17 +16,17 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import DtypeIn, PythonReplacement, Rule, capture, op
-from fusionkit.constraints import CheckContext
-from fusionkit.rewrite import Rewriter
+from fusionkit import CheckContext, DtypeIn, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit.passes.registry import register_rules
 
-from ._common import check, et_vk, int_value, shape_of
+from ._common import constraint, et_vk, int_value, shape_of
 
 
+@register_rules("builtin", "vulkan", takes_over="select_as_symint")
 def select_as_symint_rule(name: str = "select_as_symint") -> Rule:
     select = op("aten.select_copy.int", capture("x"), int_value("dim"), int_value("index"))
 
-    @check("index_in_range", "x", "dim", "index")
+    @constraint("index_in_range", "x", "dim", "index")
     def in_range(ctx: CheckContext) -> str | None:
         s, d, i = shape_of(ctx, "x"), ctx.captures["dim"], ctx.captures["index"]
         if s is None or not -len(s) <= d < len(s):

@@ -82,7 +82,7 @@ def _load_model(spec: str) -> Any:
     if spec.endswith(".pt2") and not Path(spec).is_file():
         raise UserError(f"{spec}: no such file")
     _quiet_imports()
-    from fusionkit.models import ModelError, load_model
+    from fusionkit.app.model_loader import ModelError, load_model
 
     try:
         return load_model(spec)
@@ -93,72 +93,31 @@ def _load_model(spec: str) -> Any:
 # ---------------------------------------------------------------------------- commands
 
 
-def _explain_rows(ms: Any) -> list[tuple[str, ...]]:
-    order = {n: i for i, n in enumerate(_graph_nodes(ms))}
-    items: list[tuple[int, tuple[str, ...]]] = []
-    for m in ms.accepted:
-        folded = ", ".join(f"{k} folded from `{v.name}`" for k, v in m.folds.items())
-        items.append((order.get(m.root, 0), (m.rule.name, "fused", m.root.name, "-", "-",
-                                             folded or f"{len(m.claimed)} nodes")))
-    for d in ms.declined:
-        items.append((order.get(d.root, 0), (d.rule, "declined", d.root.name, d.step,
-                                             d.node.name if d.node is not None else "-", d.reason)))
-    items.sort(key=lambda t: t[0])
-    return [row for _, row in items]
-
-
-def _graph_nodes(ms: Any) -> list[Any]:
-    roots = [m.root for m in ms.accepted] + [d.root for d in ms.declined]
-    if not roots:
-        return []
-    graph = roots[0].graph
-    return list(graph.nodes)
-
-
-def _explain_json(ms: Any) -> dict[str, Any]:
-    return {
-        "accepted": [{"rule": m.rule.name, "root": m.root.name,
-                      "nodes": [n.name for n in m.claimed],
-                      "folded": {k: v.name for k, v in m.folds.items()}} for m in ms.accepted],
-        "declined": [{"rule": d.rule, "root": d.root.name, "step": d.step,
-                      "node": d.node.name if d.node is not None else None,
-                      "reason": d.reason} for d in ms.declined],
-    }
-
-
 def cmd_explain(args: argparse.Namespace) -> int:
     rules = _load_rules(args.spec)
     model = _load_model(args.model)
-    from fusionkit.lowering import explain
-    from fusionkit.term import Style, table
+    from fusionkit.app.lowering import explain
+    from fusionkit.app.present import explain_json, explain_rows
+    from fusionkit.app.term import Style, table
 
     ms = explain(model.exported, args.backend, rules)
     if args.json:
-        print(json.dumps(_explain_json(ms), indent=2))
+        print(json.dumps(explain_json(ms), indent=2))
         return EXIT_OK
     st = Style()
     print(st.bold(f"{model.name}: {len(ms.accepted)} fused, {len(ms.declined)} declined "
                   f"({args.backend} rules{' + specs' if rules else ''})"))
-    rows = _explain_rows(ms)
+    rows = explain_rows(ms)
     if rows:
         print(table(["rule", "verdict", "root", "step", "node", "reason"], rows))
     return EXIT_OK
 
 
-def _report_text(report: Any) -> str:
-    from fusionkit.term import table
-
-    rows = [(r.rule, r.fused, r.folded, len(r.declines)) for r in report.rules.values()]
-    lines = [table(["rule", "fused", "folded consts", "declined"], rows, right=(1, 2, 3))]
-    for d in report.declined:
-        lines.append(f"  declined {d.rule} at `{d.root.name}` ({d.step}): {d.reason}")
-    return "\n".join(lines)
-
-
 def cmd_lower(args: argparse.Namespace) -> int:
     rules = _load_rules(args.spec)
     model = _load_model(args.model)
-    from fusionkit.lowering import lower
+    from fusionkit.app.lowering import lower
+    from fusionkit.app.present import report_text
 
     result = lower(model.exported, args.backend, rules, progress=_progress)
     Path(args.output).write_bytes(result.pte)
@@ -166,7 +125,7 @@ def cmd_lower(args: argparse.Namespace) -> int:
         print(json.dumps({"output": args.output, "bytes": len(result.pte),
                           "seconds": result.seconds, **result.report.to_dict()}, indent=2))
         return EXIT_OK
-    print(_report_text(result.report))
+    print(report_text(result.report))
     print(f"wrote {args.output} ({len(result.pte):,} bytes) in "
           f"{sum(result.seconds.values()):.1f} s")
     return EXIT_OK
@@ -197,8 +156,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     import executorch.backends.vulkan.serialization.vulkan_graph_builder  # noqa: F401
 
-    from fusionkit.backends.vulkan_adapter.sim_report import simulate_model
-    from fusionkit.term import table
+    from fusionkit.app.simulate_job import simulate_model
+    from fusionkit.app.term import table
 
     logging.getLogger().setLevel(logging.WARNING)  # that import set the root logger to INFO
 
@@ -237,7 +196,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     _quiet_imports()
-    from fusionkit.demo_job import run_demo
+    from fusionkit.app.demo_job import run_demo
 
     return run_demo(args.model, out_dir=Path(args.out) if args.out else None)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from fusionkit.term import Style, table
+from fusionkit.app.term import Style, table
 
 __all__ = ["run_demo"]
 
@@ -37,7 +37,7 @@ def _stock_lower(ep: Any, backend: str) -> Any:
     """ExecuTorch's own path, with every fusionkit hook out of the way."""
     from executorch.exir import to_edge_transform_and_lower
 
-    from fusionkit.lowering import adapter
+    from fusionkit.app.lowering import adapter
 
     for b in ("vulkan", "xnnpack"):
         adapter(b).uninstall()
@@ -45,16 +45,16 @@ def _stock_lower(ep: Any, backend: str) -> Any:
 
 
 def run_demo(model_spec: str | None = None, out_dir: Path | None = None) -> int:
-    from fusionkit.cli import _explain_rows
-    from fusionkit.lowering import adapter, explain, lower
-    from fusionkit.models import load_model
-    from fusionkit.runtime import max_abs_error, run_pte
+    from fusionkit.app.lowering import adapter, explain, lower
+    from fusionkit.app.model_loader import load_model
+    from fusionkit.app.present import explain_rows
+    from fusionkit.app.runtime import max_abs_error, run_pte
 
     st = Style()
     steps = 5
     t_start = time.perf_counter()
     if model_spec is None:
-        model_spec = "fusionkit.demo:demo_factory"
+        model_spec = "fusionkit.app.demo_model:demo_factory"
         print(st.bold("fusionkit demo — the built-in model: six RMSNorm variants "
                       "(parameter, buffer, cast, 1.0 + weight, graph input, AdaLN) "
                       "and two linears whose weights are views into packed tensors"))
@@ -68,14 +68,14 @@ def run_demo(model_spec: str | None = None, out_dir: Path | None = None) -> int:
 
     _step(st, 2, steps, "what the Vulkan fusion rules decide (fusionkit explain)")
     ms = explain(ep, "vulkan")
-    rows = _explain_rows(ms)
+    rows = explain_rows(ms)
     print(table(["rule", "verdict", "root", "step", "node", "reason"], rows) if rows
           else "no candidate matches")
     print(f"→ {len(ms.accepted)} fused, {len(ms.declined)} declined; a declined norm stays as "
           "plain ops (one extra dispatch), it never aborts the runtime")
 
     vk = adapter("vulkan")
-    from fusionkit.backends.vulkan_adapter import simulator as vk_sim
+    from fusionkit.backends.vulkan_adapter.inspect import simulator as vk_sim
 
     ok = True
     _step(st, 3, steps, "Vulkan: stock ExecuTorch 1.5.1 vs fusionkit (static check of the payload)")

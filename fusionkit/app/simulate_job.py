@@ -4,7 +4,7 @@ What ``fusionkit simulate MODEL`` runs: :func:`simulate_model` lowers through th
 adapter (or, with ``stock=True``, through ExecuTorch's own ``VulkanPartitioner``
 with the adapter uninstalled for the duration), serializes the program
 (``to_executorch()``), draws random inputs of the example inputs' shapes and
-dtypes, runs :func:`.simulator.simulate` on the serialized program and eager
+dtypes, runs :func:`~fusionkit.backends.vulkan_adapter.simulate` on the serialized program and eager
 PyTorch, and reports the maximum error per output against a per-dtype tolerance.
 """
 
@@ -18,7 +18,11 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .simulator import NotConstantError, SimulationError, simulate
+from fusionkit.backends.vulkan_adapter.inspect.simulator import (
+    NotConstantError,
+    SimulationError,
+    simulate,
+)
 
 __all__ = ["TOLERANCES", "OutputError", "SimulationReport", "random_inputs", "simulate_model"]
 
@@ -85,13 +89,13 @@ def _lower(exported: Any, rules: Sequence[Any], stock: bool) -> Any:
     from executorch.exir import to_edge_transform_and_lower
 
     if not stock:
-        from fusionkit.lowering import lower
+        from fusionkit.app.lowering import lower
 
         return lower(exported, "vulkan", rules).program
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
 
-    from . import constant_serializer as cs
-    from .install import install, is_installed, uninstall
+    from fusionkit.backends.vulkan_adapter import constant_serializer as cs
+    from fusionkit.backends.vulkan_adapter.install import install, is_installed, uninstall
 
     was, cs_was = is_installed(), cs.is_installed()
     uninstall()

@@ -1,13 +1,17 @@
-"""Terminal output: aligned tables, colour only on a TTY (and never with NO_COLOR)."""
+"""Terminal output: colour only on a TTY (and never with NO_COLOR); the core's table renderer."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
 from typing import TextIO
 
+from fusionkit.report import text_table
+
 __all__ = ["Style", "table"]
+
+#: the one table renderer (plain text; colour is applied to cells by the caller)
+table = text_table
 
 
 class Style:
@@ -30,23 +34,5 @@ class Style:
     def red(self, t: str) -> str:
         return self._wrap("31", t)
 
-    def yellow(self, t: str) -> str:
-        return self._wrap("33", t)
-
     def dim(self, t: str) -> str:
         return self._wrap("2", t)
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[int] = ()) -> str:
-    """A plain aligned table; columns listed in ``right`` are right-aligned."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-
-    def line(r: Sequence[str]) -> str:
-        parts = [c.rjust(w) if i in right else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(r, widths, strict=True))]
-        return "  ".join(parts).rstrip()
-
-    out = [line(cells[0]), "  ".join("-" * w for w in widths)]
-    out.extend(line(r) for r in cells[1:])
-    return "\n".join(out)

@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any
 
 __all__ = [
+    "REMOVE",
     "TESTED_EXECUTORCH",
     "Installation",
     "PatchSet",
@@ -75,44 +76,105 @@ class Installation:
         return f"Installation(installed_here={self.installed_here})"
 
 
+#: a patch's replacement that removes a dict entry instead of replacing it
+REMOVE: Any = type("Remove", (), {"__repr__": lambda self: "REMOVE"})()
+_MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING"})()
+
+
 class PatchSet:
-    """A named set of attribute replacements, installed and removed as one."""
+    """A named set of replacements, installed and removed as one.
+
+    A patch is ``(owner, name, replacement)``: an attribute of a module or class,
+    or — when ``owner`` is a dict, like ExecuTorch's pattern registry — an entry,
+    which :data:`REMOVE` takes out. ``includes`` are other sets installed with this
+    one (and uninstalled with it when this install put them in). Uninstalling puts
+    back the identical original objects, dict entries in their original order.
+    """
 
     def __init__(self, component: str, patches: Callable[[], list[Patch]], *,
                  before_install: Callable[[], None] | None = None,
-                 after_uninstall: Callable[[], None] | None = None) -> None:
+                 after_uninstall: Callable[[], None] | None = None,
+                 includes: tuple[PatchSet, ...] = ()) -> None:
         self.component = component
         self._patches = patches  # resolved lazily: importing ExecuTorch modules is slow
         self._before_install = before_install
         self._after_uninstall = after_uninstall
+        self._includes = includes
+        self._included_here: list[PatchSet] = []
         self._saved: list[Patch] = []
+        self._dict_orders: list[tuple[dict[Any, Any], list[Any]]] = []
+        self._installed = False
         self._lock = threading.RLock()
 
     def is_installed(self) -> bool:
-        return bool(self._saved)
+        return self._installed
+
+    def original(self, owner: Any, name: str) -> Any:
+        """The object a patch replaced (the attribute itself when not installed)."""
+        with self._lock:
+            for o, n, orig in self._saved:
+                if o is owner and n == name:
+                    return orig
+        return owner.get(name) if isinstance(owner, dict) else getattr(owner, name)
 
     def install(self) -> Installation:
-        """Apply every patch (no-op if already applied)."""
+        """Apply every patch (no-op if already applied); all or nothing."""
         with self._lock:
-            if self._saved:
+            if self._installed:
                 return Installation(self.uninstall, False)
             check_executorch_version(self.component)
             patches = self._patches()
             if self._before_install is not None:
                 self._before_install()
-            for owner, name, new in patches:
-                original = owner.__dict__[name] if name in vars(owner) else getattr(owner, name)
-                self._saved.append((owner, name, original))
-                setattr(owner, name, new)
+            try:
+                for inc in self._includes:
+                    if inc.install().installed_here:
+                        self._included_here.append(inc)
+                for owner, name, new in patches:
+                    self._apply(owner, name, new)
+            except BaseException:
+                self._installed = True
+                self.uninstall()
+                raise
+            self._installed = True
             return Installation(self.uninstall, True)
+
+    def _apply(self, owner: Any, name: str, new: Any) -> None:
+        if isinstance(owner, dict):
+            if not any(d is owner for d, _ in self._dict_orders):
+                self._dict_orders.append((owner, list(owner)))
+            self._saved.append((owner, name, owner.get(name, _MISSING)))
+            if new is REMOVE:
+                owner.pop(name, None)
+            else:
+                owner[name] = new
+            return
+        original = owner.__dict__[name] if name in vars(owner) else getattr(owner, name)
+        self._saved.append((owner, name, original))
+        setattr(owner, name, new)
 
     def uninstall(self) -> None:
         """Put back the exact original objects (no-op if not installed)."""
         with self._lock:
-            if not self._saved:
+            if not self._installed:
                 return
             while self._saved:
                 owner, name, original = self._saved.pop()
-                setattr(owner, name, original)
+                if isinstance(owner, dict):
+                    if original is _MISSING:
+                        owner.pop(name, None)
+                    else:
+                        owner[name] = original
+                else:
+                    setattr(owner, name, original)
+            for d, order in self._dict_orders:  # restore iteration order
+                rank = {k: i for i, k in enumerate(order)}
+                items = sorted(d.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+                d.clear()
+                d.update(items)
+            self._dict_orders.clear()
+            while self._included_here:
+                self._included_here.pop().uninstall()
+            self._installed = False
             if self._after_uninstall is not None:
                 self._after_uninstall()

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from fusionkit import PythonReplacement, Rule, capture, find_matches, op
+from fusionkit import PythonReplacement, Rewriter, Rule, capture, find_matches, op
 from fusionkit.pattern import also, outputs, seq
-from fusionkit.rewrite import Rewriter, apply_matches
+from fusionkit.rewrite import apply_matches
 
 
 class Cat(torch.nn.Module):
@@ -63,7 +63,7 @@ def test_outputs_also_replaces_two_outputs_with_one_tuple_op_and_new_constant() 
 def test_outputs_may_drop_an_unused_output_but_not_a_used_one() -> None:
     import pytest
 
-    from fusionkit.rewrite import FusionError
+    from fusionkit import FusionError
 
     pat = outputs(op("aten.mul.Tensor", op("aten.sin.default", capture("x")), 2),
                   also("c", op("aten.mul.Tensor", op("aten.cos.default", capture("x")), 2),

@@ -54,7 +54,7 @@ class DemoModel(nn.Module):
 
 
 def demo_factory() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """``fusionkit.demo:demo_factory``: the module and example inputs."""
+    """``fusionkit.app.demo_model:demo_factory``: the module and example inputs."""
     g = torch.Generator().manual_seed(1)
     inputs = (torch.randn(2, DIM, generator=g), 1.0 + 0.1 * torch.randn(DIM, generator=g),
               torch.randn(2, COND, generator=g))

@@ -20,7 +20,7 @@ import torch
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 from torch.export import ExportedProgram
 
-from fusionkit.tensor_bytes import (
+from fusionkit.integration.tensor_bytes import (
     dense_dim_order,
     owns_storage_exactly,
     storage_nbytes,

@@ -33,7 +33,7 @@ What runs
 
 The runtime's rules that are enforced
 -------------------------------------
-* ``et_vk.prepack`` and every argument in :data:`.check.PREPACKED_ARGS` (from
+* ``et_vk.prepack`` and every argument in :data:`.prepack_check.PREPACKED_ARGS` (from
   ``shared/vulkan-prepacked-args.md``) must be a constant (a ``VkTensor`` with
   ``constant_id >= 0``, a TensorRef); otherwise :class:`NotConstantError` is
   raised with the condition the runtime aborts on
@@ -139,8 +139,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .check import ABORT, BACKEND_ID, PREPACKED_ARGS, _describe
 from .payload import VkGraph, VkTensor, VkValue, VulkanPayload, decode_payload
+from .prepack_check import ABORT, BACKEND_ID, PREPACKED_ARGS, describe_value
 
 __all__ = [
     "SUPPORTED_OPS",
@@ -357,7 +357,7 @@ class _Delegate:
             return [self.read(i, who) for i in v.value]
         x = self.values[vid]
         if x is _UNSET:
-            raise self.err(f"{who} reads value {vid} ({_describe(v)}) before any op or "
+            raise self.err(f"{who} reads value {vid} ({describe_value(v)}) before any op or "
                            "input wrote it")
         return x
 
@@ -423,7 +423,7 @@ class _Delegate:
         where = f"{name} argument {index} ({arg_name})"
         raise NotConstantError(
             f"{self.label}: {where} is not a constant (TensorRef): value {vid} is "
-            f"{_describe(v)}; {ABORT}", name, index, arg_name)
+            f"{describe_value(v)}; {ABORT}", name, index, arg_name)
 
     def call(self, index: int, name: str, ids: Sequence[int]) -> None:
         who = f"op #{index} {name}"

@@ -111,7 +111,7 @@ class VulkanDelegate:
 # -------------------------------------------------------------------- the checks
 
 
-def _describe(v: VkValue | None) -> str:
+def describe_value(v: VkValue | None) -> str:
     if v is None:
         return "nothing"
     t = v.tensor
@@ -152,12 +152,12 @@ def _check_args(g: VkGraph, d: VulkanDelegate) -> Iterator[Problem]:
                 if v.kind in ("Null", "NONE") and arg.none_ok:
                     continue
                 yield problem("not_constant", vid,
-                              f"{where} is {_describe(v)}, not a constant tensor (TensorRef): "
+                              f"{where} is {describe_value(v)}, not a constant tensor (TensorRef): "
                               f"{ABORT}")
             elif not t.is_constant:
                 yield problem("not_constant", vid,
                               f"{where} is not a constant (TensorRef): value {vid} is "
-                              f"{_describe(v)}; {ABORT}")
+                              f"{describe_value(v)}; {ABORT}")
 
 
 def _check_constants(g: VkGraph, p: VulkanPayload, d: VulkanDelegate) -> Iterator[Problem]:

@@ -22,7 +22,7 @@ from fusionkit.fusion_pass import FusionPass
 from fusionkit.report import FusionReport
 from fusionkit.rule import Rule
 
-__all__ = ["BACKENDS", "LoweringResult", "adapter", "builtin_rules", "explain", "lower"]
+__all__ = ["BACKENDS", "LoweringResult", "adapter", "adapter_rules", "explain", "lower"]
 
 #: backend name -> adapter module and its partitioner class name
 BACKENDS: dict[str, tuple[str, str]] = {
@@ -43,7 +43,7 @@ def _fusion_passes(passes: Sequence[Any]) -> list[FusionPass]:
     return [p for p in passes if isinstance(p, FusionPass)]
 
 
-def builtin_rules(backend: str) -> list[Rule]:
+def adapter_rules(backend: str) -> list[Rule]:
     """The fusion rules the backend's adapter applies by default."""
     rules: list[Rule] = []
     for p in _fusion_passes(adapter(backend).transform_passes()):
@@ -56,7 +56,7 @@ def explain(ep: ExportedProgram, backend: str, extra_rules: Sequence[Rule] = ())
     from executorch.exir import to_edge
 
     edge = to_edge(ep).exported_program()
-    return find_matches(edge, [*builtin_rules(backend), *extra_rules])
+    return find_matches(edge, [*adapter_rules(backend), *extra_rules])
 
 
 @dataclass

@@ -1,0 +1,50 @@
+"""How the command line and the demo show matches and reports: rows, JSON, text.
+
+One place for the presentation of :class:`~fusionkit.finder.MatchSet` and
+:class:`~fusionkit.report.FusionReport`, so ``explain``, ``lower`` and the demo
+print the same thing; the JSON records are the core's (:mod:`fusionkit.report`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fusionkit.finder import MatchSet
+from fusionkit.report import FusionReport, decline_record, match_record, text_table
+
+__all__ = ["explain_json", "explain_rows", "report_text"]
+
+
+def _graph_order(ms: MatchSet) -> dict[Any, int]:
+    roots = [m.root for m in ms.accepted] + [d.root for d in ms.declined]
+    return {n: i for i, n in enumerate(roots[0].graph.nodes)} if roots else {}
+
+
+def explain_rows(ms: MatchSet) -> list[tuple[str, ...]]:
+    """One row per match, in graph order: rule, verdict, root, step, node, reason."""
+    order = _graph_order(ms)
+    items: list[tuple[int, tuple[str, ...]]] = []
+    for m in ms.accepted:
+        folded = ", ".join(f"{k} folded from `{v.name}`" for k, v in m.folds.items())
+        items.append((order.get(m.root, 0), (m.rule.name, "fused", m.root.name, "-", "-",
+                                             folded or f"{len(m.claimed)} nodes")))
+    for d in ms.declined:
+        items.append((order.get(d.root, 0), (d.rule, "declined", d.root.name, d.step,
+                                             d.node.name if d.node is not None else "-", d.reason)))
+    items.sort(key=lambda t: t[0])
+    return [row for _, row in items]
+
+
+def explain_json(ms: MatchSet) -> dict[str, Any]:
+    """The accepted and declined matches as JSON records."""
+    return {"accepted": [match_record(m) for m in ms.accepted],
+            "declined": [decline_record(d) for d in ms.declined]}
+
+
+def report_text(report: FusionReport) -> str:
+    """A pass report as a table of every rule, then one line per decline."""
+    rows = [(r.rule, r.fused, r.folded, len(r.declines)) for r in report.rules.values()]
+    lines = [text_table(["rule", "fused", "folded consts", "declined"], rows, right=(1, 2, 3))]
+    for d in report.declined:
+        lines.append(f"  declined {d.rule} at `{d.root.name}` ({d.step}): {d.reason}")
+    return "\n".join(lines)

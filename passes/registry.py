@@ -1,0 +1,84 @@
+"""Where rule sets are discoverable: every shipped rule factory registers itself here.
+
+ExecuTorch registers its Vulkan detectors with a decorator; fusionkit does the
+same for its rule factories, so a rule set is never listed by hand. A factory
+says which sets it belongs to (``"builtin"``: every rule fusionkit ships;
+``"vulkan"``: the Vulkan adapter's set) and which stock ExecuTorch pattern it
+takes over. Sets keep registration order (the order the rule modules import).
+A backend author registers a factory of their own the same way.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from fusionkit.rule import Rule
+
+__all__ = ["RuleFactory", "register_rules", "registered", "rule_set", "rule_set_names",
+           "taken_over_patterns"]
+
+#: the modules whose import registers every rule fusionkit ships
+SHIPPED_RULE_MODULES: tuple[str, ...] = ("fusionkit.passes.rms_norm", "fusionkit.passes.vulkan")
+
+F = TypeVar("F", bound=Callable[[], "Rule | list[Rule]"])
+
+
+@dataclass(frozen=True)
+class RuleFactory:
+    """A registered factory: called with no arguments, returns fresh rule object(s)."""
+
+    qualname: str
+    sets: frozenset[str]
+    takes_over: str | None
+    make: Callable[[], Rule | list[Rule]]
+
+    def rules(self) -> list[Rule]:
+        made = self.make()
+        return list(made) if isinstance(made, (list, tuple)) else [made]
+
+
+_FACTORIES: dict[str, RuleFactory] = {}
+
+
+def register_rules(*sets: str, takes_over: str | None = None) -> Callable[[F], F]:
+    """Decorator: register a no-argument rule factory in the named rule sets."""
+
+    def wrap(fn: F) -> F:
+        qualname = f"{fn.__module__}.{fn.__qualname__}"
+        _FACTORIES[qualname] = RuleFactory(qualname, frozenset(sets), takes_over, fn)
+        return fn
+
+    return wrap
+
+
+def _load_shipped() -> None:
+    for module in SHIPPED_RULE_MODULES:
+        importlib.import_module(module)
+
+
+def registered(set_name: str | None = None) -> list[RuleFactory]:
+    """Registered factories (of one set), in registration order."""
+    _load_shipped()
+    return [f for f in _FACTORIES.values() if set_name is None or set_name in f.sets]
+
+
+def rule_set(name: str) -> list[Rule]:
+    """Fresh rule objects of a registered set (``"builtin"``, ``"vulkan"``, ...)."""
+    factories = registered(name)
+    if not factories:
+        raise KeyError(f"no rule set {name!r}; known: {rule_set_names()}")
+    return [r for f in factories for r in f.rules()]
+
+
+def rule_set_names() -> list[str]:
+    """Every registered set name."""
+    return sorted({s for f in registered() for s in f.sets})
+
+
+def taken_over_patterns(set_name: str) -> dict[str, str]:
+    """Stock pattern name -> qualified name of the factory in ``set_name`` replacing it."""
+    return {f.takes_over: f.qualname for f in registered(set_name) if f.takes_over}

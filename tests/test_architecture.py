@@ -1,0 +1,211 @@
+"""The shape of the house: no import circles, one public face, nothing public lost.
+
+The import graph is read from the sources (every ``import`` statement, at module
+level, under ``TYPE_CHECKING`` and inside functions alike: a circle of lazy
+imports is still a circle of concepts). ``from fusionkit import X`` counts as an
+import of the module that defines ``X`` (the facade re-exports lazily).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+import fusionkit
+
+ROOT = Path(__file__).resolve().parent.parent
+#: source folder -> installed package (pyproject's package-dir)
+PACKAGE_DIRS = {"fusionkit": "fusionkit", "passes": "fusionkit.passes",
+                "backends": "fusionkit.backends"}
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for folder, package in PACKAGE_DIRS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def _resolve(importer: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".")
+    if not _is_package(importer):
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _targets(importer: str, tree: ast.AST) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = _resolve(importer, node)
+            for alias in node.names:
+                sub = f"{module}.{alias.name}"
+                if sub in MODULES:
+                    out.add(sub)
+                elif module == "fusionkit" and alias.name in fusionkit.EXPORTS:
+                    out.add(fusionkit.EXPORTS[alias.name][0])
+                else:
+                    out.add(module)
+    return {t for t in out if t in MODULES and t != importer and t != "fusionkit"}
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {name: _targets(name, ast.parse(path.read_text(), str(path)))
+            for name, path in MODULES.items() if name != "fusionkit"}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_the_cycle_finder_finds_a_planted_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles() -> None:
+    assert import_cycles(import_graph()) == []
+
+
+#: which folders may import which: the core never reaches up into the application,
+#: the adapters or the shipped rules
+LAYERS = {
+    "core": ("fusionkit.",),
+    "integration": ("fusionkit.integration",),
+    "specs": ("fusionkit.specs",),
+    "passes": ("fusionkit.passes",),
+    "backends": ("fusionkit.backends",),
+    "app": ("fusionkit.app",),
+}
+
+
+def _layer(module: str) -> str:
+    for layer in ("integration", "specs", "passes", "backends", "app"):
+        if any(module.startswith(p) for p in LAYERS[layer]):
+            return layer
+    return "core"
+
+
+ALLOWED = {
+    "core": {"core"},
+    "integration": {"core", "integration"},
+    "specs": {"core", "specs"},
+    "passes": {"core", "passes", "integration"},
+    "backends": {"core", "integration", "passes", "backends"},
+    "app": {"core", "integration", "specs", "passes", "backends", "app"},
+}
+
+
+def test_layers_import_only_downwards() -> None:
+    bad = [(m, t) for m, targets in import_graph().items() for t in targets
+           if _layer(t) not in ALLOWED[_layer(m)]]
+    assert bad == []
+
+
+def test_rule_modules_use_only_the_public_face() -> None:
+    core = {m for m in MODULES if _layer(m) == "core" and m != "fusionkit"}
+    bad = [(m, t) for m, targets in import_graph().items() if m.startswith("fusionkit.passes.")
+           and m != "fusionkit.passes.registry" for t in targets
+           if t in core and t not in {e[0] for e in fusionkit.EXPORTS.values()}]
+    assert bad == []
+
+
+#: what users import today; a name may move, never disappear
+PUBLIC_API = {
+    "fusionkit": [
+        "Rule", "op", "capture", "through", "ref", "replace_with", "FusionPass", "find_matches",
+        "Rewriter", "FusionError", "CheckContext", "Constraint", "Custom", "PrepackableConstant",
+        "GraphLeaf", "UserInput", "DtypeIn", "Rank", "StaticShape", "SameDtype", "ShapeRelation",
+        "ReducesLastDim", "ScalarRange", "BroadcastsOverLastDim", "broadcasts_over_last_dim",
+        "named_shape_relation", "CASTS", "Pattern", "is_op", "lit", "where", "any_value",
+        "any_float", "scalar", "one_of", "int_list", "seq", "outputs", "also", "CallOp",
+        "PythonReplacement", "RuleError", "Match", "MatchSet", "Decline", "RuleIndex",
+        "FusionReport", "ProgramInputs", "ConstantRef", "ConstantKind", "CompactConstantsPass",
+        "compact_tensor", "tensor_bytes", "pack_int4", "Failure", "op_key",
+    ],
+    "fusionkit.specs": ["load_specs", "load_spec_text", "rules_to_yaml"],
+    "fusionkit.passes": ["builtin_rules"],
+    "fusionkit.passes.registry": ["register_rules", "rule_set", "rule_set_names"],
+    "fusionkit.backends.vulkan_adapter": [
+        "VulkanPartitioner", "transform_passes", "check", "simulate", "install", "uninstall",
+        "fusion_rules", "TAKEN_OVER_PATTERNS", "decode_payload", "FusedOpNotDelegatedError",
+    ],
+    "fusionkit.backends.xnnpack_adapter": [
+        "XnnpackPartitioner", "transform_passes", "install", "uninstall",
+    ],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC_API))
+def test_public_names_exist(module: str) -> None:
+    mod = importlib.import_module(module)
+    missing = [n for n in PUBLIC_API[module] if not hasattr(mod, n)]
+    assert missing == []
+
+
+def test_every_facade_name_is_documented_in_one_line() -> None:
+    assert set(fusionkit.__all__) == set(fusionkit.EXPORTS)
+    for name, (module, doc) in fusionkit.EXPORTS.items():
+        assert doc and "\n" not in doc, name
+        assert getattr(importlib.import_module(module), name) is getattr(fusionkit, name)
+
+
+def test_inspection_is_not_imported_by_the_adapter() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, fusionkit.backends.vulkan_adapter as v; "
+            "print(any(m.startswith('fusionkit.backends.vulkan_adapter.inspect') "
+            "for m in sys.modules)); v.check; "
+            "print('fusionkit.backends.vulkan_adapter.inspect.prepack_check' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]

@@ -62,6 +62,8 @@ class Decline:
     step: str  # "structure", "escape", "overlap", or a constraint kind
     node: Node | None
     reason: str
+    #: the nodes the rule had matched when it was declined (for pictures)
+    claimed: tuple[Node, ...] = field(default=(), compare=False, repr=False)
 
     def __str__(self) -> str:
         at = f" [{self.node.name}]" if self.node is not None else ""
@@ -258,24 +260,26 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
         if owner is not None:
             return Decline(rule.name, root, "overlap", n,
                            f"`{n.name}` already belongs to the {owner.rule.name} match at "
-                           f"`{owner.root.name}`")
+                           f"`{owner.root.name}`", b.claimed)
     if not rule.allow_escape:
         esc = _escaping_user(b, root, output_names(rule.pattern))
         if esc is not None:
             inner, user = esc
             return Decline(rule.name, root, "escape", inner,
                            f"intermediate `{inner.name}` is also used by `{user.name}` outside "
-                           "the match; fusing would have to compute it twice")
+                           "the match; fusing would have to compute it twice", b.claimed)
     ctx = CheckContext(ep, inputs, root, b.captures, allow_folding=allow_folding)
     for c in rule.constraints:
         failure: Failure | None = c.check(ctx)
         if failure is not None:
-            return Decline(rule.name, root, failure.constraint, failure.node, failure.reason)
+            return Decline(rule.name, root, failure.constraint, failure.node, failure.reason,
+                           b.claimed)
     return Match(rule, root, dict(b.captures), b.claimed, dict(ctx.folds))
 
 
 def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
-                 *, structural_declines: bool = True, allow_folding: bool = True) -> MatchSet:
+                 *, structural_declines: bool = True, allow_folding: bool = True,
+                 all_near_misses: bool = False) -> MatchSet:
     """Accepted and declined matches of ``rules`` in ``ep``, in graph order.
 
     A node belongs to at most one accepted match. Near misses are reported:
@@ -283,7 +287,9 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
     (with ``structural_declines``) a structure that matched at least two thirds
     of the pattern before it failed. ``allow_folding=False`` is for callers that
     cannot add constants to the program (a graph-module pass): a weight that
-    would need folding is declined instead.
+    would need folding is declined instead. ``all_near_misses`` lifts the
+    progress threshold: every structural attempt that matched the root's op is
+    reported (``fusionkit explain --all-near-misses``).
     """
     index = rules if isinstance(rules, RuleIndex) else RuleIndex(rules)
     inputs = ProgramInputs(ep)
@@ -294,7 +300,7 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
             continue
         candidates = index.for_target(node.target)
         for rule in candidates:
-            gate = index.gate(rule)
+            gate = None if all_near_misses else index.gate(rule)
             if gate is not None and not gate.may_match(node):
                 continue  # the search below would fail before any reportable progress
             bindings, failure = match_pattern(rule.pattern, node, inputs)
@@ -316,7 +322,8 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
                 break
             if first_decline is not None:
                 result.declined.append(first_decline)
-            elif structural_declines and failure.progress >= index.threshold(rule):
-                result.declined.append(
-                    Decline(rule.name, node, "structure", failure.node, failure.message))
+            elif structural_declines and failure.progress >= (
+                    1 if all_near_misses else index.threshold(rule)):
+                result.declined.append(Decline(rule.name, node, "structure", failure.node,
+                                               failure.message, failure.claimed))
     return result

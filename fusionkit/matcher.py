@@ -58,6 +58,8 @@ class StructuralFailure:
     progress: int = -1
     node: Node | None = None
     _message: str | Callable[[], str] = ""
+    #: the nodes matched when the search stopped there (what a picture marks)
+    claimed: tuple[Node, ...] = ()
 
     @property
     def message(self) -> str:
@@ -76,6 +78,7 @@ class _Search:
         f = self.failure
         if len(b.claimed) >= f.progress:
             f.progress, f.node, f._message = len(b.claimed), node, message
+            f.claimed = b.claimed
 
 
 def _fmt(v: Any) -> str:

@@ -1,0 +1,287 @@
+"""A rule or pattern printed as the DSL code that builds it.
+
+A traced rule (:mod:`fusionkit.from_example`) is data nobody wrote by hand;
+printing it as ``op(...)``/``capture(...)`` code lets its author read what was
+traced, paste it into a module and edit it like a hand-written rule.
+Executing the printed code builds an equal pattern (the tests do exactly that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fusionkit.pattern import (
+    CASTS,
+    COMMUTATIVE,
+    Also,
+    Alt,
+    Capture,
+    Named,
+    Op,
+    Outputs,
+    Pattern,
+    Seq,
+    Through,
+    Value,
+)
+from fusionkit.rule import CallOp, PythonReplacement, Ref, Replacement, Rule
+from fusionkit.targets import op_key, resolve_op
+
+__all__ = ["NotPrintable", "to_python"]
+
+
+class NotPrintable(ValueError):
+    """A part of a rule that is Python code, not data (a predicate, a custom check)."""
+
+
+def _cast_keys() -> frozenset[str]:
+    return frozenset(op_key(resolve_op(c)) or c for c in CASTS)
+
+
+def _literal(v: Any) -> str:
+    if isinstance(v, torch.dtype):
+        return str(v)  # torch.float32
+    if isinstance(v, tuple):
+        return "[" + ", ".join(_literal(x) for x in v) + "]"
+    if isinstance(v, list):
+        return "[" + ", ".join(_literal(x) for x in v) + "]"
+    if isinstance(v, (torch.device, torch.layout, torch.memory_format)):
+        return f"torch.{v}" if not isinstance(v, torch.device) else f"torch.device({str(v)!r})"
+    return repr(v)
+
+
+def _kw(**items: Any) -> str:
+    return "".join(f", {k}={v}" for k, v in items.items() if v is not None)
+
+
+@dataclass
+class _Printer:
+    casts: frozenset[str] = field(default_factory=_cast_keys)
+    #: hoisted sub-pattern text -> variable name (text repeated in the pattern)
+    hoisted: dict[str, str] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    needs: set[str] = field(default_factory=set)
+
+    def value(self, p: Value) -> str:
+        spec = p.spec
+        name = repr(p.name) if p.name else None
+        tensor_ok = "True" if p.tensor_ok else None
+        if spec is None:
+            raise NotPrintable(f"value matcher {p.description!r} is a Python predicate")
+        kind = spec[0]
+        if kind == "lit":
+            if name is None and tensor_ok is None:
+                return _literal(spec[1])
+            self.needs.add("lit")
+            return f"lit({_literal(spec[1])}{_kw(name=name, tensor_ok=tensor_ok)})"
+        if kind == "any_value":
+            self.needs.add("any_value")
+            return f"any_value({name or ''})"
+        if kind == "any_float":
+            self.needs.add("any_float")
+            return f"any_float({name or 'None'}{'' if p.tensor_ok else ', tensor_ok=False'})"
+        if kind == "scalar":
+            self.needs.add("scalar")
+            lo = repr(spec[1]) if spec[1] is not None else None
+            hi = repr(spec[2]) if len(spec) > 2 and spec[2] is not None else None
+            return (f"scalar({name or 'None'}{_kw(lo=lo, hi=hi)}"
+                    f"{'' if p.tensor_ok else ', tensor_ok=False'})")
+        if kind == "one_of":
+            self.needs.add("one_of")
+            return f"one_of({_literal(spec[1])}{_kw(name=name, tensor_ok=tensor_ok)})"
+        if kind == "int_list":
+            self.needs.add("int_list")
+            return f"int_list({spec[1]!r}{_kw(name=name)})"
+        raise NotPrintable(f"value matcher {p.description!r} ({kind}) has no printed form")
+
+    def expr(self, p: Any) -> str:
+        if not isinstance(p, Pattern):
+            return _literal(p)
+        text = self._expr(p)
+        if isinstance(p, (Op, Named)) and self.counts.get(text, 0) > 1:
+            var = self.hoisted.get(text)
+            if var is None:
+                var = self.hoisted[text] = f"p{len(self.hoisted) + 1}"
+                self.lines.append(f"{var} = {text}")
+            return var
+        return text
+
+    def _expr(self, p: Pattern) -> str:
+        if isinstance(p, Capture):
+            self.needs.add("capture")
+            return f"capture({p.name!r})"
+        if isinstance(p, Value):
+            return self.value(p)
+        if isinstance(p, Named):
+            return f"{self.expr(p.inner)}.bind({p.name!r})"
+        if isinstance(p, Alt):
+            return "(" + " | ".join(self.expr(o) for o in p.options) + ")"
+        if isinstance(p, Through):
+            self.needs.add("through")
+            if p.ops == self.casts:
+                self.needs.add("CASTS")
+                ops = "CASTS"
+            else:
+                ops = _literal(sorted(p.ops))
+            depth = f", max_depth={p.max_depth}" if p.max_depth != 8 else ""
+            return f"through({ops}, {self.expr(p.inner)}{depth})"
+        if isinstance(p, Seq):
+            self.needs.add("seq")
+            return f"seq({', '.join(self.expr(i) for i in p.items)})"
+        if isinstance(p, Op):
+            self.needs.add("op")
+            targets = sorted(p.targets)
+            head = repr(targets[0]) if len(targets) == 1 else _literal(targets)
+            parts = [head, *(self.expr(a) for a in p.args)]
+            parts += [f"{k}={self.expr(v)}" for k, v in p.kwargs.items()]
+            if p.commutative != (p.targets <= COMMUTATIVE):
+                parts.append(f"commutative={p.commutative}")
+            if not p.strict_defaults:
+                parts.append("strict_defaults=False")
+            return f"op({', '.join(parts)})"
+        if isinstance(p, Outputs):
+            self.needs.update(("outputs", "also"))
+            others = [self._also(o) for o in p.others]
+            return f"outputs({self.expr(p.primary)}, {', '.join(others)})"
+        raise NotPrintable(f"pattern node {type(p).__name__} has no printed form")
+
+    def _also(self, o: Also) -> str:
+        depth = f", max_depth={o.max_depth}" if o.max_depth != 12 else ""
+        return f"also({o.name!r}, {self.expr(o.pattern)}, near={o.near!r}{depth})"
+
+    def count(self, p: Any) -> None:
+        """First pass: how often each sub-pattern's text occurs (to hoist repeats)."""
+        if not isinstance(p, Pattern):
+            return
+        children: list[Any] = []
+        if isinstance(p, Named):
+            children = [p.inner]
+        elif isinstance(p, Alt):
+            children = list(p.options)
+        elif isinstance(p, Through):
+            children = [p.inner]
+        elif isinstance(p, Seq):
+            children = list(p.items)
+        elif isinstance(p, Op):
+            children = [*p.args, *p.kwargs.values()]
+        elif isinstance(p, Outputs):
+            children = [p.primary, *(o.pattern for o in p.others)]
+        for c in children:
+            self.count(c)
+        if isinstance(p, (Op, Named)):
+            text = _Printer(self.casts)._expr(p)
+            self.counts[text] = self.counts.get(text, 0) + 1
+
+
+def _ref_args(a: Any) -> str:
+    if isinstance(a, Ref):
+        return f"ref({a.name!r})"
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(_ref_args(x) for x in a) + "]"
+    return _literal(a)
+
+
+def _replacement(r: Replacement, needs: set[str]) -> tuple[list[str], str]:
+    """(definition lines, expression) of a replacement."""
+    if isinstance(r, CallOp):
+        needs.update(("replace_with", "ref"))
+        args = [repr(r.target), *(_ref_args(a) for a in r.args)]
+        args += [f"{k}={_ref_args(v)}" for k, v in r.kwargs.items()]
+        return [], f"replace_with({', '.join(args)})"
+    steps = getattr(r, "steps", None)
+    outs = getattr(r, "outs", None)
+    if isinstance(r, PythonReplacement) and steps is not None and outs is not None:
+        needs.add("PythonReplacement")
+        lines = ["def build(rw, c):"]
+
+        def arg(a: Any) -> str:
+            kind = type(a).__name__
+            if isinstance(a, Ref):
+                return f"c[{a.name!r}]"
+            if kind == "_Step":
+                return f"n{a.index}"
+            if kind == "_ConstTensor":
+                raise NotPrintable("the traced replacement creates a constant tensor")
+            if isinstance(a, (list, tuple)):
+                return "[" + ", ".join(arg(x) for x in a) + "]"
+            return _literal(a)
+
+        for i, (target, args, kwargs) in enumerate(steps):
+            if getattr(target, "__name__", "") == "getitem":
+                lines.append(f"    n{i} = rw.getitem({arg(args[0])}, {args[1]!r})")
+                continue
+            key = op_key(target) or str(target)
+            call = ", ".join([repr(key), *(arg(a) for a in args),
+                              *(f"{k}={arg(v)}" for k, v in kwargs.items())])
+            lines.append(f"    n{i} = rw.call({call})")
+        ret = ", ".join(arg(o) for o in outs)
+        lines.append(f"    return {ret}")
+        reads = sorted(r.reads)
+        return lines, f"PythonReplacement(build, frozenset({reads!r}))"
+    if isinstance(r, PythonReplacement):
+        fn = r.fn
+        raise NotPrintable(f"Python replacement {getattr(fn, '__module__', '?')}."
+                           f"{getattr(fn, '__qualname__', fn)!s} is code, not data")
+    raise NotPrintable(f"replacement {type(r).__name__} has no printed form")
+
+
+def _constraint(c: Any, needs: set[str]) -> str:
+    import fusionkit
+
+    cls = type(c).__name__
+    if cls == "Custom" or getattr(fusionkit, cls, None) is not type(c):
+        raise NotPrintable(f"constraint {getattr(c, 'kind', cls)} is custom Python code")
+    needs.add(cls)
+    text = repr(c)
+    if "<" in text:
+        raise NotPrintable(f"constraint {cls} holds a value without a printed form: {text}")
+    return text
+
+
+def to_python(obj: Rule | Pattern, variable: str = "rule") -> str:
+    """DSL source that builds ``obj`` (a Rule or a Pattern), assigned to ``variable``.
+
+    Raises :class:`NotPrintable` for parts that are Python code (predicates,
+    custom checks, hand-written replacement functions).
+    """
+    pr = _Printer()
+    pattern = obj.pattern if isinstance(obj, Rule) else obj
+    pr.count(pattern)
+    body = pr.expr(pattern)
+    out_lines = list(pr.lines)
+    needs = set(pr.needs)
+    if isinstance(obj, Rule):
+        defs, rep = _replacement(obj.replacement, needs)
+        cons = [_constraint(c, needs) for c in obj.constraints]
+        needs.add("Rule")
+        out_lines += defs
+        cons_text = "".join(f"        {c},\n" for c in cons)
+        extra = ""
+        if obj.priority:
+            extra += f"    priority={obj.priority},\n"
+        if obj.allow_escape:
+            extra += "    allow_escape=True,\n"
+        if obj.description:
+            extra += f"    description={obj.description!r},\n"
+        out_lines.append(
+            f"{variable} = Rule(\n    name={obj.name!r},\n    pattern={body},\n"
+            f"    constraints=[\n{cons_text}    ],\n    replacement={rep},\n{extra})")
+    else:
+        out_lines.append(f"{variable} = {body}")
+    exported = _fusionkit_exports()
+    top = sorted((n for n in needs if n in exported), key=lambda s: (not s[0].isupper(), s))
+    rest = sorted(n for n in needs if n not in exported)
+    head = ["import torch", f"from fusionkit import {', '.join(top)}"]
+    if rest:
+        head.append(f"from fusionkit.pattern import {', '.join(rest)}")
+    return "\n".join([*head, "", *out_lines]) + "\n"
+
+
+def _fusionkit_exports() -> frozenset[str]:
+    import fusionkit
+
+    return frozenset(getattr(fusionkit, "__all__", ()))

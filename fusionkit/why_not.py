@@ -1,0 +1,105 @@
+""""Why not here?": what one rule made of one node the author points at.
+
+:func:`find_matches` reports a structural near miss only once a pattern has
+matched most of its ops, so a small rule that does not fire is usually
+silent. Asked about one node, :func:`why_not` reports the deepest point the
+rule reached there with no threshold: fused; part of another match; declined
+by a constraint, an escaping intermediate or an overlap; or which pattern step
+failed, expecting what and finding what.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from fusionkit.finder import Decline, Match, MatchSet, find_matches
+from fusionkit.rule import Rule
+from fusionkit.targets import op_key
+
+__all__ = ["WhyNot", "why_not"]
+
+Outcome = Literal["fused", "inside", "declined", "not_root"]
+
+
+@dataclass(frozen=True)
+class WhyNot:
+    """The verdict of one rule at one node, and the evidence for it."""
+
+    rule: str
+    at: Node
+    outcome: Outcome
+    #: "fused", "structure", "escape", "overlap", a constraint kind, or "root"
+    step: str
+    #: the node at fault (None when the verdict names none)
+    node: Node | None
+    reason: str
+    #: the nodes the rule had matched (the whole match when fused)
+    matched: tuple[Node, ...] = ()
+    #: the match or decline this verdict comes from, when there is one
+    source: Match | Decline | None = None
+
+    def __str__(self) -> str:
+        at = f" [{self.node.name}]" if self.node is not None else ""
+        return f"{self.rule} at `{self.at.name}`: {self.outcome} ({self.step}){at}: {self.reason}"
+
+    def record(self) -> dict[str, Any]:
+        """A JSON-ready record."""
+        return {"rule": self.rule, "at": self.at.name, "outcome": self.outcome,
+                "step": self.step, "node": self.node.name if self.node is not None else None,
+                "reason": self.reason, "matched": [n.name for n in self.matched]}
+
+
+def _node_named(ep: ExportedProgram, name: str) -> Node:
+    for n in ep.graph_module.graph.nodes:
+        if n.name == name:
+            return n
+    names = [n.name for n in ep.graph_module.graph.nodes if n.op == "call_function"]
+    close = [n for n in names if name in n or n in name][:5]
+    hint = f"; similar: {', '.join(close)}" if close else ""
+    raise KeyError(f"no node named {name!r} in the program{hint}")
+
+
+def why_not(ep: ExportedProgram, rule: Rule | str, at: str | Node, *,
+            rules: Sequence[Rule] | None = None, matches: MatchSet | None = None) -> WhyNot:
+    """What ``rule`` made of node ``at`` (a node or its name) in ``ep``.
+
+    ``rules`` is the whole rule set the rule runs with (other rules' matches can
+    claim nodes first); by default the rule alone. ``matches``: the result of
+    ``find_matches(ep, rules, all_near_misses=True)`` when the caller has it.
+    """
+    rule_set = list(rules) if rules is not None else ([rule] if isinstance(rule, Rule) else [])
+    name = rule if isinstance(rule, str) else rule.name
+    the_rule = next((r for r in rule_set if r.name == name), None)
+    if the_rule is None:
+        if isinstance(rule, Rule):
+            rule_set.append(rule)
+            the_rule = rule
+        else:
+            raise KeyError(f"no rule named {name!r} (rules: {', '.join(r.name for r in rule_set)})")
+    node = at if isinstance(at, Node) else _node_named(ep, at)
+    ms = matches if matches is not None else find_matches(ep, rule_set, all_near_misses=True)
+    for m in ms.accepted:
+        if m.root is node and m.rule.name == name:
+            return WhyNot(name, node, "fused", "fused", None,
+                          f"fused: {len(m.claimed)} nodes replaced", tuple(m.claimed), m)
+    for m in ms.accepted:
+        if node in m.claimed:
+            what = "its root" if m.root is node else f"inside the match at `{m.root.name}`"
+            return WhyNot(name, node, "inside", "overlap", node,
+                          f"`{node.name}` is {what} of rule {m.rule.name}, which claimed it first",
+                          tuple(m.claimed), m)
+    for d in ms.declined:
+        if d.root is node and d.rule == name:
+            claimed = tuple(getattr(d, "claimed", ()) or (node,))
+            return WhyNot(name, node, "declined", d.step, d.node, d.reason, claimed, d)
+    key = op_key(node.target) if node.op == "call_function" else None
+    want = " or ".join(sorted(the_rule.root_keys))
+    got = key or (f"a {node.op} node" if node.op != "call_function" else str(node.target))
+    return WhyNot(name, node, "not_root", "root", node,
+                  f"the rule's pattern is rooted at {want}; `{node.name}` is {got}",
+                  (), None)

@@ -87,6 +87,13 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "compact_tensor": ("fusionkit.integration.compact_constants", "a tensor's exact bytes in a storage of its own"),
     "tensor_bytes": ("fusionkit.integration.tensor_bytes", "the exact bytes of a tensor (views included) in C or dim order"),
     "pack_int4": ("fusionkit.integration.tensor_bytes", "pack int4 values two per byte as the backends expect"),
+    "rule_from_functions": ("fusionkit.from_example", "a rule traced from the PyTorch code it fuses (and its replacement)"),
+    "pattern_from_function": ("fusionkit.from_example", "the pattern traced from one example function"),
+    "ExampleError": ("fusionkit.from_example", "example code that cannot become a rule as asked"),
+    "to_python": ("fusionkit.python_source", "a rule or pattern printed as the DSL code that builds it"),
+    "NotPrintable": ("fusionkit.python_source", "a rule part that is Python code, not data (cannot be printed)"),
+    "why_not": ("fusionkit.why_not", "what one rule made of one node: fused, declined (why) or how far it got"),
+    "WhyNot": ("fusionkit.why_not", "the verdict of :func:`why_not`: outcome, step, node at fault, reason"),
 }
 
 
@@ -128,6 +135,9 @@ if TYPE_CHECKING:
     from fusionkit.finder import MatchSet as MatchSet
     from fusionkit.finder import RuleIndex as RuleIndex
     from fusionkit.finder import find_matches as find_matches
+    from fusionkit.from_example import ExampleError as ExampleError
+    from fusionkit.from_example import pattern_from_function as pattern_from_function
+    from fusionkit.from_example import rule_from_functions as rule_from_functions
     from fusionkit.fusion_pass import FusionPass as FusionPass
     from fusionkit.integration.compact_constants import CompactConstantsPass as CompactConstantsPass
     from fusionkit.integration.compact_constants import compact_tensor as compact_tensor
@@ -152,6 +162,8 @@ if TYPE_CHECKING:
     from fusionkit.program_inputs import ConstantKind as ConstantKind
     from fusionkit.program_inputs import ConstantRef as ConstantRef
     from fusionkit.program_inputs import ProgramInputs as ProgramInputs
+    from fusionkit.python_source import NotPrintable as NotPrintable
+    from fusionkit.python_source import to_python as to_python
     from fusionkit.report import FusionReport as FusionReport
     from fusionkit.rule import CallOp as CallOp
     from fusionkit.rule import PythonReplacement as PythonReplacement
@@ -162,6 +174,8 @@ if TYPE_CHECKING:
     from fusionkit.rule import ref as ref
     from fusionkit.rule import replace_with as replace_with
     from fusionkit.targets import op_key as op_key
+    from fusionkit.why_not import WhyNot as WhyNot
+    from fusionkit.why_not import why_not as why_not
 
 __all__ = [
     "CASTS",
@@ -175,6 +189,7 @@ __all__ = [
     "Custom",
     "Decline",
     "DtypeIn",
+    "ExampleError",
     "Failure",
     "FusionError",
     "FusionPass",
@@ -182,6 +197,7 @@ __all__ = [
     "GraphLeaf",
     "Match",
     "MatchSet",
+    "NotPrintable",
     "Pattern",
     "PrepackableConstant",
     "ProgramInputs",
@@ -199,6 +215,7 @@ __all__ = [
     "ShapeRelation",
     "StaticShape",
     "UserInput",
+    "WhyNot",
     "also",
     "any_float",
     "any_value",
@@ -215,11 +232,15 @@ __all__ = [
     "op_key",
     "outputs",
     "pack_int4",
+    "pattern_from_function",
     "ref",
     "replace_with",
+    "rule_from_functions",
     "scalar",
     "seq",
     "tensor_bytes",
     "through",
+    "to_python",
     "where",
+    "why_not",
 ]

@@ -45,9 +45,14 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "scalar": ("fusionkit.pattern", "a numeric literal within optional bounds"),
     "one_of": ("fusionkit.pattern", "a literal from a fixed set"),
     "int_list": ("fusionkit.pattern", "a list of ints, optionally of a given length"),
+    "integer": ("fusionkit.pattern", "an int literal (not a bool), optionally within bounds"),
+    "positive": ("fusionkit.pattern", "a number literal > 0 (a scale)"),
+    "per_row_block": ("fusionkit.pattern", "a block size [1, ..., 1, G]: one quantization group per row"),
+    "optional_dtype": ("fusionkit.pattern", "None or one of some dtypes (an optional dtype= argument)"),
     "Constraint": ("fusionkit.constraints", "base class of operand constraints checked with the ExportedProgram"),
     "CheckContext": ("fusionkit.constraints", "what a constraint sees: captures, program, program inputs"),
     "Failure": ("fusionkit.constraints", "a constraint's reasoned refusal (reason and node at fault)"),
+    "Blame": ("fusionkit.constraints", "a custom check's reason naming its node at fault (CheckContext.blame)"),
     "PrepackableConstant": ("fusionkit.constraints", "operand must be a constant (optionally folded into one)"),
     "GraphLeaf": ("fusionkit.constraints", "operand must be a placeholder of the program"),
     "UserInput": ("fusionkit.constraints", "operand must be a user input of the program"),
@@ -113,6 +118,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from fusionkit.builder import FusionError as FusionError
     from fusionkit.builder import Rewriter as Rewriter
+    from fusionkit.constraints import Blame as Blame
     from fusionkit.constraints import BroadcastsOverLastDim as BroadcastsOverLastDim
     from fusionkit.constraints import CheckContext as CheckContext
     from fusionkit.constraints import Constraint as Constraint
@@ -150,11 +156,15 @@ if TYPE_CHECKING:
     from fusionkit.pattern import any_value as any_value
     from fusionkit.pattern import capture as capture
     from fusionkit.pattern import int_list as int_list
+    from fusionkit.pattern import integer as integer
     from fusionkit.pattern import is_op as is_op
     from fusionkit.pattern import lit as lit
     from fusionkit.pattern import one_of as one_of
     from fusionkit.pattern import op as op
+    from fusionkit.pattern import optional_dtype as optional_dtype
     from fusionkit.pattern import outputs as outputs
+    from fusionkit.pattern import per_row_block as per_row_block
+    from fusionkit.pattern import positive as positive
     from fusionkit.pattern import scalar as scalar
     from fusionkit.pattern import seq as seq
     from fusionkit.pattern import through as through
@@ -179,6 +189,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CASTS",
+    "Blame",
     "BroadcastsOverLastDim",
     "CallOp",
     "CheckContext",
@@ -224,15 +235,19 @@ __all__ = [
     "compact_tensor",
     "find_matches",
     "int_list",
+    "integer",
     "is_op",
     "lit",
     "named_shape_relation",
     "one_of",
     "op",
     "op_key",
+    "optional_dtype",
     "outputs",
     "pack_int4",
     "pattern_from_function",
+    "per_row_block",
+    "positive",
     "ref",
     "replace_with",
     "rule_from_functions",

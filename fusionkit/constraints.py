@@ -20,9 +20,11 @@ from torch.fx import Node
 
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.targets import op_key
+from fusionkit.vocabulary import constraint_term
 
 __all__ = [
     "SHAPE_RELATIONS",
+    "Blame",
     "BroadcastsOverLastDim",
     "CheckContext",
     "Constraint",
@@ -79,6 +81,24 @@ class CheckContext:
 
     def plan_fold(self, name: str, node: Node) -> None:
         self.folds[name] = node
+
+    def blame(self, at: str | Node, reason: str) -> Blame:
+        """A failure that names its node at fault: a capture name or a node of the graph.
+
+        A :class:`Custom` check returns it instead of a bare sentence when the
+        culprit is not the first capture it reads (a cache's other reader, an update).
+        """
+        node = self.node(at) if isinstance(at, str) else at
+        return Blame(reason, at if isinstance(at, str) else None, node)
+
+
+@dataclass(frozen=True)
+class Blame:
+    """A reason together with the capture and node it is about (see :meth:`CheckContext.blame`)."""
+
+    reason: str
+    capture: str | None
+    node: Node | None
 
 
 def _label(name: str, v: Any) -> str:
@@ -157,6 +177,7 @@ def _nodes_in(a: Any) -> Iterable[Node]:
 # ------------------------------------------------------------------------ the built-ins
 
 
+@constraint_term("prepackable_constant", reads=("capture",))
 @dataclass(frozen=True)
 class PrepackableConstant(Constraint):
     """The capture must be a constant the backend can prepack.
@@ -200,6 +221,7 @@ class PrepackableConstant(Constraint):
         return None
 
 
+@constraint_term("graph_leaf", reads=("capture",))
 @dataclass(frozen=True)
 class GraphLeaf(Constraint):
     """The capture must be a placeholder (a graph input of any kind)."""
@@ -218,6 +240,7 @@ class GraphLeaf(Constraint):
         return self._fail(self.capture, v, f"{_label(self.capture, v)} is {what}, not a graph leaf")
 
 
+@constraint_term("user_input", reads=("capture",))
 @dataclass(frozen=True)
 class UserInput(Constraint):
     """The capture must be one of the program's user inputs."""
@@ -241,11 +264,17 @@ def _tensor_val(ctx: CheckContext, name: str) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
+@constraint_term("dtype", reads=("capture",))
 @dataclass(frozen=True)
 class DtypeIn(Constraint):
+    """The capture is a tensor of one of ``dtypes`` (any iterable of dtypes)."""
+
     capture: str
     dtypes: frozenset[torch.dtype]
     kind = "dtype"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtypes", frozenset(self.dtypes))
 
     def captures(self) -> set[str]:
         return {self.capture}
@@ -261,11 +290,17 @@ class DtypeIn(Constraint):
                           f"expected one of {want}")
 
 
+@constraint_term("rank", reads=("capture",))
 @dataclass(frozen=True)
 class Rank(Constraint):
+    """The capture is a tensor of one of ``ranks`` (any iterable of ints)."""
+
     capture: str
     ranks: frozenset[int]
     kind = "rank"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", frozenset(self.ranks))
 
     def captures(self) -> set[str]:
         return {self.capture}
@@ -280,8 +315,11 @@ class Rank(Constraint):
                           f"expected {sorted(self.ranks)}")
 
 
+@constraint_term("static_shape", reads=("capture",))
 @dataclass(frozen=True)
 class StaticShape(Constraint):
+    """The capture is a tensor whose shape has no symbolic dims."""
+
     capture: str
     kind = "static_shape"
 
@@ -297,6 +335,7 @@ class StaticShape(Constraint):
                           f"shape {tuple(t.shape) if t is not None else '?'}")
 
 
+@constraint_term("same_dtype", reads=("a", "b"))
 @dataclass(frozen=True)
 class SameDtype(Constraint):
     """Two captures have the same dtype (e.g. the fused op's output keeps the root's)."""
@@ -366,13 +405,20 @@ SHAPE_RELATIONS: dict[str, tuple[Callable[[tuple[Any, ...], tuple[Any, ...]], bo
 }
 
 
-def named_shape_relation(name: str, a: str, b: str) -> ShapeRelation:
-    """A :data:`SHAPE_RELATIONS` entry applied to captures ``a`` and ``b``."""
+def _relation_arguments(c: ShapeRelation) -> dict[str, Any]:
+    if c.relation_name is None:
+        raise LookupError(f"shape relation {c.description!r} is an arbitrary Python function")
+    return {"relation": c.relation_name, "a": c.a, "b": c.b}
+
+
+@constraint_term("shape_relation", reads=("a", "b"), cls=ShapeRelation, dump=_relation_arguments)
+def named_shape_relation(relation: str, a: str, b: str) -> ShapeRelation:
+    """A named relation (:data:`SHAPE_RELATIONS`) between the shapes of captures ``a`` and ``b``."""
     try:
-        fn, text = SHAPE_RELATIONS[name]
+        fn, text = SHAPE_RELATIONS[relation]
     except KeyError:
-        raise ValueError(f"unknown shape relation {name!r}; known: {sorted(SHAPE_RELATIONS)}") from None
-    return ShapeRelation(a, b, fn, text.format(a=a, b=b), name)
+        raise ValueError(f"unknown shape relation {relation!r}; known: {sorted(SHAPE_RELATIONS)}") from None
+    return ShapeRelation(a, b, fn, text.format(a=a, b=b), relation)
 
 
 def broadcasts_over_last_dim(weight: str, x: str) -> ShapeRelation:
@@ -384,6 +430,7 @@ def broadcasts_over_last_dim(weight: str, x: str) -> ShapeRelation:
 BroadcastsOverLastDim = broadcasts_over_last_dim
 
 
+@constraint_term("reduces_last_dim", reads=("dim", "x"))
 @dataclass(frozen=True)
 class ReducesLastDim(Constraint):
     """A captured ``dim`` list names exactly the last dim of tensor capture ``x``.
@@ -412,8 +459,11 @@ class ReducesLastDim(Constraint):
                           f"{_label(self.x, ctx.captures.get(self.x))}, not over its last dim")
 
 
+@constraint_term("scalar_range", reads=("capture",))
 @dataclass(frozen=True)
 class ScalarRange(Constraint):
+    """The capture is a number literal in ``[lo, hi]``."""
+
     capture: str
     lo: float | None = None
     hi: float | None = None
@@ -432,14 +482,18 @@ class ScalarRange(Constraint):
         return self._fail(self.capture, v, f"{_label(self.capture, v)} is not a number in [{lo}, {hi}]")
 
 
+@constraint_term("custom", reads=("reads",))
 @dataclass(frozen=True)
 class Custom(Constraint):
     """A user-defined check: ``fn(ctx)`` returns None, or a sentence saying why not."""
 
-    fn: Callable[[CheckContext], str | None]
+    fn: Callable[[CheckContext], str | Blame | None]
     name: str
     reads: tuple[str, ...] = ()
     kind = "custom"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reads", tuple(self.reads))
 
     def captures(self) -> set[str]:
         return set(self.reads)
@@ -448,6 +502,8 @@ class Custom(Constraint):
         reason = self.fn(ctx)
         if reason is None:
             return None
+        if isinstance(reason, Blame):  # the check named its node at fault
+            return Failure(f"custom:{self.name}", reason.capture, reason.node, reason.reason)
         node = ctx.captures.get(self.reads[0]) if self.reads else None
         return Failure(f"custom:{self.name}", self.reads[0] if self.reads else None,
                        node if isinstance(node, Node) else None, reason)

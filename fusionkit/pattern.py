@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusionkit.targets import OpTarget, op_key, resolve_op
+from fusionkit.vocabulary import value_matcher
 
 __all__ = [
     "CASTS",
@@ -44,12 +45,16 @@ __all__ = [
     "any_value",
     "capture",
     "int_list",
+    "integer",
     "is_op",
     "lit",
     "one_of",
     "op",
+    "optional_dtype",
     "output_names",
     "outputs",
+    "per_row_block",
+    "positive",
     "scalar",
     "seq",
     "through",
@@ -105,7 +110,7 @@ class Pattern:
         return 0
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Capture(Pattern):
     """A named hole that binds whatever value stands in its place."""
 
@@ -118,7 +123,7 @@ class Capture(Pattern):
         return f"capture({self.name!r})"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Named(Pattern):
     """Binds the value matched by ``inner`` under ``name``."""
 
@@ -151,18 +156,41 @@ class Value(Pattern):
     description: str
     tensor_ok: bool = False
     name: str | None = None
-    #: data form of the predicate, e.g. ("scalar", lo, hi); None for an
-    #: arbitrary Python predicate (such a pattern cannot be written as YAML)
+    #: the named matcher and the arguments it was built with, e.g.
+    #: ("scalar", (("lo", 0.0), ("hi", None))) (set by :func:`~fusionkit.vocabulary.value_matcher`);
+    #: None for an arbitrary Python predicate (such a pattern cannot be written as YAML)
     spec: tuple[Any, ...] | None = None
 
     def captures(self) -> set[str]:
         return {self.name} if self.name else set()
 
+    def _key(self) -> tuple[Any, ...]:
+        # a named matcher is its arguments; a predicate is only equal to itself
+        what = _typed(self.spec) if self.spec is not None else (id(self.predicate), self.description)
+        return (what, self.tensor_ok, self.name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Value) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
     def __repr__(self) -> str:
         return self.description
 
 
-@dataclass(frozen=True, eq=False)
+def _typed(v: Any) -> Any:
+    """``v`` with bools told apart from ints (``lit(True)`` is not ``lit(1)``)."""
+    if isinstance(v, bool):
+        return ("bool", v)
+    if isinstance(v, tuple):
+        return tuple(_typed(x) for x in v)
+    if isinstance(v, frozenset):
+        return frozenset(_typed(x) for x in v)
+    return v
+
+
+@dataclass(frozen=True)
 class Alt(Pattern):
     """Alternatives, tried in order; the first that leads to a match wins."""
 
@@ -190,7 +218,7 @@ class Alt(Pattern):
         return " | ".join(repr(o) for o in self.options)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Through(Pattern):
     """Zero or more pass-through ops (matched on their first argument), then ``inner``.
 
@@ -216,7 +244,7 @@ class Through(Pattern):
         return f"through({sorted(self.ops)}, {self.inner!r})"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Seq(Pattern):
     """A list argument (``cat``'s tensors, a shape) matched element by element.
 
@@ -241,7 +269,7 @@ class Seq(Pattern):
         return f"[{', '.join(repr(i) for i in self.items)}]"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Also(Pattern):
     """A further output of a multi-output match (see :func:`outputs`).
 
@@ -266,7 +294,7 @@ class Also(Pattern):
         return f"also({self.name!r}, {self.pattern!r}, near={self.near!r})"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Outputs(Pattern):
     """A multi-output pattern: ``primary`` at the root, then each :class:`Also`.
 
@@ -307,7 +335,7 @@ def output_names(p: Pattern) -> tuple[str, ...]:
 ArgPattern = Pattern | Any
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Op(Pattern):
     """A call of one of ``targets`` whose arguments match ``args``/``kwargs``.
 
@@ -331,6 +359,10 @@ class Op(Pattern):
 
     def root_keys(self) -> frozenset[str] | None:
         return self.targets
+
+    def __hash__(self) -> int:
+        return hash((self.targets, self.args, tuple(sorted(self.kwargs.items())),
+                     self.commutative, self.strict_defaults))
 
     def min_ops(self) -> int:
         return 1 + sum(a.min_ops() for a in (*self.args, *self.kwargs.values()))
@@ -415,6 +447,7 @@ def _norm(v: Any) -> Any:
     return v
 
 
+@value_matcher
 def lit(value: Any, name: str | None = None, tensor_ok: bool = False) -> Value:
     """Exactly ``value`` (lists and tuples compare equal; ``True`` is not ``1``)."""
     want = _norm(value)
@@ -425,7 +458,7 @@ def lit(value: Any, name: str | None = None, tensor_ok: bool = False) -> Value:
             return type(got) is type(want) and got == want
         return bool(got == want)
 
-    return Value(same, f"== {value!r}", tensor_ok, name, ("lit", want))
+    return Value(same, f"== {value!r}", tensor_ok, name)
 
 
 def where(predicate: Callable[[Any], bool], description: str, name: str | None = None,
@@ -434,10 +467,13 @@ def where(predicate: Callable[[Any], bool], description: str, name: str | None =
     return Value(predicate, description, tensor_ok, name)
 
 
+@value_matcher
 def any_value(name: str | None = None) -> Value:
-    return Value(lambda v: True, "any value", False, name, ("any_value",))
+    """Any argument (a wildcard)."""
+    return Value(lambda v: True, "any value", False, name)
 
 
+@value_matcher
 def any_float(name: str | None = None, tensor_ok: bool = True) -> Value:
     """Any real number (an int counts; a bool does not)."""
     return Value(
@@ -445,10 +481,10 @@ def any_float(name: str | None = None, tensor_ok: bool = True) -> Value:
         "any finite number",
         tensor_ok,
         name,
-        ("any_float",),
     )
 
 
+@value_matcher
 def scalar(
     name: str | None = None,
     lo: float | None = None,
@@ -463,18 +499,19 @@ def scalar(
         return (lo is None or v >= lo) and (hi is None or v <= hi)
 
     desc = "a number" + (f" >= {lo}" if lo is not None else "") + (f" <= {hi}" if hi is not None else "")
-    return Value(ok, desc, tensor_ok, name, ("scalar", lo, hi))
+    return Value(ok, desc, tensor_ok, name)
 
 
+@value_matcher
 def one_of(values: Iterable[Any], name: str | None = None, tensor_ok: bool = False) -> Value:
     """Any of ``values`` (each compared as :func:`lit` compares)."""
-    options = tuple(lit(v) for v in values)
     wanted = tuple(_norm(v) for v in values)
+    options = tuple(lit(v) for v in wanted)
     return Value(lambda v: any(o.predicate(v) for o in options),
-                 "one of " + ", ".join(repr(v) for v in wanted), tensor_ok, name,
-                 ("one_of", wanted))
+                 "one of " + ", ".join(repr(v) for v in wanted), tensor_ok, name)
 
 
+@value_matcher
 def int_list(length: int | None = None, name: str | None = None) -> Value:
     """A list of ints (e.g. reduction dims), optionally of a given length."""
 
@@ -484,7 +521,43 @@ def int_list(length: int | None = None, name: str | None = None) -> Value:
                 and (length is None or len(v) == length))
 
     desc = "a list of ints" + (f" of length {length}" if length is not None else "")
-    return Value(ok, desc, False, name, ("int_list", length))
+    return Value(ok, desc, False, name)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@value_matcher
+def integer(name: str | None = None, lo: int | None = None, hi: int | None = None) -> Value:
+    """An int literal (not a bool) in ``[lo, hi]``: a zero point, a dim, an upscale factor."""
+    desc = "an int literal" + (f" >= {lo}" if lo is not None else "") + \
+        (f" <= {hi}" if hi is not None else "")
+    return Value(lambda v: _is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi),
+                 desc, False, name)
+
+
+@value_matcher
+def positive(name: str | None = None, tensor_ok: bool = False) -> Value:
+    """A number literal > 0 (not a bool): a quantization scale, an eps."""
+    return Value(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+                 "a positive number literal", tensor_ok, name)
+
+
+@value_matcher
+def per_row_block(name: str | None = None, rank: int = 2) -> Value:
+    """A block size ``[1, ..., 1, G]`` of ``rank`` ints, G > 0: one quantization group per row."""
+
+    def ok(v: Any) -> bool:
+        return (isinstance(v, (list, tuple)) and len(v) == rank and all(_is_int(d) for d in v)
+                and all(d == 1 for d in v[:-1]) and v[-1] > 0)
+
+    return Value(ok, f"a per-row block size [{', '.join(['1'] * (rank - 1))}, G]", False, name)
+
+
+def optional_dtype(*dtypes: Any, name: str | None = None) -> Value:
+    """``None`` or one of ``dtypes`` (an optional ``dtype=`` argument): ``one_of`` spelled out."""
+    return one_of([None, *dtypes], name=name)
 
 
 def seq(*items: ArgPattern) -> Seq:

@@ -117,7 +117,7 @@ def test_explain_with_extra_spec_and_pt2(tmp_path: Path) -> None:
     spec.write_text("version: 1\nrules:\n- name: rsqrt_mean\n  pattern:\n    op: aten.rsqrt.default\n"
                     "    args: [{op: aten.add.Tensor, args: [{capture: m}, {capture: e}]}]\n"
                     "  constraints: [{user_input: {capture: m}}, {user_input: {capture: e}}]\n"
-                    "  replace: {op: aten.rsqrt.default, args: [{ref: m}]}\n")
+                    "  replacement: {op: aten.rsqrt.default, args: [{ref: m}]}\n")
     r = fusionkit_cmd("explain", str(path), "--spec", str(spec), "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)

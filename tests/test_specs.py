@@ -184,7 +184,7 @@ GOOD = textwrap.dedent("""\
         - {capture: x}
         - op: aten.sigmoid.default
           args: [{capture: x}]
-      replace:
+      replacement:
         op: aten.silu.default
         args: [{ref: x}]
     """)
@@ -208,7 +208,7 @@ def test_malformed_yaml_names_file_and_line() -> None:
 
 
 def test_unknown_key() -> None:
-    e = _bad(GOOD.replace("  replace:", "  replacee: 1\n  replace:"))
+    e = _bad(GOOD.replace("  replacement:", "  replacee: 1\n  replacement:"))
     assert e.path == "rules[0].replacee" and "unknown key" in e.message and e.line == 10
 
 
@@ -221,12 +221,12 @@ def test_unknown_op_names_field_path_and_line() -> None:
 
 def test_capture_used_in_replacement_but_never_bound() -> None:
     e = _bad(GOOD.replace("args: [{ref: x}]", "args: [{ref: y}]"))
-    assert e.path == "rules[0].replace.args[0].ref" and "`y`" in e.message
-    assert "never bound" in e.message and e.line == 12
+    assert e.path == "rules[0].replacement.args[0].ref" and "`y`" in e.message
+    assert "never binds" in e.message and e.line == 12
 
 
 def test_same_capture_bound_to_two_kinds() -> None:
-    text = GOOD.replace("args: [{capture: x}]", "args: [{scalar: {min: 0}, bind: x}]")
+    text = GOOD.replace("args: [{capture: x}]", "args: [{scalar: {lo: 0, name: x}}]")
     e = _bad(text)
     assert "capture `x`" in e.message and "value" in e.message and "node" in e.message
     assert e.path.startswith("rules[0].pattern.args[1]")
@@ -254,20 +254,20 @@ def test_wrong_types() -> None:
 
 
 def test_unknown_constraint() -> None:
-    text = GOOD.replace("  replace:", "  constraints:\n  - must_be_nice: {capture: x}\n"
-                        "  replace:")
+    text = GOOD.replace("  replacement:", "  constraints:\n  - must_be_nice: {capture: x}\n"
+                        "  replacement:")
     e = _bad(text)
     assert e.path == "rules[0].constraints[0]" and "unknown constraint" in e.message
     assert e.line == 11
 
 
 def test_constraint_on_unbound_capture_and_bad_dtype() -> None:
-    text = GOOD.replace("  replace:", "  constraints:\n  - graph_leaf: {capture: w}\n"
-                        "  replace:")
+    text = GOOD.replace("  replacement:", "  constraints:\n  - graph_leaf: {capture: w}\n"
+                        "  replacement:")
     e = _bad(text)
     assert e.path == "rules[0].constraints[0].graph_leaf.capture" and "`w`" in e.message
-    text = GOOD.replace("  replace:", "  constraints:\n"
-                        "  - dtype: {capture: x, dtypes: [float32, floaty]}\n  replace:")
+    text = GOOD.replace("  replacement:", "  constraints:\n"
+                        "  - dtype: {capture: x, dtypes: [float32, floaty]}\n  replacement:")
     e = _bad(text)
     assert e.path == "rules[0].constraints[0].dtype.dtypes[1]" and "'floaty'" in e.message
 
@@ -275,15 +275,18 @@ def test_constraint_on_unbound_capture_and_bad_dtype() -> None:
 def test_unknown_pattern_node_and_missing_field() -> None:
     e = _bad(GOOD.replace("- {capture: x}\n", "- {captur: x}\n", 1))
     assert e.path == "rules[0].pattern.args[0]" and "not a pattern node" in e.message
-    e = _bad(GOOD.replace("  replace:\n    op: aten.silu.default\n    args: [{ref: x}]\n", ""))
-    assert e.path == "rules[0].replace" and "missing" in e.message
+    e = _bad(GOOD.replace("  replacement:\n    op: aten.silu.default\n    args: [{ref: x}]\n", ""))
+    assert e.path == "rules[0].replacement" and "missing" in e.message
 
 
 def test_bad_python_reference() -> None:
     text = GOOD.replace("    op: aten.silu.default\n    args: [{ref: x}]\n",
-                        "    python: 'fusionkit.nope:build'\n")
-    e = _bad(text)
-    assert e.path == "rules[0].replace.python" and "cannot import" in e.message
+                        "    fn: 'fusionkit.nope:build'\n")
+    e = _bad(text)  # without consent: refused before anything is imported
+    assert e.path == "rules[0].replacement.fn" and "--trust" in e.message
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, file="bad.yaml", trust=True)
+    assert info.value.path == "rules[0].replacement.fn" and "cannot import" in info.value.message
 
 
 def test_nothing_half_registered(tmp_path: Path) -> None:

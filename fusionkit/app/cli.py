@@ -63,7 +63,8 @@ def _progress(msg: str) -> None:
     print(f"… {msg}", file=sys.stderr, flush=True)
 
 
-def _load_rules(paths: Sequence[str]) -> list[Any]:
+def _load_rules(paths: Sequence[str], args: argparse.Namespace) -> list[Any]:
+    """Rules of the spec files; Python they name is imported only with --trust / --allow-module."""
     if not paths:
         return []
     for p in paths:
@@ -73,9 +74,19 @@ def _load_rules(paths: Sequence[str]) -> list[Any]:
     from fusionkit.specs import SpecError, load_specs
 
     try:
-        return load_specs(paths)
-    except SpecError as e:
+        return load_specs(paths, trust=args.trust, allow_modules=args.allow_module)
+    except (SpecError, ValueError) as e:
         raise UserError(str(e)) from None
+
+
+def _spec_consent(parser: argparse.ArgumentParser) -> None:
+    """--trust / --allow-module: consent to import the Python code a spec names."""
+    parser.add_argument("--trust", action="store_true",
+                        help="import the Python code the specs name (custom checks, Python "
+                             "replacements); without it such a reference is an error")
+    parser.add_argument("--allow-module", action="append", default=[], metavar="PREFIX",
+                        help="import Python code the specs name only from modules PREFIX and "
+                             "PREFIX.* (repeatable)")
 
 
 def _load_model(spec: str) -> Any:
@@ -94,7 +105,7 @@ def _load_model(spec: str) -> Any:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    rules = _load_rules(args.spec)
+    rules = _load_rules(args.spec, args)
     model = _load_model(args.model)
     from fusionkit.app.lowering import explain
     from fusionkit.app.present import explain_json, explain_rows
@@ -114,7 +125,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_lower(args: argparse.Namespace) -> int:
-    rules = _load_rules(args.spec)
+    rules = _load_rules(args.spec, args)
     model = _load_model(args.model)
     from fusionkit.app.lowering import lower
     from fusionkit.app.present import report_text
@@ -150,7 +161,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    rules = _load_rules(args.spec)
+    rules = _load_rules(args.spec, args)
     model = _load_model(args.model)
     import logging
 
@@ -180,10 +191,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_specs_validate(args: argparse.Namespace) -> int:
-    rules = _load_rules(args.files)
-    for f in args.files:
-        print(f"{f}: ok")
-    print(f"{len(rules)} rule(s): {', '.join(r.name for r in rules)}")
+    for p in args.files:
+        if not Path(p).is_file():
+            raise UserError(f"{p}: no such file")
+    _quiet_imports()
+    from fusionkit.specs import SpecError, validate_specs
+
+    try:  # imports only what --trust / --allow-module allow; other references: form only
+        summaries = validate_specs(args.files, trust=args.trust, allow_modules=args.allow_module)
+    except (SpecError, ValueError) as e:
+        raise UserError(str(e)) from None
+    names = [n for s in summaries for n in s.rules]
+    for s in summaries:
+        print(f"{s.file}: ok")
+        for r in s.references:
+            state = ("imported" if r.imported else
+                     "well-formed, not imported (--trust or --allow-module to import and check it)")
+            print(f"  {r.file}:{r.line}: {r.path}: {r.ref}: {state}")
+    print(f"{len(names)} rule(s): {', '.join(names)}")
     return EXIT_OK
 
 
@@ -217,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("model", help=".pt2 file or package.module:factory")
     lo.add_argument("--backend", choices=["vulkan", "xnnpack"], required=True)
     lo.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
+    _spec_consent(lo)
     lo.add_argument("-o", "--output", required=True, help="where to write the .pte")
     lo.add_argument("--json", action="store_true", help="print the report as JSON")
     lo.set_defaults(fn=cmd_lower)
@@ -225,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("model", help=".pt2 file or package.module:factory")
     ex.add_argument("--backend", choices=["vulkan", "xnnpack"], default="vulkan")
     ex.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
+    _spec_consent(ex)
     ex.add_argument("--json", action="store_true")
     ex.set_defaults(fn=cmd_explain)
 
@@ -237,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "payloads on the CPU against eager, on random inputs")
     si.add_argument("model", help=".pt2 file or package.module:factory")
     si.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
+    _spec_consent(si)
     si.add_argument("--stock", action="store_true",
                     help="lower with stock ExecuTorch's VulkanPartitioner instead of fusionkit's")
     si.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
@@ -245,8 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("specs", help="work with YAML fusion specs")
     spsub = sp.add_subparsers(dest="specs_command", required=True)
-    v = spsub.add_parser("validate", help="load and compile spec files")
+    v = spsub.add_parser("validate", help="check spec files completely; Python they name is "
+                         "checked for form only unless --trust / --allow-module")
     v.add_argument("files", nargs="+")
+    _spec_consent(v)
     v.set_defaults(fn=cmd_specs_validate)
 
     sc = sub.add_parser("schema", help="print the JSON Schema of spec files")

@@ -5,26 +5,36 @@ via the safe composer so line numbers are known), validated against the
 pydantic schema, and compiled; the first mistake raises a :class:`SpecError`
 naming the file, the line and the field path (``rules[0].pattern.args[1].op``),
 and no rule from any of the files is returned.
+
+Value matchers and constraints are compiled through the vocabulary registry
+(:mod:`fusionkit.vocabulary`): a YAML entry is its term's Python builder called
+with the entry's fields. A Python reference (a ``custom`` check's ``fn``, a
+Python replacement) is imported only when the caller consented
+(:class:`~fusionkit.specs.trust.ImportPolicy`); otherwise it is an error, and
+:func:`validate_specs` checks its form without importing anything.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from fusionkit import constraints as C
 from fusionkit import pattern as P
 from fusionkit.rule import CallOp, PythonReplacement, Ref, Replacement, Rule, RuleError
 from fusionkit.specs import schema as S
+from fusionkit.specs.codec import DTYPES, CodecError, decode_literal, from_yaml, is_python_ref
+from fusionkit.specs.trust import ImportPolicy, import_ref
 from fusionkit.targets import UnknownOpError, op_key, resolve_op
+from fusionkit.vocabulary import CONSTRAINTS, VALUE_MATCHERS, Term
 
-__all__ = ["SpecError", "load_spec_file", "load_spec_text", "load_specs"]
+__all__ = ["PythonRef", "SpecError", "SpecSummary", "load_spec_file", "load_spec_text",
+           "load_specs", "validate_specs"]
 
 Loc = tuple[str | int, ...]
 
@@ -114,19 +124,72 @@ class _Source:
         return SpecError(self.file, line, format_path(loc), message)
 
 
-def _import(ref: str) -> Any:
-    module, _, attr = ref.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+@dataclass(frozen=True)
+class PythonRef:
+    """A Python reference found in a spec: where it is and whether it was imported."""
+
+    file: str
+    line: int | None
+    path: str
+    ref: str
+    imported: bool
+
+
+@dataclass
+class SpecSummary:
+    """What :func:`validate_specs` found in one file."""
+
+    file: str
+    rules: list[str] = field(default_factory=list)
+    references: list[PythonRef] = field(default_factory=list)
+
+
+def _unresolved(ref: str) -> Callable[..., Any]:
+    def not_imported(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{ref} was validated but not imported (no consent to run it)")
+
+    not_imported.__qualname__ = not_imported.__name__ = f"<not imported: {ref}>"
+    return not_imported
+
+
+class _Refs:
+    """Resolves the Python references of one load under one :class:`ImportPolicy`."""
+
+    def __init__(self, policy: ImportPolicy, refuse: bool) -> None:
+        #: ``refuse``: a reference the policy does not allow is an error (loading); else
+        #: it is only checked for form and left unimported (validating)
+        self.policy, self.refuse = policy, refuse
+        self.found: list[PythonRef] = []
+
+    def resolve(self, src: _Source, loc: Loc, ref: str) -> Callable[..., Any]:
+        if not is_python_ref(ref):
+            raise src.error(loc, f"{ref!r} is not a Python reference package.module:attr "
+                            "made of identifiers")
+        allowed = self.policy.allows(ref)
+        line = src.error(loc, "").line
+        if not allowed and self.refuse:
+            raise src.error(loc, self.policy.refusal(ref))
+        self.found.append(PythonRef(src.file, line, format_path(loc), ref, allowed))
+        if not allowed:
+            return _unresolved(ref)
+        try:
+            fn = import_ref(ref)
+        except (ImportError, AttributeError) as e:
+            raise src.error(loc, f"cannot import {ref!r}: {e}") from None
+        if not callable(fn):
+            raise src.error(loc, f"{ref!r} is not callable")
+        return fn  # type: ignore[no-any-return]
+
+
+def _args(model: BaseModel) -> dict[str, Any]:
+    return {k: getattr(model, k) for k in type(model).model_fields}
 
 
 class _RuleCompiler:
     """Compiles one validated rule; every error carries its data path."""
 
-    def __init__(self, src: _Source, loc: Loc, spec: S.RuleSpec) -> None:
-        self.src, self.loc, self.spec = src, loc, spec
+    def __init__(self, src: _Source, loc: Loc, spec: S.RuleSpec, refs: _Refs) -> None:
+        self.src, self.loc, self.spec, self.refs = src, loc, spec, refs
         self.kinds: dict[str, tuple[str, Loc]] = {}
         self.lets: dict[str, P.Pattern] = {}
         self.building: set[str] = set()
@@ -141,6 +204,10 @@ class _RuleCompiler:
                                  f"{prev[0]} at {format_path(prev[1])}")
         self.kinds.setdefault(name, (kind, loc))
 
+    def _read(self, name: str, loc: Loc, what: str = "constraint reads") -> None:
+        if name not in self.kinds:
+            raise self.src.error(loc, f"{what} capture `{name}`, which the pattern never binds")
+
     def _key(self, name: str, loc: Loc) -> str:
         try:
             key = op_key(resolve_op(name))
@@ -149,12 +216,19 @@ class _RuleCompiler:
         assert key is not None
         return key
 
+    def _keys(self, names: str | list[str], loc: Loc) -> list[str]:
+        if isinstance(names, str):
+            return [self._key(names, loc)]
+        return [self._key(n, (*loc, i)) for i, n in enumerate(names)]
+
+    def _named(self, built: P.Pattern, bind: str | None, loc: Loc) -> P.Pattern:
+        self._bind(bind, "node", (*loc, "bind"))
+        return built.bind(bind) if bind else built
+
     # -- patterns -------------------------------------------------------------------
     def pattern(self, node: Any, loc: Loc) -> P.Pattern:
         if isinstance(node, S.OpNode):
-            names = [node.op] if isinstance(node.op, str) else node.op
-            targets = [self._key(n, (*loc, "op") if isinstance(node.op, str) else (*loc, "op", i))
-                       for i, n in enumerate(names)]
+            targets = self._keys(node.op, (*loc, "op"))
             args = [self.pattern(a, (*loc, "args", i)) for i, a in enumerate(node.args)]
             kwargs = {k: self.pattern(v, (*loc, "kwargs", k)) for k, v in node.kwargs.items()}
             try:
@@ -162,41 +236,76 @@ class _RuleCompiler:
                                         strict_defaults=node.strict_defaults, **kwargs)
             except ValueError as e:
                 raise self.src.error(loc, str(e)) from None
-            self._bind(node.bind, "node", (*loc, "bind"))
-            return built.bind(node.bind) if node.bind else built
+            return self._named(built, node.bind, loc)
         if isinstance(node, S.CaptureNode):
             self._bind(node.capture, "node", (*loc, "capture"))
-            return P.capture(node.capture)
+            return self._named(P.capture(node.capture), node.bind, loc)
         if isinstance(node, S.AnyOfNode):
             options = [self.pattern(o, (*loc, "any_of", i)) for i, o in enumerate(node.any_of)]
             alt: P.Pattern = P.Alt(tuple(options)) if len(options) > 1 else options[0]
-            self._bind(node.bind, "node", (*loc, "bind"))
-            return alt.bind(node.bind) if node.bind else alt
+            return self._named(alt, node.bind, loc)
         if isinstance(node, S.ThroughNode):
-            ops = list(P.CASTS) if node.through == "casts" else list(node.through)
-            keys = [self._key(o, (*loc, "through") if node.through == "casts" else (*loc, "through", i))
-                    for i, o in enumerate(ops)]
-            return P.through(keys, self.pattern(node.pattern, (*loc, "pattern")), node.max_depth)
+            if node.through == "casts":
+                keys = [self._key(o, (*loc, "through")) for o in P.CASTS]
+            else:
+                keys = self._keys(node.through, (*loc, "through"))
+            inner = self.pattern(node.inner, (*loc, "inner"))
+            return self._named(P.through(keys, inner, node.max_depth), node.bind, loc)
+        if isinstance(node, S.SeqNode):
+            items = [self.pattern(x, (*loc, "seq", i)) for i, x in enumerate(node.seq)]
+            return self._named(P.seq(*items), node.bind, loc)
+        if isinstance(node, S.OutputsNode):
+            primary = self.pattern(node.outputs, (*loc, "outputs"))
+            others = []
+            for i, a in enumerate(node.also):
+                aloc = (*loc, "also", i)
+                inner = self.pattern(a.pattern, (*aloc, "pattern"))
+                self._read(a.near, (*aloc, "near"), "output reads")
+                self._bind(a.name, "node", (*aloc, "name"))
+                try:
+                    others.append(P.also(a.name, inner, a.near, a.max_depth))
+                except ValueError as e:
+                    raise self.src.error(aloc, str(e)) from None
+            try:
+                out: P.Pattern = P.outputs(primary, *others)
+            except ValueError as e:
+                raise self.src.error(loc, str(e)) from None
+            return self._named(out, node.bind, loc)
         if isinstance(node, S.UseNode):
-            return self.use(node.use, (*loc, "use"))
-        return self.value(node, loc)
+            return self._named(self.use(node.use, (*loc, "use")), node.bind, loc)
+        if isinstance(node, S.DtypeNode):
+            return self._named(P.lit(DTYPES[node.dtype]), node.bind, loc)
+        if isinstance(node, BaseModel):
+            return self.value(node, loc)
+        try:  # a plain YAML literal
+            return P.lit(decode_literal(node))
+        except CodecError as e:
+            raise self.src.error(loc, f"{e} (a list of patterns is written {{seq: [...]}})") from None
 
-    def value(self, node: Any, loc: Loc) -> P.Pattern:
-        if isinstance(node, S.LitNode):
-            v: P.Value = P.lit(node.lit, node.bind, node.tensor_ok)
-        elif isinstance(node, S.ScalarNode):
-            v = P.scalar(node.bind, node.scalar.min, node.scalar.max, node.tensor_ok)
-        elif isinstance(node, S.AnyFloatNode):
-            v = P.any_float(node.bind, node.tensor_ok)
-        elif isinstance(node, S.AnyValueNode):
-            v = P.any_value(node.bind)
-        elif isinstance(node, S.OneOfNode):
-            v = P.one_of(node.one_of, node.bind, node.tensor_ok)
-        elif isinstance(node, S.IntListNode):
-            v = P.int_list(node.int_list.len, node.bind)
-        else:  # a plain YAML literal
-            return P.lit(node)
-        self._bind(v.name, "value", (*loc, "bind"))
+    def _call(self, term: Term, args: BaseModel, loc: Loc) -> Any:
+        kwargs: dict[str, Any] = {}
+        for name, v in _args(args).items():
+            hint = term.hints[name]
+            here = (*loc, name)
+            if name in term.reads:
+                for i, c in enumerate([v] if isinstance(v, str) else v):
+                    self._read(c, here if isinstance(v, str) else (*here, i))
+            try:
+                kwargs[name] = from_yaml(hint, v, lambda r, here=here: self.refs.resolve(  # type: ignore[misc]
+                    self.src, here, r))
+            except CodecError as e:
+                raise self.src.error(here, str(e)) from None
+        try:
+            return term.build(**kwargs)
+        except (ValueError, TypeError) as e:
+            raise self.src.error(loc, str(e)) from None
+
+    def value(self, node: BaseModel, loc: Loc) -> P.Pattern:
+        (key,) = (k for k in type(node).model_fields)
+        term = VALUE_MATCHERS[key]
+        args = getattr(node, key)
+        v: P.Value = self._call(term, args, (*loc, key))
+        self._bind(v.name, "value", (*loc, key, "name"))
         return v
 
     def use(self, name: str, loc: Loc) -> P.Pattern:
@@ -213,71 +322,24 @@ class _RuleCompiler:
         return self.lets[name]
 
     # -- constraints -----------------------------------------------------------------
-    def constraint(self, entry: Any, loc: Loc) -> C.Constraint:
-        (key, args), = entry.model_dump(exclude_unset=False).items()
-        cloc = (*loc, key)
-        reads: dict[str, str] = {k: v for k, v in args.items()
-                                 if k in ("capture", "a", "b", "dim", "x") and isinstance(v, str)}
-        for field, name in reads.items():
-            if name not in self.kinds:
-                raise self.src.error((*cloc, field), f"constraint reads capture `{name}`, which "
-                                     "the pattern never binds")
-        a = getattr(entry, key)
-        if key == "prepackable_constant":
-            extra = {"role": a.role} if a.role else {}
-            return C.PrepackableConstant(a.capture, a.fold, **extra)
-        if key == "graph_leaf":
-            return C.GraphLeaf(a.capture)
-        if key == "user_input":
-            return C.UserInput(a.capture)
-        if key == "static_shape":
-            return C.StaticShape(a.capture)
-        if key == "dtype":
-            dtypes = []
-            for i, name in enumerate(a.dtypes):
-                dt = getattr(torch, name, None)
-                if not isinstance(dt, torch.dtype):
-                    raise self.src.error((*cloc, "dtypes", i), f"{name!r} is not a torch dtype")
-                dtypes.append(dt)
-            return C.DtypeIn(a.capture, frozenset(dtypes))
-        if key == "rank":
-            return C.Rank(a.capture, frozenset(a.ranks))
-        if key == "same_dtype":
-            return C.SameDtype(a.a, a.b)
-        if key == "shape_relation":
-            return C.named_shape_relation(a.relation, a.a, a.b)
-        if key == "reduces_last_dim":
-            return C.ReducesLastDim(a.dim, a.x)
-        if key == "scalar_range":
-            return C.ScalarRange(a.capture, a.min, a.max)
-        if key == "custom":
-            for i, name in enumerate(a.reads):
-                if name not in self.kinds:
-                    raise self.src.error((*cloc, "reads", i), f"constraint reads capture `{name}`, "
-                                         "which the pattern never binds")
-            fn = self._callable(a.python, (*cloc, "python"))
-            return C.Custom(fn, a.name, tuple(a.reads))
-        raise self.src.error(cloc, f"unknown constraint {key!r}")  # pragma: no cover
-
-    def _callable(self, ref: str, loc: Loc) -> Callable[..., Any]:
-        try:
-            fn = _import(ref)
-        except (ImportError, AttributeError) as e:
-            raise self.src.error(loc, f"cannot import {ref!r}: {e}") from None
-        if not callable(fn):
-            raise self.src.error(loc, f"{ref!r} is not callable")
-        return fn  # type: ignore[no-any-return]
+    def constraint(self, entry: BaseModel, loc: Loc) -> C.Constraint:
+        (key,) = (k for k in type(entry).model_fields)
+        c: C.Constraint = self._call(CONSTRAINTS[key], getattr(entry, key), (*loc, key))
+        return c
 
     # -- replacement ------------------------------------------------------------------
     def _arg(self, a: Any, loc: Loc) -> Any:
+        if isinstance(a, dict) and set(a) == {"ref"} and isinstance(a["ref"], str):
+            a = S.RefArg(ref=a["ref"])  # a reference nested in a list argument
         if isinstance(a, S.RefArg):
-            if a.ref not in self.kinds:
-                raise self.src.error((*loc, "ref"), f"capture `{a.ref}` is used in the replacement "
-                                     "but never bound by the pattern")
+            self._read(a.ref, (*loc, "ref"), "the replacement uses")
             return Ref(a.ref)
         if isinstance(a, list):
             return [self._arg(x, (*loc, i)) for i, x in enumerate(a)]
-        return a
+        try:
+            return decode_literal(a)
+        except CodecError as e:
+            raise self.src.error(loc, str(e)) from None
 
     def replacement(self, r: S.ReplaceOp | S.ReplacePython, loc: Loc) -> Replacement:
         if isinstance(r, S.ReplaceOp):
@@ -286,21 +348,40 @@ class _RuleCompiler:
             kwargs = {k: self._arg(v, (*loc, "kwargs", k)) for k, v in r.kwargs.items()}
             return CallOp(key, args, kwargs)
         for i, name in enumerate(r.reads):
-            if name not in self.kinds:
-                raise self.src.error((*loc, "reads", i), f"capture `{name}` is used in the "
-                                     "replacement but never bound by the pattern")
-        fn = self._callable(r.python, (*loc, "python"))
+            self._read(name, (*loc, "reads", i), "the replacement uses")
+        fn = self.refs.resolve(self.src, (*loc, "fn"), r.fn)
         return PythonReplacement(fn, frozenset(r.reads))
 
     def rule(self) -> Rule:
         s = self.spec
         pat = self.pattern(s.pattern, (*self.loc, "pattern"))
         cons = [self.constraint(c, (*self.loc, "constraints", i)) for i, c in enumerate(s.constraints)]
-        rep = self.replacement(s.replace, (*self.loc, "replace"))
+        rep = self.replacement(s.replacement, (*self.loc, "replacement"))
         try:
             return Rule(s.name, pat, rep, cons, s.priority, s.allow_escape, s.description)
         except RuleError as e:
             raise self.src.error((*self.loc, "pattern"), str(e)) from None
+
+
+def _hint(err: Mapping[str, Any], data: Any, loc: Loc) -> str:
+    """Why an unknown key is unknown: an old spelling, or ``bind`` on a value matcher."""
+    key = err["loc"][-1]
+    if key in S.RENAMED:
+        return f" (it is `{S.RENAMED[key]}`: YAML uses the Python names)"
+    if key == "pattern" and "through" in str(err["loc"]):
+        return " (it is `inner`, as in through(ops, inner))"
+    if key == "bind" and any(k in VALUE_MATCHERS for k in err["loc"]):
+        return " (a value matcher is named by its own `name` argument: {scalar: {name: eps}})"
+    return ""
+
+
+def _at(data: Any, loc: Loc) -> Any:
+    for seg in loc:
+        try:
+            data = data[seg]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
 
 
 def _validate(src: _Source, data: Any) -> S.SpecFile:
@@ -312,21 +393,27 @@ def _validate(src: _Source, data: Any) -> S.SpecFile:
     except ValidationError as e:
         err = e.errors()[0]
         loc = _data_loc(data, err["loc"])
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = f"unknown key `{err['loc'][-1]}`"
+            msg = f"unknown key `{err['loc'][-1]}`" + _hint(err, data, loc)
             loc = (*loc, err["loc"][-1]) if loc and loc[-1] != err["loc"][-1] else loc
         elif err["type"] == "literal_error" and err["loc"][:1] == ("version",):
             msg = f"unsupported spec version {data.get('version')!r}; this fusionkit reads version {S.SPEC_VERSION}"
         elif err["type"] == "missing":
-            msg = f"missing required field `{err['loc'][-1]}`"
+            want = err["loc"][-1]
+            msg = f"missing required field `{want}`"
+            here = _at(data, loc[:-1] if loc and loc[-1] == want else loc)
+            old = [k for k in here if S.RENAMED.get(k) == want] if isinstance(here, dict) else []
+            if old:  # an old spelling of the missing field
+                msg = f"unknown key `{old[0]}` (it is `{want}`: YAML uses the Python names)"
+                loc = (*(loc[:-1] if loc and loc[-1] == want else loc), old[0])
         more = len(e.errors()) - 1
         if more:
             msg += f" (and {more} more problem{'s' if more > 1 else ''})"
         raise src.error(loc, msg) from None
 
 
-def _compile(src: _Source, text: str, seen: dict[str, str]) -> list[Rule]:
+def _compile(src: _Source, text: str, seen: dict[str, str], refs: _Refs) -> list[Rule]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -342,29 +429,66 @@ def _compile(src: _Source, text: str, seen: dict[str, str]) -> list[Rule]:
             raise src.error((*loc, "name"), f"duplicate rule name {rs.name!r} "
                             f"(first defined in {seen[rs.name]})")
         seen[rs.name] = f"{src.file} rules[{i}]"
-        rules.append(_RuleCompiler(src, loc, rs).rule())
+        rules.append(_RuleCompiler(src, loc, rs, refs).rule())
     return rules
 
 
-def load_spec_text(text: str, file: str = "<spec>") -> list[Rule]:
-    """Rules of one spec given as text (``file`` names it in errors)."""
-    return _compile(_Source(file, text), text, {})
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecError(str(path), None, "", f"cannot read: {e.strerror or e}") from None
 
 
-def load_specs(paths: Iterable[str | Path], *, existing: Mapping[str, str] | None = None
+def load_spec_text(text: str, file: str = "<spec>", *, trust: bool = False,
+                   allow_modules: Iterable[str] = ()) -> list[Rule]:
+    """Rules of one spec given as text (``file`` names it in errors).
+
+    Python references are imported only with ``trust=True`` or when their
+    module is under one of ``allow_modules``; any other is a :class:`SpecError`.
+    """
+    refs = _Refs(ImportPolicy.of(trust, allow_modules), refuse=True)
+    return _compile(_Source(file, text), text, {}, refs)
+
+
+def load_specs(paths: Iterable[str | Path], *, trust: bool = False,
+               allow_modules: Iterable[str] = (), existing: Mapping[str, str] | None = None
                ) -> list[Rule]:
-    """Rules of several spec files, all or nothing; rule names must be unique overall."""
+    """Rules of several spec files, all or nothing; rule names must be unique overall.
+
+    Python references (``custom`` checks, Python replacements) are imported only
+    with ``trust=True`` or when their module is under one of ``allow_modules``
+    (``"mypkg"`` allows ``mypkg`` and ``mypkg.*``); any other is a
+    :class:`SpecError` naming the file, line and field, and nothing is imported.
+    """
+    refs = _Refs(ImportPolicy.of(trust, allow_modules), refuse=True)
     seen: dict[str, str] = dict(existing or {})
     rules: list[Rule] = []
     for p in paths:
         path = Path(p)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise SpecError(str(path), None, "", f"cannot read: {e.strerror or e}") from None
-        rules.extend(_compile(_Source(str(path), text), text, seen))
+        text = _read(path)
+        rules.extend(_compile(_Source(str(path), text), text, seen, refs))
     return rules
 
 
-def load_spec_file(path: str | Path) -> list[Rule]:
-    return load_specs([path])
+def load_spec_file(path: str | Path, *, trust: bool = False,
+                   allow_modules: Iterable[str] = ()) -> list[Rule]:
+    return load_specs([path], trust=trust, allow_modules=allow_modules)
+
+
+def validate_specs(paths: Iterable[str | Path], *, trust: bool = False,
+                   allow_modules: Iterable[str] = ()) -> list[SpecSummary]:
+    """Check spec files completely, importing only the Python references the user allowed.
+
+    Every other reference is checked for form (``package.module:attr``, made of
+    identifiers) and reported with ``imported=False``; none is an error here.
+    """
+    out: list[SpecSummary] = []
+    seen: dict[str, str] = {}
+    for p in paths:
+        path = Path(p)
+        text = _read(path)
+        refs = _Refs(ImportPolicy.of(trust, allow_modules), refuse=False)
+        rules = _compile(_Source(str(path), text), text, seen, refs)
+        out.append(SpecSummary(str(path), [r.name for r in rules], refs.found))
+    return out

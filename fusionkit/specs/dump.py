@@ -1,8 +1,11 @@
 """Rule → spec data (and YAML): the inverse of :mod:`fusionkit.specs.compile`.
 
-Used to write a Python-DSL rule as a spec and to compare rules by content:
-two rules are the same fusion exactly when their expanded data is equal.
-Sub-patterns shared by object identity in Python become ``let`` entries.
+Value matchers and constraints dump through the vocabulary registry: a term's
+YAML entry is the arguments its object was built with, under the term's key,
+defaults left out. Functions (a ``custom`` check, a Python replacement) dump
+as their importable name ``package.module:qualname``; a function that has none
+(a closure, a lambda) has no spec form. Sub-patterns shared by object identity
+in Python become ``let`` entries.
 """
 
 from __future__ import annotations
@@ -16,26 +19,58 @@ import yaml
 from fusionkit import constraints as C
 from fusionkit import pattern as P
 from fusionkit.rule import CallOp, PythonReplacement, Ref, Rule
-from fusionkit.specs.schema import SPEC_VERSION
+from fusionkit.specs.codec import CodecError, dtype_name, encode_literal, has_mapping, to_yaml
+from fusionkit.specs.schema import SPEC_VERSION, shorthand
+from fusionkit.specs.trust import import_ref
+from fusionkit.vocabulary import Term, arguments_of, term_of
 
-__all__ = ["DumpError", "rule_to_data", "rules_to_yaml"]
+__all__ = ["DumpError", "constraint_to_data", "python_ref", "rule_to_data", "rules_to_yaml"]
+
+_CASTS = frozenset(P.through(P.CASTS, P.capture("_")).ops)
 
 
 class DumpError(ValueError):
-    """A rule that holds Python-only parts (an arbitrary predicate) has no spec form."""
+    """A rule that holds Python-only parts (an arbitrary predicate, a closure) has no spec form."""
 
 
-def _callable_ref(fn: Any) -> str:
+def python_ref(fn: Any) -> str:
+    """The importable name of ``fn`` (``package.module:qualname``), checked by resolving it."""
     mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if not mod or "<" in qual:
-        raise DumpError(f"{fn!r} is not an importable module-level function")
-    return f"{mod}:{qual}"
+    if not mod or not qual or "<" in qual:
+        raise DumpError(f"{fn!r} is not an importable module-level function "
+                        "(a closure or lambda has no name a spec could refer to)")
+    ref = f"{mod}:{qual}"
+    try:
+        same = import_ref(ref) is fn  # the module is already imported: fn came from it
+    except (ImportError, AttributeError):
+        same = False
+    if not same:
+        raise DumpError(f"{ref} does not name {fn!r}")
+    return ref
 
 
-def _plain(v: Any) -> Any:
-    if isinstance(v, tuple):
-        return [_plain(x) for x in v]
-    return v
+def _term_data(term: Term, args: dict[str, Any]) -> dict[str, Any]:
+    """A term's arguments as YAML data, parameters at their default left out."""
+    defaults = term.defaults()
+    out: dict[str, Any] = {}
+    for p in term.parameters:
+        v = args[p.name]
+        if p.name in defaults and _same(v, defaults[p.name]):
+            continue
+        try:
+            out[p.name] = to_yaml(term.hints[p.name], v, python_ref)
+        except CodecError as e:
+            raise DumpError(f"{term.key}: {e}") from None
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 class _Dumper:
@@ -45,16 +80,16 @@ class _Dumper:
         self.lets: dict[int, str] = {}
         self.let_data: dict[str, Any] = {}
         counts: Counter[int] = Counter()
-        self._count(rule.pattern, counts, set())
+        self._count(rule.pattern, counts)
         self.shared = {i for i, n in counts.items() if n > 1} if hoist else set()
 
-    def _count(self, p: P.Pattern, counts: Counter[int], stack: set[int]) -> None:
+    def _count(self, p: P.Pattern, counts: Counter[int]) -> None:
         if not isinstance(p, (P.Capture, P.Value)):
             counts[id(p)] += 1
             if counts[id(p)] > 1:
                 return
         for child in _children(p):
-            self._count(child, counts, stack)
+            self._count(child, counts)
 
     def pattern(self, p: P.Pattern, top: bool = False) -> Any:
         if not top and id(p) in self.shared:
@@ -66,20 +101,31 @@ class _Dumper:
             return {"use": name}
         if isinstance(p, P.Named):
             inner = self.pattern(p.inner)
-            if not isinstance(inner, dict) or not ({"op", "any_of"} & inner.keys()) or "bind" in inner:
-                raise DumpError(f"bind({p.name!r}) on {p.inner!r} has no spec form")
+            if isinstance(p.inner, P.Value) or not isinstance(inner, dict) or "bind" in inner:
+                raise DumpError(f"{p!r} has no spec form: name the value matcher instead "
+                                f"(name={p.name!r})" if isinstance(p.inner, P.Value)
+                                else f"{p!r} has no spec form (bound twice)")
             return {**inner, "bind": p.name}
         if isinstance(p, P.Capture):
             return {"capture": p.name}
         if isinstance(p, P.Alt):
             return {"any_of": [self.pattern(o) for o in p.options]}
         if isinstance(p, P.Through):
-            ops = "casts" if p.ops == frozenset(P.through(P.CASTS, P.capture("_")).ops) \
-                else sorted(p.ops)
-            out: dict[str, Any] = {"through": ops, "pattern": self.pattern(p.inner)}
+            out: dict[str, Any] = {"through": "casts" if p.ops == _CASTS else sorted(p.ops),
+                                   "inner": self.pattern(p.inner)}
             if p.max_depth != 8:
                 out["max_depth"] = p.max_depth
             return out
+        if isinstance(p, P.Seq):
+            return {"seq": [self.pattern(i) for i in p.items]}
+        if isinstance(p, P.Outputs):
+            also = []
+            for o in p.others:
+                a: dict[str, Any] = {"name": o.name, "pattern": self.pattern(o.pattern), "near": o.near}
+                if o.max_depth != 12:
+                    a["max_depth"] = o.max_depth
+                also.append(a)
+            return {"outputs": self.pattern(p.primary), "also": also}
         if isinstance(p, P.Op):
             out = {"op": next(iter(p.targets)) if len(p.targets) == 1 else sorted(p.targets)}
             if p.args:
@@ -92,42 +138,35 @@ class _Dumper:
                 out["strict_defaults"] = False
             return out
         if isinstance(p, P.Value):
-            return self.value(p)
+            return value_to_data(p)
         raise DumpError(f"no spec form for {p!r}")
 
-    def value(self, v: P.Value) -> Any:
-        if v.spec is None:
-            raise DumpError(f"value matcher {v.description!r} is an arbitrary Python predicate")
-        kind, *params = v.spec
-        if kind == "lit":
-            literal = _plain(params[0])
-            if v.name is None and not v.tensor_ok and not isinstance(literal, dict):
-                return literal
-            out: dict[str, Any] = {"lit": literal}
-            if v.tensor_ok:
-                out["tensor_ok"] = True
-        elif kind == "scalar":
-            rng = {k: val for k, val in (("min", params[0]), ("max", params[1])) if val is not None}
-            out = {"scalar": rng}
-            if not v.tensor_ok:
-                out["tensor_ok"] = False
-        elif kind == "any_float":
-            out = {"any_float": True}
-            if not v.tensor_ok:
-                out["tensor_ok"] = False
-        elif kind == "any_value":
-            out = {"any_value": True}
-        elif kind == "one_of":
-            out = {"one_of": _plain(params[0])}
-            if v.tensor_ok:
-                out["tensor_ok"] = True
-        elif kind == "int_list":
-            out = {"int_list": {} if params[0] is None else {"len": params[0]}}
-        else:  # pragma: no cover
-            raise DumpError(f"unknown value matcher kind {kind!r}")
-        if v.name:
-            out["bind"] = v.name
-        return out
+
+def value_to_data(v: P.Value) -> Any:
+    """A value matcher as YAML: ``{key: {args}}``, or the bare literal / dtype where that is exact."""
+    term = term_of(v)
+    if term is None:
+        raise DumpError(f"value matcher {v.description!r} is an arbitrary Python predicate "
+                        "(use a named matcher: " + ", ".join(sorted(_value_keys())) + ")")
+    _, args = arguments_of(v)
+    data = _term_data(term, args)
+    if term.key == "lit" and set(data) == {"value"}:
+        literal = args["value"]
+        if isinstance(literal, torch.dtype):
+            return {"dtype": dtype_name(literal)}
+        encoded = encode_literal(literal)
+        if not has_mapping(encoded):
+            return encoded  # a plain YAML value in an argument is this exact literal
+    short = shorthand(term)
+    if short is not None and set(data) == {short}:
+        return {term.key: data[short]}
+    return {term.key: data or True}
+
+
+def _value_keys() -> list[str]:
+    from fusionkit.vocabulary import VALUE_MATCHERS
+
+    return list(VALUE_MATCHERS)
 
 
 def _children(p: P.Pattern) -> list[P.Pattern]:
@@ -137,45 +176,25 @@ def _children(p: P.Pattern) -> list[P.Pattern]:
         return list(p.options)
     if isinstance(p, P.Through):
         return [p.inner]
+    if isinstance(p, P.Seq):
+        return list(p.items)
+    if isinstance(p, P.Outputs):
+        return [p.primary, *(o.pattern for o in p.others)]
     if isinstance(p, P.Op):
         return [*p.args, *p.kwargs.values()]
     return []
 
 
-def _dtype_name(d: torch.dtype) -> str:
-    return str(d).removeprefix("torch.")
-
-
 def constraint_to_data(c: C.Constraint) -> dict[str, Any]:
-    if isinstance(c, C.PrepackableConstant):
-        args: dict[str, Any] = {"capture": c.capture}
-        if c.fold:
-            args["fold"] = True
-        if c.role != C.PrepackableConstant.role:
-            args["role"] = c.role
-        return {"prepackable_constant": args}
-    simple = {C.GraphLeaf: "graph_leaf", C.UserInput: "user_input", C.StaticShape: "static_shape"}
-    for cls, key in simple.items():
-        if isinstance(c, cls):
-            return {key: {"capture": c.capture}}  # type: ignore[attr-defined]
-    if isinstance(c, C.DtypeIn):
-        return {"dtype": {"capture": c.capture, "dtypes": sorted(_dtype_name(d) for d in c.dtypes)}}
-    if isinstance(c, C.Rank):
-        return {"rank": {"capture": c.capture, "ranks": sorted(c.ranks)}}
-    if isinstance(c, C.SameDtype):
-        return {"same_dtype": {"a": c.a, "b": c.b}}
-    if isinstance(c, C.ShapeRelation):
-        if c.relation_name is None:
-            raise DumpError(f"shape relation {c.description!r} is an arbitrary Python function")
-        return {"shape_relation": {"a": c.a, "b": c.b, "relation": c.relation_name}}
-    if isinstance(c, C.ReducesLastDim):
-        return {"reduces_last_dim": {"dim": c.dim, "x": c.x}}
-    if isinstance(c, C.ScalarRange):
-        rng = {k: v for k, v in (("min", c.lo), ("max", c.hi)) if v is not None}
-        return {"scalar_range": {"capture": c.capture, **rng}}
-    if isinstance(c, C.Custom):
-        return {"custom": {"python": _callable_ref(c.fn), "name": c.name, "reads": list(c.reads)}}
-    raise DumpError(f"constraint {type(c).__name__} has no spec form")
+    term = term_of(c)
+    if term is None:
+        raise DumpError(f"constraint {type(c).__name__} is not in the vocabulary "
+                        "(register it with fusionkit.vocabulary.constraint_term)")
+    try:
+        _, args = arguments_of(c)
+    except LookupError as e:
+        raise DumpError(str(e)) from None
+    return {term.key: _term_data(term, args)}
 
 
 def _arg(a: Any) -> Any:
@@ -183,7 +202,10 @@ def _arg(a: Any) -> Any:
         return {"ref": a.name}
     if isinstance(a, (list, tuple)):
         return [_arg(x) for x in a]
-    return a
+    try:
+        return encode_literal(a)
+    except CodecError as e:
+        raise DumpError(str(e)) from None
 
 
 def rule_to_data(rule: Rule, hoist: bool = True) -> dict[str, Any]:
@@ -210,13 +232,14 @@ def rule_to_data(rule: Rule, hoist: bool = True) -> dict[str, Any]:
         if rep.kwargs:
             r["kwargs"] = {k: _arg(v) for k, v in rep.kwargs.items()}
     elif isinstance(rep, PythonReplacement):
-        r = {"python": _callable_ref(rep.fn), "reads": sorted(rep.reads)}
+        r = {"fn": python_ref(rep.fn), "reads": sorted(rep.reads)}
     else:
         raise DumpError(f"replacement {type(rep).__name__} has no spec form")
-    out["replace"] = r
+    out["replacement"] = r
     return out
 
 
 def rules_to_yaml(rules: list[Rule]) -> str:
     data = {"version": SPEC_VERSION, "rules": [rule_to_data(r) for r in rules]}
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+

@@ -7,113 +7,202 @@ A spec file::
       - name: silu
         pattern: {op: aten.mul.Tensor, args: [{capture: x}, {op: aten.sigmoid.default, args: [{capture: x}]}]}
         constraints: [{dtype: {capture: x, dtypes: [float32]}}]
-        replace: {op: aten.silu.default, args: [{ref: x}]}
+        replacement: {op: aten.silu.default, args: [{ref: x}]}
 
-Pattern nodes and constraints are single-purpose mappings told apart by their
-key (``op``, ``capture``, ``any_of``, ``through``, ``use``, ``lit``, ``scalar``,
-...); any other YAML value inside ``args`` is an exact literal.
+The structure of a pattern (``op``, ``capture``, ``any_of``, ``through``,
+``seq``, ``outputs``/``also``, ``use``, ``dtype``) is written here, one model
+per DSL construct with the builder's parameter names. Value matchers
+(``{scalar: {name: eps, lo: 0.0}}``) and constraints (``{dtype: {capture: x,
+dtypes: [float32]}}``) are *generated* from the vocabulary registry
+(:mod:`fusionkit.vocabulary`): each term's fields are its Python parameters.
+Any other YAML value inside ``args`` is an exact literal (a dtype inside it is
+``{dtype: int8}``); a list of patterns is ``{seq: [...]}``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import functools
+import inspect
+import operator
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model, model_validator
 
-__all__ = ["SPEC_VERSION", "SpecFile"]
+# the DSL modules register their terms on import
+import fusionkit.constraints
+import fusionkit.pattern  # noqa: F401
+from fusionkit.specs.codec import CaptureName, DtypeName, PyRef, yaml_type
+from fusionkit.vocabulary import CONSTRAINTS, VALUE_FIELDS, VALUE_MATCHERS, Term
+
+__all__ = ["SPEC_VERSION", "SpecFile", "constraint_tag", "pattern_tag"]
 
 SPEC_VERSION = 1
 
-Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+Name = CaptureName
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# ------------------------------------------------------------------------------- patterns
+_BIND = Field(None, description="also capture the value this node matched under this name")
+
+
+# ------------------------------------------------------------------ structural nodes
 
 class OpNode(_Strict):
-    """A call of one op (or any of several), e.g. ``aten.mul.Tensor``."""
+    """``op(targets, *args, **kwargs)``: a call of one op (or any of several)."""
 
     op: str | list[str] = Field(description="qualified op name(s): namespace.op.overload")
     args: list[PatternOrLiteral] = Field(default_factory=list)
     kwargs: dict[str, PatternOrLiteral] = Field(default_factory=dict)
     commutative: bool | None = Field(None, description="default: true for known commutative ops")
     strict_defaults: bool = True
-    bind: Name | None = Field(None, description="also capture the matched node under this name")
+    bind: Name | None = _BIND
 
 
 class CaptureNode(_Strict):
+    """``capture(name)``: a named hole."""
+
     capture: Name
+    bind: Name | None = _BIND
 
 
 class AnyOfNode(_Strict):
-    any_of: list[PatternNode] = Field(min_length=1, description="alternatives, tried in order")
-    bind: Name | None = None
+    """``a | b | ...``: alternatives, tried in order."""
+
+    any_of: list[PatternNode] = Field(min_length=1)
+    bind: Name | None = _BIND
 
 
 class ThroughNode(_Strict):
+    """``through(ops, inner, max_depth)``: pass-through ops skipped in front of ``inner``."""
+
     through: Literal["casts"] | list[str] = Field(
-        description="pass-through ops skipped in front of the pattern ('casts' = dtype casts)")
-    pattern: PatternOrLiteral
+        description="pass-through ops ('casts' = the dtype casts of fusionkit.CASTS)")
+    inner: PatternOrLiteral
     max_depth: int = Field(8, ge=0)
+    bind: Name | None = _BIND
+
+
+class SeqNode(_Strict):
+    """``seq(*items)``: a list argument matched element by element."""
+
+    seq: list[PatternOrLiteral]
+    bind: Name | None = _BIND
+
+
+class AlsoSpec(_Strict):
+    """``also(name, pattern, near, max_depth)``: a further output found downstream of ``near``."""
+
+    name: Name
+    pattern: PatternOrLiteral
+    near: Name
+    max_depth: int = Field(12, ge=0)
+
+
+class OutputsNode(_Strict):
+    """``outputs(primary, *also)``: a multi-output pattern."""
+
+    outputs: PatternNode = Field(description="the primary pattern, at the match's root")
+    also: list[AlsoSpec] = Field(min_length=1)
+    bind: Name | None = _BIND
 
 
 class UseNode(_Strict):
-    use: Name = Field(description="a sub-pattern defined under the rule's `let`")
+    """A sub-pattern defined under the rule's ``let``."""
+
+    use: Name
+    bind: Name | None = _BIND
 
 
-class LitNode(_Strict):
-    lit: Any
-    bind: Name | None = None
-    tensor_ok: bool = False
+class DtypeNode(_Strict):
+    """The literal ``torch.<dtype>``."""
+
+    dtype: DtypeName
+    bind: Name | None = _BIND
 
 
-class Range(_Strict):
-    min: float | None = None
-    max: float | None = None
-
-
-class ScalarNode(_Strict):
-    scalar: Range = Field(description="a number in [min, max]")
-    bind: Name | None = None
-    tensor_ok: bool = Field(True, description="a 0-d constant tensor counts as a scalar")
-
-
-class AnyFloatNode(_Strict):
-    any_float: Literal[True]
-    bind: Name | None = None
-    tensor_ok: bool = True
-
-
-class AnyValueNode(_Strict):
-    any_value: Literal[True]
-    bind: Name | None = None
-
-
-class OneOfNode(_Strict):
-    one_of: list[Any] = Field(min_length=1)
-    bind: Name | None = None
-    tensor_ok: bool = False
-
-
-class IntListSpec(_Strict):
-    len: int | None = Field(None, ge=0)
-
-
-class IntListNode(_Strict):
-    int_list: IntListSpec
-    bind: Name | None = None
-
-
-PATTERN_KEYS: dict[str, type[_Strict]] = {
+STRUCTURE: dict[str, type[_Strict]] = {
     "op": OpNode, "capture": CaptureNode, "any_of": AnyOfNode, "through": ThroughNode,
-    "use": UseNode, "lit": LitNode, "scalar": ScalarNode, "any_float": AnyFloatNode,
-    "any_value": AnyValueNode, "one_of": OneOfNode, "int_list": IntListNode,
+    "seq": SeqNode, "outputs": OutputsNode, "use": UseNode, "dtype": DtypeNode,
 }
-_CLASS_TAG: dict[type[BaseModel], str] = {cls: key for key, cls in PATTERN_KEYS.items()}
 
+
+# --------------------------------------------------- generated from the vocabulary
+
+def _field(term: Term, p_name: str, default: Any) -> tuple[Any, Any]:
+    hint = term.hints[p_name]
+    t = yaml_type(hint, capture=p_name in term.reads or (p_name == "name" and term.kind == "value"))
+    if default is inspect.Parameter.empty:
+        return (t, ...)
+    return (t, default if not isinstance(default, (frozenset, set, tuple)) else list(default))
+
+
+def arguments_model(term: Term) -> type[BaseModel]:
+    """The model of a term's arguments: its Python parameters, names and defaults."""
+    fields = {p.name: _field(term, p.name, p.default) for p in term.parameters}
+    return create_model(f"{_camel(term.key)}Args", __config__=ConfigDict(extra="forbid", frozen=True),
+                        __doc__=term.doc, **fields)  # type: ignore[call-overload]
+
+
+def _camel(key: str) -> str:
+    return "".join(w.capitalize() for w in key.split("_"))
+
+
+def shorthand(term: Term) -> str | None:
+    """The parameter a bare (non-mapping) value stands for: the one required parameter."""
+    required = [p.name for p in term.parameters if p.default is p.empty]
+    return required[0] if len(required) == 1 else None
+
+
+def normalize_value_node(term: Term, data: Any) -> Any:
+    """``{lit: 3}`` -> ``{lit: {value: 3}}``, ``{any_value: true}`` -> ``{any_value: {}}``."""
+    if not isinstance(data, dict) or term.key not in data:
+        return data
+    v = data[term.key]
+    names = {p.name for p in term.parameters}
+    short = shorthand(term)
+    if isinstance(v, dict) and set(v) <= names and (short is None or short in v):
+        return data
+    if v is True or (v == {} and short is None):
+        return {**data, term.key: {}}
+    if short is not None:
+        return {**data, term.key: {short: v}}
+    return data
+
+
+def _value_node_model(term: Term) -> type[BaseModel]:
+    args = arguments_model(term)
+    short = shorthand(term)
+    how = (f"arguments of {term.key}(...): " + ", ".join(p.name for p in term.parameters)
+           + (f"; or just the {short}" if short else "; or `true` for all defaults"))
+
+    def _normalize(cls: type[BaseModel], data: Any) -> Any:
+        return normalize_value_node(term, data)
+
+    return create_model(
+        f"{_camel(term.key)}Node", __config__=ConfigDict(extra="forbid", frozen=True),
+        __doc__=term.doc,
+        __validators__={"_normalize": model_validator(mode="before")(_normalize)},  # type: ignore[dict-item]
+        **{term.key: (args, Field(description=how))},  # type: ignore[call-overload]
+    )
+
+
+def _constraint_model(term: Term) -> type[BaseModel]:
+    return create_model(f"{_camel(term.key)}Constraint",
+                        __config__=ConfigDict(extra="forbid", frozen=True), __doc__=term.doc,
+                        **{term.key: (arguments_model(term), ...)})  # type: ignore[call-overload]
+
+
+VALUE_NODES: dict[str, type[BaseModel]] = {k: _value_node_model(t) for k, t in VALUE_MATCHERS.items()}
+CONSTRAINT_MODELS: dict[str, type[BaseModel]] = {k: _constraint_model(t) for k, t in CONSTRAINTS.items()}
+PATTERN_KEYS: dict[str, type[BaseModel]] = {**STRUCTURE, **VALUE_NODES}
+_CLASS_TAG: dict[type[BaseModel], str] = {cls: key for key, cls in PATTERN_KEYS.items()}
+_CONSTRAINT_TAG: dict[type[BaseModel], str] = {cls: key for key, cls in CONSTRAINT_MODELS.items()}
+
+assert not set(STRUCTURE) & set(VALUE_NODES), "a value matcher's key collides with a DSL construct"
+assert not set(VALUE_FIELDS) & set(PATTERN_KEYS)
 
 _PATTERN_ERROR = ("not a pattern node: expected a mapping with one of the keys "
                   + ", ".join(PATTERN_KEYS))
@@ -130,179 +219,91 @@ def pattern_tag(v: Any) -> str | None:
     return "literal"
 
 
-PatternNode = Annotated[
-    Annotated[OpNode, Tag("op")] | Annotated[CaptureNode, Tag("capture")]
-    | Annotated[AnyOfNode, Tag("any_of")] | Annotated[ThroughNode, Tag("through")]
-    | Annotated[UseNode, Tag("use")] | Annotated[LitNode, Tag("lit")]
-    | Annotated[ScalarNode, Tag("scalar")] | Annotated[AnyFloatNode, Tag("any_float")]
-    | Annotated[AnyValueNode, Tag("any_value")] | Annotated[OneOfNode, Tag("one_of")]
-    | Annotated[IntListNode, Tag("int_list")],
-    Discriminator(pattern_tag, custom_error_type="unknown_pattern_node",
-                  custom_error_message=_PATTERN_ERROR),
-]
+def _union(tagged: dict[str, Any]) -> Any:
+    return functools.reduce(operator.or_, (Annotated[t, Tag(k)] for k, t in tagged.items()))
+
+
+if TYPE_CHECKING:  # built from the registry at run time
+    PatternNode = Any
+else:
+    PatternNode = Annotated[
+        _union(PATTERN_KEYS),
+        Discriminator(pattern_tag, custom_error_type="unknown_pattern_node",
+                      custom_error_message=_PATTERN_ERROR),
+    ]
+
 
 #: where a plain YAML value (number, bool, list, null, string) is an exact literal
-PatternOrLiteral = Annotated[
-    Annotated[OpNode, Tag("op")] | Annotated[CaptureNode, Tag("capture")]
-    | Annotated[AnyOfNode, Tag("any_of")] | Annotated[ThroughNode, Tag("through")]
-    | Annotated[UseNode, Tag("use")] | Annotated[LitNode, Tag("lit")]
-    | Annotated[ScalarNode, Tag("scalar")] | Annotated[AnyFloatNode, Tag("any_float")]
-    | Annotated[AnyValueNode, Tag("any_value")] | Annotated[OneOfNode, Tag("one_of")]
-    | Annotated[IntListNode, Tag("int_list")]
-    | Annotated[int | float | bool | str | list[Any] | None, Tag("literal")],
-    Discriminator(pattern_tag, custom_error_type="unknown_pattern_node",
-                  custom_error_message=_PATTERN_ERROR),
-]
-
-
-# ---------------------------------------------------------------------------- constraints
-
-class PrepackableArgs(_Strict):
-    capture: Name
-    fold: bool = Field(False, description="fold a value computed only from constants")
-    role: str | None = Field(None, description="why it must be constant, for messages")
-
-
-class CaptureArgs(_Strict):
-    capture: Name
-
-
-class DtypeArgs(_Strict):
-    capture: Name
-    dtypes: list[str] = Field(min_length=1, description="torch dtype names, e.g. float32")
-
-
-class RankArgs(_Strict):
-    capture: Name
-    ranks: list[int] = Field(min_length=1)
-
-
-class PairArgs(_Strict):
-    a: Name
-    b: Name
-
-
-class ShapeRelationArgs(_Strict):
-    a: Name
-    b: Name
-    relation: Literal["broadcasts_over_last_dim", "same_shape", "same_last_dim"]
-
-
-class ReducesLastDimArgs(_Strict):
-    dim: Name
-    x: Name
-
-
-class ScalarRangeArgs(_Strict):
-    capture: Name
-    min: float | None = None
-    max: float | None = None
-
-
-class CustomArgs(_Strict):
-    python: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
-                        description="package.module:function taking a CheckContext")
-    name: Name
-    reads: list[Name] = Field(default_factory=list)
-
-
-class PrepackableC(_Strict):
-    prepackable_constant: PrepackableArgs
-
-
-class GraphLeafC(_Strict):
-    graph_leaf: CaptureArgs
-
-
-class UserInputC(_Strict):
-    user_input: CaptureArgs
-
-
-class StaticShapeC(_Strict):
-    static_shape: CaptureArgs
-
-
-class DtypeC(_Strict):
-    dtype: DtypeArgs
-
-
-class RankC(_Strict):
-    rank: RankArgs
-
-
-class SameDtypeC(_Strict):
-    same_dtype: PairArgs
-
-
-class ShapeRelationC(_Strict):
-    shape_relation: ShapeRelationArgs
-
-
-class ReducesLastDimC(_Strict):
-    reduces_last_dim: ReducesLastDimArgs
-
-
-class ScalarRangeC(_Strict):
-    scalar_range: ScalarRangeArgs
-
-
-class CustomC(_Strict):
-    custom: CustomArgs
-
-
-CONSTRAINT_KEYS: dict[str, type[_Strict]] = {
-    "prepackable_constant": PrepackableC, "graph_leaf": GraphLeafC, "user_input": UserInputC,
-    "static_shape": StaticShapeC, "dtype": DtypeC, "rank": RankC, "same_dtype": SameDtypeC,
-    "shape_relation": ShapeRelationC, "reduces_last_dim": ReducesLastDimC,
-    "scalar_range": ScalarRangeC, "custom": CustomC,
-}
-_CONSTRAINT_TAG: dict[type[BaseModel], str] = {cls: key for key, cls in CONSTRAINT_KEYS.items()}
+#: (a list of patterns is written ``{seq: [...]}``)
+if TYPE_CHECKING:  # built from the registry at run time
+    PatternOrLiteral = Any
+else:
+    PatternOrLiteral = Annotated[
+        _union({**PATTERN_KEYS, "literal": int | float | bool | str | list[Any] | None}),
+        Discriminator(pattern_tag, custom_error_type="unknown_pattern_node",
+                      custom_error_message=_PATTERN_ERROR),
+    ]
 
 
 def constraint_tag(v: Any) -> str | None:
     if isinstance(v, dict):
-        keys = [k for k in v if k in CONSTRAINT_KEYS]
+        keys = [k for k in v if k in CONSTRAINT_MODELS]
         return keys[0] if len(keys) == 1 and len(v) == 1 else None
     if isinstance(v, BaseModel):
         return _CONSTRAINT_TAG.get(type(v))
     return None
 
 
-ConstraintEntry = Annotated[
-    Annotated[PrepackableC, Tag("prepackable_constant")] | Annotated[GraphLeafC, Tag("graph_leaf")]
-    | Annotated[UserInputC, Tag("user_input")] | Annotated[StaticShapeC, Tag("static_shape")]
-    | Annotated[DtypeC, Tag("dtype")] | Annotated[RankC, Tag("rank")]
-    | Annotated[SameDtypeC, Tag("same_dtype")] | Annotated[ShapeRelationC, Tag("shape_relation")]
-    | Annotated[ReducesLastDimC, Tag("reduces_last_dim")]
-    | Annotated[ScalarRangeC, Tag("scalar_range")] | Annotated[CustomC, Tag("custom")],
-    Discriminator(constraint_tag, custom_error_type="unknown_constraint",
-                  custom_error_message="unknown constraint: expected a mapping with exactly one "
-                  "key among " + ", ".join(CONSTRAINT_KEYS)),
-]
+if TYPE_CHECKING:  # built from the registry at run time
+    ConstraintEntry = Any
+else:
+    ConstraintEntry = Annotated[
+        _union(CONSTRAINT_MODELS),
+        Discriminator(constraint_tag, custom_error_type="unknown_constraint",
+                      custom_error_message="unknown constraint: expected a mapping with exactly one "
+                      "key among " + ", ".join(CONSTRAINT_MODELS)),
+    ]
 
 
 # ---------------------------------------------------------------------------- replacement
 
 class RefArg(_Strict):
+    """``ref(name)``: the value a capture bound."""
+
     ref: Name
 
 
-ReplacementArg = RefArg | int | float | bool | str | None | list[Any]
+ReplacementArg = RefArg | int | float | bool | str | None | list[Any] | dict[str, Any]
 
 
 class ReplaceOp(_Strict):
+    """``replace_with(op, *args, **kwargs)``: one call of an op."""
+
     op: str = Field(description="qualified name of the op that replaces the match")
     args: list[ReplacementArg] = Field(default_factory=list)
     kwargs: dict[str, ReplacementArg] = Field(default_factory=dict)
 
 
 class ReplacePython(_Strict):
-    python: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
-                        description="package.module:function(rewriter, captures) -> Node")
+    """``PythonReplacement(fn, reads)``: ``fn(rewriter, captures)`` builds the replacement."""
+
+    fn: PyRef
     reads: list[Name] = Field(default_factory=list)
 
 
+def replacement_tag(v: Any) -> str:
+    if isinstance(v, BaseModel):
+        return "op" if isinstance(v, ReplaceOp) else "fn"
+    return "op" if isinstance(v, dict) and "op" in v else "fn"
+
+
+Replacement = Annotated[Annotated[ReplaceOp, Tag("op")] | Annotated[ReplacePython, Tag("fn")],
+                        Discriminator(replacement_tag)]
+
+
 class RuleSpec(_Strict):
+    """``Rule(name, pattern, replacement, constraints, priority, allow_escape, description)``."""
+
     name: Name
     description: str = ""
     priority: int = 0
@@ -311,7 +312,7 @@ class RuleSpec(_Strict):
                                          description="named sub-patterns, used with {use: name}")
     pattern: PatternNode
     constraints: list[ConstraintEntry] = Field(default_factory=list)
-    replace: ReplaceOp | ReplacePython
+    replacement: Replacement
 
 
 class SpecFile(_Strict):
@@ -321,8 +322,9 @@ class SpecFile(_Strict):
     rules: list[RuleSpec] = Field(min_length=1)
 
 
-OpNode.model_rebuild()
-AnyOfNode.model_rebuild()
-ThroughNode.model_rebuild()
-RuleSpec.model_rebuild()
-SpecFile.model_rebuild()
+for _m in (OpNode, AnyOfNode, ThroughNode, SeqNode, AlsoSpec, OutputsNode, RuleSpec, SpecFile):
+    _m.model_rebuild()
+
+#: old spellings, named in errors: YAML uses the Python names
+RENAMED: dict[str, str] = {"replace": "replacement", "min": "lo", "max": "hi", "len": "length",
+                           "python": "fn"}

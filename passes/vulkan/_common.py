@@ -25,9 +25,9 @@ from fusionkit import (
     PythonReplacement,
     Rank,
     Rule,
-    lit,
+    integer,
     op,
-    where,
+    positive,
 )
 
 Q_PER_TENSOR = "quantized_decomposed.quantize_per_tensor.default"
@@ -46,27 +46,19 @@ def is_last_dim(v: Any, rank: int) -> bool:
     return _is_int(v) and v % rank == rank - 1
 
 
-def int_value(name: str) -> Any:
-    """A literal int (a zero point as the q8ta schemas take it)."""
-    return where(_is_int, "an int literal", name=name)
-
-
-def positive_float(name: str) -> Any:
-    """A literal positive number (a scale as the q8ta schemas take it)."""
-    return where(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
-                 "a positive number literal", name=name)
-
-
 def int8_dq(x: Pattern | Any, prefix: str) -> Pattern:
-    """``dequantize_per_tensor(x, scale, zp, -128, 127, int8)`` binding ``{prefix}_scale/_zp``."""
-    return op(DQ_PER_TENSOR, x, positive_float(f"{prefix}_scale"), int_value(f"{prefix}_zp"),
-              -128, 127, lit(torch.int8))
+    """``dequantize_per_tensor(x, scale, zp, -128, 127, int8)`` binding ``{prefix}_scale/_zp``.
+
+    The q8ta schemas take a ``float`` scale and an ``int`` zero point: literals only.
+    """
+    return op(DQ_PER_TENSOR, x, positive(f"{prefix}_scale"), integer(f"{prefix}_zp"),
+              -128, 127, torch.int8)
 
 
 def int8_q(x: Pattern | Any, prefix: str) -> Pattern:
     """``quantize_per_tensor(x, scale, zp, -128, 127, int8)`` binding ``{prefix}_scale/_zp``."""
-    return op(Q_PER_TENSOR, x, positive_float(f"{prefix}_scale"), int_value(f"{prefix}_zp"),
-              -128, 127, lit(torch.int8))
+    return op(Q_PER_TENSOR, x, positive(f"{prefix}_scale"), integer(f"{prefix}_zp"),
+              -128, 127, torch.int8)
 
 
 def constant_tensor(ctx: CheckContext, name: str) -> torch.Tensor | None:

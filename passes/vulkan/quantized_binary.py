@@ -22,18 +22,20 @@ from fusionkit.passes.registry import register_rules
 from ._common import constraint, et_vk, int8_dq, int8_q
 
 
+def _qbinary_no_relu(ctx: CheckContext) -> str | None:
+    if "relu" in ctx.captures:
+        return ("a relu sits between the add and the quantize, but et_vk.q8ta_add has no "
+                "activation argument: fusing would drop the relu")
+    return None
+
+
 @register_rules("builtin", "vulkan", takes_over="quantized_binary")
 def quantized_binary_rule(name: str = "quantized_binary") -> Rule:
     add = op("aten.add.Tensor", int8_dq(capture("a"), "a"), int8_dq(capture("b"), "b"),
              alpha=scalar("alpha", tensor_ok=False), commutative=False).bind("add")
     relu = op("aten.relu.default", add).bind("relu")
 
-    @constraint("no_activation", "add")
-    def no_relu(ctx: CheckContext) -> str | None:
-        if "relu" in ctx.captures:
-            return ("a relu sits between the add and the quantize, but et_vk.q8ta_add has no "
-                    "activation argument: fusing would drop the relu")
-        return None
+    no_relu = constraint("no_activation", "add")(_qbinary_no_relu)
 
     return Rule(
         name=name,

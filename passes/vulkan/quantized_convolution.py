@@ -104,95 +104,105 @@ def _geometry(c: Mapping[str, Any], w: tuple[int, ...]) -> dict[str, Any]:
             "output_padding": _pair(c.get("output_padding", [0, 0]))}
 
 
+#: why the quantized convolution's weight, scales and bias must be constants (in declines)
+CONV_ROLE = "the quantized convolution prepacks it"
+
+
+def _conv_geometry(ctx: CheckContext) -> str | None:
+    c = ctx.captures
+    w = shape_of(ctx, "weight")
+    if w is None or len(w) != 4:
+        return f"weight {w} is not a 2-D convolution weight"
+    if c.get("transposed", False) not in (True, False):
+        return f"transposed flag {c.get('transposed')!r} is not a bool"
+    groups = c["groups"]
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        return f"groups {groups!r} is not a positive int"
+    if None in (_pair(c["stride"]), _pair(c["padding"]), _pair(c["dilation"]),
+                _pair(c.get("output_padding", [0, 0]))):
+        return (f"stride {c['stride']!r}, padding {c['padding']!r} or dilation "
+                f"{c['dilation']!r} is not a pair of ints")
+    g = _geometry(c, w)
+    oc = g["oc"]
+    if g["transposed"]:
+        if g["dilation"] != [1, 1]:
+            return f"transposed conv with dilation {g['dilation']}: the kernel supports 1 only"
+        if groups != 1:
+            return ("grouped transposed conv: its per-channel scales cover OC/groups "
+                    "channels, not the OC the kernel indexes")
+    if c["axis"] != (1 if g["transposed"] else 0):
+        return (f"weight quantized along axis {c['axis']}, not the output-channel axis "
+                f"{1 if g['transposed'] else 0}")
+    if c["w_qmin"] not in (-127, -128):
+        return f"weight quant_min {c['w_qmin']} is not that of int8"
+    if shape_of(ctx, "w_scales") != (oc,):
+        return f"weight scales of shape {shape_of(ctx, 'w_scales')} are not per output channel [{oc}]"
+    if 1 < groups < oc and (oc // groups) % 4:
+        return (f"{oc // groups} output channels per group is not a multiple of 4 "
+                "(a group may not cross a texel)")
+    if g["kind"] == "dw" and oc % 4:
+        return f"depthwise conv with {oc} output channels: the kernel needs a multiple of 4"
+    return None
+
+
+def _conv_zp(ctx: CheckContext) -> str | None:
+    return zero_points_are_zero(ctx, "w_zp")
+
+
+def _conv_bias(ctx: CheckContext) -> str | None:
+    b = ctx.captures.get("bias")
+    if b is None:
+        return None
+    if not isinstance(b, Node) or ctx.inputs.constant(b) is None:
+        return f"bias {getattr(b, 'name', b)!r} is not a constant tensor: {CONV_ROLE}"
+    bv, w = ctx.val("bias"), shape_of(ctx, "weight")
+    oc = _geometry(ctx.captures, w)["oc"] if w is not None and len(w) == 4 else None
+    if not isinstance(bv, torch.Tensor) or bv.dtype != torch.float32 or tuple(bv.shape) != (oc,):
+        got = (getattr(bv, "dtype", None), tuple(getattr(bv, "shape", ())))
+        return f"bias {got} is not a float32 vector [{oc}]"
+    return None
+
+
+def _conv_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    w_node: Node = c["weight"]
+    w = rw.tensor(w_node)
+    g = _geometry(c, tuple(w.shape))
+    oc, icg, kh, kw, kind = g["oc"], g["icg"], g["kh"], g["kw"], g["kind"]
+    if kind == "transposed":
+        ic, ocg = w.shape[0], w.shape[1]
+        groups = c["groups"]
+        mat = (w.reshape(groups, ic // groups, ocg, kh, kw).permute(0, 2, 3, 4, 1)
+               .reshape(oc, kh * kw * icg).contiguous())
+        sums = mat.sum(dim=1)
+    elif kind == "dw":
+        mat = w.permute(2, 3, 1, 0).contiguous().view(kh, kw, oc).contiguous()
+        sums = mat.sum(dim=(0, 1))
+    else:
+        mat = w.permute(0, 2, 3, 1).contiguous().view(oc, kh * kw * icg).contiguous()
+        sums = mat.sum(dim=1)
+    weight = rw.constant(f"{w_node.name}_fk_q8ta_conv_{kind}_pad4", pad_to(mat, 4))
+    sums_n = rw.constant(f"{w_node.name}_fk_q8ta_conv_{kind}_sums_pad4",
+                         pad_to(sums.to(torch.int32), 4))
+    target = {"transposed": "q8ta_conv2d_transposed", "dw": "q8ta_conv2d_dw",
+              "pw": "q8ta_conv2d_pw", "im2col": "q8ta_conv2d"}[kind]
+    args: list[Any] = [c["x"], c["in_scale"], c["in_zp"], weight, sums_n,
+                       padded(rw, c["w_scales"]), c["out_scale"], c["out_zp"],
+                       padded(rw, c.get("bias")), [kh, kw], g["stride"], g["padding"]]
+    if kind == "transposed":
+        args.append(g["output_padding"])
+    args += [g["dilation"], c["groups"], "relu" if "relu" in c else "none"]
+    return rw.call(et_vk(target), *args)
+
+
 @register_rules("builtin", "vulkan", takes_over="quantized_convolution")
 def quantized_convolution_rule(name: str = "quantized_convolution") -> Rule:
-    role = "the quantized convolution prepacks it"
+    role = CONV_ROLE
     act = _conv() | op("aten.relu.default", _conv()).bind("relu")
 
-    @constraint("conv_geometry", "weight", "w_scales", "stride", "padding", "dilation", "groups")
-    def geometry(ctx: CheckContext) -> str | None:
-        c = ctx.captures
-        w = shape_of(ctx, "weight")
-        if w is None or len(w) != 4:
-            return f"weight {w} is not a 2-D convolution weight"
-        if c.get("transposed", False) not in (True, False):
-            return f"transposed flag {c.get('transposed')!r} is not a bool"
-        groups = c["groups"]
-        if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
-            return f"groups {groups!r} is not a positive int"
-        if None in (_pair(c["stride"]), _pair(c["padding"]), _pair(c["dilation"]),
-                    _pair(c.get("output_padding", [0, 0]))):
-            return (f"stride {c['stride']!r}, padding {c['padding']!r} or dilation "
-                    f"{c['dilation']!r} is not a pair of ints")
-        g = _geometry(c, w)
-        oc = g["oc"]
-        if g["transposed"]:
-            if g["dilation"] != [1, 1]:
-                return f"transposed conv with dilation {g['dilation']}: the kernel supports 1 only"
-            if groups != 1:
-                return ("grouped transposed conv: its per-channel scales cover OC/groups "
-                        "channels, not the OC the kernel indexes")
-        if c["axis"] != (1 if g["transposed"] else 0):
-            return (f"weight quantized along axis {c['axis']}, not the output-channel axis "
-                    f"{1 if g['transposed'] else 0}")
-        if c["w_qmin"] not in (-127, -128):
-            return f"weight quant_min {c['w_qmin']} is not that of int8"
-        if shape_of(ctx, "w_scales") != (oc,):
-            return f"weight scales of shape {shape_of(ctx, 'w_scales')} are not per output channel [{oc}]"
-        if 1 < groups < oc and (oc // groups) % 4:
-            return (f"{oc // groups} output channels per group is not a multiple of 4 "
-                    "(a group may not cross a texel)")
-        if g["kind"] == "dw" and oc % 4:
-            return f"depthwise conv with {oc} output channels: the kernel needs a multiple of 4"
-        return None
-
-    @constraint("weight_zero_points_zero", "w_zp")
-    def zp(ctx: CheckContext) -> str | None:
-        return zero_points_are_zero(ctx, "w_zp")
-
-    @constraint("bias_is_constant_vector", "weight", "bias")
-    def bias(ctx: CheckContext) -> str | None:
-        b = ctx.captures.get("bias")
-        if b is None:
-            return None
-        if not isinstance(b, Node) or ctx.inputs.constant(b) is None:
-            return f"bias {getattr(b, 'name', b)!r} is not a constant tensor: {role}"
-        bv, w = ctx.val("bias"), shape_of(ctx, "weight")
-        oc = _geometry(ctx.captures, w)["oc"] if w is not None and len(w) == 4 else None
-        if not isinstance(bv, torch.Tensor) or bv.dtype != torch.float32 or tuple(bv.shape) != (oc,):
-            got = (getattr(bv, "dtype", None), tuple(getattr(bv, "shape", ())))
-            return f"bias {got} is not a float32 vector [{oc}]"
-        return None
-
-    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-        w_node: Node = c["weight"]
-        w = rw.tensor(w_node)
-        g = _geometry(c, tuple(w.shape))
-        oc, icg, kh, kw, kind = g["oc"], g["icg"], g["kh"], g["kw"], g["kind"]
-        if kind == "transposed":
-            ic, ocg = w.shape[0], w.shape[1]
-            groups = c["groups"]
-            mat = (w.reshape(groups, ic // groups, ocg, kh, kw).permute(0, 2, 3, 4, 1)
-                   .reshape(oc, kh * kw * icg).contiguous())
-            sums = mat.sum(dim=1)
-        elif kind == "dw":
-            mat = w.permute(2, 3, 1, 0).contiguous().view(kh, kw, oc).contiguous()
-            sums = mat.sum(dim=(0, 1))
-        else:
-            mat = w.permute(0, 2, 3, 1).contiguous().view(oc, kh * kw * icg).contiguous()
-            sums = mat.sum(dim=1)
-        weight = rw.constant(f"{w_node.name}_fk_q8ta_conv_{kind}_pad4", pad_to(mat, 4))
-        sums_n = rw.constant(f"{w_node.name}_fk_q8ta_conv_{kind}_sums_pad4",
-                             pad_to(sums.to(torch.int32), 4))
-        target = {"transposed": "q8ta_conv2d_transposed", "dw": "q8ta_conv2d_dw",
-                  "pw": "q8ta_conv2d_pw", "im2col": "q8ta_conv2d"}[kind]
-        args: list[Any] = [c["x"], c["in_scale"], c["in_zp"], weight, sums_n,
-                           padded(rw, c["w_scales"]), c["out_scale"], c["out_zp"],
-                           padded(rw, c.get("bias")), [kh, kw], g["stride"], g["padding"]]
-        if kind == "transposed":
-            args.append(g["output_padding"])
-        args += [g["dilation"], c["groups"], "relu" if "relu" in c else "none"]
-        return rw.call(et_vk(target), *args)
+    geometry = constraint("conv_geometry", "weight", "w_scales", "stride", "padding", "dilation", "groups")(_conv_geometry)
+    zp = constraint("weight_zero_points_zero", "w_zp")(_conv_zp)
+    bias = constraint("bias_is_constant_vector", "weight", "bias")(_conv_bias)
+    build = _conv_build
 
     return Rule(
         name=name,

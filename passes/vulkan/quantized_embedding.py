@@ -40,8 +40,9 @@ from fusionkit import (
     Rule,
     capture,
     lit,
+    one_of,
     op,
-    where,
+    per_row_block,
 )
 from fusionkit.passes.registry import register_rules
 
@@ -77,33 +78,38 @@ def _geometry(ctx: CheckContext, embed_dim: int, group: int) -> str | None:
     return None
 
 
+def _torchao_embedding_zp(ctx: CheckContext) -> str | None:
+    return zero_points_are_zero(ctx, "zero_point")
+
+
+def _torchao_embedding_int4(ctx: CheckContext) -> str | None:
+    return in_int_range(ctx, "weight", -8, 7)
+
+
+def _torchao_embedding_geometry(ctx: CheckContext) -> str | None:
+    w = shape_of(ctx, "weight")
+    return _geometry(ctx, int(w[1]) if w else 0, int(ctx.captures["block_size"][1]))
+
+
+def _torchao_embedding_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    w: Node = c["weight"]
+    packed = rw.constant(f"{w.name}_fk_q4_linear", pack_linear_q4(rw.tensor(w)))
+    return rw.call(et_vk("embedding_q4gsw"), packed, c["scales"], int(c["block_size"][1]),
+                   c["indices"], True)
+
+
 @register_rules("builtin", "vulkan", takes_over="torchao_quantized_embedding")
 def torchao_quantized_embedding_rule(name: str = "torchao_quantized_embedding") -> Rule:
     import_quant_ops()
-    block = where(lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and v[0] == 1
-                  and isinstance(v[1], int), "a per-row block size [1, G]", name="block_size")
+    block = per_row_block("block_size")
     dq = op("torchao.dequantize_affine.default", capture("weight"), block, capture("scales"),
             capture("zero_point"), lit(torch.int8), -8, 7)
     root = op("aten.embedding.default", dq, capture("indices"))
 
-    @constraint("zero_point_is_zero", "zero_point")
-    def zp(ctx: CheckContext) -> str | None:
-        return zero_points_are_zero(ctx, "zero_point")
-
-    @constraint("int4_values", "weight")
-    def int4(ctx: CheckContext) -> str | None:
-        return in_int_range(ctx, "weight", -8, 7)
-
-    @constraint("embedding_geometry", "weight", "scales", "block_size")
-    def geometry(ctx: CheckContext) -> str | None:
-        w = shape_of(ctx, "weight")
-        return _geometry(ctx, int(w[1]) if w else 0, int(ctx.captures["block_size"][1]))
-
-    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-        w: Node = c["weight"]
-        packed = rw.constant(f"{w.name}_fk_q4_linear", pack_linear_q4(rw.tensor(w)))
-        return rw.call(et_vk("embedding_q4gsw"), packed, c["scales"], int(c["block_size"][1]),
-                       c["indices"], True)
+    zp = constraint("zero_point_is_zero", "zero_point")(_torchao_embedding_zp)
+    int4 = constraint("int4_values", "weight")(_torchao_embedding_int4)
+    geometry = constraint("embedding_geometry", "weight", "scales", "block_size")(_torchao_embedding_geometry)
+    build = _torchao_embedding_build
 
     return Rule(
         name=name,
@@ -120,38 +126,43 @@ def torchao_quantized_embedding_rule(name: str = "torchao_quantized_embedding") 
     )
 
 
+def _embedding_4bit_zp(ctx: CheckContext) -> str | None:
+    return zero_points_are_zero(ctx, "zero_point")
+
+
+def _embedding_4bit_geometry(ctx: CheckContext) -> str | None:
+    w, s = shape_of(ctx, "weight"), shape_of(ctx, "scales")
+    if w is None or s is None:
+        return "weight or scales has no shape"
+    groups = s[1] if len(s) == 2 else 1
+    embed_dim = int(w[1]) * 2  # packed: two values per byte
+    return _geometry(ctx, embed_dim, embed_dim // groups if groups else 0)
+
+
+def _embedding_4bit_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    w: Node = c["weight"]
+    packed = rw.tensor(w)
+    vocab = packed.shape[0]
+    high = (packed >> 4).to(torch.int8) - 8
+    low = (packed & 0xF).to(torch.int8) - 8
+    unpacked = torch.stack([high, low], dim=-1).reshape(vocab, -1)
+    new = rw.constant(f"{w.name}_fk_q4_linear_from_e4", pack_linear_q4(unpacked))
+    scales = constant_tensor_shape(c["scales"])
+    embed_dim = packed.shape[1] * 2
+    group = embed_dim // (scales[1] if len(scales) == 2 else 1)
+    return rw.call(et_vk("embedding_q4gsw"), new, c["scales"], group, c["indices"], True)
+
+
 @register_rules("builtin", "vulkan", takes_over="quantized_embedding")
 def quantized_embedding_rule(name: str = "quantized_embedding") -> Rule:
     import_quant_ops()
     root = op("quantized_decomposed.embedding_4bit.dtype", capture("weight"), capture("scales"),
               capture("zero_point"), -8, 7, capture("indices"),
-              dtype=where(lambda v: v in (None, torch.float32), "None or float32"))
+              dtype=one_of([None, torch.float32]))
 
-    @constraint("zero_point_is_zero", "zero_point")
-    def zp(ctx: CheckContext) -> str | None:
-        return zero_points_are_zero(ctx, "zero_point")
-
-    @constraint("embedding_geometry", "weight", "scales")
-    def geometry(ctx: CheckContext) -> str | None:
-        w, s = shape_of(ctx, "weight"), shape_of(ctx, "scales")
-        if w is None or s is None:
-            return "weight or scales has no shape"
-        groups = s[1] if len(s) == 2 else 1
-        embed_dim = int(w[1]) * 2  # packed: two values per byte
-        return _geometry(ctx, embed_dim, embed_dim // groups if groups else 0)
-
-    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-        w: Node = c["weight"]
-        packed = rw.tensor(w)
-        vocab = packed.shape[0]
-        high = (packed >> 4).to(torch.int8) - 8
-        low = (packed & 0xF).to(torch.int8) - 8
-        unpacked = torch.stack([high, low], dim=-1).reshape(vocab, -1)
-        new = rw.constant(f"{w.name}_fk_q4_linear_from_e4", pack_linear_q4(unpacked))
-        scales = constant_tensor_shape(c["scales"])
-        embed_dim = packed.shape[1] * 2
-        group = embed_dim // (scales[1] if len(scales) == 2 else 1)
-        return rw.call(et_vk("embedding_q4gsw"), new, c["scales"], group, c["indices"], True)
+    zp = constraint("zero_point_is_zero", "zero_point")(_embedding_4bit_zp)
+    geometry = constraint("embedding_geometry", "weight", "scales")(_embedding_4bit_geometry)
+    build = _embedding_4bit_build
 
     return Rule(
         name=name,

@@ -66,7 +66,7 @@ from fusionkit import (
     lit,
     op,
     op_key,
-    where,
+    per_row_block,
 )
 from fusionkit.passes.registry import register_rules
 
@@ -120,50 +120,62 @@ def _w8() -> Pattern:
 
 
 def _w4() -> Pattern:
-    block = where(lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and v[0] == 1
-                  and isinstance(v[1], int) and v[1] > 0, "a per-row block size [1, G]",
-                  name="block_size")
-    return op("torchao.dequantize_affine.default", capture("weight"), block,
-              capture("w_scales"), capture("w_zp"), lit(torch.int8), -8, 7)
+    return op("torchao.dequantize_affine.default", capture("weight"),
+              per_row_block("block_size"), capture("w_scales"), capture("w_zp"), lit(torch.int8), -8, 7)
+
+
+def _linear_zp(ctx: CheckContext) -> str | None:
+    return zero_points_are_zero(ctx, "w_zp")
+
+
+def _linear_int4_values(ctx: CheckContext) -> str | None:
+    return in_int_range(ctx, "weight", -8, 7)
+
+
+def _linear_int8_values(ctx: CheckContext) -> str | None:
+    return in_int_range(ctx, "weight", -127, 127)
+
+
+def _linear_bias(ctx: CheckContext) -> str | None:
+    b = ctx.captures.get("bias")
+    if b is None:
+        return None
+    if not isinstance(b, Node) or ctx.inputs.constant(b) is None:
+        return f"bias {b!r} is not a constant tensor: {LINEAR_ROLE}"
+    w = shape_of(ctx, "weight")
+    if shape_of(ctx, "bias") != (w[0] if w else None,):
+        return f"bias of shape {shape_of(ctx, 'bias')} is not [N] for weight {w}"
+    return None
+
+
+def _linear_k4(ctx: CheckContext) -> str | None:
+    s = shape_of(ctx, "x")
+    if s and isinstance(s[-1], int) and s[-1] % 4 == 0:
+        return None
+    return f"in_channels of input {s} is not a multiple of 4 (texel-aligned loads)"
+
+
+def _linear_out_shape(ctx: CheckContext) -> str | None:
+    x, w, root = shape_of(ctx, "x"), shape_of(ctx, "weight"), ctx.root.meta.get("val")
+    want = (*x[:-1], w[0]) if x and w else None
+    got = tuple(root.shape) if isinstance(root, torch.Tensor) else None
+    return None if want == got else f"the fused op would produce {want}, the graph has {got}"
+
+
+#: why the quantized linear's weight, scales and bias must be constants (in declines)
+LINEAR_ROLE = "the quantized linear prepacks it"
 
 
 def _common_constraints(bits: int) -> list[Constraint]:
-    role = "the quantized linear prepacks it"
+    role = LINEAR_ROLE
 
-    @constraint("weight_zero_points_zero", "w_zp")
-    def zp(ctx: CheckContext) -> str | None:
-        return zero_points_are_zero(ctx, "w_zp")
+    zp = constraint("weight_zero_points_zero", "w_zp")(_linear_zp)
+    values = constraint("weight_values", "weight")(
+        _linear_int4_values if bits == 4 else _linear_int8_values)
 
-    @constraint("weight_values", "weight")
-    def values(ctx: CheckContext) -> str | None:
-        return in_int_range(ctx, "weight", -8, 7) if bits == 4 else \
-            in_int_range(ctx, "weight", -127, 127)
-
-    @constraint("bias_is_constant_vector", "weight")
-    def bias(ctx: CheckContext) -> str | None:
-        b = ctx.captures.get("bias")
-        if b is None:
-            return None
-        if not isinstance(b, Node) or ctx.inputs.constant(b) is None:
-            return f"bias {b!r} is not a constant tensor: {role}"
-        w = shape_of(ctx, "weight")
-        if shape_of(ctx, "bias") != (w[0] if w else None,):
-            return f"bias of shape {shape_of(ctx, 'bias')} is not [N] for weight {w}"
-        return None
-
-    @constraint("in_channels_multiple_of_4", "x")
-    def k4(ctx: CheckContext) -> str | None:
-        s = shape_of(ctx, "x")
-        if s and isinstance(s[-1], int) and s[-1] % 4 == 0:
-            return None
-        return f"in_channels of input {s} is not a multiple of 4 (texel-aligned loads)"
-
-    @constraint("output_shape", "x", "weight")
-    def out_shape(ctx: CheckContext) -> str | None:
-        x, w, root = shape_of(ctx, "x"), shape_of(ctx, "weight"), ctx.root.meta.get("val")
-        want = (*x[:-1], w[0]) if x and w else None
-        got = tuple(root.shape) if isinstance(root, torch.Tensor) else None
-        return None if want == got else f"the fused op would produce {want}, the graph has {got}"
+    bias = constraint("bias_is_constant_vector", "weight")(_linear_bias)
+    k4 = constraint("in_channels_multiple_of_4", "x")(_linear_k4)
+    out_shape = constraint("output_shape", "x", "weight")(_linear_out_shape)
 
     return [
         PrepackableConstant("weight", role=role), PrepackableConstant("w_scales", role=role),
@@ -202,20 +214,23 @@ def _weight_sums(rw: Rewriter, w: Node) -> Node:
     return rw.constant(f"{w.name}_fk_sums_pad4", pad_to(sums, 4))
 
 
+def _q8ta_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    x: Node = c["x"]
+    shape = x.meta["val"].shape
+    gemv = len(shape) >= 2 and shape[-2] == 1
+    return rw.call(et_vk("q8ta_linear_gemv" if gemv else "q8ta_linear"), x, c["in_scale"],
+                   c["in_zp"], c["weight"], _weight_sums(rw, c["weight"]),
+                   padded(rw, c["w_scales"]), c["out_scale"], c["out_zp"],
+                   padded(rw, c.get("bias")), "relu" if "relu" in c else "none")
+
+
 def q8ta_linear_rule(name: str = "quantized_linear_q8ta") -> Rule:
     dq_in = int8_dq(capture("x"), "in")
     core = _linear(dq_in | op(VIEW, dq_in, any_value()), _w8())
     viewed = core | op(VIEW, core, any_value())
     act = viewed | op("aten.relu.default", viewed).bind("relu")
 
-    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-        x: Node = c["x"]
-        shape = x.meta["val"].shape
-        gemv = len(shape) >= 2 and shape[-2] == 1
-        return rw.call(et_vk("q8ta_linear_gemv" if gemv else "q8ta_linear"), x, c["in_scale"],
-                       c["in_zp"], c["weight"], _weight_sums(rw, c["weight"]),
-                       padded(rw, c["w_scales"]), c["out_scale"], c["out_zp"],
-                       padded(rw, c.get("bias")), "relu" if "relu" in c else "none")
+    build = _q8ta_build
 
     return Rule(
         name=name,
@@ -244,26 +259,30 @@ def _requantized(n: Node) -> bool:
     return False
 
 
+def _q8csw_not_requantized(ctx: CheckContext) -> str | None:
+    if _requantized(ctx.root):
+        return ("the output is re-quantized: that is the q8ta_linear route "
+                "(quantized_linear_q8ta), not linear_q8ta_q8csw")
+    return None
+
+
+def _q8csw_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    node = rw.call(et_vk("linear_q8ta_q8csw"), c["x"], c["in_scale"], c["in_zp"],
+                   c["weight"], _weight_sums(rw, c["weight"]), padded(rw, c["w_scales"]),
+                   padded(rw, c.get("bias")))
+    # ExecuTorch 1.5.1's CPU reference of this op ignores the input quantization
+    # (linear of the raw int8 tensor), so its fake result is int8; the Vulkan
+    # kernel returns the float output of the node it replaces (as the stock pass
+    # records it).
+    node.meta["val"] = rw.root.meta["val"]
+    return node
+
+
 def q8csw_linear_rule(name: str = "quantized_linear_q8csw") -> Rule:
     root = _linear(int8_dq(capture("x"), "in"), _w8())
 
-    @constraint("float_output", "x")
-    def not_requantized(ctx: CheckContext) -> str | None:
-        if _requantized(ctx.root):
-            return ("the output is re-quantized: that is the q8ta_linear route "
-                    "(quantized_linear_q8ta), not linear_q8ta_q8csw")
-        return None
-
-    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-        node = rw.call(et_vk("linear_q8ta_q8csw"), c["x"], c["in_scale"], c["in_zp"],
-                       c["weight"], _weight_sums(rw, c["weight"]), padded(rw, c["w_scales"]),
-                       padded(rw, c.get("bias")))
-        # ExecuTorch 1.5.1's CPU reference of this op ignores the input quantization
-        # (linear of the raw int8 tensor), so its fake result is int8; the Vulkan
-        # kernel returns the float output of the node it replaces (as the stock pass
-        # records it).
-        node.meta["val"] = rw.root.meta["val"]
-        return node
+    not_requantized = constraint("float_output", "x")(_q8csw_not_requantized)
+    build = _q8csw_build
 
     return Rule(
         name=name,
@@ -337,6 +356,15 @@ def _dynamic_per_token(ctx: CheckContext) -> str | None:
     return None
 
 
+def _dq8ca_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    packed, scales_t = _q4_constants(rw, c)
+    w: Node = c["weight"]
+    g = int(c["block_size"][1])
+    sums = rw.constant(f"{w.name}_fk_group_sums_g{g}", per_group_sums(rw.tensor(w), g))
+    return rw.call(et_vk("linear_dq8ca_q4gsw"), c["x"], c["in_scale"], c["in_zp"], packed,
+                   sums, scales_t, g, padded(rw, c.get("bias")))
+
+
 def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
     q = op("torchao.quantize_affine.default", capture("x"), any_value("in_block"),
            capture("in_scale"), capture("in_zp"), lit(torch.int8), -128, 127)
@@ -344,13 +372,7 @@ def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
             capture("in_zp"), lit(torch.int8), -128, 127)
     root = _linear(dq | op(VIEW, dq, any_value()), _w4())
 
-    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-        packed, scales_t = _q4_constants(rw, c)
-        w: Node = c["weight"]
-        g = int(c["block_size"][1])
-        sums = rw.constant(f"{w.name}_fk_group_sums_g{g}", per_group_sums(rw.tensor(w), g))
-        return rw.call(et_vk("linear_dq8ca_q4gsw"), c["x"], c["in_scale"], c["in_zp"], packed,
-                       sums, scales_t, g, padded(rw, c.get("bias")))
+    build = _dq8ca_build
 
     return Rule(
         name=name,
@@ -367,20 +389,24 @@ def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
     )
 
 
+def _q4gsw_float_input(ctx: CheckContext) -> str | None:
+    x = ctx.captures["x"]
+    if isinstance(x, Node) and x.op == "call_function" and "dequantize" in (op_key(x.target) or ""):
+        return "the input is dequantized: not the weight-only route"
+    return None
+
+
+def _q4gsw_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    packed, scales_t = _q4_constants(rw, c)
+    return rw.call(et_vk("linear_q4gsw"), c["x"], packed, scales_t,
+                   int(c["block_size"][1]), padded(rw, c.get("bias")))
+
+
 def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
     root = _linear(capture("x"), _w4())
 
-    @constraint("float_input", "x")
-    def float_input(ctx: CheckContext) -> str | None:
-        x = ctx.captures["x"]
-        if isinstance(x, Node) and x.op == "call_function" and "dequantize" in (op_key(x.target) or ""):
-            return "the input is dequantized: not the weight-only route"
-        return None
-
-    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-        packed, scales_t = _q4_constants(rw, c)
-        return rw.call(et_vk("linear_q4gsw"), c["x"], packed, scales_t,
-                       int(c["block_size"][1]), padded(rw, c.get("bias")))
+    float_input = constraint("float_input", "x")(_q4gsw_float_input)
+    build = _q4gsw_build
 
     return Rule(
         name=name,

@@ -26,32 +26,35 @@ from fusionkit import (
     Rewriter,
     Rule,
     capture,
+    integer,
     op,
     through,
-    where,
 )
 from fusionkit.passes.registry import register_rules
 
 from ._common import CLONES, constraint, et_vk, int8_dq, int8_q, shape_of
 
 
+def _pixel_shuffle_channels(ctx: CheckContext) -> str | None:
+    s, r = shape_of(ctx, "xq"), ctx.captures["r"]
+    if s is not None and len(s) == 4 and isinstance(s[1], int) and s[1] % (r * r) == 0:
+        return None
+    return f"input of shape {s} has no channel count divisible by r*r = {r * r}"
+
+
+def _pixel_shuffle_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    return rw.call(et_vk("q8ta_pixel_shuffle"), c["xq"], c["in_scale"], c["in_zp"],
+                   1.0 / float(c["out_scale"]), c["out_zp"], c["r"])
+
+
 @register_rules("builtin", "vulkan", takes_over="quantized_pixel_shuffle")
 def quantized_pixel_shuffle_rule(name: str = "quantized_pixel_shuffle") -> Rule:
-    factor = where(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                   "an int upscale factor >= 1", name="r")
+    factor = integer("r", lo=1)  # the upscale factor
     shuffle = op("aten.pixel_shuffle.default", through(CLONES, int8_dq(capture("xq"), "in")),
                  factor)
 
-    @constraint("channels_divisible", "xq", "r")
-    def channels(ctx: CheckContext) -> str | None:
-        s, r = shape_of(ctx, "xq"), ctx.captures["r"]
-        if s is not None and len(s) == 4 and isinstance(s[1], int) and s[1] % (r * r) == 0:
-            return None
-        return f"input of shape {s} has no channel count divisible by r*r = {r * r}"
-
-    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-        return rw.call(et_vk("q8ta_pixel_shuffle"), c["xq"], c["in_scale"], c["in_zp"],
-                       1.0 / float(c["out_scale"]), c["out_zp"], c["r"])
+    channels = constraint("channels_divisible", "xq", "r")(_pixel_shuffle_channels)
+    build = _pixel_shuffle_build
 
     return Rule(
         name=name,

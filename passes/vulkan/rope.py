@@ -52,36 +52,40 @@ def _rotary(x: str, p: str) -> Pattern:
     return op(VIEW, cat, any_value())
 
 
+def _rope_geometry(ctx: CheckContext) -> str | None:
+    q, k = shape_of(ctx, "xq"), shape_of(ctx, "xk")
+    c, s = shape_of(ctx, "freqs_cos"), shape_of(ctx, "freqs_sin")
+    if q is None or k is None or q[-1] != k[-1] or q[-1] % 2:
+        return f"xq {q} and xk {k} do not share an even head_dim"
+    if shape_of(ctx, "xq_out") != q or shape_of(ctx, "xk_out") != k:
+        return "the outputs do not have the inputs' shapes"
+    if c != s or c is None or len(c) != 2 or c[0] != q[1] or c[1] != q[-1] // 2:
+        return (f"freqs_cos {c} / freqs_sin {s} are not [seq_len, head_dim / 2] = "
+                f"[{q[1]}, {q[-1] // 2}]")
+    for p in ("q", "k"):
+        rank = 5  # the [..., head_dim / 2, 2] view
+        dims = [ctx.captures[f"{p}{h}_{d}"] for h in "ri" for d in ("sdim", "qdim")]
+        flat = [d[0] if isinstance(d, (list, tuple)) and len(d) == 1 else d for d in dims]
+        if not all(is_last_dim(d, rank) for d in flat):
+            return f"the {p} halves are not slices of the last dim (dims {dims})"
+        if not all(is_last_dim(ctx.captures[f"{p}{u}"], rank) for u in ("u0", "u1", "cat_dim")):
+            return f"the {p} halves are not re-interleaved along the last dim"
+    return None
+
+
+def _rope_build(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
+    fused = rw.call(et_vk("apply_rotary_emb"), c["xq"], c["xk"], c["freqs_cos"],
+                    c["freqs_sin"])
+    return rw.getitem(fused, 0), rw.getitem(fused, 1)
+
+
 @register_rules("builtin", "vulkan", takes_over="export_llama_rope")
 def rope_rule(name: str = "export_llama_rope") -> Rule:
     pattern = outputs(_rotary("xq", "q").bind("xq_out"),
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
 
-    @constraint("rope_geometry", "xq", "xk", "freqs_cos", "freqs_sin", "xq_out", "xk_out")
-    def geometry(ctx: CheckContext) -> str | None:
-        q, k = shape_of(ctx, "xq"), shape_of(ctx, "xk")
-        c, s = shape_of(ctx, "freqs_cos"), shape_of(ctx, "freqs_sin")
-        if q is None or k is None or q[-1] != k[-1] or q[-1] % 2:
-            return f"xq {q} and xk {k} do not share an even head_dim"
-        if shape_of(ctx, "xq_out") != q or shape_of(ctx, "xk_out") != k:
-            return "the outputs do not have the inputs' shapes"
-        if c != s or c is None or len(c) != 2 or c[0] != q[1] or c[1] != q[-1] // 2:
-            return (f"freqs_cos {c} / freqs_sin {s} are not [seq_len, head_dim / 2] = "
-                    f"[{q[1]}, {q[-1] // 2}]")
-        for p in ("q", "k"):
-            rank = 5  # the [..., head_dim / 2, 2] view
-            dims = [ctx.captures[f"{p}{h}_{d}"] for h in "ri" for d in ("sdim", "qdim")]
-            flat = [d[0] if isinstance(d, (list, tuple)) and len(d) == 1 else d for d in dims]
-            if not all(is_last_dim(d, rank) for d in flat):
-                return f"the {p} halves are not slices of the last dim (dims {dims})"
-            if not all(is_last_dim(ctx.captures[f"{p}{u}"], rank) for u in ("u0", "u1", "cat_dim")):
-                return f"the {p} halves are not re-interleaved along the last dim"
-        return None
-
-    def build(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
-        fused = rw.call(et_vk("apply_rotary_emb"), c["xq"], c["xk"], c["freqs_cos"],
-                        c["freqs_sin"])
-        return rw.getitem(fused, 0), rw.getitem(fused, 1)
+    geometry = constraint("rope_geometry", "xq", "xk", "freqs_cos", "freqs_sin", "xq_out", "xk_out")(_rope_geometry)
+    build = _rope_build
 
     return qk_rope_rule(name, pattern, geometry, build,
                      "Llama interleaved RoPE on q and k into et_vk.apply_rotary_emb")

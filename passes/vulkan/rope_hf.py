@@ -80,63 +80,67 @@ def _freqs_source(n: Any) -> tuple[Any, Any, Node | None]:
     return n, 0, None
 
 
+def _hf_rope_geometry(ctx: CheckContext) -> str | None:
+    q, k = shape_of(ctx, "xq"), shape_of(ctx, "xk")
+    if q is None or k is None or q[:2] != k[:2] or q[-1] != k[-1]:
+        return f"xq {q} and xk {k} do not share batch, seq_len and head_dim"
+    if shape_of(ctx, "xq_out") != q or shape_of(ctx, "xk_out") != k:
+        return "the outputs do not have the inputs' shapes"
+    c, s = shape_of(ctx, "freqs_cos"), shape_of(ctx, "freqs_sin")
+    if c is None or c != s or len(c) != 2 or c[0] != q[1]:
+        return f"freqs_cos {c} / freqs_sin {s} are not both [seq_len={q[1]}, rotary_dim]"
+    rd = c[1]
+    if not isinstance(rd, int) or rd % 2 or rd > q[-1] or rd <= 0:
+        return f"rotary_dim {rd} is not an even size <= head_dim {q[-1]}"
+    if ctx.captures["cos_udim"] != 1 or ctx.captures["sin_udim"] != 1:
+        return "the freqs are not unsqueezed at dim 1 (broadcast over heads)"
+    for p in ("q", "k"):
+        dims = [ctx.captures.get(f"{p}_{d}_dim") for d in ("rot", "x1", "x2", "rh", "pass", "cat")]
+        if not all(is_last_dim(d, 4) for d in dims if d is not None):
+            return f"the {p} slices/cats are not all on the last dim (dims {dims})"
+        half = ctx.captures[f"{p}_half"]
+        if half * 2 != rd or ctx.captures[f"{p}_x2_end"] < rd:
+            return f"rotate_half of {p} splits at {half}, not at rotary_dim / 2 = {rd // 2}"
+        if f"{p}_rd" in ctx.captures:  # partial rotation
+            if ctx.captures[f"{p}_rd"] != rd or ctx.captures[f"{p}_pass_end"] < q[-1]:
+                return (f"the {p} rotated part [0:{ctx.captures[f'{p}_rd']}] and pass-through "
+                        f"part do not split head_dim at rotary_dim {rd}")
+            if rd >= q[-1]:
+                return f"partial rotation of {p} with rotary_dim {rd} == head_dim"
+        elif rd != q[-1]:
+            return f"{p} is rotated whole, but rotary_dim {rd} != head_dim {q[-1]}"
+    (_, cstart, cs), (_, sstart, ss) = (_freqs_source(ctx.captures["freqs_cos"]),
+                                        _freqs_source(ctx.captures["freqs_sin"]))
+    if (cs is None) != (ss is None):
+        return "only one of freqs_cos/freqs_sin is a slice of a table"
+    if cs is not None and ss is not None:
+        for sl in (cs, ss):
+            step = sl.args[4] if len(sl.args) > 4 else 1
+            if len(sl.args) < 3 or sl.args[1] != 0 or step != 1:
+                return f"`{sl.name}` is not a step-1 slice of the table's rows (dim 0)"
+        if cstart is not sstart and cstart != sstart:
+            return f"freqs_cos starts at {cstart}, freqs_sin at {sstart}"
+        for t in (cs.args[0], ss.args[0]):
+            tv = t.meta.get("val") if isinstance(t, Node) else None
+            if not isinstance(tv, torch.Tensor) or tv.dim() != 2 or tv.shape[1] != rd:
+                return f"the freqs table `{getattr(t, 'name', t)}` is not [max_seq_len, {rd}]"
+    return None
+
+
+def _hf_rope_build(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
+    cos, start, _ = _freqs_source(c["freqs_cos"])
+    sin, _, _ = _freqs_source(c["freqs_sin"])
+    fused = rw.call(et_vk("apply_rotary_emb_hf"), c["xq"], c["xk"], cos, sin, start)
+    return rw.getitem(fused, 0), rw.getitem(fused, 1)
+
+
 @register_rules("builtin", "vulkan", takes_over="hf_rope")
 def hf_rope_rule(name: str = "hf_rope") -> Rule:
     pattern = outputs(_rotary("xq", "q").bind("xq_out"),
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
 
-    @constraint("hf_rope_geometry", "xq", "xk", "freqs_cos", "freqs_sin", "xq_out", "xk_out")
-    def geometry(ctx: CheckContext) -> str | None:
-        q, k = shape_of(ctx, "xq"), shape_of(ctx, "xk")
-        if q is None or k is None or q[:2] != k[:2] or q[-1] != k[-1]:
-            return f"xq {q} and xk {k} do not share batch, seq_len and head_dim"
-        if shape_of(ctx, "xq_out") != q or shape_of(ctx, "xk_out") != k:
-            return "the outputs do not have the inputs' shapes"
-        c, s = shape_of(ctx, "freqs_cos"), shape_of(ctx, "freqs_sin")
-        if c is None or c != s or len(c) != 2 or c[0] != q[1]:
-            return f"freqs_cos {c} / freqs_sin {s} are not both [seq_len={q[1]}, rotary_dim]"
-        rd = c[1]
-        if not isinstance(rd, int) or rd % 2 or rd > q[-1] or rd <= 0:
-            return f"rotary_dim {rd} is not an even size <= head_dim {q[-1]}"
-        if ctx.captures["cos_udim"] != 1 or ctx.captures["sin_udim"] != 1:
-            return "the freqs are not unsqueezed at dim 1 (broadcast over heads)"
-        for p in ("q", "k"):
-            dims = [ctx.captures.get(f"{p}_{d}_dim") for d in ("rot", "x1", "x2", "rh", "pass", "cat")]
-            if not all(is_last_dim(d, 4) for d in dims if d is not None):
-                return f"the {p} slices/cats are not all on the last dim (dims {dims})"
-            half = ctx.captures[f"{p}_half"]
-            if half * 2 != rd or ctx.captures[f"{p}_x2_end"] < rd:
-                return f"rotate_half of {p} splits at {half}, not at rotary_dim / 2 = {rd // 2}"
-            if f"{p}_rd" in ctx.captures:  # partial rotation
-                if ctx.captures[f"{p}_rd"] != rd or ctx.captures[f"{p}_pass_end"] < q[-1]:
-                    return (f"the {p} rotated part [0:{ctx.captures[f'{p}_rd']}] and pass-through "
-                            f"part do not split head_dim at rotary_dim {rd}")
-                if rd >= q[-1]:
-                    return f"partial rotation of {p} with rotary_dim {rd} == head_dim"
-            elif rd != q[-1]:
-                return f"{p} is rotated whole, but rotary_dim {rd} != head_dim {q[-1]}"
-        (_, cstart, cs), (_, sstart, ss) = (_freqs_source(ctx.captures["freqs_cos"]),
-                                            _freqs_source(ctx.captures["freqs_sin"]))
-        if (cs is None) != (ss is None):
-            return "only one of freqs_cos/freqs_sin is a slice of a table"
-        if cs is not None and ss is not None:
-            for sl in (cs, ss):
-                step = sl.args[4] if len(sl.args) > 4 else 1
-                if len(sl.args) < 3 or sl.args[1] != 0 or step != 1:
-                    return f"`{sl.name}` is not a step-1 slice of the table's rows (dim 0)"
-            if cstart is not sstart and cstart != sstart:
-                return f"freqs_cos starts at {cstart}, freqs_sin at {sstart}"
-            for t in (cs.args[0], ss.args[0]):
-                tv = t.meta.get("val") if isinstance(t, Node) else None
-                if not isinstance(tv, torch.Tensor) or tv.dim() != 2 or tv.shape[1] != rd:
-                    return f"the freqs table `{getattr(t, 'name', t)}` is not [max_seq_len, {rd}]"
-        return None
-
-    def build(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
-        cos, start, _ = _freqs_source(c["freqs_cos"])
-        sin, _, _ = _freqs_source(c["freqs_sin"])
-        fused = rw.call(et_vk("apply_rotary_emb_hf"), c["xq"], c["xk"], cos, sin, start)
-        return rw.getitem(fused, 0), rw.getitem(fused, 1)
+    geometry = constraint("hf_rope_geometry", "xq", "xk", "freqs_cos", "freqs_sin", "xq_out", "xk_out")(_hf_rope_geometry)
+    build = _hf_rope_build
 
     return qk_rope_rule(name, pattern, geometry, build,
                      "HuggingFace rotate_half RoPE on q and k into et_vk.apply_rotary_emb_hf")

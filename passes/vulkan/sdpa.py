@@ -60,6 +60,47 @@ def _same(a: Any, b: Any) -> bool:
     return a is b if isinstance(a, Node) or isinstance(b, Node) else bool(a == b)
 
 
+def _sdpa_updates(ctx: CheckContext) -> str | None:
+    order = {n: i for i, n in enumerate(ctx.root.graph.nodes)}
+    for p in ("k", "v"):
+        upd: Node = ctx.captures[f"{p}_update"]
+        if upd.users:
+            return f"the result of `{upd.name}` is used; the fused op does not produce it"
+        if order[upd] > order[ctx.root]:
+            return f"`{upd.name}` runs after the sdpa: the sdpa reads the cache before the update"
+        if not _same(ctx.captures[f"{p}_pos"], ctx.captures["start_pos"]):
+            return (f"`{upd.name}` writes at {ctx.captures[f'{p}_pos']}, the sdpa reads at "
+                    f"{ctx.captures['start_pos']}")
+        cache: Node = ctx.captures[f"{p}_cache"]
+        others = [u.name for u in cache.users if u not in (upd, ctx.root) and u.op != "output"]
+        if others:
+            return (f"{p}_cache `{cache.name}` is also used by {others}; moving its update "
+                    "into the sdpa would change what they read")
+    if ctx.captures["k_cache"] is ctx.captures["v_cache"]:
+        return "k_cache and v_cache are the same tensor"
+    return None
+
+
+def _sdpa_shapes(ctx: CheckContext) -> str | None:
+    q, kp, vp = shape_of(ctx, "q"), shape_of(ctx, "k_proj"), shape_of(ctx, "v_proj")
+    kc, vc = shape_of(ctx, "k_cache"), shape_of(ctx, "v_cache")
+    if None in (q, kp, vp, kc, vc) or kc != vc or kp != vp:
+        return f"k/v caches {kc}/{vc} or projections {kp}/{vp} differ"
+    assert q is not None and kp is not None and kc is not None
+    if kp[0] != kc[0] or kp[2:] != kc[2:] or q[0] != kc[0] or q[3] != kc[3]:
+        return f"projections {kp} and q {q} do not fit the cache {kc} ([B, max_seq, H_kv, D])"
+    if kp[1] != q[1]:
+        return f"the projections' seq_len {kp[1]} is not q's {q[1]}"
+    return None
+
+
+def _sdpa_build(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, None, None]:
+    fused = rw.call("llama.sdpa_with_kv_cache.default", c["q"], c["k_proj"], c["v_proj"],
+                    c["k_cache"], c["v_cache"], c["start_pos"], 1, c["attn_mask"],
+                    c["dropout_p"], c["is_causal"], c["scale"])
+    return fused, None, None
+
+
 @register_rules("builtin", "vulkan", takes_over="causal_sdpa")
 def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
     sdpa = op("llama.custom_sdpa.default", capture("q"), capture("k_cache"), capture("v_cache"),
@@ -74,45 +115,9 @@ def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
              near="v_cache", max_depth=1),
     )
 
-    @constraint("cache_updates_fused", "k_update", "v_update", "k_cache", "v_cache", "start_pos")
-    def updates(ctx: CheckContext) -> str | None:
-        order = {n: i for i, n in enumerate(ctx.root.graph.nodes)}
-        for p in ("k", "v"):
-            upd: Node = ctx.captures[f"{p}_update"]
-            if upd.users:
-                return f"the result of `{upd.name}` is used; the fused op does not produce it"
-            if order[upd] > order[ctx.root]:
-                return f"`{upd.name}` runs after the sdpa: the sdpa reads the cache before the update"
-            if not _same(ctx.captures[f"{p}_pos"], ctx.captures["start_pos"]):
-                return (f"`{upd.name}` writes at {ctx.captures[f'{p}_pos']}, the sdpa reads at "
-                        f"{ctx.captures['start_pos']}")
-            cache: Node = ctx.captures[f"{p}_cache"]
-            others = [u.name for u in cache.users if u not in (upd, ctx.root) and u.op != "output"]
-            if others:
-                return (f"{p}_cache `{cache.name}` is also used by {others}; moving its update "
-                        "into the sdpa would change what they read")
-        if ctx.captures["k_cache"] is ctx.captures["v_cache"]:
-            return "k_cache and v_cache are the same tensor"
-        return None
-
-    @constraint("sdpa_shapes", "q", "k_proj", "v_proj", "k_cache", "v_cache")
-    def shapes(ctx: CheckContext) -> str | None:
-        q, kp, vp = shape_of(ctx, "q"), shape_of(ctx, "k_proj"), shape_of(ctx, "v_proj")
-        kc, vc = shape_of(ctx, "k_cache"), shape_of(ctx, "v_cache")
-        if None in (q, kp, vp, kc, vc) or kc != vc or kp != vp:
-            return f"k/v caches {kc}/{vc} or projections {kp}/{vp} differ"
-        assert q is not None and kp is not None and kc is not None
-        if kp[0] != kc[0] or kp[2:] != kc[2:] or q[0] != kc[0] or q[3] != kc[3]:
-            return f"projections {kp} and q {q} do not fit the cache {kc} ([B, max_seq, H_kv, D])"
-        if kp[1] != q[1]:
-            return f"the projections' seq_len {kp[1]} is not q's {q[1]}"
-        return None
-
-    def build(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, None, None]:
-        fused = rw.call("llama.sdpa_with_kv_cache.default", c["q"], c["k_proj"], c["v_proj"],
-                        c["k_cache"], c["v_cache"], c["start_pos"], 1, c["attn_mask"],
-                        c["dropout_p"], c["is_causal"], c["scale"])
-        return fused, None, None
+    updates = constraint("cache_updates_fused", "k_update", "v_update", "k_cache", "v_cache", "start_pos")(_sdpa_updates)
+    shapes = constraint("sdpa_shapes", "q", "k_proj", "v_proj", "k_cache", "v_cache")(_sdpa_shapes)
+    build = _sdpa_build
 
     tensors = ("q", "k_proj", "v_proj", "k_cache", "v_cache")
     return Rule(

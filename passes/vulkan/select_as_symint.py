@@ -16,30 +16,43 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import CheckContext, DtypeIn, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit import (
+    CheckContext,
+    DtypeIn,
+    PythonReplacement,
+    Rewriter,
+    Rule,
+    capture,
+    integer,
+    op,
+)
 from fusionkit.passes.registry import register_rules
 
-from ._common import constraint, et_vk, int_value, shape_of
+from ._common import constraint, et_vk, shape_of
+
+
+def _select_as_symint_in_range(ctx: CheckContext) -> str | None:
+    s, d, i = shape_of(ctx, "x"), ctx.captures["dim"], ctx.captures["index"]
+    if s is None or not -len(s) <= d < len(s):
+        return f"dim {d} is out of range for a tensor of shape {s}"
+    size = s[d]
+    if isinstance(size, int) and not -size <= i < size:
+        return f"index {i} is out of range for dim {d} of size {size}"
+    return None
+
+
+def _select_as_symint_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    node = rw.call(et_vk("select_as_symint"), c["x"], c["dim"], c["index"])
+    node.meta["val"] = rw.root.meta["val"]  # keep the program's symbol (as the stock pass)
+    return node
 
 
 @register_rules("builtin", "vulkan", takes_over="select_as_symint")
 def select_as_symint_rule(name: str = "select_as_symint") -> Rule:
-    select = op("aten.select_copy.int", capture("x"), int_value("dim"), int_value("index"))
+    select = op("aten.select_copy.int", capture("x"), integer("dim"), integer("index"))
 
-    @constraint("index_in_range", "x", "dim", "index")
-    def in_range(ctx: CheckContext) -> str | None:
-        s, d, i = shape_of(ctx, "x"), ctx.captures["dim"], ctx.captures["index"]
-        if s is None or not -len(s) <= d < len(s):
-            return f"dim {d} is out of range for a tensor of shape {s}"
-        size = s[d]
-        if isinstance(size, int) and not -size <= i < size:
-            return f"index {i} is out of range for dim {d} of size {size}"
-        return None
-
-    def build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-        node = rw.call(et_vk("select_as_symint"), c["x"], c["dim"], c["index"])
-        node.meta["val"] = rw.root.meta["val"]  # keep the program's symbol (as the stock pass)
-        return node
+    in_range = constraint("index_in_range", "x", "dim", "index")(_select_as_symint_in_range)
+    build = _select_as_symint_build
 
     return Rule(
         name=name,

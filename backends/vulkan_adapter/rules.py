@@ -3,18 +3,24 @@
 :func:`fusion_rules` is the set of fusionkit rules that replace ExecuTorch's
 stock Vulkan patterns (the rule-set registry, :mod:`fusionkit.passes.registry`,
 lists it as ``"vulkan"``); :func:`transform_passes` is what a user hands to
-``to_edge_transform_and_lower``. Rules in :data:`PREPROCESS_ONLY_RULES` run only
-inside ``VulkanBackend.preprocess`` (through the takeover in :mod:`.install`).
+``to_edge_transform_and_lower``: the same rules, each also requiring that the
+Vulkan partitioner will delegate what it creates (:mod:`.delegation`). Inside
+``VulkanBackend.preprocess`` (through the takeover in :mod:`.install`) the rules
+run as they are.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from executorch.exir.pass_base import ExportedProgramPassBase
 
 from fusionkit import FusionPass, Rule
 from fusionkit.passes.registry import rule_set
 
-__all__ = ["PASS_NAME", "PREPROCESS_ONLY_RULES", "fusion_rules", "transform_passes"]
+from .delegation import PartitionerSupport, with_delegation_check
+
+__all__ = ["PASS_NAME", "fusion_rules", "transform_passes"]
 
 PASS_NAME = "fusionkit_vulkan"
 
@@ -26,19 +32,20 @@ def fusion_rules() -> list[Rule]:
     """
     return rule_set("vulkan")
 
-#: rules applied only inside ``VulkanBackend.preprocess`` (the FusePatternsPass stand-in),
-#: not in :func:`transform_passes`: ExecuTorch 1.5.1's op registry declares every input of
-#: ``et_vk.linear_dq8ca_q4gsw`` floating point, so the partitioner rejects the fused node
-#: (its int8 input zero point); the unfused ops are each delegated and fused in preprocess,
-#: as the stock pattern does
-#: ``et_vk.select_as_symint`` likewise: the partitioner does not delegate it on its own (a
-#: fused node left on the CPU has no kernel), so it is fused only where the stock pattern
-#: fused it, inside preprocess, when its select/item nodes were delegated
-PREPROCESS_ONLY_RULES: frozenset[str] = frozenset(
-    {"quantized_linear_dq8ca_q4gsw", "select_as_symint"})
 
+def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
+    """A fresh list of passes for ``to_edge_transform_and_lower(transform_passes=...)``.
 
-def transform_passes() -> list[ExportedProgramPassBase]:
-    """A fresh list of passes for ``to_edge_transform_and_lower(transform_passes=...)``."""
-    rules = [r for r in fusion_rules() if r.name not in PREPROCESS_ONLY_RULES]
+    Every rule carries :class:`~.delegation.DelegatedByVulkan`: a fusion whose
+    ``et_vk`` node the Vulkan partitioner would not delegate is declined here,
+    with the partitioner's reason (ExecuTorch 1.5.1 refuses ``linear_q4gsw``,
+    ``linear_q8ta_q8csw`` and ``linear_dq8ca_q4gsw`` for their packed integer
+    operands, and has no registry entry for ``select_as_symint``); the partitioner
+    then judges the unfused ops, and ``VulkanBackend.preprocess`` fuses those it
+    delegated. ``partitioner``: the ``VulkanPartitioner`` the program will be
+    lowered with, when it has non-default options (texture or buffer limits,
+    operator or nn.Module lists), so that both answer the same question the same way.
+    """
+    support = PartitionerSupport(partitioner)
+    rules = [with_delegation_check(r, support) for r in fusion_rules()]
     return [FusionPass(rules, name=PASS_NAME)]

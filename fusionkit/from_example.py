@@ -52,6 +52,7 @@ from fusionkit.pattern import (
     any_value,
     capture,
     lit,
+    one_of,
     op,
     seq,
     through,
@@ -337,9 +338,33 @@ def _wildcard_value(name: str, example: Any) -> Value:
     if isinstance(example, float):
         return any_float(name)
     if isinstance(example, int) and not isinstance(example, bool):
+        import fusionkit.pattern as dsl
+
+        integer = getattr(dsl, "integer", None)  # the vocabulary's int matcher, where it exists
+        if integer is not None:
+            return integer(name)  # type: ignore[no-any-return]
         return where(lambda v: isinstance(v, int) and not isinstance(v, bool),
-                     "an int", name=name)
+                     "an int literal", name=name)
     return any_value(name)
+
+
+def _number(v: Any) -> Value:
+    """An exact number in a tensor position (``x + 1e-6``), literal or lifted 0-d constant.
+
+    ``to_edge`` lifts such a scalar into a float32 constant, so ``1e-6`` is met
+    as ``9.99999997e-07`` in edge programs and as ``1e-6`` in ATen ones: a
+    float matches its value, its float32 rounding, and the shortest decimal
+    that rounds to the same float32 (what the code wrote) — nothing else.
+    """
+    if not isinstance(v, float) or not math.isfinite(v):
+        return lit(v, tensor_ok=True)
+    import numpy as np
+
+    f32 = float(np.float32(v))
+    spellings = sorted({v, f32, float(str(np.float32(v)))})
+    if len(spellings) == 1:
+        return lit(v, tensor_ok=True)
+    return one_of(spellings, tensor_ok=True)
 
 
 def _is_tensor_arg(target: Any, key: Any) -> bool:
@@ -414,7 +439,7 @@ class _Converter:
             if name is None:  # a lifted constant that is not a module tensor
                 t = self.tr.lifted[n.name]
                 if t.dim() == 0:
-                    return lit(t.item(), tensor_ok=True)
+                    return _number(t.item())
                 name = _capture_name(n.name)
             return capture(name)
         if n.op != "call_function":
@@ -445,7 +470,7 @@ class _Converter:
             if inner.op == "placeholder" and inner.name in self.tr.lifted:
                 t = self.tr.lifted[inner.name]
                 if t.dim() == 0:
-                    v = lit(t.item(), tensor_ok=True)
+                    v = _number(t.item())
                     return through(self.casts, v) if self.casts else v
             p = self.node(a)
             if isinstance(p, Capture) and p.name in self.tr.module_tensors:
@@ -460,7 +485,7 @@ class _Converter:
             return list(items)
         if isinstance(a, (int, float)) and not isinstance(a, bool) and not path \
                 and _is_tensor_arg(n.target, key):
-            v = lit(a, tensor_ok=True)
+            v = _number(a)
             return through(self.casts, v) if self.casts else v
         return a
 
@@ -504,9 +529,13 @@ class _Traced:
 
 
 def _trace_with_wildcards(fn: Callable[..., Any], values: Mapping[str, Any],
-                          names_w: Sequence[str], dialect: Dialect
+                          names_w: Mapping[str, str], dialect: Dialect
                           ) -> tuple[_Trace, dict[Position, str], dict[str, Any]]:
-    """One trace of the example, and which of its literals each wildcard name is."""
+    """One trace of the example, and which of its literals each wildcard is.
+
+    ``names_w`` maps an input or attribute name to the capture it becomes; the
+    positions map to capture names, the example values are keyed by capture.
+    """
     # floats are traced at a sentinel value: that trace is the base (one trace for all)
     fn_b, values_b = fn, dict(values)
     for w in names_w:
@@ -528,19 +557,17 @@ def _trace_with_wildcards(fn: Callable[..., Any], values: Mapping[str, Any],
         for pos in positions:
             if pos in wild_at:
                 raise ExampleError(f"wildcards {wild_at[pos]!r} and {w!r} land on one literal")
-            wild_at[pos] = w
-        wild_examples[w] = v
+            wild_at[pos] = names_w[w]
+        wild_examples[names_w[w]] = v
     return base, wild_at, wild_examples
 
 
 def _pattern_of(fn: Callable[..., Any], values: Mapping[str, Any], *, dialect: Dialect,
-                wildcards: Iterable[str], casts: Iterable[str],
+                wildcards: Mapping[str, str], casts: Iterable[str],
                 output_names: Sequence[str] | None) -> _Traced:
-    selectors = {w for w in wildcards
-                 if "." in w and w not in values and not (isinstance(fn, nn.Module)
-                                                         and _has_attr(fn, w))}
+    selectors = {w for w in wildcards if _is_selector(w, fn, values)}
     base, wild_at, wild_examples = _trace_with_wildcards(
-        fn, values, [w for w in wildcards if w not in selectors], dialect)
+        fn, values, {w: c for w, c in wildcards.items() if w not in selectors}, dialect)
     cast_keys = frozenset(op_key(resolve_op(c)) or c for c in casts)
     conv = _Converter(base, wild_at, wild_examples, frozenset(selectors), cast_keys)
     outs = _output_nodes(base.ep)
@@ -593,12 +620,14 @@ def _has_attr(m: Any, path: str) -> bool:
 
 
 def pattern_from_function(fn: Callable[..., Any], example_inputs: Sequence[Any],
-                          *, dialect: Dialect = "edge", wildcards: Iterable[str] = (),
+                          *, dialect: Dialect = "edge",
+                          wildcards: Iterable[str] | Mapping[str, str] = (),
                           casts: Iterable[str] = CASTS,
                           output_names: Sequence[str] | None = None) -> Pattern:
     """The pattern of one example function (see :func:`rule_from_functions`)."""
     values = _bind_inputs(fn, example_inputs)
-    return _pattern_of(fn, values, dialect=dialect, wildcards=wildcards, casts=casts,
+    return _pattern_of(fn, values, dialect=dialect, wildcards=_wildcard_names(wildcards),
+                       casts=casts,
                        output_names=output_names).pattern
 
 
@@ -614,7 +643,8 @@ def _replacement_from_function(fn: Callable[..., Any], examples: Mapping[str, An
         raise ExampleError(f"replacement parameter(s) {missing} name no capture of the pattern "
                            f"(captures: {sorted(examples)})")
     values = {p: examples[p] for p in params}
-    tr, wild_at, _ = _trace_with_wildcards(fn, values, [p for p in params if p in wild], "aten")
+    tr, wild_at, _ = _trace_with_wildcards(fn, values, {p: p for p in params if p in wild},
+                                           "aten")
     calls = _calls(tr.ep)
     env: dict[Node, Any] = {}
 
@@ -728,7 +758,7 @@ def rule_from_functions(
     *,
     name: str,
     constraints: Iterable[Constraint] = (),
-    wildcards: Iterable[str] = (),
+    wildcards: Iterable[str] | Mapping[str, str] = (),
     dialect: Dialect = "edge",
     casts: Iterable[str] = CASTS,
     parameters: ParamPolicy = "constant",
@@ -762,7 +792,7 @@ def rule_from_functions(
               and all(isinstance(e, (tuple, dict)) for e in example_inputs)
               and len(example_inputs) == len(fns) and len(fns) > 1 else
               [example_inputs] * len(fns))
-    wild = list(dict.fromkeys(wildcards))
+    wild = _wildcard_names(wildcards)
     traced = [
         _pattern_of(f, _bind_inputs(f, ex), dialect=dialect, wildcards=wild, casts=casts,
                     output_names=output_names)
@@ -771,8 +801,15 @@ def rule_from_functions(
     pattern = _merge([t.pattern for t in traced])
     first = traced[0].trace
     examples = dict(first.examples)
+    wild_names: set[str] = set()
+    for w, cap in wild.items():
+        if w in examples or not _is_selector(w, fns[0]):
+            wild_names.add(cap)
+            if w in examples:
+                examples[cap] = examples[w]
+            elif isinstance(fns[0], nn.Module) and _has_attr(fns[0], w):
+                examples[cap] = _get_attr_path(fns[0], w)
     n_out = max(1, len(_output_nodes(first.ep)))
-    wild_names = {w for w in wild if "." not in w or w in examples}
     rep: Replacement
     if isinstance(replacement, Replacement):
         rep = replacement
@@ -783,8 +820,8 @@ def rule_from_functions(
                                "replace_with(...)")
         params = list(_signature_of(fns[0]).parameters)
         values = _bind_inputs(fns[0], per_fn[0])
-        args = [Ref(p) if isinstance(values[p], torch.Tensor) or p in wild_names else values[p]
-                for p in params]
+        args = [Ref(p) if isinstance(values[p], torch.Tensor)
+                else Ref(wild[p]) if p in wild else values[p] for p in params]
         rep = CallOp(replacement, tuple(args))
     elif callable(replacement):
         rep = _replacement_from_function(replacement, examples, wild_names, n_out)
@@ -802,6 +839,28 @@ def rule_from_functions(
     return Rule(name=name, pattern=pattern, replacement=rep, constraints=cons,
                 priority=priority, description=description or
                 f"traced from {', '.join(getattr(f, '__name__', type(f).__name__) for f in fns)}")
+
+
+def _is_selector(w: str, fn: Any = None, values: Mapping[str, Any] | None = None) -> bool:
+    """``"view_copy.size"``: an op-argument selector, not an input or (dotted) attribute."""
+    if "." not in w or (values is not None and w in values):
+        return False
+    return not (isinstance(fn, nn.Module) and _has_attr(fn, w))
+
+
+def _wildcard_names(wildcards: Iterable[str] | Mapping[str, str]) -> dict[str, str]:
+    """Wildcards as {input, attribute or selector: capture name}."""
+    if isinstance(wildcards, Mapping):
+        out = dict(wildcards)
+    else:
+        out = {w: w for w in dict.fromkeys(wildcards)}
+    for w, cap in out.items():
+        if not _is_selector(w) and not cap.isidentifier():
+            raise ExampleError(f"wildcard {w!r}: capture name {cap!r} is not an identifier")
+        if _is_selector(w) and "." not in cap and cap != w:
+            raise ExampleError(f"wildcard selector {w!r} matches any value and binds nothing; "
+                               "it takes no capture name")
+    return out
 
 
 def _merge(patterns: Sequence[Pattern]) -> Pattern:

@@ -8,6 +8,7 @@ Executing the printed code builds an equal pattern (the tests do exactly that).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,9 @@ def _cast_keys() -> frozenset[str]:
 def _literal(v: Any) -> str:
     if isinstance(v, torch.dtype):
         return str(v)  # torch.float32
+    if isinstance(v, (set, frozenset)):
+        items = sorted(_literal(x) for x in v)
+        return "{" + ", ".join(items) + "}" if items else "set()"
     if isinstance(v, tuple):
         return "[" + ", ".join(_literal(x) for x in v) + "]"
     if isinstance(v, list):
@@ -68,10 +72,40 @@ class _Printer:
 
     def value(self, p: Value) -> str:
         spec = p.spec
-        name = repr(p.name) if p.name else None
-        tensor_ok = "True" if p.tensor_ok else None
         if spec is None:
             raise NotPrintable(f"value matcher {p.description!r} is a Python predicate")
+        if len(spec) == 2 and isinstance(spec[1], tuple) and all(
+                isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in spec[1]):
+            return self._named_value(p, spec[0], dict(spec[1]))
+        return self._legacy_value(p, spec)
+
+    def _named_value(self, p: Value, key: str, args: dict[str, Any]) -> str:
+        """A matcher of the vocabulary: ``key(first, k=v, name=..., tensor_ok=...)``."""
+        import fusionkit.pattern as dsl
+
+        builder = getattr(dsl, key, None)
+        if builder is None:
+            raise NotPrintable(f"value matcher {key!r} is not a fusionkit.pattern builder")
+        self.needs.add(key)
+        params = inspect.signature(builder).parameters
+        full = {**args, "name": p.name, "tensor_ok": p.tensor_ok}
+        if key == "lit" and p.name is None and not p.tensor_ok:
+            self.needs.discard(key)
+            return _literal(args["value"])  # op() reads a plain value as lit(value)
+        parts: list[str] = []
+        for i, (k, prm) in enumerate(params.items()):
+            if k not in full:
+                continue
+            v = full[k]
+            if prm.default is not inspect.Parameter.empty and v == prm.default \
+                    and type(v) is type(prm.default):
+                continue
+            parts.append(_literal(v) if i == 0 else f"{k}={_literal(v)}")
+        return f"{key}({', '.join(parts)})"
+
+    def _legacy_value(self, p: Value, spec: tuple[Any, ...]) -> str:
+        name = repr(p.name) if p.name else None
+        tensor_ok = "True" if p.tensor_ok else None
         kind = spec[0]
         if kind == "lit":
             if name is None and tensor_ok is None:
@@ -230,15 +264,28 @@ def _replacement(r: Replacement, needs: set[str]) -> tuple[list[str], str]:
 
 
 def _constraint(c: Any, needs: set[str]) -> str:
+    import importlib
+
     import fusionkit
 
+    exported = _fusionkit_exports()
+    try:  # the one vocabulary: the builder and the arguments that rebuild ``c``
+        vocabulary = importlib.import_module("fusionkit.vocabulary")
+        term, args = vocabulary.arguments_of(c)
+        builder = getattr(term.build, "__name__", "")
+        if builder in exported and getattr(fusionkit, builder) is term.build:
+            needs.add(builder)
+            parts = [f"{k}={_literal(v)}" for k, v in args.items()]
+            return f"{builder}({', '.join(parts)})"
+    except (ImportError, LookupError, AttributeError):
+        pass
     cls = type(c).__name__
-    if cls == "Custom" or getattr(fusionkit, cls, None) is not type(c):
+    if cls == "Custom" or cls not in exported or getattr(fusionkit, cls) is not type(c):
         raise NotPrintable(f"constraint {getattr(c, 'kind', cls)} is custom Python code")
-    needs.add(cls)
     text = repr(c)
     if "<" in text:
         raise NotPrintable(f"constraint {cls} holds a value without a printed form: {text}")
+    needs.add(cls)
     return text
 
 

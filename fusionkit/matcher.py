@@ -73,10 +73,14 @@ class StructuralFailure:
 class _Search:
     inputs: ProgramInputs
     failure: StructuralFailure = field(default_factory=StructuralFailure)
+    #: > 0 while matching a commutative op's swapped operands: a failure there as
+    #: deep as one in the written order does not replace it (the written order
+    #: names the operand the author expected: "expected mm, got bmm")
+    swapped: int = 0
 
     def fail(self, b: Binding, node: Node | None, message: str | Callable[[], str]) -> None:
         f = self.failure
-        if len(b.claimed) >= f.progress:
+        if len(b.claimed) > f.progress or (len(b.claimed) == f.progress and not self.swapped):
             f.progress, f.node, f._message = len(b.claimed), node, message
             f.claimed = b.claimed
 
@@ -293,8 +297,13 @@ def _match_op(p: Op, value: Any, b: Binding, s: _Search, where: str) -> Iterator
         orders.append(swapped)
 
     items_kw = list(p.kwargs.items())
-    for order in orders:
-        yield from _match_args(p, value, positional, order, 0, named, items_kw, b, s, here)
+    yield from _match_args(p, value, positional, orders[0], 0, named, items_kw, b, s, here)
+    if len(orders) > 1:
+        s.swapped += 1
+        try:
+            yield from _match_args(p, value, positional, orders[1], 0, named, items_kw, b, s, here)
+        finally:
+            s.swapped -= 1
 
 
 def _match_args(p: Op, node: Node, positional: list[Any], order: list[int], i: int,

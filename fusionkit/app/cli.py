@@ -105,13 +105,36 @@ def _load_model(spec: str) -> Any:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    if bool(args.rule) != bool(args.at):
+        raise UserError("--rule and --at go together: which rule, at which node")
     rules = _load_rules(args.spec, args)
     model = _load_model(args.model)
-    from fusionkit.app.lowering import explain
-    from fusionkit.app.present import explain_json, explain_rows
-    from fusionkit.app.term import Style, table
+    from executorch.exir import to_edge
 
-    ms = explain(model.exported, args.backend, rules)
+    from fusionkit.app.lowering import adapter_rules
+    from fusionkit.app.present import explain_json, explain_rows, why_not_text
+    from fusionkit.app.term import Style, table
+    from fusionkit.finder import find_matches
+    from fusionkit.why_not import why_not
+
+    edge = to_edge(model.exported).exported_program()
+    all_rules = [*adapter_rules(args.backend), *rules]
+    if args.rule:
+        names = [r.name for r in all_rules]
+        if args.rule not in names:
+            raise UserError(f"--rule {args.rule}: no such rule (rules: {', '.join(names)})")
+        ms = find_matches(edge, all_rules, all_near_misses=True)
+        try:
+            verdict = why_not(edge, args.rule, args.at, rules=all_rules, matches=ms)
+        except KeyError as e:
+            raise UserError(f"--at {args.at}: {e.args[0]}") from None
+        if args.html:
+            _write_html(args.html, [verdict], f"{model.name}: {args.rule} at {args.at}")
+        print(json.dumps(verdict.record(), indent=2) if args.json else why_not_text(verdict))
+        return EXIT_OK
+    ms = find_matches(edge, all_rules, all_near_misses=args.all_near_misses)
+    if args.html:
+        _write_html(args.html, ms, f"{model.name}: {args.backend} rules")
     if args.json:
         print(json.dumps(explain_json(ms), indent=2))
         return EXIT_OK
@@ -122,6 +145,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if rows:
         print(table(["rule", "verdict", "root", "step", "node", "reason"], rows))
     return EXIT_OK
+
+
+def _write_html(path: str, what: Any, title: str) -> None:
+    from fusionkit.app.html_report import GraphvizMissing, Item, items_of, write_html
+
+    items = items_of(what) if not isinstance(what, list) else [Item.of(w) for w in what]
+    try:
+        write_html(path, items, title)
+    except GraphvizMissing as e:
+        raise UserError(str(e)) from None
+    except OSError as e:
+        raise UserError(f"--html {path}: {e.strerror or e}") from None
+    print(f"wrote {path} ({len(items)} drawings)", file=sys.stderr)
 
 
 def cmd_lower(args: argparse.Namespace) -> int:
@@ -254,6 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
     _spec_consent(ex)
     ex.add_argument("--json", action="store_true")
+    ex.add_argument("--rule", help="why did this rule not fire ... (with --at)")
+    ex.add_argument("--at", metavar="NODE", help="... at this node (an edge-program node name)")
+    ex.add_argument("--all-near-misses", action="store_true",
+                    help="report every structural near miss, however early it failed")
+    ex.add_argument("--html", metavar="FILE",
+                    help="also write a self-contained page drawing each match as a graph")
     ex.set_defaults(fn=cmd_explain)
 
     ch = sub.add_parser("check", help="static checks of a .pte (Vulkan prepacked arguments)")

@@ -24,6 +24,7 @@ from torch.fx import Node
 
 from fusionkit.finder import Decline, Match, MatchSet
 from fusionkit.targets import op_key
+from fusionkit.why_not import WhyNot
 
 __all__ = ["GraphvizMissing", "Item", "render_html", "render_svg", "write_html"]
 
@@ -52,7 +53,11 @@ class Item:
     matched: tuple[Node, ...]
 
     @staticmethod
-    def of(x: Match | Decline) -> Item:
+    def of(x: Match | Decline | WhyNot) -> Item:
+        if isinstance(x, WhyNot):
+            verdict = "fused" if x.outcome == "fused" else "declined"
+            return Item(x.rule, x.at, verdict, x.step, x.node, x.reason,
+                        x.matched if x.matched else (x.at,))
         if isinstance(x, Match):
             folded = ", ".join(f"{k} folded from `{v.name}`" for k, v in x.folds.items())
             return Item(x.rule.name, x.root, "fused", "fused", None,
@@ -101,8 +106,8 @@ def _neighbourhood(core: Sequence[Node]) -> list[Node]:
     return [*inside, *ring]
 
 
-def item_dot(item: Item) -> str:
-    """The Graphviz source of one item's drawing."""
+def item_dot(item: Item, prefix: str = "") -> str:
+    """The Graphviz source of one item's drawing (SVG element ids ``{prefix}node-{name}``)."""
     core = list(dict.fromkeys([*item.matched, *([item.fault] if item.fault is not None else [])]))
     nodes = _neighbourhood(core)
     drawn = set(nodes)
@@ -118,7 +123,7 @@ def item_dot(item: Item) -> str:
     ]
     fill = FUSED if item.verdict == "fused" else DECLINED
     for n in nodes:
-        attrs = [f"label={_dot_str(_label(n))}", f"id={_dot_str('node-' + n.name)}",
+        attrs = [f"label={_dot_str(_label(n))}", f"id={_dot_str(f'{prefix}node-{n.name}')}",
                  f"tooltip={_dot_str(n.name)}"]
         if n is item.fault:
             attrs += [f'fillcolor="{FAULT}"', 'color="#c92a2a"', "penwidth=3"]
@@ -165,7 +170,7 @@ figcaption { font-size: 0.9em; margin-bottom: 0.5em; }
 def _section(i: int, item: Item) -> str:
     esc = html.escape
     fault = f" at fault: <code>{esc(item.fault.name)}</code>;" if item.fault is not None else ""
-    svg = render_svg(item_dot(item))
+    svg = render_svg(item_dot(item, prefix=f"item-{i}-"))
     return (f'<section class="match" id="item-{i}" data-rule="{esc(item.rule)}" '
             f'data-verdict="{item.verdict}" data-root="{esc(item.root.name)}">\n'
             f"<h2>{i}. <code>{esc(item.rule)}</code> {item.verdict} at "

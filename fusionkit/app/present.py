@@ -11,8 +11,9 @@ from typing import Any
 
 from fusionkit.finder import MatchSet
 from fusionkit.report import FusionReport, decline_record, match_record, text_table
+from fusionkit.why_not import WhyNot
 
-__all__ = ["explain_json", "explain_rows", "report_text"]
+__all__ = ["explain_json", "explain_rows", "report_text", "why_not_text"]
 
 
 def _graph_order(ms: MatchSet) -> dict[Any, int]:
@@ -47,4 +48,17 @@ def report_text(report: FusionReport) -> str:
     lines = [text_table(["rule", "fused", "folded consts", "declined"], rows, right=(1, 2, 3))]
     for d in report.declined:
         lines.append(f"  declined {d.rule} at `{d.root.name}` ({d.step}): {d.reason}")
+    return "\n".join(lines)
+
+
+def why_not_text(w: WhyNot) -> str:
+    """``fusionkit explain --rule R --at NODE``: the verdict, then the evidence, one per line."""
+    head = {"fused": "fused here", "inside": "not here: the node belongs to another match",
+            "declined": "declined here", "not_root": "never tried here"}[w.outcome]
+    lines = [f"{w.rule} at `{w.at.name}`: {head}", f"  step:   {w.step}"]
+    if w.node is not None:
+        lines.append(f"  node:   `{w.node.name}`")
+    lines.append(f"  reason: {w.reason}")
+    if w.matched and w.outcome != "fused":
+        lines.append(f"  matched before it stopped: {', '.join(f'`{n.name}`' for n in w.matched)}")
     return "\n".join(lines)

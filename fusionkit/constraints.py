@@ -10,7 +10,7 @@ the rewrite carries out after every match has been decided.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import op_key
+from fusionkit.targets import resolve_op, schema_of, target_name
 from fusionkit.vocabulary import constraint_term
 
 __all__ = [
@@ -128,6 +128,37 @@ class Constraint(ABC):
 _NONDETERMINISTIC = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "empty")
 
 
+def _fold_refusal(n: Node) -> str | None:
+    """Why ``n`` cannot be part of a folded constant expression, or None if it can.
+
+    Total over node kinds and targets: only pure, deterministic operators and
+    Python's ``operator`` functions (``getitem`` of a ``chunk``/``split``, SymInt
+    arithmetic) are evaluated at lowering time; a higher-order operator, any
+    other Python callable, a module attribute or a call of a module is refused
+    with a reason — never an exception.
+    """
+    if n.op != "call_function":
+        what = {"get_attr": "a module attribute", "call_module": "a submodule call",
+                "call_method": "a method call", "output": "the graph output"}.get(n.op, n.op)
+        return f"it depends on `{n.name}`, {what}"
+    target = n.target
+    name = target_name(target)
+    schema = schema_of(target)
+    if schema is None:
+        if getattr(target, "__module__", None) in ("_operator", "operator"):
+            return None  # operator.getitem, operator.add on SymInts, ...
+        return (f"it depends on `{n.name}` ({name}), which fusionkit does not evaluate at "
+                "lowering time")
+    if schema.is_mutable:
+        return f"it depends on `{n.name}` ({name}), which mutates its inputs"
+    overload = resolve_op(target)
+    op_name = name.split(".")[1] if name.count(".") >= 2 else name
+    if (torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
+            or any(word in op_name for word in _NONDETERMINISTIC)):
+        return f"it depends on `{n.name}` ({name}), which is not deterministic"
+    return None
+
+
 def constant_fold_sources(
     node: Node, inputs: ProgramInputs, limit: int = 64
 ) -> tuple[list[Node] | None, str]:
@@ -152,26 +183,11 @@ def constant_fold_sources(
                 return None, f"it depends on {inputs.describe(n)} `{n.name}`"
             sources.append(n)
             continue
-        if n.op != "call_function":
-            return None, f"it depends on `{n.name}` ({n.op})"
-        key = op_key(n.target) or str(n.target)
-        schema = getattr(getattr(n.target, "_op", n.target), "_schema", None)
-        if schema is not None and schema.is_mutable:
-            return None, f"it depends on `{n.name}` ({key}), which mutates its inputs"
-        if any(word in key.split(".")[1] for word in _NONDETERMINISTIC):
-            return None, f"it depends on `{n.name}` ({key}), which is not deterministic"
-        for a in (*n.args, *n.kwargs.values()):
-            for leaf in _nodes_in(a):
-                stack.append(leaf)
+        refusal = _fold_refusal(n)
+        if refusal is not None:
+            return None, refusal
+        stack.extend(n.all_input_nodes)  # every Node in args and kwargs, however nested
     return sources, ""
-
-
-def _nodes_in(a: Any) -> Iterable[Node]:
-    if isinstance(a, Node):
-        yield a
-    elif isinstance(a, (list, tuple)):
-        for x in a:
-            yield from _nodes_in(x)
 
 
 # ------------------------------------------------------------------------ the built-ins
@@ -217,6 +233,12 @@ class PrepackableConstant(Constraint):
         if not ctx.allow_folding:
             return self._fail(self.capture, v, f"{what}; it depends only on constants, but folding "
                               f"is not available in this pass: {self.role}")
+        from fusionkit.folding import FoldError, evaluate_constant
+
+        try:  # evaluated here, in the deciding phase, so that apply cannot fail on it
+            evaluate_constant(v, ctx.inputs)
+        except FoldError as e:
+            return self._fail(self.capture, v, f"{what}, and folding it failed ({e}): {self.role}")
         ctx.plan_fold(self.capture, v)
         return None
 

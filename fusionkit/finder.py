@@ -11,7 +11,7 @@ and why. Nothing here modifies the program.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,13 +19,14 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from fusionkit.constraints import CheckContext, Failure
-from fusionkit.matcher import Binding, match_pattern
+from fusionkit.matcher import Binding, PredicateError, match_pattern
 from fusionkit.pattern import Alt, Capture, Named, Op, Outputs, Pattern, Value, output_names
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.rule import Rule
-from fusionkit.targets import is_assertion, op_key
+from fusionkit.strict import strict_mode
+from fusionkit.targets import is_assertion, op_key, schema_of
 
-__all__ = ["Decline", "Match", "MatchSet", "RuleIndex", "find_matches"]
+__all__ = ["DECLINE_STEPS", "Decline", "Match", "MatchSet", "RuleIndex", "find_matches"]
 
 #: how many structural bindings per root are checked before giving up
 MAX_BINDINGS_PER_ROOT = 32
@@ -40,30 +41,66 @@ def _near_miss_threshold(rule: Rule) -> int:
 
 @dataclass(frozen=True)
 class Match:
-    """An accepted match: every constraint held; the replacement will run."""
+    """An accepted match: every constraint held; the replacement will run.
+
+    ``insert_before`` is where the replacement goes, decided here with the rest:
+    the replacement's nodes are inserted immediately before this node. It comes
+    after every input of the match and before every user of every output (for a
+    multi-output match it may differ from ``root``), is never a node an earlier
+    accepted match claims, and assumes the matches are applied in the order of
+    :attr:`MatchSet.accepted` (an earlier match's replacement sits right before
+    its own ``insert_before``). None only for matches built by hand: use ``root``.
+    """
 
     rule: Rule
     root: Node
     captures: Mapping[str, Any]
     claimed: tuple[Node, ...]
     folds: Mapping[str, Node] = field(default_factory=dict)
+    insert_before: Node | None = None
 
     def __str__(self) -> str:
         folded = f" (folds {', '.join(f'{k}=`{v.name}`' for k, v in self.folds.items())})" if self.folds else ""
         return f"{self.rule.name} at `{self.root.name}`: {len(self.claimed)} nodes{folded}"
 
 
+#: the steps a decline can name besides a constraint's ``kind`` (``custom:NAME``
+#: for a :class:`~fusionkit.constraints.Custom`): ``error`` is a rule's own code
+#: raising (counted apart from the other declines), ``placement`` a multi-output
+#: match with no single point for its replacement
+DECLINE_STEPS: tuple[str, ...] = ("structure", "overlap", "escape", "placement", "error")
+
+
 @dataclass(frozen=True)
 class Decline:
-    """A near miss: the rule, where, which step failed, the node at fault, why."""
+    """A near miss: the rule, where, which step failed, the node at fault, why.
+
+    ``step == "error"`` means the rule's own code raised (a constraint, a value
+    predicate, a custom check, a replacement): ``error_type`` names the
+    exception and ``reason`` says where it was raised and its message.
+    """
 
     rule: str
     root: Node
-    step: str  # "structure", "escape", "overlap", or a constraint kind
+    step: str  # "structure", "overlap", "escape", "placement", "error", or a constraint kind
     node: Node | None
     reason: str
     #: the nodes the rule had matched when it was declined (for pictures)
     claimed: tuple[Node, ...] = field(default=(), compare=False, repr=False)
+    error_type: str | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.step == "error"
+
+    @classmethod
+    def from_exception(cls, rule: str, root: Node, during: str, exc: BaseException,
+                       node: Node | None = None) -> Decline:
+        """The ``error`` decline for ``exc``, raised by the rule's code ``during`` something."""
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else "(no message)"
+        return cls(rule, root, "error", node if node is not None else root,
+                   f"{during} raised {type(exc).__name__}: {message}",
+                   error_type=type(exc).__name__)
 
     def __str__(self) -> str:
         at = f" [{self.node.name}]" if self.node is not None else ""
@@ -72,10 +109,18 @@ class Decline:
 
 @dataclass
 class MatchSet:
-    """What one search decided: the accepted matches and the declined ones."""
+    """What one search decided: the accepted matches and the declined ones.
+
+    ``declined`` holds every decline; :attr:`errors` the ones whose step is
+    ``error`` (a rule's code raised), which reports count apart.
+    """
 
     accepted: list[Match] = field(default_factory=list)
     declined: list[Decline] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Decline]:
+        return [d for d in self.declined if d.step == "error"]
 
 
 class RuleIndex:
@@ -253,70 +298,205 @@ def _escaping_user(b: Binding, root: Node, outputs: tuple[str, ...] = ()
     return None
 
 
+class _Positions:
+    """Graph order, built on the first multi-output match of a search (never changes)."""
+
+    def __init__(self, ep: ExportedProgram) -> None:
+        self.nodes = list(ep.graph_module.graph.nodes)
+        self.order = {n: i for i, n in enumerate(self.nodes)}
+
+
+def _mutates(n: Node, values: set[Node]) -> bool:
+    """Whether ``n`` writes (in place) to one of ``values``."""
+    schema = schema_of(n.target) if n.op == "call_function" else None
+    if schema is None or not schema.is_mutable:
+        return False
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        v = n.args[i] if i < len(n.args) else n.kwargs.get(a.name)
+        if isinstance(v, Node) and v in values:
+            return True
+    return False
+
+
+def _place(rule: Rule, root: Node, b: Binding, outputs: tuple[str, ...],
+           claimed_by: Mapping[Node, Match], pos: _Positions) -> Node | Decline:
+    """The node before which the replacement of a multi-output match can go.
+
+    Positions of nodes an earlier match claims are those of its replacement
+    (just before its ``insert_before``). The root itself is preferred; else
+    the latest free position before the first user of an output.
+    """
+    order, inside = pos.order, set(b.claimed)
+
+    def at(n: Node) -> float:
+        owner = claimed_by.get(n)
+        if owner is not None and owner.insert_before is not None:
+            return order[owner.insert_before] - 0.5
+        return float(order[n])
+
+    lo, lo_node = -1.0, None
+    inputs = {i for n in b.claimed for i in n.all_input_nodes if i not in inside}
+    inputs |= {v for v in b.captures.values() if isinstance(v, Node) and v not in inside}
+    for i in inputs:
+        p = at(i)
+        if p > lo:
+            lo, lo_node = p, i
+    hi, hi_node, hi_out = float(len(pos.nodes) - 1), None, root
+    for out in (root, *(b.captures[name] for name in outputs)):
+        for u in out.users:
+            if u in inside:
+                continue
+            p = at(u)
+            if p < hi:
+                hi, hi_node, hi_out = p, u, out
+    if hi <= lo:
+        assert lo_node is not None and hi_node is not None
+        return Decline(rule.name, root, "placement", hi_node,
+                       f"no point in the graph is after every input and before every user: "
+                       f"output `{hi_out.name}` is used by `{hi_node.name}`, which comes before "
+                       f"input `{lo_node.name}` is computed")
+    place: Node | None = None
+    if lo < order[root] <= hi:
+        place = root
+    else:
+        for k in range(int(hi), int(lo), -1):  # latest free position first
+            cand = pos.nodes[k]
+            if cand.op == "placeholder":
+                break
+            if cand not in claimed_by:
+                place = cand
+                break
+    if place is None:
+        return Decline(rule.name, root, "placement", root,
+                       "every position after the match's inputs and before its outputs' users "
+                       "belongs to another match")
+    if place is not root:  # the replacement reads its inputs at another time: no write between
+        a, z = sorted((order[place], order[root]))
+        for n in pos.nodes[a:z]:
+            if n not in inside and _mutates(n, inputs):
+                return Decline(rule.name, root, "placement", n,
+                               f"the replacement would go before `{place.name}`, but `{n.name}` "
+                               "writes in place to one of its inputs in between")
+    return place
+
+
 def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: ProgramInputs,
-            claimed_by: Mapping[Node, Match], allow_folding: bool = True) -> Match | Decline:
+            claimed_by: Mapping[Node, Match], allow_folding: bool = True,
+            positions: Callable[[], _Positions] | None = None,
+            strict: bool = False, any_moved: bool = False) -> Match | Decline:
     for n in b.claimed:
         owner = claimed_by.get(n)
         if owner is not None:
             return Decline(rule.name, root, "overlap", n,
                            f"`{n.name}` already belongs to the {owner.rule.name} match at "
                            f"`{owner.root.name}`", b.claimed)
+    outputs = output_names(rule.pattern)
     if not rule.allow_escape:
-        esc = _escaping_user(b, root, output_names(rule.pattern))
+        esc = _escaping_user(b, root, outputs)
         if esc is not None:
             inner, user = esc
             return Decline(rule.name, root, "escape", inner,
                            f"intermediate `{inner.name}` is also used by `{user.name}` outside "
                            "the match; fusing would have to compute it twice", b.claimed)
+    place: Node = root
+    if outputs or any_moved:  # else the root is after every input, before every user
+        where = _place(rule, root, b, outputs, claimed_by,
+                       positions() if positions is not None else _Positions(ep))
+        if isinstance(where, Decline):
+            return where
+        place = where
     ctx = CheckContext(ep, inputs, root, b.captures, allow_folding=allow_folding)
     for c in rule.constraints:
-        failure: Failure | None = c.check(ctx)
+        try:
+            failure: Failure | None = c.check(ctx)
+        except Exception as e:
+            if strict:
+                e.add_note(f"fusionkit: in constraint {c.kind} of rule {rule.name!r} at "
+                           f"`{root.name}` (strict mode)")
+                raise
+            name = getattr(c, "name", None)
+            label = f"constraint {c.kind}" + (f" {name!r}" if isinstance(name, str) else "")
+            return Decline.from_exception(rule.name, root, label, e)
         if failure is not None:
             return Decline(rule.name, root, failure.constraint, failure.node, failure.reason,
                            b.claimed)
-    return Match(rule, root, dict(b.captures), b.claimed, dict(ctx.folds))
+    return Match(rule, root, dict(b.captures), b.claimed, dict(ctx.folds), place)
 
 
 def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
                  *, structural_declines: bool = True, allow_folding: bool = True,
-                 all_near_misses: bool = False) -> MatchSet:
+                 all_near_misses: bool = False, strict: bool | None = None) -> MatchSet:
     """Accepted and declined matches of ``rules`` in ``ep``, in graph order.
 
     A node belongs to at most one accepted match. Near misses are reported:
-    a constraint that failed, an intermediate used elsewhere, an overlap, or
-    (with ``structural_declines``) a structure that matched at least two thirds
+    a constraint that failed, an intermediate used elsewhere, an overlap, a
+    multi-output match with no single point for its replacement (``placement``),
+    or (with ``structural_declines``) a structure that matched at least two thirds
     of the pattern before it failed. ``allow_folding=False`` is for callers that
     cannot add constants to the program (a graph-module pass): a weight that
     would need folding is declined instead. ``all_near_misses`` lifts the
     progress threshold: every structural attempt that matched the root's op is
     reported (``fusionkit explain --all-near-misses``).
+
+    A rule whose own code raises (a constraint, a value predicate, a custom
+    check) is declined at that node with step ``error``, and the search goes
+    on; with ``strict`` (default: the ``FUSIONKIT_STRICT`` environment variable)
+    the exception propagates instead.
     """
+    strict = strict_mode(strict)
     index = rules if isinstance(rules, RuleIndex) else RuleIndex(rules)
     inputs = ProgramInputs(ep)
     result = MatchSet()
     claimed_by: dict[Node, Match] = {}
+    cache: list[_Positions] = []
+    any_moved = False  # an accepted replacement goes elsewhere than before its root
+
+    def positions() -> _Positions:
+        if not cache:
+            cache.append(_Positions(ep))
+        return cache[0]
+
     for node in ep.graph_module.graph.nodes:
         if node.op != "call_function" or node in claimed_by:
             continue
         candidates = index.for_target(node.target)
         for rule in candidates:
-            gate = None if all_near_misses else index.gate(rule)
-            if gate is not None and not gate.may_match(node):
-                continue  # the search below would fail before any reportable progress
-            bindings, failure = match_pattern(rule.pattern, node, inputs)
-            first_decline: Decline | None = None
-            accepted: Match | None = None
-            for i, b in enumerate(bindings):
-                if i >= MAX_BINDINGS_PER_ROOT:
-                    break
-                outcome = _decide(rule, node, b, ep, inputs, claimed_by, allow_folding)
-                if isinstance(outcome, Match):
-                    accepted = outcome
-                    break
-                if first_decline is None:
-                    first_decline = outcome
+            during = "the pattern's gate"
+            try:
+                gate = None if all_near_misses else index.gate(rule)
+                if gate is not None and not gate.may_match(node):
+                    continue  # the search below would fail before any reportable progress
+                during = "matching the pattern"
+                bindings, failure = match_pattern(rule.pattern, node, inputs)
+                first_decline: Decline | None = None
+                accepted: Match | None = None
+                for i, b in enumerate(bindings):
+                    if i >= MAX_BINDINGS_PER_ROOT:
+                        break
+                    outcome = _decide(rule, node, b, ep, inputs, claimed_by, allow_folding,
+                                      positions, strict, any_moved)
+                    if isinstance(outcome, Match):
+                        accepted = outcome
+                        break
+                    if first_decline is None or (outcome.is_error and not first_decline.is_error):
+                        first_decline = outcome
+            except Exception as e:
+                error: Exception = e
+                if isinstance(e, PredicateError):  # report the predicate's own exception
+                    during, error = e.where, e.error
+                if strict:
+                    error.add_note(f"fusionkit: {during} of rule {rule.name!r} at "
+                                   f"`{node.name}` (strict mode)")
+                    if error is e:
+                        raise
+                    raise error from None
+                result.declined.append(Decline.from_exception(rule.name, node, during, error))
+                continue
             if accepted is not None:
                 result.accepted.append(accepted)
+                any_moved = any_moved or accepted.insert_before is not accepted.root
                 for n in accepted.claimed:
                     claimed_by[n] = accepted
                 break

@@ -27,48 +27,64 @@ class FoldError(RuntimeError):
     """A planned fold could not be carried out (the program is left untouched)."""
 
 
-def _topo(nodes: set[Node], order: dict[Node, int]) -> list[Node]:
-    return sorted(nodes, key=order.__getitem__)
-
-
-def _ancestors(node: Node) -> set[Node]:
-    out: set[Node] = set()
-    stack = [node]
+def _ancestors_in_order(node: Node) -> list[Node]:
+    """``node`` and everything it depends on, producers before consumers."""
+    out: list[Node] = []
+    done: set[Node] = set()
+    stack: list[tuple[Node, bool]] = [(node, False)]
     while stack:
-        n = stack.pop()
-        if n in out:
+        n, expanded = stack.pop()
+        if n in done:
             continue
-        out.add(n)
-        stack.extend(n.all_input_nodes)
+        if expanded:
+            done.add(n)
+            out.append(n)
+            continue
+        stack.append((n, True))
+        stack.extend((i, False) for i in n.all_input_nodes if i not in done)
     return out
 
 
-def evaluate_constant(node: Node, inputs: ProgramInputs, order: dict[Node, int]) -> torch.Tensor:
-    """The real value of a node that depends only on constants."""
+def evaluate_constant(node: Node, inputs: ProgramInputs,
+                      order: dict[Node, int] | None = None) -> torch.Tensor:
+    """The real value of a node that depends only on constants.
+
+    Raises :class:`FoldError` (never anything else) when the expression cannot be
+    folded or evaluating it fails, or when the result does not have the dtype and
+    shape the graph records for ``node``. ``order`` is accepted for callers that
+    have it and is not needed.
+    """
     sources, why = constant_fold_sources(node, inputs)
     if sources is None:
         raise FoldError(f"`{node.name}` cannot be folded: {why}")
     env: dict[Node, Any] = {}
 
     def load(a: Any) -> Any:
-        if isinstance(a, Node):
-            return env[a]
-        if isinstance(a, (list, tuple)):
-            return type(a)(load(x) for x in a)
-        return a
+        return torch.fx.node.map_arg(a, env.__getitem__)
 
-    with torch.no_grad():
-        for n in _topo(_ancestors(node), order):
-            if n.op == "placeholder":
-                ref = inputs.constant(n)
-                assert ref is not None
-                env[n] = ref.tensor.detach()
-            else:
-                target: Any = getattr(n.target, "_op", n.target)  # run edge ops as ATen
-                env[n] = target(*load(n.args), **load(dict(n.kwargs)))
+    try:
+        with torch.no_grad():
+            for n in _ancestors_in_order(node):
+                if n.op == "placeholder":
+                    ref = inputs.constant(n)
+                    if ref is None:
+                        raise FoldError(f"`{n.name}` is not a constant")
+                    env[n] = ref.tensor.detach()
+                else:
+                    target: Any = getattr(n.target, "_op", n.target)  # run edge ops as ATen
+                    env[n] = target(*load(n.args), **load(dict(n.kwargs)))
+    except FoldError:
+        raise
+    except Exception as e:
+        raise FoldError(f"evaluating `{node.name}` failed: {type(e).__name__}: {e}") from e
     value = env[node]
     if not isinstance(value, torch.Tensor):
         raise FoldError(f"`{node.name}` evaluates to {type(value).__name__}, not a tensor")
+    expected = node.meta.get("val")
+    if (isinstance(expected, torch.Tensor) and all(isinstance(d, int) for d in expected.shape)
+            and (value.dtype != expected.dtype or tuple(value.shape) != tuple(expected.shape))):
+        raise FoldError(f"`{node.name}` evaluates to {value.dtype}{tuple(value.shape)}, but the "
+                        f"graph records {expected.dtype}{tuple(expected.shape)}")
     return value.detach().contiguous().clone()
 
 

@@ -16,13 +16,53 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit.pattern import Also, Alt, Capture, Named, Op, Outputs, Pattern, Seq, Through, Value
+from fusionkit.pattern import (
+    Also,
+    Alt,
+    Capture,
+    Named,
+    Op,
+    Outputs,
+    Pattern,
+    Seq,
+    Through,
+    Value,
+    widens,
+)
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.targets import op_key, schema_of
 
-__all__ = ["Binding", "StructuralFailure", "match_pattern"]
+__all__ = ["Binding", "PredicateError", "StructuralFailure", "match_pattern"]
 
 _MISSING = object()
+
+
+class PredicateError(Exception):
+    """A value matcher's predicate raised: a bug in the rule, not a non-match.
+
+    Carries the original exception (``error``) and where it was raised, so the
+    finder can decline with step ``error`` (or re-raise it in strict mode).
+    """
+
+    def __init__(self, where: str, description: str, error: Exception) -> None:
+        super().__init__(f"{where}: value matcher {description!r} raised "
+                         f"{type(error).__name__}: {error}")
+        self.where = f"value matcher {description!r} ({where})"
+        self.error = error
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Identity for nodes; equality (never raising) for literals."""
+    if isinstance(a, Node) or isinstance(b, Node):
+        return a is b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    if type(a) is not type(b) and (isinstance(a, bool) or isinstance(b, bool)):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # a value without a truth value for ==: only itself
+        return a is b
 
 
 @dataclass(frozen=True)
@@ -35,8 +75,7 @@ class Binding:
     def bind(self, name: str, value: Any) -> Binding | None:
         prev = self.captures.get(name, _MISSING)
         if prev is not _MISSING:
-            same = prev is value if isinstance(prev, Node) or isinstance(value, Node) else prev == value
-            return self if same else None
+            return self if _same_value(prev, value) else None
         caps = dict(self.captures)
         caps[name] = value
         return Binding(caps, self.claimed)
@@ -127,9 +166,9 @@ def _match_value(p: Value, value: Any, b: Binding, s: _Search, where: str) -> It
             return
         got = ref.tensor.item()
     try:
-        ok = p.predicate(got)
-    except Exception:  # a predicate that cannot judge a value rejects it
-        ok = False
+        ok = bool(p.predicate(got))
+    except Exception as e:  # a bug in the rule: the finder declines with step "error"
+        raise PredicateError(where, p.description, e) from e
     if not ok:
         s.fail(b, value if isinstance(value, Node) else None,
                f"{where}: expected {p.description}, got {_fmt(got)}")
@@ -248,6 +287,11 @@ def _match_also(others: tuple[Also, ...], i: int, b: Binding, s: _Search) -> Ite
                f"{o.pattern!r}")
 
 
+def _dtype_of(v: Any) -> Any:
+    val = v.meta.get("val") if isinstance(v, Node) else None
+    return getattr(val, "dtype", None)
+
+
 def _match_through(p: Through, value: Any, b: Binding, s: _Search, where: str,
                    depth: int) -> Iterator[Binding]:
     if (
@@ -257,8 +301,13 @@ def _match_through(p: Through, value: Any, b: Binding, s: _Search, where: str,
         and op_key(value.target) in p.ops
         and value.args
     ):
-        yield from _match_through(p, value.args[0], b.claim(value), s,
-                                  f"{where} through `{value.name}`", depth + 1)
+        src, dst = _dtype_of(value.args[0]), _dtype_of(value)
+        if p.narrowing or (src is not None and dst is not None and widens(src, dst)):
+            yield from _match_through(p, value.args[0], b.claim(value), s,
+                                      f"{where} through `{value.name}`", depth + 1)
+        else:
+            s.fail(b, value, lambda: f"{where}: `{value.name}` converts {src} to {dst}, which "
+                   "can change values, so it is not passed through (narrowing=True would)")
     yield from _match(p.inner, value, b, s, where)
 
 

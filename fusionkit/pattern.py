@@ -59,6 +59,7 @@ __all__ = [
     "seq",
     "through",
     "where",
+    "widens",
 ]
 
 #: ops that ExecuTorch graphs use for dtype casts (ATen and edge dialect)
@@ -67,6 +68,47 @@ CASTS: tuple[str, ...] = (
     "aten.to.dtype",
     "dim_order_ops._to_dim_order_copy.default",
 )
+
+_FLOAT_BITS: dict[Any, tuple[int, int]] = {}  # dtype -> (exponent bits, mantissa bits)
+_INT_RANGE: dict[Any, tuple[int, int]] = {}  # dtype -> (min, max)
+
+
+def _dtype_tables() -> None:
+    import torch
+
+    _FLOAT_BITS.update({torch.float16: (5, 10), torch.bfloat16: (8, 7),
+                        torch.float32: (8, 23), torch.float64: (11, 52)})
+    _INT_RANGE.update({torch.bool: (0, 1), torch.uint8: (0, 2**8 - 1),
+                       torch.int8: (-(2**7), 2**7 - 1), torch.int16: (-(2**15), 2**15 - 1),
+                       torch.int32: (-(2**31), 2**31 - 1), torch.int64: (-(2**63), 2**63 - 1)})
+
+
+def widens(src: Any, dst: Any) -> bool:
+    """Whether converting ``src`` dtype to ``dst`` keeps every value exactly.
+
+    True for the same dtype and for widening conversions (fp16 -> fp32, bf16 ->
+    fp32, fp32 -> fp64, int8 -> int32, uint8 -> int16, bool -> anything numeric,
+    an integer type into a float whose mantissa holds all its values, e.g.
+    int8 -> fp16); False for every conversion that can round, overflow or
+    truncate (fp32 -> fp16, fp16 <-> bf16, float -> int, int32 -> fp32) and for
+    dtypes it does not know.
+    """
+    if src == dst:
+        return True
+    if not _FLOAT_BITS:
+        _dtype_tables()
+    if src in _FLOAT_BITS and dst in _FLOAT_BITS:
+        (se, sm), (de, dm) = _FLOAT_BITS[src], _FLOAT_BITS[dst]
+        return de >= se and dm >= sm
+    if src in _INT_RANGE and dst in _INT_RANGE:
+        (slo, shi), (dlo, dhi) = _INT_RANGE[src], _INT_RANGE[dst]
+        return dlo <= slo and shi <= dhi
+    if src in _INT_RANGE and dst in _FLOAT_BITS:
+        lo, hi = _INT_RANGE[src]
+        exact = 2 ** (_FLOAT_BITS[dst][1] + 1)  # every integer up to this is representable
+        return -exact <= lo and hi <= exact
+    return False
+
 
 #: ops whose first two operands may be swapped without changing the result
 COMMUTATIVE: frozenset[str] = frozenset(
@@ -223,12 +265,17 @@ class Through(Pattern):
     """Zero or more pass-through ops (matched on their first argument), then ``inner``.
 
     The pass-through nodes belong to the match (they are claimed and replaced);
-    the longest chain is tried first.
+    the longest chain is tried first. A pass-through is skipped only if it keeps
+    every value (its output dtype :func:`widens` its input's): skipping a
+    narrowing cast (fp32 -> fp16) would make the fused op compute something the
+    model does not. ``narrowing=True`` skips narrowing casts too — a rule's
+    explicit statement that the approximation is intended.
     """
 
     ops: frozenset[str]
     inner: Pattern
     max_depth: int = 8
+    narrowing: bool = False
 
     def captures(self) -> set[str]:
         return self.inner.captures()
@@ -241,7 +288,8 @@ class Through(Pattern):
         return self.inner.min_ops()
 
     def __repr__(self) -> str:
-        return f"through({sorted(self.ops)}, {self.inner!r})"
+        more = ", narrowing=True" if self.narrowing else ""
+        return f"through({sorted(self.ops)}, {self.inner!r}{more})"
 
 
 @dataclass(frozen=True)
@@ -435,10 +483,15 @@ def capture(name: str) -> Capture:
     return Capture(name)
 
 
-def through(ops: OpTarget | Iterable[OpTarget], inner: ArgPattern, max_depth: int = 8) -> Through:
-    """Any number of ``ops`` (e.g. :data:`CASTS`) in front of ``inner``."""
+def through(ops: OpTarget | Iterable[OpTarget], inner: ArgPattern, max_depth: int = 8,
+            *, narrowing: bool = False) -> Through:
+    """Any number of value-preserving ``ops`` (e.g. :data:`CASTS`) in front of ``inner``.
+
+    By default a cast that can change a value (fp32 -> fp16, float -> int) is
+    not passed through; ``narrowing=True`` passes it through as well.
+    """
     raw = [ops] if isinstance(ops, str) or not isinstance(ops, Iterable) else list(ops)
-    return Through(frozenset(_key_of(t) for t in raw), _as_pattern(inner), max_depth)
+    return Through(frozenset(_key_of(t) for t in raw), _as_pattern(inner), max_depth, narrowing)
 
 
 def _norm(v: Any) -> Any:

@@ -162,6 +162,8 @@ class _Printer:
             else:
                 ops = _literal(sorted(p.ops))
             depth = f", max_depth={p.max_depth}" if p.max_depth != 8 else ""
+            if p.narrowing:
+                depth += ", narrowing=True"
             return f"through({ops}, {self.expr(p.inner)}{depth})"
         if isinstance(p, Seq):
             self.needs.add("seq")

@@ -1,4 +1,10 @@
-"""What a fusion pass did, per rule: fused counts and declines by reason."""
+"""What a fusion pass did, per rule: fused counts, declines by reason, and errors.
+
+An *error* is a decline whose step is ``error``: the rule's own code raised
+(a constraint, a value predicate, a replacement). It is counted apart from the
+ordinary declines — a decline is the model not fitting the rule; an error is a
+bug in the rule — so a report never hides one among the other.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +25,13 @@ def match_record(m: Match) -> dict[str, Any]:
 
 
 def decline_record(d: Decline) -> dict[str, Any]:
-    """The one JSON shape of a declined match."""
-    return {"rule": d.rule, "root": d.root.name, "step": d.step,
-            "node": d.node.name if d.node is not None else None, "reason": d.reason}
+    """The one JSON shape of a declined match (``error_type`` only for step ``error``)."""
+    out: dict[str, Any] = {"rule": d.rule, "root": d.root.name, "step": d.step,
+                           "node": d.node.name if d.node is not None else None,
+                           "reason": d.reason}
+    if d.error_type is not None:
+        out["error_type"] = d.error_type
+    return out
 
 
 def text_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
@@ -42,6 +52,8 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
 
 @dataclass
 class RuleReport:
+    """One rule's outcome. ``declines`` holds every decline, errors included."""
+
     rule: str
     fused: int = 0
     folded: int = 0
@@ -50,10 +62,24 @@ class RuleReport:
     def declines_by_step(self) -> Counter[str]:
         return Counter(d.step for d in self.declines)
 
+    @property
+    def errors(self) -> list[Decline]:
+        """Declines whose step is ``error``: the rule's code raised."""
+        return [d for d in self.declines if d.step == "error"]
+
+    @property
+    def declined(self) -> int:
+        """How many declines are not errors."""
+        return sum(1 for d in self.declines if d.step != "error")
+
 
 @dataclass
 class FusionReport:
-    """Per-rule outcome of one pass run. ``str()`` gives an aligned table."""
+    """Per-rule outcome of one pass run. ``str()`` gives an aligned table.
+
+    ``declined`` holds every decline in graph order; :attr:`errors` the ones
+    whose step is ``error``, which the table and :meth:`to_dict` count apart.
+    """
 
     rules: dict[str, RuleReport] = field(default_factory=dict)
     accepted: list[Match] = field(default_factory=list)
@@ -67,12 +93,17 @@ class FusionReport:
             r.fused += 1
             r.folded += len(m.folds)
         for d in ms.declined:
-            rep.rules[d.rule].declines.append(d)
+            rep.rules.setdefault(d.rule, RuleReport(d.rule)).declines.append(d)
         return rep
 
     @property
     def total_fused(self) -> int:
         return sum(r.fused for r in self.rules.values())
+
+    @property
+    def errors(self) -> list[Decline]:
+        """Declines whose step is ``error`` (a rule's code raised), in graph order."""
+        return [d for d in self.declined if d.step == "error"]
 
     def merge(self, other: FusionReport) -> None:
         for name, r in other.rules.items():
@@ -85,18 +116,21 @@ class FusionReport:
 
     def to_dict(self) -> dict[str, Any]:
         by_rule = [{"rule": r.rule, "fused": r.fused, "folded_constants": r.folded,
-                    "declined": [decline_record(d) for d in r.declines]}
+                    "declined": [decline_record(d) for d in r.declines if d.step != "error"],
+                    "errors": [decline_record(d) for d in r.errors]}
                    for r in self.rules.values()]
-        return {"rules": by_rule, "accepted": [match_record(m) for m in self.accepted]}
+        return {"rules": by_rule, "accepted": [match_record(m) for m in self.accepted],
+                "errors": len(self.errors)}
 
     def __str__(self) -> str:
-        """An aligned table of the rules that found something, then every decline."""
+        """An aligned table of the rules that found something, then every decline and error."""
         active = [r for r in self.rules.values() if r.fused or r.declines]
-        rows = [(r.rule, r.fused, r.folded, len(r.declines)) for r in active]
-        lines = [text_table(("rule", "fused", "folded", "declined"), rows, right=(1, 2, 3))]
+        rows = [(r.rule, r.fused, r.folded, r.declined, len(r.errors)) for r in active]
+        lines = [text_table(("rule", "fused", "folded", "declined", "errors"), rows,
+                            right=(1, 2, 3, 4))]
         idle = len(self.rules) - len(active)
         if idle:
             lines.append(f"({idle} more rule{'s' if idle > 1 else ''} found no candidate)")
         for d in self.declined:
-            lines.append(f"  declined {d}")
+            lines.append(f"  {'ERROR in' if d.step == 'error' else 'declined'} {d}")
         return "\n".join(lines)

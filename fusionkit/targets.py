@@ -23,6 +23,7 @@ __all__ = [
     "op_key",
     "resolve_op",
     "schema_of",
+    "target_name",
 ]
 
 OpTarget = Any  # an OpOverload, an EdgeOpOverload, or a qualified name string
@@ -33,9 +34,19 @@ class UnknownOpError(ValueError):
 
 
 def _overload_of(target: Any) -> torch._ops.OpOverload | None:
+    """The ``OpOverload`` behind a target, or None for every other kind of target.
+
+    Node targets are not only operators: ``operator.getitem`` and other Python
+    functions, higher-order operators (``cond``, ``auto_functionalized``,
+    ``executorch_call_delegate``), ``torch.sym_*`` functions, attribute names of
+    ``get_attr`` nodes. Those are None here, never an exception.
+    """
     if isinstance(target, torch._ops.OpOverload):
         return target
-    inner = getattr(target, "_op", None)  # EdgeOpOverload wraps an OpOverload
+    try:
+        inner = getattr(target, "_op", None)  # EdgeOpOverload wraps an OpOverload
+    except Exception:  # a target object whose attribute lookup itself fails
+        return None
     if isinstance(inner, torch._ops.OpOverload):
         return inner
     return None
@@ -114,6 +125,27 @@ def resolve_op(target: OpTarget) -> torch._ops.OpOverload:
     if overload is None:
         raise UnknownOpError(f"{target!r} is not an operator overload")
     return overload
+
+
+def target_name(target: Any) -> str:
+    """A readable name for any node target (messages only; never raises).
+
+    ``aten.mul.Tensor`` for operators, ``operator.getitem`` for Python functions,
+    ``cond`` for a higher-order operator, the attribute path for ``get_attr``.
+    """
+    key = op_key(target)
+    if key is not None:
+        return key
+    if isinstance(target, str):
+        return target
+    try:
+        module = getattr(target, "__module__", None) or ""
+        name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+        if isinstance(name, str):
+            return f"{module}.{name}" if module in ("operator", "math", "builtins") else name
+        return str(target)
+    except Exception:
+        return f"<{type(target).__name__}>"
 
 
 def schema_of(target: Any) -> torch._C.FunctionSchema | None:

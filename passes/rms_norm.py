@@ -56,10 +56,14 @@ def rms_norm_rule(name: str = "rms_norm", fold: bool = True,
     mean = op("aten.mean.dim", square, int_list(1, name="dim"), True)
     # a literal, or the 0-d constant the edge dialect lifts it into; in fp16/bf16
     # graphs that lifted fp32 constant is cast to the activations' dtype first
-    eps = through(CASTS, scalar("eps", lo=0.0))
+    # (narrowing: the fused op takes eps as a float and adds it in its own precision)
+    eps = through(CASTS, scalar("eps", lo=0.0), narrowing=True)
     variance = op("aten.add.Tensor", mean, eps) | op("aten.add.Scalar", mean, eps)
     normed = op("aten.mul.Tensor", x, op("aten.rsqrt.default", variance))
-    root = op("aten.mul.Tensor", through(CASTS, normed), capture("weight")).bind("out")
+    # HF norms compute in fp32 and cast the result back to the activations' dtype:
+    # that narrowing cast is part of what the fused op (computing in x's dtype) replaces
+    root = op("aten.mul.Tensor", through(CASTS, normed, narrowing=True),
+              capture("weight")).bind("out")
     constraints: list[Constraint] = [
         ReducesLastDim("dim", "x"),
         PrepackableConstant("weight", fold=fold,

@@ -9,6 +9,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# strict mode (fusionkit.strict): a rule whose own code raises fails the test
+# instead of becoming an "error" decline, so rule bugs cannot hide in the suite;
+# tests of the non-strict behaviour pass strict=False explicitly
+os.environ.setdefault("FUSIONKIT_STRICT", "1")
+
 try:
     from hypothesis import HealthCheck, settings
 

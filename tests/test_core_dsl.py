@@ -272,7 +272,8 @@ class Casts(nn.Module):
 ])
 def test_through_casts_any_number(dialect, n_casts):
     ep = _export(dialect, Casts(n_casts), X2)
-    (m,) = _matches(ep, op("aten.relu.default", through(CASTS, capture("x"))))
+    # the chain starts fp32 -> fp16 (narrowing): passed through only when the rule says so
+    (m,) = _matches(ep, op("aten.relu.default", through(CASTS, capture("x"), narrowing=True)))
     x = m.captures["x"]
     assert x.op == "placeholder", "the whole cast chain is passed through"
     # the casts belong to the match (they are replaced with it)
@@ -283,7 +284,8 @@ def test_through_casts_any_number(dialect, n_casts):
 
 def test_through_respects_max_depth():
     ep = export_aten(Casts(3), X2)
-    (m,) = _matches(ep, op("aten.relu.default", through(CASTS, capture("x"), max_depth=1)))
+    (m,) = _matches(ep, op("aten.relu.default",
+                           through(CASTS, capture("x"), max_depth=1, narrowing=True)))
     assert m.captures["x"].op == "call_function"
     assert len(m.claimed) == 2
 
@@ -307,7 +309,7 @@ def test_through_backs_off_to_a_shorter_chain_when_the_inner_pattern_needs_a_cas
     ep = export_edge(Casts(2), X2)
     to_fp16 = op("dim_order_ops._to_dim_order_copy.default", capture("x"),
                  dtype=torch.float16, strict_defaults=False)
-    (m,) = _matches(ep, op("aten.relu.default", through(CASTS, to_fp16)))
+    (m,) = _matches(ep, op("aten.relu.default", through(CASTS, to_fp16)))  # fp16 -> fp32 widens
     assert m.captures["x"].op == "placeholder"
     assert len(m.claimed) == 3
     to_fp64 = op("dim_order_ops._to_dim_order_copy.default", capture("x"),
@@ -357,11 +359,19 @@ def test_predicate_on_literal(rms_aten):
     assert _matches(rms_aten, _mean(first, True)) == []
 
 
-def test_raising_predicate_rejects(rms_aten):
+def test_raising_predicate_is_an_error_decline_or_raises_when_strict(rms_aten):
     def boom(_):
         raise RuntimeError("cannot judge")
 
-    assert _matches(rms_aten, _mean(where(boom, "boom"), True)) == []
+    rule = _rule(_mean(where(boom, "boom"), True))
+    ms = find_matches(rms_aten, [rule], strict=False)
+    assert ms.accepted == []
+    (d,) = ms.declined
+    assert (d.step, d.error_type, d.root.name) == ("error", "RuntimeError", "mean")
+    assert "value matcher 'boom'" in d.reason and "cannot judge" in d.reason
+    assert ms.errors == [d]
+    with pytest.raises(RuntimeError, match="cannot judge"):
+        find_matches(rms_aten, [rule], strict=True)
 
 
 @pytest.mark.parametrize("exponent, matches", [(2, True), (3, False)])

@@ -250,7 +250,8 @@ class _RuleCompiler:
             else:
                 keys = self._keys(node.through, (*loc, "through"))
             inner = self.pattern(node.inner, (*loc, "inner"))
-            return self._named(P.through(keys, inner, node.max_depth), node.bind, loc)
+            return self._named(P.through(keys, inner, node.max_depth, narrowing=node.narrowing),
+                               node.bind, loc)
         if isinstance(node, S.SeqNode):
             items = [self.pattern(x, (*loc, "seq", i)) for i, x in enumerate(node.seq)]
             return self._named(P.seq(*items), node.bind, loc)

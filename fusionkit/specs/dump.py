@@ -115,6 +115,8 @@ class _Dumper:
                                    "inner": self.pattern(p.inner)}
             if p.max_depth != 8:
                 out["max_depth"] = p.max_depth
+            if p.narrowing:
+                out["narrowing"] = True
             return out
         if isinstance(p, P.Seq):
             return {"seq": [self.pattern(i) for i in p.items]}

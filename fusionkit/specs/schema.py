@@ -82,6 +82,8 @@ class ThroughNode(_Strict):
         description="pass-through ops ('casts' = the dtype casts of fusionkit.CASTS)")
     inner: PatternOrLiteral
     max_depth: int = Field(8, ge=0)
+    narrowing: bool = Field(
+        False, description="also pass through casts that can change values (fp32 -> fp16)")
     bind: Name | None = _BIND
 
 

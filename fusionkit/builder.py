@@ -1,7 +1,7 @@
 """The replacement author's API: :class:`Rewriter` builds the nodes that replace a match.
 
-A rule's replacement receives a :class:`Rewriter` positioned at the match; every
-node it creates gets ``meta['val']`` by fake-tensor propagation and the
+A rule's replacement receives a :class:`Rewriter` positioned at the match (the
+insertion point the finder chose, ``Match.insert_before``); every node it creates gets ``meta['val']`` by fake-tensor propagation and the
 replaced root's provenance (stack trace, module stack, debug handle), so the
 rewritten program reads like one ``torch.export`` produced. :class:`FusionError`
 is what a replacement raises when it was handed something a constraint should
@@ -16,12 +16,14 @@ from typing import Any
 import torch
 from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 from torch.fx import Node
 
+from fusionkit import meta_cache
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.targets import OpTarget, dialect_target, resolve_op
 
-__all__ = ["PROVENANCE_KEYS", "FusionError", "Rewriter", "meta_value"]
+__all__ = ["PROVENANCE_KEYS", "FusionError", "ProgramConstants", "Rewriter", "meta_value"]
 
 PROVENANCE_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn",
                     "debug_handle", "custom")
@@ -40,25 +42,97 @@ def meta_value(a: Any) -> Any:
     return a
 
 
-class Rewriter:
-    """Creates replacement nodes at the root's position, with full metadata."""
+class ProgramConstants:
+    """The program's constants during one apply: read them, add new ones.
 
-    def __init__(self, root: Node, rule_name: str, ep: ExportedProgram | None = None) -> None:
+    Built once per apply, so reading a weight or adding a repacked one costs
+    O(1) instead of a scan of the graph and the signature per call. New
+    constants are lifted-constant placeholders placed before the first user
+    input, with their signature entry at the same position.
+    """
+
+    def __init__(self, ep: ExportedProgram) -> None:
+        self.ep = ep
+        self._inputs: ProgramInputs | None = None
+        self._by_name: dict[str, Node] | None = None
+
+    @property
+    def inputs(self) -> ProgramInputs:
+        if self._inputs is None:
+            self._inputs = ProgramInputs(self.ep)
+        return self._inputs
+
+    def tensor(self, node: Node) -> torch.Tensor | None:
+        ref = self.inputs.constant(node)
+        return None if ref is None else ref.tensor
+
+    def add(self, name: str, value: torch.Tensor) -> Node:
+        """A lifted constant ``name`` holding ``value``; the same node for the same name."""
+        graph = self.ep.graph_module.graph
+        placeholders = graph.find_nodes(op="placeholder")
+        if self._by_name is None:
+            self._by_name = {}
+            for n in placeholders:
+                if "requested_name" in n.meta:
+                    self._by_name.setdefault(n.meta["requested_name"], n)
+        existing = self._by_name.get(name)
+        if existing is not None:
+            if self.inputs.constant(existing) is None:
+                raise FusionError(f"`{name}` already names a placeholder that is not a constant")
+            return existing
+        sig = self.ep.graph_signature
+        specs = list(sig.input_specs)
+        at = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
+        if len(specs) != len(placeholders):
+            raise FusionError("the graph signature does not list every placeholder")
+        fake_mode = detect_fake_mode([p.meta.get("val") for p in placeholders])
+        ctx = (graph.inserting_before(placeholders[at]) if at < len(placeholders) else
+               graph.inserting_after(placeholders[-1]) if placeholders else graph.inserting_before())
+        with ctx:
+            node = graph.placeholder(name)
+        node.target = node.name
+        node.meta["requested_name"] = name
+        node.meta["val"] = (fake_mode.from_tensor(value, static_shapes=True)
+                            if fake_mode is not None else value)
+        specs.insert(at, InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name),
+                                   node.name, None))
+        self.ep.constants[node.name] = value
+        self.ep._graph_signature = ExportGraphSignature(specs, list(sig.output_specs))
+        self._by_name[name] = node
+        self._inputs = None  # the signature changed
+        return node
+
+
+def _fake_mode(vals: list[Any], root: Node) -> Any:
+    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    return mode if mode is not None else detect_fake_mode([root.meta.get("val")])
+
+
+class Rewriter:
+    """Creates replacement nodes before the match's insertion point, with full metadata."""
+
+    def __init__(self, root: Node, rule_name: str, ep: ExportedProgram | None = None, *,
+                 insert_before: Node | None = None,
+                 constants: ProgramConstants | None = None) -> None:
         self.root = root
         self.graph = root.graph
         self.rule_name = rule_name
         self.ep = ep
+        #: every node goes before this one (chosen by the finder, never while rewriting)
+        self.insert_before = insert_before if insert_before is not None else root
+        self._constants = constants if constants is not None or ep is None else ProgramConstants(ep)
         self.created: list[Node] = []
+        self._node_source: Any = None
 
     def tensor(self, node: Node) -> torch.Tensor:
         """The real value of a constant placeholder (parameter, buffer, lifted constant)."""
-        if self.ep is None:
+        if self._constants is None:
             raise FusionError(f"rule {self.rule_name!r}: reading `{node.name}` needs the program")
-        ref = ProgramInputs(self.ep).constant(node)
-        if ref is None:
+        t = self._constants.tensor(node)
+        if t is None:
             raise FusionError(f"rule {self.rule_name!r}: `{node.name}` is not a constant; "
                               "a constraint should have declined this match")
-        return ref.tensor.detach()
+        return t.detach()
 
     def constant(self, name: str, value: torch.Tensor) -> Node:
         """A new lifted-constant placeholder holding ``value`` (e.g. a repacked weight).
@@ -67,50 +141,61 @@ class Rewriter:
         matches sharing one source weight) returns the same placeholder, so a
         name must be derived from the source constant and the transformation.
         """
-        if self.ep is None:
+        if self._constants is None:
             raise FusionError(f"rule {self.rule_name!r}: a new constant needs the program")
-        from fusionkit.folding import new_constant_placeholder
+        return self._constants.add(name, value.detach().contiguous().clone())
 
-        return new_constant_placeholder(self.ep, name, value.detach().contiguous().clone())
+    def _source(self) -> Any:
+        """The root as the nodes' ``from_node`` provenance, made once per match.
+
+        ``NodeSource(root)`` deep-copies the root's whole provenance chain for
+        every new node; the root is erased, so its chain is shared instead.
+        """
+        if self._node_source is None:
+            try:
+                from torch.fx.traceback import NodeSource, NodeSourceAction
+            except ImportError:  # pragma: no cover - older torch
+                return None
+            src = NodeSource(None, f"fusionkit:{self.rule_name}", NodeSourceAction.REPLACE)
+            root = self.root
+            src.node_info = NodeSource.NodeInfo(root.name, str(root.target), id(root.graph))
+            src.from_node = list(root.meta.get("from_node", ()))
+            self._node_source = src
+        return self._node_source
+
+    def _stamp(self, node: Node) -> None:
+        for key in PROVENANCE_KEYS:
+            if key in self.root.meta:
+                node.meta[key] = self.root.meta[key]
+        node.meta["fusionkit_rule"] = self.rule_name
+        self.created.append(node)
 
     def getitem(self, node: Node, index: int) -> Node:
         """``node[index]`` for an op returning a tuple (``operator.getitem``, as FX writes it)."""
         with self.graph.inserting_after(node):
             item = self.graph.call_function(operator.getitem, (node, index))
         item.meta["val"] = node.meta["val"][index]
-        for key in PROVENANCE_KEYS:
-            if key in self.root.meta:
-                item.meta[key] = self.root.meta[key]
-        item.meta["fusionkit_rule"] = self.rule_name
-        self.created.append(item)
+        self._stamp(item)
         return item
 
     def call(self, target: OpTarget, *args: Any, **kwargs: Any) -> Node:
-        """Insert ``target(*args, **kwargs)`` before the root and return its node."""
+        """Insert ``target(*args, **kwargs)`` at the insertion point and return its node."""
         op = dialect_target(target, like=self.root.target)
         overload = resolve_op(op)
-        vals = [meta_value(a) for a in (*args, *kwargs.values())]
-        fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-        if fake_mode is None:
-            fake_mode = detect_fake_mode([self.root.meta.get("val")])
-        with self.graph.inserting_before(self.root):
+        meta_args, meta_kwargs = meta_value(tuple(args)), meta_value(dict(kwargs))
+        val = propagate_meta(overload, args, kwargs, meta_args, meta_kwargs,
+                             _fake_mode([*meta_args, *meta_kwargs.values()], self.root))
+        with self.graph.inserting_before(self.insert_before):
             node = self.graph.call_function(op, tuple(args), dict(kwargs))
-        if fake_mode is not None:
-            with fake_mode:
-                node.meta["val"] = overload(*meta_value(tuple(args)), **meta_value(dict(kwargs)))
-        else:
-            node.meta["val"] = overload(*meta_value(tuple(args)), **meta_value(dict(kwargs)))
-        for key in PROVENANCE_KEYS:
-            if key in self.root.meta:
-                node.meta[key] = self.root.meta[key]
-        try:
-            from torch.fx.traceback import NodeSource, NodeSourceAction
-
-            node.meta["from_node"] = [
-                NodeSource(self.root, f"fusionkit:{self.rule_name}", NodeSourceAction.REPLACE)
-            ]
-        except ImportError:  # pragma: no cover - older torch
-            pass
-        node.meta["fusionkit_rule"] = self.rule_name
-        self.created.append(node)
+        node.meta["val"] = val
+        source = self._source()
+        if source is not None:
+            node.meta["from_node"] = [source]
+        self._stamp(node)
         return node
+
+
+def propagate_meta(overload: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   meta_args: tuple[Any, ...], meta_kwargs: dict[str, Any], fake_mode: Any) -> Any:
+    """A new node's ``meta['val']``: fake-tensor propagation, memoised (:mod:`.meta_cache`)."""
+    return meta_cache.fake_output(overload, args, kwargs, meta_args, meta_kwargs, fake_mode)

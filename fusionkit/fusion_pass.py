@@ -3,19 +3,23 @@
 ``FusionPass(rules)`` is an ExecuTorch ``ExportedProgramPassBase``. Because
 matching and every constraint run in one phase before anything changes,
 ``modified`` is True exactly when a replacement was applied; a run that fuses
-nothing leaves the graph untouched (no recompile, no retrace).
+nothing leaves the graph untouched (no recompile, no retrace). Applying is all
+or nothing (:mod:`fusionkit.rewrite`): a replacement that raises is undone and
+reported as a decline with step ``error`` — or re-raised in strict mode
+(``strict=True`` or ``FUSIONKIT_STRICT=1``), with the program unchanged.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 from torch.export import ExportedProgram
 
-from fusionkit.finder import RuleIndex, find_matches
+from fusionkit.finder import Decline, MatchSet, RuleIndex, find_matches
 from fusionkit.report import FusionReport, RuleReport
-from fusionkit.rewrite import apply_matches
+from fusionkit.rewrite import ApplyFailure, apply_matches, resolve_strict
 from fusionkit.rule import Rule
 
 __all__ = ["FusionPass"]
@@ -24,9 +28,12 @@ __all__ = ["FusionPass"]
 class FusionPass(ExportedProgramPassBase):
     """Applies ``rules`` to an ExportedProgram (ATen or edge dialect)."""
 
-    def __init__(self, rules: Iterable[Rule], name: str = "fusionkit") -> None:
+    def __init__(self, rules: Iterable[Rule], name: str = "fusionkit", *,
+                 strict: bool | None = None) -> None:
         self.index = RuleIndex(rules)  # validates names, indexes by root op, once
         self.name = name
+        #: None: read ``FUSIONKIT_STRICT`` at each run
+        self.strict = strict
         #: report of the most recent run
         self.report = FusionReport({r.name: RuleReport(r.name) for r in self.index.rules})
         #: reports of every run, in order
@@ -37,13 +44,33 @@ class FusionPass(ExportedProgramPassBase):
         return self.index.rules
 
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
-        ms = find_matches(exported_program, self.index)
+        strict = resolve_strict(self.strict)
+        finder_args = {"strict": strict} if _FINDER_STRICT else {}
+        ms = find_matches(exported_program, self.index, **finder_args)
+        if ms.accepted:
+            applied = apply_matches(exported_program, ms.accepted, strict=strict)
+            if applied.failed:
+                ms = MatchSet(applied.applied,
+                              [*ms.declined, *(_error_decline(f) for f in applied.failed)])
         self.report = FusionReport.from_matches([r.name for r in self.rules], ms)
         self.history.append(self.report)
-        if not ms.accepted:
-            return ExportedProgramPassResult(exported_program, False)
-        apply_matches(exported_program, ms.accepted)
-        return ExportedProgramPassResult(exported_program, True)
+        return ExportedProgramPassResult(exported_program, bool(ms.accepted))
 
     def __repr__(self) -> str:
         return f"FusionPass({self.name!r}, rules={[r.name for r in self.rules]})"
+
+
+def _error_decline(f: ApplyFailure) -> Decline:
+    """A match whose replacement (or the pass-wide step ``during``) raised."""
+    m = f.match
+    during = "the replacement" if f.during == "replacement" else f"applying the pass ({f.during})"
+    from_exception = getattr(Decline, "from_exception", None)
+    if from_exception is not None:
+        return from_exception(m.rule.name, m.root, during, f.error)  # type: ignore[no-any-return]
+    message = (str(f.error).strip().splitlines() or ["(no message)"])[0]
+    return Decline(m.rule.name, m.root, "error", m.root,
+                   f"{during} raised {type(f.error).__name__}: {message}")
+
+
+#: whether find_matches takes ``strict`` (the engine's strict mode)
+_FINDER_STRICT = "strict" in inspect.signature(find_matches).parameters

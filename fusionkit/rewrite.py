@@ -1,31 +1,79 @@
-"""The engine's apply step: accepted matches become replacements in an ExportedProgram.
+"""The engine's apply step: accepted matches become replacements, all or nothing.
 
-Every match reaching this module already passed all its constraints, so each
-one is applied: fold the constants it planned to fold, build the replacement
-before the root (new nodes get ``meta['val']`` from fake-tensor propagation and
-the root's provenance metadata), reroute the root's users, erase the claimed
-nodes, and finally drop whatever became dead — graph nodes and the constants
-(with their signature entries and state-dict tensors) nothing uses any more.
+Every match reaching this module already passed all its constraints, and the
+finder chose where its replacement goes (``Match.insert_before``). Per match:
+fold the constants it planned to fold, build the replacement at that point
+(new nodes get ``meta['val']`` from memoised fake-tensor propagation and the
+root's provenance), check it in place (each new node after its inputs and
+before its users, outputs of the same dtype and shape), reroute the outputs'
+users and erase the claimed nodes. Then, once for the whole pass: drop what
+became dead (graph nodes and the constants nothing uses, in one batch), rename
+program outputs, lint, and mark the code for regeneration (:mod:`.lazy_code`).
+
+Every change goes through a :class:`~fusionkit.journal.Journal`. A match whose
+replacement raises is undone alone and reported as failed; if a pass-wide step
+raises, the whole program is restored — graph, signature, state dict,
+constants, node ``meta`` — exactly as it was. In strict mode (the default for
+direct calls) the exception is re-raised after the rollback.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import TensorArgument
+from torch.export.graph_signature import ExportGraphSignature, OutputSpec, TensorArgument
 from torch.fx import Node
 
-from fusionkit.builder import FusionError, Rewriter
+from fusionkit import lazy_code
+from fusionkit.builder import FusionError, ProgramConstants, Rewriter
 from fusionkit.finder import Match
-from fusionkit.folding import fold_to_constant
+from fusionkit.folding import evaluate_constant
+from fusionkit.journal import Journal
 from fusionkit.pattern import output_names
-from fusionkit.program_inputs import ProgramInputs
+from fusionkit.program_inputs import ConstantKind
 from fusionkit.targets import is_assertion, resolve_op
 
-__all__ = ["apply_matches"]
+__all__ = ["ApplyFailure", "ApplyResult", "apply_matches", "resolve_strict"]
+
+
+@dataclass(frozen=True)
+class ApplyFailure:
+    """A match that could not be applied: ``during`` names the step, ``error`` the exception.
+
+    ``during`` is ``"replacement"`` when the match's own replacement failed (it
+    alone was undone), else the pass-wide step that failed (nothing was applied).
+    """
+
+    match: Match
+    during: str
+    error: BaseException
+
+
+@dataclass
+class ApplyResult:
+    """What :func:`apply_matches` did. ``applied`` and ``new_roots`` are parallel lists."""
+
+    applied: list[Match] = field(default_factory=list)
+    new_roots: list[Node] = field(default_factory=list)
+    failed: list[ApplyFailure] = field(default_factory=list)
+
+    @property
+    def modified(self) -> bool:
+        return bool(self.applied)
+
+
+def resolve_strict(strict: bool | None) -> bool:
+    """``strict``, or when None the ``FUSIONKIT_STRICT`` setting (:mod:`fusionkit.strict`)."""
+    try:
+        from fusionkit.strict import strict_mode
+    except ImportError:  # pragma: no cover - before the strict module exists
+        return True if strict is None else strict
+    return strict_mode(strict)
+
 
 def _same_signature(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
@@ -33,41 +81,16 @@ def _same_signature(a: Any, b: Any) -> bool:
     return type(a) is type(b)
 
 
-def _erase_dead(ep: ExportedProgram, candidates: list[Node], drop_constants: bool = True) -> None:
-    """Erase candidates (and, transitively, their inputs) that nothing uses.
-
-    Only pure call_function nodes and constant placeholders are removed; a
-    constant's state-dict entry and signature spec go with its placeholder.
-    """
-    from executorch.backends.transforms.utils import delete_constant_placeholder
-
-    inputs = ProgramInputs(ep)
-    graph = ep.graph_module.graph
-    work = list(candidates)
-    while work:
-        n = work.pop()
-        if getattr(n, "_erased", False):
-            continue
-        _erase_assertions_on(n)
-        if n.users or n.op == "output":
-            continue
-        if n.op == "call_function":
-            schema = getattr(resolve_op(n.target), "_schema", None) if _is_op(n.target) else None
-            if schema is None or schema.is_mutable:
-                continue
-            ins = list(n.all_input_nodes)
-            graph.erase_node(n)
-            work.extend(ins)
-        elif drop_constants and n.op == "placeholder" and inputs.constant(n) is not None:
-            delete_constant_placeholder(ep, n)
-            inputs = ProgramInputs(ep)
+def _describe(v: Any) -> str:
+    return f"{getattr(v, 'dtype', type(v).__name__)}{tuple(getattr(v, 'shape', ()))}"
 
 
-def _rename_outputs(ep: ExportedProgram, renamed: dict[str, str]) -> None:
-    """A replaced root that was a program output: its output spec names the new node."""
-    for spec in ep.graph_signature.output_specs:
-        if isinstance(spec.arg, TensorArgument) and spec.arg.name in renamed:
-            spec.arg = TensorArgument(name=renamed[spec.arg.name])
+def _is_pure_op(n: Node) -> bool:
+    try:
+        schema = getattr(resolve_op(n.target), "_schema", None)
+    except Exception:
+        return False
+    return schema is not None and not schema.is_mutable
 
 
 def _erase_assertions_on(n: Node) -> None:
@@ -78,44 +101,52 @@ def _erase_assertions_on(n: Node) -> None:
             n.graph.erase_node(u)
 
 
-def _is_op(target: Any) -> bool:
-    try:
-        resolve_op(target)
-        return True
-    except Exception:
-        return False
+class _Apply:
+    """One call of :func:`apply_matches`: shared state and the steps, in order."""
 
+    def __init__(self, ep: ExportedProgram, journal: Journal) -> None:
+        self.ep = ep
+        self.graph = ep.graph_module.graph
+        self.journal = journal
+        self.constants = ProgramConstants(ep)
+        self.replaced: dict[Node, Node] = {}
+        self.folded: dict[Node, Node] = {}
+        self.dead_candidates: list[Node] = []
+        self._order: dict[Node, int] | None = None
 
-def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
-                  drop_dead_constants: bool = True) -> list[Node]:
-    """Apply every match in order; returns the new root nodes. Mutates ``ep``.
+    def order(self) -> dict[Node, int]:
+        if self._order is None:  # only folding needs positions of the original nodes
+            self._order = {n: i for i, n in enumerate(self.graph.nodes)}
+        return self._order
 
-    ``drop_dead_constants=False`` leaves constants that became unused in place,
-    for callers (graph-module passes) whose pass manager owns the signature.
-    """
-    graph = ep.graph_module.graph
-    inputs = ProgramInputs(ep)
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    replaced: dict[Node, Node] = {}
-    folded: dict[Node, Node] = {}
-    dead_candidates: list[Node] = []
-    new_roots: list[Node] = []
+    # ------------------------------------------------------------- one match
 
-    for m in matches:
-        captures = {k: replaced.get(v, v) if isinstance(v, Node) else v
+    def fold(self, source: Node) -> Node:
+        node = self.folded.get(source)
+        if node is None:
+            value = evaluate_constant(source, self.constants.inputs, self.order())
+            node = self.constants.add(f"fk_folded_{source.name}", value)
+            node.meta["fusionkit_folded_from"] = source.name
+        return node
+
+    def build(self, m: Match) -> Node:
+        """Apply ``m``; returns its new root. Raises (the caller rolls the match back)."""
+        captures = {k: self.replaced.get(v, v) if isinstance(v, Node) else v
                     for k, v in m.captures.items()}
+        folded: dict[Node, Node] = {}
         for name, source in m.folds.items():
-            if source not in folded:
-                folded[source] = fold_to_constant(ep, source, inputs, order)
-            captures[name] = folded[source]
-            dead_candidates.append(source)
-        rw = Rewriter(m.root, m.rule.name, ep)
+            folded[source] = captures[name] = self.fold(source)
+        insert_before = getattr(m, "insert_before", None) or m.root
+        rw = Rewriter(m.root, m.rule.name, self.ep, insert_before=insert_before,
+                      constants=self.constants)
         built = m.rule.replacement.build(rw, captures)
         olds = [m.root, *(m.captures[name] for name in output_names(m.rule.pattern))]
         news = list(built) if isinstance(built, (tuple, list)) else [built]
-        if len(news) != len(olds) or news[0] is None:
+        if len(news) != len(olds) or not isinstance(news[0], Node):
             raise FusionError(f"rule {m.rule.name!r} at `{m.root.name}` returned {len(news)} "
                               f"node(s) for a match with {len(olds)} output(s)")
+        check_placement(m, rw.created)
+        pairs: list[tuple[Node, Node]] = []
         for old, new in zip(olds, news, strict=True):
             if new is None:
                 # an output the fused op subsumes (e.g. an in-place cache update whose
@@ -125,41 +156,206 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
                                       "is still used: add a constraint so such matches are "
                                       "declined")
                 continue
-            old_val = old.meta.get("val")
-            if old_val is not None and not _same_signature(new.meta.get("val"), old_val):
-                nv = new.meta.get("val")
+            if not isinstance(new, Node):
+                raise FusionError(f"rule {m.rule.name!r} returned {type(new).__name__} for "
+                                  f"output `{old.name}`, not a graph node")
+            old_val, new_val = old.meta.get("val"), new.meta.get("val")
+            if old_val is not None and not _same_signature(new_val, old_val):
                 raise FusionError(
                     f"rule {m.rule.name!r} at `{old.name}` built `{new.name}` with "
-                    f"{getattr(nv, 'dtype', type(nv))}{tuple(getattr(nv, 'shape', ()))}, but the "
-                    f"output is {getattr(old_val, 'dtype', '')}"
-                    f"{tuple(getattr(old_val, 'shape', ()))}: "
-                    "add a constraint so such matches are declined"
-                )
-            old.replace_all_uses_with(new)
-            replaced[old] = new
-        new_roots.append(news[0])
-        for v in m.captures.values():
-            if isinstance(v, Node):
-                dead_candidates.append(v)
-        # claimed nodes: erase consumers before producers
+                    f"{_describe(new_val)}, but the output is {_describe(old_val)}: "
+                    "add a constraint so such matches are declined")
+            self.journal.replace_all_uses(old, new)
+            pairs.append((old, new))
+        check_users_follow(m, pairs)
+        self.erase_claimed(m)
+        # success: publish what later matches and the pass-wide steps need
+        self.folded.update(folded)
+        self.dead_candidates.extend(folded)
+        self.replaced.update(pairs)
+        self.dead_candidates.extend(v for v in m.captures.values() if isinstance(v, Node))
+        return news[0]
+
+    def erase_claimed(self, m: Match) -> None:
+        """Erase the match's nodes, consumers before producers."""
         pending = list(m.claimed)
         while pending:
             progress = False
             for n in list(pending):
                 _erase_assertions_on(n)
                 if not n.users:
-                    ins = list(n.all_input_nodes)
-                    graph.erase_node(n)
+                    ins = n.all_input_nodes
+                    self.graph.erase_node(n)
                     pending.remove(n)
-                    dead_candidates.extend(ins)
+                    self.dead_candidates.extend(ins)
                     progress = True
             if not progress:
                 raise FusionError(
                     f"rule {m.rule.name!r} at `{m.root.name}`: claimed nodes "
-                    f"{[n.name for n in pending]} are still used after the replacement"
-                )
-    _erase_dead(ep, dead_candidates, drop_dead_constants)
-    _rename_outputs(ep, {old.name: new.name for old, new in replaced.items()})
-    graph.lint()
-    ep.graph_module.recompile()
-    return new_roots
+                    f"{[n.name for n in pending]} are still used after the replacement")
+
+    # ------------------------------------------------------------- pass-wide
+
+    def erase_dead(self, drop_constants: bool) -> None:
+        """Erase candidates (and, transitively, their inputs) that nothing uses, in one batch.
+
+        Only pure call_function nodes and constant placeholders are removed; a
+        constant's state-dict entry and signature spec go with its placeholder.
+        """
+        dead_constants: list[Node] = []
+        seen: set[Node] = set()
+        work = self.dead_candidates
+        while work:
+            n = work.pop()
+            if n._erased or n in seen:
+                continue
+            _erase_assertions_on(n)
+            if n.users:
+                continue
+            if n.op == "call_function":
+                if not _is_pure_op(n):
+                    continue
+                ins = n.all_input_nodes
+                erase_node(self.graph, n)
+                work.extend(ins)
+            elif n.op == "placeholder" and drop_constants:
+                seen.add(n)
+                if self.constants.inputs.constant(n) is not None:
+                    dead_constants.append(n)
+        if dead_constants:
+            drop_constant_placeholders(self.ep, self.journal, dead_constants,
+                                       self.constants.inputs)
+
+    def rename_outputs(self) -> None:
+        """A replaced node that was a program output: its output spec names the new node."""
+        renamed = {old.name: new.name for old, new in self.replaced.items()}
+        sig = self.ep.graph_signature
+        if not any(isinstance(s.arg, TensorArgument) and s.arg.name in renamed
+                   for s in sig.output_specs):
+            return
+        self.journal.snapshot_program()
+        outs = [OutputSpec(s.kind, TensorArgument(renamed[s.arg.name]), s.target)
+                if isinstance(s.arg, TensorArgument) and s.arg.name in renamed else s
+                for s in sig.output_specs]
+        update_signature(self.ep, ExportGraphSignature(list(sig.input_specs), outs))
+
+
+# The pass-wide steps below are module-level functions so that the fault-injection
+# tests can make each one raise and check that the program comes back unchanged.
+
+def erase_node(graph: Any, node: Node) -> None:
+    """Erase one dead node (journaled through the graph module's erase hook)."""
+    graph.erase_node(node)
+
+
+def update_signature(ep: ExportedProgram, sig: ExportGraphSignature) -> None:
+    """Install a new graph signature (a new object: the old one may be shared)."""
+    ep._graph_signature = sig
+
+
+def lint(ep: ExportedProgram) -> None:
+    ep.graph_module.graph.lint()
+
+
+def recompile(ep: ExportedProgram) -> None:
+    """Regenerate the graph module's code, lazily (:func:`fusionkit.lazy_code.mark_stale`)."""
+    lazy_code.mark_stale(ep.graph_module)
+
+
+def drop_constant_placeholders(ep: ExportedProgram, journal: Journal, nodes: list[Node],
+                               inputs: Any) -> None:
+    """Remove unused constant placeholders with their signature and state entries, at once."""
+    journal.snapshot_program()
+    journal.snapshot_on_placeholders = False
+    try:
+        names = {n.name for n in nodes}
+        sig = ep.graph_signature
+        specs = [s for s in sig.input_specs if getattr(s.arg, "name", None) not in names]
+        still_used = {s.target for s in specs if s.target is not None}
+        for n in nodes:
+            ref = inputs.constant(n)
+            if ref is None or ref.target in still_used:
+                continue
+            if ref.kind is not ConstantKind.LIFTED_CONSTANT and ref.target in ep.state_dict:
+                del ep.state_dict[ref.target]
+            else:
+                ep.constants.pop(ref.target, None)
+        update_signature(ep, ExportGraphSignature(specs, list(sig.output_specs)))
+        for n in nodes:
+            erase_node(ep.graph_module.graph, n)
+    finally:
+        journal.snapshot_on_placeholders = True
+
+
+def check_placement(m: Match, created: list[Node]) -> None:
+    """Each node the replacement created comes after every node it reads."""
+    for n in created:
+        for a in n.all_input_nodes:
+            if not a < n:
+                raise FusionError(
+                    f"rule {m.rule.name!r} at `{m.root.name}`: `{n.name}` reads `{a.name}`, "
+                    "which comes after it: no valid insertion point")
+
+
+def check_users_follow(m: Match, pairs: list[tuple[Node, Node]]) -> None:
+    """Each rerouted user of an output comes after the node now producing it."""
+    for _, new in pairs:
+        for u in new.users:
+            if u.op != "output" and not new < u:
+                raise FusionError(
+                    f"rule {m.rule.name!r} at `{m.root.name}`: `{u.name}` uses output "
+                    f"`{new.name}` before it is computed: no valid insertion point")
+
+
+def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
+                  drop_dead_constants: bool = True, strict: bool | None = None) -> ApplyResult:
+    """Apply every match in order; all or nothing. Mutates ``ep`` only on success.
+
+    A match whose replacement raises is undone alone: with ``strict`` (``None``:
+    the ``FUSIONKIT_STRICT`` setting) the whole program is then
+    restored and the exception re-raised, otherwise it is listed in
+    :attr:`ApplyResult.failed` and the others are applied. A failure in a
+    pass-wide step (dead-code removal, signature update, lint, code
+    generation) restores the whole program, then raises (strict) or reports
+    every match as failed. ``drop_dead_constants=False`` leaves constants that
+    became unused in place, for callers (graph-module passes) whose pass
+    manager owns the signature.
+    """
+    strict = resolve_strict(strict)
+    result = ApplyResult()
+    if not matches:
+        return result
+    with Journal(ep) as journal:
+        state = _Apply(ep, journal)
+        for m in matches:
+            savepoint = journal.savepoint()
+            try:
+                new_root = state.build(m)
+            except Exception as e:
+                if strict:
+                    journal.rollback()
+                    raise
+                journal.rollback(savepoint)
+                result.failed.append(ApplyFailure(m, "replacement", e))
+                continue
+            result.applied.append(m)
+            result.new_roots.append(new_root)
+        if not result.applied:
+            journal.rollback()
+            return result
+        step = "dead-code removal"
+        try:
+            state.erase_dead(drop_dead_constants)
+            step = "output renaming"
+            state.rename_outputs()
+            step = "lint"
+            lint(ep)
+            step = "code generation"
+            recompile(ep)
+        except Exception as e:
+            journal.rollback()
+            if strict:
+                raise
+            failed = [ApplyFailure(m, step, e) for m in result.applied]
+            return ApplyResult([], [], [*result.failed, *failed])
+    return result

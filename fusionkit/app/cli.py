@@ -220,6 +220,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 for o in report.outputs]
         print(table(["output", "shape", "dtype", "max |simulated - eager|", "tolerance", "verdict"],
                     rows))
+        for d in report.delegates:
+            ran = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in d.ops.items())
+            err = (f"max |delegate - eager partition| {d.max_abs_error:.3g}"
+                   if d.max_abs_error is not None else f"no eager reference ({d.reference_note})")
+            print(f"{d.label}: {sum(d.ops.values())} ops ran [{', '.join(d.families)}]: {ran}; "
+                  f"{err}")
         print(f"{model.name}: simulated {'stock ExecuTorch' if args.stock else 'fusionkit'}'s "
               f"Vulkan program on random inputs (seed {args.seed}): "
               + ("all outputs within tolerance" if report.ok else "outputs differ"))

@@ -38,6 +38,12 @@ The runtime's rules that are enforced
   ``constant_id >= 0``, a TensorRef); otherwise :class:`NotConstantError` is
   raised with the condition the runtime aborts on
   (``... (graph.val_is_tref(tensor_data)) is false!``), naming op and argument.
+* The quantized and KV-cache ops prepack more arguments (weights, scales, sums,
+  bias: :data:`.runtime_conditions.PREPACKED`); they raise :class:`NotConstantError`
+  the same way. Each op's :data:`.runtime_conditions.CONDITIONS` (group size,
+  channel counts, alignment, shapes the runtime accepts: its ``VK_CHECK_COND``
+  text, or what the shader would misread) raise :class:`RuntimeConditionError`
+  naming op, argument and condition before the op runs.
 * An operator the simulator cannot execute raises :class:`UnsupportedOperatorError`
   naming it; nothing is skipped.
 * A constant whose bytes are shorter than its tensor raises; a longer one is read
@@ -56,7 +62,8 @@ Dtypes, storage types and memory layouts
   program's graph expects of the delegate call.
 * The serializer writes ``ScalarType``/``Device``/``Layout``/``MemoryFormat``
   arguments as ``Null``; like the runtime, the simulator takes a ``ScalarType``
-  from the declared output tensor (for ``dequantize_*``'s ``dtype``: the input's),
+  from the declared output tensor (for ``dequantize_*``'s ``dtype``/``input_dtype``:
+  the input's; for ``choose_qparams*``: int8),
   and passes ``None`` for device/layout/memory format.
 * ``storage_type`` (buffer / 3-D texture / 2-D texture) and ``memory_layout``
   (width/height/channels packed, ...) of tensors and the graph overrides are
@@ -69,43 +76,76 @@ Dtypes, storage types and memory layouts
 
 Supported operators
 -------------------
-:data:`SUPPORTED_OPS`: the ops of ExecuTorch 1.5.1's Vulkan op registry
-(``op_registry.py``) that have a CPU implementation, by serialized name. All but
-the special cases run generically through their schema; the special cases are
-``et_vk.prepack`` (the constant rule, then a copy), ``et_vk.conv_with_clamp``
+:data:`SUPPORTED_OPS`: every op of ExecuTorch 1.5.1's Vulkan op registry
+(``op_registry.py``, enumerated by ``tests/test_vulkan_simulator_quantized.py``),
+by serialized name (a torch ``OpOverload`` outside ``aten``, like the ``llama``
+KV-cache ops, serializes without its namespace: both spellings are accepted).
+Most run generically through their schema (ATen, or the reference kernels of
+``custom_ops_lib`` / ``quantized_decomposed`` / ``torchao``); the special cases
+are ``et_vk.prepack`` (the constant rule, then a copy), ``et_vk.conv_with_clamp``
 (bounds cast to the tensor's dtype like the runtime: ``FuseClampPass`` writes
 relu's upper bound as ``sys.float_info.max``), ``sym_size.int``,
-``et_vk.select_as_symint`` and the symbolic-int ``operator`` functions. The
-quantized ops of the registry (``quantized_decomposed.*``, ``torchao.*``,
-``et_vk.q8ta_*``/``linear_q*``/``embedding_q4gsw``), ``llama::sdpa_with_kv_cache``,
-the training ops (``et_vk.fused_ce``, ``adamw_step``, ``linear_dW``, ...) and
-``aten._weight_int8pack_mm`` are **not** supported: they raise
-:class:`UnsupportedOperatorError`. Which ops the tests exercise through real
+``et_vk.select_as_symint``, the symbolic-int ``operator`` functions, the graph's
+asserts, and the quantized / KV-cache ops of :data:`RUNTIME_OP_NAMES`, which run
+with what the Vulkan *runtime* computes (:mod:`.quantized_ops`: weight layouts as
+the prepack shaders read them, integer accumulation with the serialized weight
+sums; where ExecuTorch's Python reference differs, the runtime wins and that
+module says where). Ops the runtime has no kernel for because ``vulkan_preprocess``
+fuses or removes them first (``torchao.quantize_affine``, ``aten.alias_copy``,
+...) run with their ATen / reference semantics. The training ops run with
+ExecuTorch's reference kernels. Which ops the tests exercise through real
 lowerings is listed in ``tests/test_vulkan_simulator.py``.
 
-* et_vk: ``et_vk.apply_rotary_emb.default``, ``et_vk.apply_rotary_emb_hf.default``,
-  ``et_vk.conv_with_clamp.default``, ``et_vk.grid_priors.default``,
-  ``et_vk.prepack.default``, ``et_vk.rms_norm.default``, ``et_vk.sdpa.default``,
-  ``et_vk.select_as_symint.default``
+* runtime semantics (:mod:`.quantized_ops`): ``custom_sdpa.default``,
+  ``et_vk.embedding_q4gsw.default``, ``et_vk.linear_dq8ca_q4gsw.default``,
+  ``et_vk.linear_q4gsw.default``, ``et_vk.linear_q8ta_q8csw.default``,
+  ``et_vk.q8ta_conv2d.default``, ``et_vk.q8ta_conv2d_dw.default``,
+  ``et_vk.q8ta_conv2d_pw.default``, ``et_vk.q8ta_conv2d_transposed.default``,
+  ``et_vk.q8ta_linear.default``, ``et_vk.q8ta_linear_gemv.default``,
+  ``et_vk.q8ta_pixel_shuffle.default``, ``llama.custom_sdpa.default``,
+  ``llama.sdpa_with_kv_cache.default``, ``llama.update_cache.default``,
+  ``sdpa_with_kv_cache.default``, ``torchao.choose_qparams_affine.default``,
+  ``update_cache.default``
+* et_vk: ``et_vk.adamw_step.default``, ``et_vk.apply_rotary_emb.default``,
+  ``et_vk.apply_rotary_emb_hf.default``, ``et_vk.apply_rotary_emb_interleaved.default``,
+  ``et_vk.conv_with_clamp.default``, ``et_vk.fused_ce.default``,
+  ``et_vk.grid_priors.default``, ``et_vk.linear_dW.default``,
+  ``et_vk.linear_q4gsw_backward.default``, ``et_vk.linear_qcs4w.default``,
+  ``et_vk.prepack.default``, ``et_vk.q4gsw_requant.default``,
+  ``et_vk.q8ta_add.default``, ``et_vk.q8ta_relu.default``, ``et_vk.rms_norm.default``,
+  ``et_vk.sdpa.default``, ``et_vk.select_as_symint.default``
+* quantized_decomposed: ``quantized_decomposed.choose_qparams.tensor``,
+  ``quantized_decomposed.choose_qparams_per_token_asymmetric.default``,
+  ``quantized_decomposed.dequantize_per_channel.default``,
+  ``quantized_decomposed.dequantize_per_tensor.default``,
+  ``quantized_decomposed.dequantize_per_tensor.tensor``,
+  ``quantized_decomposed.dequantize_per_token.default``,
+  ``quantized_decomposed.embedding_4bit.dtype``,
+  ``quantized_decomposed.quantize_per_channel.default``,
+  ``quantized_decomposed.quantize_per_tensor.default``,
+  ``quantized_decomposed.quantize_per_tensor.tensor``,
+  ``quantized_decomposed.quantize_per_token.default``
+* torchao: ``torchao.dequantize_affine.default``, ``torchao.quantize_affine.default``
 * aten: ``aten._log_softmax.default``,
   ``aten._native_batch_norm_legit_no_training.default``, ``aten._softmax.default``,
-  ``aten._to_copy.default``, ``aten.abs.default``, ``aten.add.Tensor``,
-  ``aten.addmm.default``, ``aten.alias_copy.default``, ``aten.amax.default``,
-  ``aten.amin.default``, ``aten.arange.start_step``, ``aten.argmax.default``,
-  ``aten.argmin.default``, ``aten.avg_pool2d.default``, ``aten.bitwise_and.Tensor``,
-  ``aten.bitwise_not.default``, ``aten.bitwise_or.Tensor``, ``aten.bmm.default``,
-  ``aten.cat.default``, ``aten.clamp.default``, ``aten.clone.default``,
-  ``aten.constant_pad_nd.default``, ``aten.convolution.default``, ``aten.copy.default``,
-  ``aten.cos.default``, ``aten.div.Tensor``, ``aten.div.Tensor_mode``,
-  ``aten.embedding.default``, ``aten.eq.Scalar``, ``aten.eq.Tensor``,
-  ``aten.exp.default``, ``aten.expand_copy.default``, ``aten.flip.default``,
-  ``aten.full.default``, ``aten.full_like.default``, ``aten.gather.default``,
-  ``aten.ge.Scalar``, ``aten.ge.Tensor``, ``aten.gelu.default``,
-  ``aten.grid_sampler_2d.default``, ``aten.gt.Scalar``, ``aten.gt.Tensor``,
-  ``aten.hardshrink.default``, ``aten.hardswish.default``, ``aten.hardtanh.default``,
-  ``aten.index.Tensor``, ``aten.index_select.default``, ``aten.le.Scalar``,
-  ``aten.le.Tensor``, ``aten.leaky_relu.default``, ``aten.linear.default``,
-  ``aten.log10.default``, ``aten.logical_and.default``, ``aten.logical_not.default``,
+  ``aten._to_copy.default``, ``aten._weight_int8pack_mm.default``, ``aten.abs.default``,
+  ``aten.add.Tensor``, ``aten.addmm.default``, ``aten.alias_copy.default``,
+  ``aten.amax.default``, ``aten.amin.default``, ``aten.arange.start_step``,
+  ``aten.argmax.default``, ``aten.argmin.default``, ``aten.avg_pool2d.default``,
+  ``aten.bitwise_and.Tensor``, ``aten.bitwise_not.default``, ``aten.bitwise_or.Tensor``,
+  ``aten.bmm.default``, ``aten.cat.default``, ``aten.clamp.default``,
+  ``aten.clone.default``, ``aten.constant_pad_nd.default``,
+  ``aten.convolution.default``, ``aten.copy.default``, ``aten.cos.default``,
+  ``aten.div.Tensor``, ``aten.div.Tensor_mode``, ``aten.embedding.default``,
+  ``aten.eq.Scalar``, ``aten.eq.Tensor``, ``aten.exp.default``,
+  ``aten.expand_copy.default``, ``aten.flip.default``, ``aten.full.default``,
+  ``aten.full_like.default``, ``aten.gather.default``, ``aten.ge.Scalar``,
+  ``aten.ge.Tensor``, ``aten.gelu.default``, ``aten.grid_sampler_2d.default``,
+  ``aten.gt.Scalar``, ``aten.gt.Tensor``, ``aten.hardshrink.default``,
+  ``aten.hardswish.default``, ``aten.hardtanh.default``, ``aten.index.Tensor``,
+  ``aten.index_select.default``, ``aten.le.Scalar``, ``aten.le.Tensor``,
+  ``aten.leaky_relu.default``, ``aten.linear.default``, ``aten.log10.default``,
+  ``aten.logical_and.default``, ``aten.logical_not.default``,
   ``aten.logical_or.default``, ``aten.lt.Scalar``, ``aten.lt.Tensor``,
   ``aten.max_pool2d.default``, ``aten.max_pool2d_with_indices.default``,
   ``aten.mean.dim``, ``aten.minimum.default``, ``aten.mm.default``, ``aten.mul.Tensor``,
@@ -125,8 +165,9 @@ lowerings is listed in ``tests/test_vulkan_simulator.py``.
   ``aten.zeros_like.default``
 * dim_order_ops: ``dim_order_ops._clone_dim_order.default``,
   ``dim_order_ops._to_dim_order_copy.default``
-* symbolic ints (no schema): ``add``, ``eq``, ``floordiv``, ``ge``, ``gt``, ``le``,
-  ``lt``, ``mul``, ``sub``, ``sym_size.int``
+* symbolic ints and asserts (no schema): ``_assert_scalar.default``, ``add``, ``eq``,
+  ``floordiv``, ``ge``, ``gt``, ``le``, ``lt``, ``mul``, ``sub``,
+  ``sym_constrain_range_for_size.default``, ``sym_size.int``
 """
 
 from __future__ import annotations
@@ -141,11 +182,16 @@ from torch.utils import _pytree as pytree
 
 from .payload import VkGraph, VkTensor, VkValue, VulkanPayload, decode_payload
 from .prepack_check import ABORT, BACKEND_ID, PREPACKED_ARGS, describe_value
+from .quantized_ops import RUNTIME_OPS
+from .runtime_conditions import CONDITIONS, PREPACKED, RuntimeCondition, violated
 
 __all__ = [
+    "RUNTIME_OP_NAMES",
     "SUPPORTED_OPS",
     "VK_TORCH_DTYPES",
+    "DelegateRun",
     "NotConstantError",
+    "RuntimeConditionError",
     "SimulationError",
     "UnsupportedOperatorError",
     "run_payload",
@@ -171,6 +217,16 @@ class NotConstantError(SimulationError):
     def __init__(self, message: str, op: str, arg_index: int, arg_name: str) -> None:
         super().__init__(message)
         self.op, self.arg_index, self.arg_name = op, arg_index, arg_name
+
+
+class RuntimeConditionError(SimulationError):
+    """An argument breaks a condition the Vulkan runtime aborts on, or computes garbage
+    under (:data:`.runtime_conditions.CONDITIONS`)."""
+
+    def __init__(self, message: str, op: str, arg_name: str,
+                 condition: RuntimeCondition) -> None:
+        super().__init__(message)
+        self.op, self.arg_name, self.condition = op, arg_name, condition
 
 
 class UnsupportedOperatorError(SimulationError):
@@ -232,7 +288,27 @@ _SCHEMA_OPS: tuple[str, ...] = (
     "et_vk.rms_norm.default",
     # fused transformer ops
     "et_vk.apply_rotary_emb.default", "et_vk.apply_rotary_emb_hf.default",
-    "et_vk.sdpa.default",
+    "et_vk.sdpa.default", "et_vk.apply_rotary_emb_interleaved.default",
+    # quantize / dequantize (runtime: quantize_and_pack / unpack_and_dequantize shaders)
+    "quantized_decomposed.quantize_per_tensor.default",
+    "quantized_decomposed.quantize_per_tensor.tensor",
+    "quantized_decomposed.dequantize_per_tensor.default",
+    "quantized_decomposed.dequantize_per_tensor.tensor",
+    "quantized_decomposed.quantize_per_channel.default",
+    "quantized_decomposed.dequantize_per_channel.default",
+    "quantized_decomposed.quantize_per_token.default",
+    "quantized_decomposed.dequantize_per_token.default",
+    "quantized_decomposed.choose_qparams.tensor",
+    "quantized_decomposed.choose_qparams_per_token_asymmetric.default",
+    "quantized_decomposed.embedding_4bit.dtype",
+    "torchao.quantize_affine.default", "torchao.dequantize_affine.default",
+    # int8 activation elementwise ops (dequantize -> op -> requantize)
+    "et_vk.q8ta_add.default", "et_vk.q8ta_relu.default", "et_vk.q8ta_pixel_shuffle.default",
+    # weight-only linears with their own packing
+    "et_vk.linear_qcs4w.default", "aten._weight_int8pack_mm.default",
+    # training ops
+    "et_vk.linear_q4gsw_backward.default", "et_vk.q4gsw_requant.default",
+    "et_vk.linear_dW.default", "et_vk.fused_ce.default", "et_vk.adamw_step.default",
 )
 
 #: name as serialized (``node.target.__name__``) -> Python implementation, for ops
@@ -253,6 +329,10 @@ def _load_op_libraries() -> None:
     """Register the et_vk (Vulkan reference kernels) and dim_order ops with torch."""
     import executorch.backends.vulkan.custom_ops_lib
     import executorch.exir.passes.dim_order_ops_registry  # noqa: F401
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  quantized_decomposed.*
+    import torchao.quantization.quant_primitives  # noqa: F401  torchao.*
+    from executorch.exir.passes import _quant_patterns_and_replacements  # noqa: F401
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  llama.*
 
 
 def _torch_op(name: str) -> Any:
@@ -379,6 +459,8 @@ class _Delegate:
             for i, item in zip(v.value, items, strict=True):
                 self.write(i, item, who)
             return
+        if v.kind in ("Null", "NONE") and x is None:
+            return  # an op without an output (_assert_scalar)
         t = v.tensor
         if t is not None:
             if t.is_constant:
@@ -513,8 +595,10 @@ class _Delegate:
                       ) -> torch.dtype:
         """A ScalarType the serializer wrote as Null: the runtime takes it from a tensor."""
         src = out
-        if "dequantize" in name and arg == "dtype":
+        if "dequantize" in name and arg in ("dtype", "input_dtype"):
             src = ins[0]
+        elif "choose_qparams" in name:
+            return torch.int8  # the int type the parameters are chosen for
         t = self.tensor_meta(src)
         if t is None:
             ov = self.g.value(out)
@@ -564,7 +648,66 @@ def _symint_op(fn: Callable[[Any, Any], Any]) -> Callable[..., Any]:
     return run
 
 
+def _runtime_op(op_name: str) -> Callable[..., Any]:
+    """Run ``op_name`` with :mod:`.quantized_ops`: its prepacked arguments must be
+    constants, its :mod:`.runtime_conditions` must hold."""
+    impl = RUNTIME_OPS.get(op_name)
+
+    def run(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
+        op = _torch_op(op_name)
+        if op is None:
+            raise UnsupportedOperatorError(
+                f"{d.label}: {who}: operator {op_name!r} is not registered with torch", op_name)
+        schema = op._schema
+        if len(ins) != len(schema.arguments):
+            raise d.err(f"{who} has {len(ins)} arguments, its schema {len(schema.arguments)}")
+        names = [a.name for a in schema.arguments]
+        for arg in PREPACKED.get(op_name, ()):
+            i = names.index(arg)
+            v = d.g.value(ins[i])
+            if v is not None and v.kind in ("Null", "NONE"):
+                continue
+            d.require_constant(op_name, i, arg, ins[i])
+        named = {a.name: d.resolve(who, op_name, a, vid, ins, out)
+                 for a, vid in zip(schema.arguments, ins, strict=True)}
+        bad = violated(op_name, named)
+        if bad:
+            c = bad[0]
+            raise RuntimeConditionError(
+                f"{d.label}: {who} argument {c.args[0]!r}: {c.message()}", op_name, c.args[0], c)
+        if impl is not None:
+            return impl(named)
+        return op(*[named[a.name] for a in schema.arguments if not a.kwarg_only],
+                  **{a.name: named[a.name] for a in schema.arguments if a.kwarg_only})
+
+    return run
+
+
+def _assert_scalar(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
+    if not d.read(ins[0], who):
+        raise d.err(f"{who}: the graph's assertion failed: {d.read(ins[1], who)}")
+    return None
+
+
+def _no_op(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
+    return None
+
+
+#: serialized name -> the name the op is registered under with torch (a torch
+#: ``OpOverload`` of a non-aten namespace serializes without its namespace)
+_LLAMA_ALIASES = {f"{n}.default": f"llama.{n}.default"
+                  for n in ("update_cache", "custom_sdpa", "sdpa_with_kv_cache")}
+
+#: ops executed by :mod:`.quantized_ops` (runtime semantics), by serialized name
+RUNTIME_OP_NAMES: frozenset[str] = frozenset(RUNTIME_OPS) | frozenset(_LLAMA_ALIASES)
+#: ops whose prepacked arguments and runtime conditions are checked before they run
+_CHECKED = frozenset(RUNTIME_OPS) | frozenset(PREPACKED) | frozenset(c.op for c in CONDITIONS)
+
 _SPECIAL.update({
+    **{n: _runtime_op(n) for n in _CHECKED},
+    **{alias: _runtime_op(n) for alias, n in _LLAMA_ALIASES.items()},
+    "_assert_scalar.default": _assert_scalar,
+    "sym_constrain_range_for_size.default": _no_op,
     PREPACK: _prepack,
     "et_vk.conv_with_clamp.default": _conv_with_clamp,
     "sym_size.int": _sym_size,
@@ -658,7 +801,23 @@ def _expected_dtypes(node: torch.fx.Node) -> list[torch.dtype | None]:
     return [v.dtype if isinstance(v, torch.Tensor) else None for v in vals]
 
 
-def simulate(program: Any, *inputs: Any, method: str = "forward") -> Any:
+@dataclass
+class DelegateRun:
+    """What one delegate call ran (recorded by :func:`simulate` when given ``trace``)."""
+
+    index: int
+    label: str
+    #: the chain's op names, in execution order
+    ops: list[str]
+    inputs: list[Any]
+    outputs: list[Any]
+    #: the ``LoweredBackendModule`` of the call (its ``original_module`` is the
+    #: partition before preprocess: an eager reference)
+    lowered: Any
+
+
+def simulate(program: Any, *inputs: Any, method: str = "forward",
+             trace: list[DelegateRun] | None = None) -> Any:
     """Run ``program`` on the CPU, executing its Vulkan delegates from their payloads.
 
     ``program``: the ``EdgeProgramManager`` of ``to_edge_transform_and_lower`` or the
@@ -669,6 +828,7 @@ def simulate(program: Any, *inputs: Any, method: str = "forward") -> Any:
     non-constant prepacked argument, :class:`UnsupportedOperatorError` for an
     operator it cannot execute, :class:`SimulationError` for other malformed
     payloads. See the module docstring for what is and is not modelled.
+    ``trace``: a list that receives one :class:`DelegateRun` per delegate call.
     """
     from executorch.exir import EdgeProgramManager, ExecutorchProgramManager
     from executorch.exir.lowered_backend_module import LoweredBackendModule
@@ -733,7 +893,14 @@ def simulate(program: Any, *inputs: Any, method: str = "forward") -> Any:
                 raise UnsupportedOperatorError(
                     f"{label}: only {BACKEND_ID} delegates can be simulated, not {backend}",
                     backend)
-            outs = _Delegate(decode_payload(payload), named or (lambda _k: None), label).run(args)
+            decoded = decode_payload(payload)
+            # the inputs as they were before the delegate ran (it may update caches in place)
+            before = ([a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+                      if trace is not None else [])
+            outs = _Delegate(decoded, named or (lambda _k: None), label).run(args)
+            if trace is not None:
+                trace.append(DelegateRun(delegate_no, label, decoded.graph.op_names(),
+                                         before, list(outs), lm))
             want = _expected_dtypes(node)
             env[node] = tuple(
                 o.to(w) if isinstance(o, torch.Tensor) and w is not None else o

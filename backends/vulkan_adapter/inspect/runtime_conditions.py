@@ -1,0 +1,431 @@
+"""What ExecuTorch's Vulkan runtime requires of its quantized / fused operators.
+
+Each :class:`RuntimeCondition` is one requirement read from the runtime's C++
+(``backends/vulkan/runtime/graph/ops/impl/*.cpp``) or GLSL shaders, at
+pytorch/executorch ``cff6f4dd32`` (the mirror whose ``custom_ops_lib.py`` is
+byte-identical to the 1.5.1 wheel's): the op, the schema arguments involved,
+the runtime's own condition text (``VK_CHECK_COND(...)`` where there is one),
+where it is, and what happens when it does not hold:
+
+* ``abort`` -- the runtime throws while building the graph (``VK_CHECK_COND`` /
+  ``VK_THROW``);
+* ``garbage`` -- nothing checks it, the shader reads the wrong bytes (a stride,
+  a truncated loop): the model runs and computes wrong numbers.
+
+:data:`PREPACKED` lists the arguments the runtime prepacks (``prepack_standard``
+or a prepack shader), which must be constants (TensorRefs) exactly like
+``shared/vulkan-prepacked-args.md`` describes for the float ops.
+
+``check(args)`` takes the op's schema arguments by name; tensors may be real,
+fake (``node.meta["val"]``) or anything with ``.shape``/``.dtype``, so a fusion
+rule can evaluate the same condition before it fuses::
+
+    from fusionkit.backends.vulkan_adapter.inspect.runtime_conditions import violated
+    bad = violated("et_vk.linear_q4gsw.default", {"self": x, "weights": w, ...})
+
+The simulator (:mod:`.simulator`) raises :class:`RuntimeConditionError` for the
+first violated condition of an op, naming the op and argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "CONDITIONS",
+    "PREPACKED",
+    "RuntimeCondition",
+    "conditions_for",
+    "violated",
+]
+
+Effect = Literal["abort", "garbage"]
+
+
+@dataclass(frozen=True)
+class RuntimeCondition:
+    """One requirement the Vulkan runtime places on an operator's arguments."""
+
+    op: str
+    #: short identifier, unique per op
+    name: str
+    #: the schema arguments the condition is about (the first one is named in errors)
+    args: tuple[str, ...]
+    #: the runtime's condition, as written in its source
+    condition: str
+    #: where: ``File.cpp: function`` or ``shader.glsl``
+    source: str
+    effect: Effect
+    #: True when the condition holds for these schema arguments
+    check: Callable[[Mapping[str, Any]], bool]
+    #: why the runtime needs it (one line)
+    why: str = ""
+
+    def holds(self, args: Mapping[str, Any]) -> bool:
+        return bool(self.check(args))
+
+    def message(self) -> str:
+        if self.effect == "abort":
+            return f"the runtime aborts in {self.source}: ({self.condition}) is false!"
+        return (f"the runtime computes garbage ({self.source}): {self.condition} does not "
+                f"hold{': ' + self.why if self.why else ''}")
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in v.shape)
+
+
+def _size(v: Any, dim: int) -> int:
+    return int(v.shape[dim])
+
+
+def _dim(v: Any) -> int:
+    return len(v.shape)
+
+
+def _none(v: Any) -> bool:
+    return v is None
+
+
+LINEAR_Q4GSW = "et_vk.linear_q4gsw.default"
+LINEAR_DQ8CA_Q4GSW = "et_vk.linear_dq8ca_q4gsw.default"
+LINEAR_Q8TA_Q8CSW = "et_vk.linear_q8ta_q8csw.default"
+Q8TA_LINEAR = "et_vk.q8ta_linear.default"
+Q8TA_LINEAR_GEMV = "et_vk.q8ta_linear_gemv.default"
+Q8TA_CONV2D = "et_vk.q8ta_conv2d.default"
+Q8TA_CONV2D_PW = "et_vk.q8ta_conv2d_pw.default"
+Q8TA_CONV2D_DW = "et_vk.q8ta_conv2d_dw.default"
+Q8TA_CONV2D_T = "et_vk.q8ta_conv2d_transposed.default"
+Q8TA_PIXEL_SHUFFLE = "et_vk.q8ta_pixel_shuffle.default"
+EMBEDDING_Q4GSW = "et_vk.embedding_q4gsw.default"
+LINEAR_QCS4W = "et_vk.linear_qcs4w.default"
+WEIGHT_INT8PACK_MM = "aten._weight_int8pack_mm.default"
+CHOOSE_QPARAMS_AFFINE = "torchao.choose_qparams_affine.default"
+UPDATE_CACHE = "llama.update_cache.default"
+CUSTOM_SDPA = "llama.custom_sdpa.default"
+SDPA_WITH_KV_CACHE = "llama.sdpa_with_kv_cache.default"
+
+#: op -> the arguments the runtime prepacks (must be TensorRefs; an optional one may be None)
+PREPACKED: dict[str, tuple[str, ...]] = {
+    LINEAR_Q4GSW: ("weights", "weight_scales", "bias"),
+    LINEAR_DQ8CA_Q4GSW: ("weights", "weight_sums", "weight_scales", "bias"),
+    LINEAR_Q8TA_Q8CSW: ("weights", "weight_sums", "weight_scales", "bias"),
+    Q8TA_LINEAR: ("weights", "weight_sums", "weight_scales", "bias"),
+    Q8TA_LINEAR_GEMV: ("weights", "weight_sums", "weight_scales", "bias"),
+    Q8TA_CONV2D: ("weights", "weight_sums", "weight_scales", "bias"),
+    Q8TA_CONV2D_PW: ("weights", "weight_sums", "weight_scales", "bias"),
+    Q8TA_CONV2D_DW: ("weights", "weight_sums", "weight_scales", "bias"),
+    Q8TA_CONV2D_T: ("weights", "weight_sums", "weight_scales", "bias"),
+    EMBEDDING_Q4GSW: ("weight", "weight_scales"),
+    LINEAR_QCS4W: ("weight", "scales"),
+    WEIGHT_INT8PACK_MM: ("mat2", "scales"),
+    "et_vk.linear_q4gsw_backward.default": ("weights", "weight_scales"),
+}
+
+
+def _q4_n(a: Mapping[str, Any]) -> int:
+    return _size(a["weights"], 0)
+
+
+def _q4_k(a: Mapping[str, Any]) -> int:
+    return _size(a["weights"], 1) * 2
+
+
+def _groups_ok(k: int, g: int) -> bool:
+    return g > 0 and g % 4 == 0 and k % g == 0
+
+
+def _q4gsw_conditions(op: str, x: str, src: str) -> list[RuntimeCondition]:
+    return [
+        RuntimeCondition(
+            op, "weight_rank", ("weights",), "weights.dim() == 2 ([N, K/2] uint8)",
+            src, "abort", lambda a: _dim(a["weights"]) == 2,
+            "the prepack reads sizes_of(weight).at(0) and .at(1)"),
+        RuntimeCondition(
+            op, "n_multiple_of_4", ("weights",),
+            "N % 4 == 0" if op == LINEAR_Q4GSW else "K % 4 == 0",
+            "Q4gswLinear.cpp: prepack_q4_w_4x8_nc_buffer" if op == LINEAR_Q4GSW
+            else "QuantizedLinear.cpp: quantized_linear_impl",
+            "abort",
+            (lambda a: _q4_n(a) % 4 == 0) if op == LINEAR_Q4GSW
+            else (lambda a: _size(a[x], -1) % 4 == 0)),
+        RuntimeCondition(
+            op, "k_multiple_of_8", ("weights",), "K % 8 == 0",
+            "pack_q4_linear_weight__w_4x8.glsl" if op == LINEAR_Q4GSW
+            else "QuantizedLinear.cpp: prepack_quantized_linear_weight",
+            "garbage" if op == LINEAR_Q4GSW else "abort",
+            lambda a: _q4_k(a) % 8 == 0,
+            "each weight row is read as ceil(K/8) uint32 words; a [N, K/2] row of "
+            "K % 8 == 4 is 2 bytes shorter, so every later row is read shifted"),
+        RuntimeCondition(
+            op, "group_size", ("group_size",), "group_size % 4 == 0 && K % group_size == 0",
+            "q4gsw_linear_gemm__w_4x8.glsl" if op == LINEAR_Q4GSW
+            else "linear_dq8ca_q4gsw_tiled.glsl",
+            "garbage", lambda a: _groups_ok(_q4_k(a), int(a["group_size"])),
+            "K4_per_group = group_size / 4 and num_groups = K4 / K4_per_group: a partial "
+            "group is dropped, a group size not a multiple of 4 mixes scales"),
+        RuntimeCondition(
+            op, "input_k", (x, "weights"), "input.size(-1) == 2 * weights.size(1)",
+            "Q4gswLinear.cpp / QuantizedLinear.cpp", "garbage",
+            lambda a: _size(a[x], -1) == _q4_k(a),
+            "the GEMM walks the input's K, the GEMV and the group count the weight's"),
+        RuntimeCondition(
+            op, "input_rank", (x,), "in_sizes.size() == 2 || in_sizes.size() == 3",
+            "Q4gswLinear.cpp: resize_q4gsw_linear_node" if op == LINEAR_Q4GSW
+            else "QuantizedLinear.cpp: resize_linear_qw_node",
+            "abort", lambda a: _dim(a[x]) in (2, 3),
+            "the output is resized to [M, N] or [B, M, N] only"),
+        RuntimeCondition(
+            op, "scales_shape", ("weight_scales",),
+            "weight_scales.sizes() == {K / group_size, N4 * 4}",
+            "q4gsw_linear_gemm__w_4x8.glsl: t_scales[group_i * N4 + n4]", "garbage",
+            lambda a: (_dim(a["weight_scales"]) == 2
+                       and int(a["group_size"]) > 0
+                       and _size(a["weight_scales"], 0) == _q4_k(a) // int(a["group_size"])
+                       and _size(a["weight_scales"], 1) == -(-_q4_n(a) // 4) * 4),
+            "scales are read with a row stride of N rounded up to 4 ([K/G, N], transposed)"),
+        RuntimeCondition(
+            op, "bias_size", ("bias",), "bias.numel() >= N", "linear_fp_bias_load.glslh",
+            "garbage", lambda a: _none(a.get("bias")) or
+            (_dim(a["bias"]) == 1 and _size(a["bias"], 0) >= _q4_n(a))),
+    ]
+
+
+def _dq8ca_extra() -> list[RuntimeCondition]:
+    op = LINEAR_DQ8CA_Q4GSW
+    return [
+        RuntimeCondition(
+            op, "weight_sums_shape", ("weight_sums",),
+            "weight_sums.sizes() == {K / group_size, N4 * 4} (when K / group_size > 1)",
+            "linear_int_weight_sums_load.glslh: t_weight_sums[group * N4 + n4]", "garbage",
+            lambda a: (_dim(a["weight_sums"]) == 2
+                       and int(a["group_size"]) > 0
+                       and _size(a["weight_sums"], 0) == _q4_k(a) // int(a["group_size"])
+                       and (_size(a["weight_sums"], 0) == 1
+                            or _size(a["weight_sums"], 1) == -(-_q4_n(a) // 4) * 4)),
+            "the sums of group g are read at g * N (N rounded up to 4); ExecuTorch pads "
+            "their rows to a multiple of 8, so for N % 8 == 4 every group after the "
+            "first is read shifted"),
+        RuntimeCondition(
+            op, "input_qparams_per_row", ("input_scales", "input_zp"),
+            "input_scales.numel() == input_zp.numel() == M (one per row)",
+            "linear_int8_input_scales_zps_load.glslh", "garbage",
+            lambda a: (int(_numel(a["input_scales"])) == _rows(a["input"])
+                       and int(_numel(a["input_zp"])) == _rows(a["input"]))),
+    ]
+
+
+def _numel(v: Any) -> int:
+    n = 1
+    for s in v.shape:
+        n *= int(s)
+    return n
+
+
+def _rows(x: Any) -> int:
+    return _numel(x) // max(_size(x, -1), 1)
+
+
+def _q8_linear_conditions(op: str) -> list[RuntimeCondition]:
+    src = {Q8TA_LINEAR: "Q8taLinear.cpp: q8ta_linear",
+           Q8TA_LINEAR_GEMV: "Q8taLinearGemv.cpp: q8ta_linear_gemv",
+           LINEAR_Q8TA_Q8CSW: "QuantizedLinear.cpp: quantized_linear_impl"}[op]
+    return [
+        RuntimeCondition(op, "k_multiple_of_4", ("x",), "K % 4 == 0", src, "abort",
+                         lambda a: _size(a["x"], -1) % 4 == 0,
+                         "a group of 4 input channels must sit on a texel boundary"),
+        RuntimeCondition(
+            op, "weight_shape", ("weights",), "weights.sizes() == {N, K} (int8)", src,
+            "garbage", lambda a: _dim(a["weights"]) == 2 and
+            _size(a["weights"], 1) >= _size(a["x"], -1)),
+        RuntimeCondition(
+            op, "per_channel_params", ("weight_scales", "weight_sums"),
+            "weight_scales.numel() >= N && weight_sums.numel() >= N",
+            "linear_fp_per_out_channel_params.glslh", "garbage",
+            lambda a: (_numel(a["weight_scales"]) >= _size(a["weights"], 0)
+                       and _numel(a["weight_sums"]) >= _size(a["weights"], 0))),
+    ]
+
+
+def _conv_conditions(op: str) -> list[RuntimeCondition]:
+    def icg(a: Mapping[str, Any]) -> int:
+        return _size(a["x"], -3) // max(int(a["groups"]), 1)
+
+    conds = [
+        RuntimeCondition(
+            op, "input_rank", ("x",), "x.dim() == 4 (N, C, H, W; batch 1)",
+            "Q8taConv2d.cpp: q8ta_conv2d_check_packed_dim_info", "abort",
+            lambda a: _dim(a["x"]) == 4 and _size(a["x"], 0) == 1),
+        RuntimeCondition(
+            op, "per_channel_params", ("weight_scales", "weight_sums"),
+            "weight_scales.numel() >= OC && weight_sums.numel() >= OC",
+            "conv2d_q8_utils.glslh", "garbage",
+            lambda a: min(_numel(a["weight_scales"]), _numel(a["weight_sums"]))
+            >= (_size(a["weights"], -1) if op == Q8TA_CONV2D_DW else _size(a["weights"], 0))
+            or op == Q8TA_CONV2D_DW),
+    ]
+    if op in (Q8TA_CONV2D, Q8TA_CONV2D_T, Q8TA_CONV2D_PW):
+        conds.append(RuntimeCondition(
+            op, "grouped_in_channels", ("groups",),
+            "conv_params.groups == 1 || conv_params.in_channels_per_group % 4 == 0",
+            "Q8taConv2d.cpp: add_q8ta_conv2d_node" if op != Q8TA_CONV2D_T
+            else "Q8taConv2dTransposed.cpp", "abort",
+            lambda a: int(a["groups"]) == 1 or icg(a) % 4 == 0))
+    if op == Q8TA_CONV2D_T:
+        conds.append(RuntimeCondition(
+            op, "dilation_1", ("dilation",),
+            "conv_params.dilation[0] == 1 && conv_params.dilation[1] == 1",
+            "Q8taConv2dTransposed.cpp", "abort",
+            lambda a: all(int(d) == 1 for d in a["dilation"]),
+            "q8ta_conv2d_transposed only supports dilation=1"))
+    if op == Q8TA_CONV2D_DW:
+        conds += [
+            RuntimeCondition(op, "weight_rank", ("weights",), "ndim == 3 ([K_h, K_w, OC])",
+                             "Q8taConv2dDW.cpp: prepack_q8ta_conv2d_dw_weights", "abort",
+                             lambda a: _dim(a["weights"]) == 3),
+            RuntimeCondition(op, "depthwise", ("groups",), "groups_val == in_channels",
+                             "Q8taConv2dDW.cpp: q8ta_conv2d_dw", "abort",
+                             lambda a: int(a["groups"]) == _size(a["x"], -3)),
+        ]
+    else:
+        conds.append(RuntimeCondition(
+            op, "weight_rank", ("weights",), "weights.dim() == 2 ([OC, K_h*K_w*IC/g], K padded "
+            "to 4)", "Q8taConv2d.cpp: prepack_q8ta_conv2d_weights", "abort",
+            lambda a: _dim(a["weights"]) == 2 and
+            _size(a["weights"], 1) >= int(a["kernel_size"][0]) * int(a["kernel_size"][1]) * icg(a)))
+    if op == Q8TA_CONV2D_PW:
+        conds.append(RuntimeCondition(
+            op, "pointwise", ("kernel_size", "stride", "padding"),
+            "kernel 1x1, stride 1, padding 0, groups 1", "Q8taConv2dPW.cpp", "garbage",
+            lambda a: (list(map(int, a["kernel_size"])) == [1, 1]
+                       and list(map(int, a["stride"])) == [1, 1]
+                       and list(map(int, a["padding"])) == [0, 0] and int(a["groups"]) == 1),
+            "the pointwise shader ignores kernel size, stride, padding and groups"))
+    return conds
+
+
+CONDITIONS: tuple[RuntimeCondition, ...] = (
+    *_q4gsw_conditions(LINEAR_Q4GSW, "self", "Q4gswLinear.cpp"),
+    *_q4gsw_conditions(LINEAR_DQ8CA_Q4GSW, "input", "QuantizedLinear.cpp"),
+    *_dq8ca_extra(),
+    *_q8_linear_conditions(LINEAR_Q8TA_Q8CSW),
+    *_q8_linear_conditions(Q8TA_LINEAR),
+    *_q8_linear_conditions(Q8TA_LINEAR_GEMV),
+    *_conv_conditions(Q8TA_CONV2D),
+    *_conv_conditions(Q8TA_CONV2D_PW),
+    *_conv_conditions(Q8TA_CONV2D_DW),
+    *_conv_conditions(Q8TA_CONV2D_T),
+    RuntimeCondition(
+        EMBEDDING_Q4GSW, "embed_dim_32", ("weight",), "graph.get_int(embed_dim_ref) % 32 == 0",
+        "EmbeddingQ4gsw.cpp: add_embedding_q4gsw_node", "abort",
+        lambda a: (_size(a["weight"], -1) * 2) % 32 == 0, "embed_dim must be a multiple of 32"),
+    RuntimeCondition(
+        EMBEDDING_Q4GSW, "group_size", ("group_size",),
+        "group_size % 4 == 0 && embed_dim % group_size == 0", "embedding_q4gsw.glsl",
+        "garbage", lambda a: _groups_ok(_size(a["weight"], -1) * 2, int(a["group_size"])),
+        "4 consecutive values share the scale of the first; groups_per_row = "
+        "embed_dim / group_size is truncated"),
+    RuntimeCondition(
+        EMBEDDING_Q4GSW, "scales_shape", ("weight_scales",),
+        "weight_scales.numel() == num_embeddings * embed_dim / group_size",
+        "embedding_q4gsw.glsl: t_scales[idx * groups_per_row + dim / group_size]",
+        "garbage",
+        lambda a: int(a["group_size"]) > 0 and _numel(a["weight_scales"]) ==
+        _size(a["weight"], 0) * (_size(a["weight"], -1) * 2 // int(a["group_size"]))),
+    RuntimeCondition(
+        Q8TA_PIXEL_SHUFFLE, "upscale_2", ("upscale_factor",), "r == 2",
+        "Q8taPixelShuffle.cpp: add_q8ta_pixel_shuffle_node", "abort",
+        lambda a: int(a["upscale_factor"]) == 2),
+    RuntimeCondition(
+        Q8TA_PIXEL_SHUFFLE, "rank_4", ("input",), "graph.dim_of(packed_int8_input) == 4",
+        "Q8taPixelShuffle.cpp: add_q8ta_pixel_shuffle_node", "abort",
+        lambda a: _dim(a["input"]) == 4),
+    RuntimeCondition(
+        CHOOSE_QPARAMS_AFFINE, "per_row", ("block_size",),
+        "block_size == [1, ..., 1, input.size(-1)]",
+        "ChooseQParams.cpp: choose_qparams_affine_impl", "abort",
+        lambda a: (list(map(int, a["block_size"]))
+                   == [1] * (_dim(a["input"]) - 1) + [_size(a["input"], -1)]),
+        "Unsupported input case for choose_qparams_affine"),
+    RuntimeCondition(
+        UPDATE_CACHE, "batch_1", ("value", "cache"),
+        "graph.size_at<int32_t>(-4, value) == 1 && graph.size_at<int32_t>(-4, cache) == 1",
+        "SDPA.cpp: update_cache_impl", "abort",
+        lambda a: _size(a["value"], -4) == 1 and _size(a["cache"], -4) == 1),
+    RuntimeCondition(
+        UPDATE_CACHE, "heads_and_dim", ("value", "cache"),
+        "size_at(-1, value) == size_at(-1, cache) && size_at(-2, value) == size_at(-2, cache)",
+        "SDPA.cpp: update_cache_impl", "abort",
+        lambda a: _shape(a["value"])[-2:] == _shape(a["cache"])[-2:]),
+    RuntimeCondition(
+        CUSTOM_SDPA, "batch_1", ("query", "key", "value"),
+        "size_at(-4, q_projected) == 1 && size_at(-4, k_cache) == 1 && size_at(-4, v_cache) == 1",
+        "SDPA.cpp: sdpa_impl", "abort",
+        lambda a: all(_size(a[k], -4) == 1 for k in ("query", "key", "value"))),
+    RuntimeCondition(
+        CUSTOM_SDPA, "kv_same_shape", ("key", "value"),
+        "graph.sizes_of(k_cache) == graph.sizes_of(v_cache)", "SDPA.cpp: sdpa_impl", "abort",
+        lambda a: _shape(a["key"]) == _shape(a["value"])),
+    RuntimeCondition(
+        CUSTOM_SDPA, "head_dim", ("query", "key"),
+        "size_at(-1, q_projected) == size_at(-1, k_cache)", "SDPA.cpp: sdpa_impl", "abort",
+        lambda a: _size(a["query"], -1) == _size(a["key"], -1)),
+    RuntimeCondition(
+        CUSTOM_SDPA, "causal_no_mask", ("attn_mask", "drpout_p", "is_causal", "scale"),
+        "val_is_none(attn_mask) && dropout_p == 0 && val_is_none(scale) && is_causal",
+        "SDPA.cpp: sdpa_impl", "abort",
+        lambda a: (a.get("attn_mask") is None and not a.get("drpout_p")
+                   and a.get("scale") is None and a.get("is_causal") in (None, True))),
+    RuntimeCondition(
+        SDPA_WITH_KV_CACHE, "rank_4", ("query", "key", "value"),
+        "graph.dim_of(q) == 4 && graph.dim_of(k) == 4 && graph.dim_of(v) == 4",
+        "SDPA.cpp: sdpa_with_kv_cache_impl", "abort",
+        lambda a: all(_dim(a[k]) == 4 for k in ("query", "key", "value"))),
+    RuntimeCondition(
+        SDPA_WITH_KV_CACHE, "head_dim", ("query", "key"), "size_at(-1, q) == size_at(-1, k)",
+        "SDPA.cpp: sdpa_with_kv_cache_impl", "abort",
+        lambda a: _size(a["query"], -1) == _size(a["key"], -1)),
+    RuntimeCondition(
+        SDPA_WITH_KV_CACHE, "kv_seq", ("key", "value"), "size_at(-2, k) == size_at(-2, v)",
+        "SDPA.cpp: sdpa_with_kv_cache_impl", "abort",
+        lambda a: _size(a["key"], -2) == _size(a["value"], -2)),
+)
+
+_BY_OP: dict[str, tuple[RuntimeCondition, ...]] = {}
+for _c in CONDITIONS:
+    _BY_OP[_c.op] = (*_BY_OP.get(_c.op, ()), _c)
+
+
+def conditions_for(op: str) -> tuple[RuntimeCondition, ...]:
+    """The conditions of ``op`` (serialized name, e.g. ``"et_vk.linear_q4gsw.default"``)."""
+    return _BY_OP.get(_alias(op), ())
+
+
+def _alias(op: str) -> str:
+    # torch.ops.llama.X.default serializes as "X.default" (no namespace)
+    if op in ("update_cache.default", "custom_sdpa.default", "sdpa_with_kv_cache.default"):
+        return "llama." + op
+    return op
+
+
+def violated(op: str, args: Mapping[str, Any]) -> list[RuntimeCondition]:
+    """The conditions of ``op`` that ``args`` (schema name -> value) do not meet.
+
+    A condition whose check cannot be evaluated on these arguments (a missing
+    argument, an unexpected type) counts as violated: the runtime would not
+    have accepted them either.
+    """
+    bad = []
+    for c in conditions_for(op):
+        try:
+            ok = c.holds(args)
+        except Exception:
+            ok = False
+        if not ok:
+            bad.append(c)
+    return bad

@@ -142,6 +142,7 @@ def target_name(target: Any) -> str:
         module = getattr(target, "__module__", None) or ""
         name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
         if isinstance(name, str):
+            module = module.lstrip("_")  # operator.getitem lives in _operator
             return f"{module}.{name}" if module in ("operator", "math", "builtins") else name
         return str(target)
     except Exception:

@@ -11,7 +11,6 @@ reported as a decline with step ``error`` — or re-raised in strict mode
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable
 
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
@@ -19,8 +18,9 @@ from torch.export import ExportedProgram
 
 from fusionkit.finder import Decline, MatchSet, RuleIndex, find_matches
 from fusionkit.report import FusionReport, RuleReport
-from fusionkit.rewrite import ApplyFailure, apply_matches, resolve_strict
+from fusionkit.rewrite import ApplyFailure, apply_matches
 from fusionkit.rule import Rule
+from fusionkit.strict import strict_mode
 
 __all__ = ["FusionPass"]
 
@@ -44,9 +44,8 @@ class FusionPass(ExportedProgramPassBase):
         return self.index.rules
 
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
-        strict = resolve_strict(self.strict)
-        finder_args = {"strict": strict} if _FINDER_STRICT else {}
-        ms = find_matches(exported_program, self.index, **finder_args)
+        strict = strict_mode(self.strict)
+        ms = find_matches(exported_program, self.index, strict=strict)
         if ms.accepted:
             applied = apply_matches(exported_program, ms.accepted, strict=strict)
             if applied.failed:
@@ -64,13 +63,4 @@ def _error_decline(f: ApplyFailure) -> Decline:
     """A match whose replacement (or the pass-wide step ``during``) raised."""
     m = f.match
     during = "the replacement" if f.during == "replacement" else f"applying the pass ({f.during})"
-    from_exception = getattr(Decline, "from_exception", None)
-    if from_exception is not None:
-        return from_exception(m.rule.name, m.root, during, f.error)  # type: ignore[no-any-return]
-    message = (str(f.error).strip().splitlines() or ["(no message)"])[0]
-    return Decline(m.rule.name, m.root, "error", m.root,
-                   f"{during} raised {type(f.error).__name__}: {message}")
-
-
-#: whether find_matches takes ``strict`` (the engine's strict mode)
-_FINDER_STRICT = "strict" in inspect.signature(find_matches).parameters
+    return Decline.from_exception(m.rule.name, m.root, during, f.error)

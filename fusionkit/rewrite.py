@@ -35,9 +35,10 @@ from fusionkit.folding import evaluate_constant
 from fusionkit.journal import Journal
 from fusionkit.pattern import output_names
 from fusionkit.program_inputs import ConstantKind
+from fusionkit.strict import strict_mode
 from fusionkit.targets import is_assertion, resolve_op
 
-__all__ = ["ApplyFailure", "ApplyResult", "apply_matches", "resolve_strict"]
+__all__ = ["ApplyFailure", "ApplyResult", "apply_matches"]
 
 
 @dataclass(frozen=True)
@@ -64,15 +65,6 @@ class ApplyResult:
     @property
     def modified(self) -> bool:
         return bool(self.applied)
-
-
-def resolve_strict(strict: bool | None) -> bool:
-    """``strict``, or when None the ``FUSIONKIT_STRICT`` setting (:mod:`fusionkit.strict`)."""
-    try:
-        from fusionkit.strict import strict_mode
-    except ImportError:  # pragma: no cover - before the strict module exists
-        return True if strict is None else strict
-    return strict_mode(strict)
 
 
 def _same_signature(a: Any, b: Any) -> bool:
@@ -321,7 +313,7 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
     became unused in place, for callers (graph-module passes) whose pass
     manager owns the signature.
     """
-    strict = resolve_strict(strict)
+    strict = strict_mode(strict)
     result = ApplyResult()
     if not matches:
         return result

@@ -299,7 +299,7 @@ def _value_matchers() -> st.SearchStrategy[fk.Pattern]:
     )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_value_matchers(), min_size=1, max_size=4))
 def test_generated_value_matchers_round_trip(values: list[fk.Pattern]) -> None:
     names = [v.name for v in values if v.name]  # type: ignore[attr-defined]
@@ -310,6 +310,39 @@ def test_generated_value_matchers_round_trip(values: list[fk.Pattern]) -> None:
     back, text = _round_trip(rule)
     assert back.pattern == rule.pattern, text
     assert rules_to_yaml([back]) == text
+
+
+_caps = st.sampled_from(["a", "b", "c"])
+
+
+def _constraints() -> st.SearchStrategy[fk.Constraint]:
+    return st.one_of(
+        st.builds(fk.PrepackableConstant, _caps, fold=st.booleans(),
+                  role=st.text(min_size=1, max_size=12)),
+        st.builds(fk.GraphLeaf, _caps), st.builds(fk.UserInput, _caps),
+        st.builds(fk.StaticShape, _caps),
+        st.builds(fk.DtypeIn, _caps, st.lists(_dtypes, min_size=1, max_size=4)),
+        st.builds(fk.Rank, _caps, st.lists(st.integers(0, 6), min_size=1, max_size=3)),
+        st.builds(fk.SameDtype, _caps, _caps),
+        st.builds(fk.named_shape_relation,
+                  st.sampled_from(["broadcasts_over_last_dim", "same_shape", "same_last_dim"]),
+                  _caps, _caps),
+        st.builds(fk.ReducesLastDim, _caps, _caps),
+        st.builds(fk.ScalarRange, _caps, lo=_fbound, hi=_fbound),
+        st.builds(fk.Custom, st.just(module_check), st.from_regex(r"[a-z]{1,6}", fullmatch=True),
+                  st.lists(_caps, max_size=3)),
+    )
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_constraints(), max_size=5))
+def test_generated_constraints_round_trip(constraints: list[fk.Constraint]) -> None:
+    pattern = fk.op("aten.add.Tensor", fk.capture("a"), fk.op("aten.mul.Tensor", fk.capture("b"),
+                                                              fk.capture("c")))
+    rule = fk.Rule("gen", pattern, fk.replace_with("aten.relu.default", fk.ref("a")),
+                   constraints=constraints)
+    back, text = _round_trip(rule, allow_modules=["test_specs_vocabulary"])
+    assert back.constraints == rule.constraints, text
 
 
 def test_float_edge_cases_survive_yaml() -> None:

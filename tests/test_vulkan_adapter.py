@@ -13,7 +13,6 @@ import copy
 import functools
 import inspect
 import math
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from fusionkit.backends.vulkan_adapter import (
     uninstall,
 )
 from fusionkit.backends.vulkan_adapter.inspect.prepack_check import vulkan_delegates
+from fusionkit.integration import hooks
 
 pytestmark = pytest.mark.usefixtures("vulkan_ops")
 
@@ -430,9 +430,7 @@ def test_install_is_idempotent_and_reversible() -> None:
 @pytest.mark.usefixtures("restore_install_state")
 def test_install_refuses_untested_executorch(monkeypatch: pytest.MonkeyPatch) -> None:
     uninstall()
-    # the submodule (the package's ``install`` attribute is the function)
-    install_mod = sys.modules["fusionkit.backends.vulkan_adapter.install"]
-    monkeypatch.setattr(install_mod, "executorch_version", lambda: "9.9.9")
+    monkeypatch.setattr(hooks, "installed_executorch_version", lambda: "9.9.9")
     with pytest.raises(vk.UnsupportedExecuTorchError, match=r"ExecuTorch 9\.9\.9.*tested against ExecuTorch 1\.5\.1"):
         install()
     assert "rms_norm" in _registry() and not vk.is_installed()

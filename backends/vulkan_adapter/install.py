@@ -36,9 +36,9 @@ from . import constant_serializer
 from .rules import fusion_rules
 
 __all__ = [
-    "TAKEOVER",
     "FUSED_IN_FUSE_PATTERNS_PASS",
     "TAKEN_OVER_PATTERNS",
+    "TAKEOVER",
     "TESTED_EXECUTORCH_VERSIONS",
     "Installation",
     "UnsupportedExecuTorchError",

@@ -8,15 +8,20 @@ Use::
 
 Fusion happens in ``transform_passes()`` (fusionkit rules, every match decided
 with its constraints, declined ones left alone). The partitioner is ExecuTorch's
-own, with the same constructor, except that it first calls :func:`install` so
-that the stock detectors fusionkit reimplements are out of the registry: they
-neither mark nodes as "fusable" (skipping the partitioner's support checks) nor
-rewrite anything inside ``VulkanBackend.preprocess``. The nodes of a declined
-match therefore stay ordinary ops, partitioned on their own merits, and the
-fused ``et_vk.rms_norm`` nodes are delegated through the op registry's checks.
+own, with the same constructor, and changes nothing outside the lowering it is
+part of: while it partitions, the stock detectors fusionkit reimplements are out
+of ExecuTorch's pattern registry (they would mark nodes "fusable", skipping the
+partitioner's support checks), and its partitions carry a marker compile spec so
+that ``VulkanBackend.preprocess`` runs with fusionkit's takeover for those
+partitions only (:class:`~fusionkit.integration.scoped.PreprocessScope`). A stock
+``VulkanPartitioner`` in the same process is unaffected; a process-wide takeover
+happens only through an explicit :func:`~.install.install`.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Any
 
 from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
     VulkanPartitioner as _StockVulkanPartitioner,
@@ -25,10 +30,15 @@ from executorch.exir.backend.partitioner import PartitionResult
 from torch.export import ExportedProgram
 
 from fusionkit import op_key
+from fusionkit.integration.scoped import PreprocessScope
 
-from .install import install
+from .install import TAKEOVER
 
-__all__ = ["FusedOpNotDelegatedError", "VulkanPartitioner"]
+#: VulkanBackend.preprocess runs under the takeover for this adapter's partitions only
+PREPROCESS_SCOPE = PreprocessScope("executorch.backends.vulkan.vulkan_preprocess",
+                                   "VulkanBackend", b"vulkan", TAKEOVER)
+
+__all__ = ["PREPROCESS_SCOPE", "FusedOpNotDelegatedError", "VulkanPartitioner"]
 
 
 class FusedOpNotDelegatedError(RuntimeError):
@@ -40,16 +50,21 @@ class FusedOpNotDelegatedError(RuntimeError):
 
 
 class VulkanPartitioner(_StockVulkanPartitioner):
-    """ExecuTorch's VulkanPartitioner (same arguments) with fusionkit's patterns installed.
+    """ExecuTorch's VulkanPartitioner (same arguments), fusionkit's takeover scoped to it.
 
     After partitioning it verifies that every ``et_vk`` node that fusionkit's
     ``transform_passes()`` created was delegated (:class:`FusedOpNotDelegatedError`
     otherwise, e.g. when the op is in ``operator_blocklist``).
     """
 
+    @functools.wraps(_StockVulkanPartitioner.__init__)  # the same signature as ExecuTorch's
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        PREPROCESS_SCOPE.mark(self.delegation_spec)
+
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        install()
-        result = super().partition(exported_program)
+        with TAKEOVER.install():
+            result = super().partition(exported_program)
         stranded = [
             n for n in result.tagged_exported_program.graph_module.graph.nodes
             if n.op == "call_function" and "fusionkit_rule" in n.meta
@@ -66,4 +81,5 @@ class VulkanPartitioner(_StockVulkanPartitioner):
                 "without transform_passes() or let the partitioner take these nodes."
                 .format(stranded[0].meta["fusionkit_rule"])
             )
+        PREPROCESS_SCOPE.expect(len(result.partition_tags))
         return result

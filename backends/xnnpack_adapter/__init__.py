@@ -7,12 +7,13 @@ Drop-in::
         ep, transform_passes=transform_passes(), partitioner=[XnnpackPartitioner()]
     ).to_executorch()
 
-:class:`XnnpackPartitioner` takes exactly what ExecuTorch's takes and installs
-fusionkit's XNNPACK constant serializer (:func:`install`, idempotent) when it is
-created and again when it partitions, so every constant XNNPACK serializes –
-including those its own preprocess passes create – is written from the tensor's
-own bytes. The hook stays installed until :func:`uninstall`; ``with install():``
-scopes it. :func:`transform_passes` adds :class:`~fusionkit.integration.compact_constants.CompactConstantsPass`,
+:class:`XnnpackPartitioner` takes exactly what ExecuTorch's takes; the
+partitions it makes are preprocessed with fusionkit's XNNPACK constant serializer,
+so every constant XNNPACK serializes – including those its own preprocess passes
+create – is written from the tensor's own bytes. Nothing else in the process
+changes: a stock lowering beside it is untouched. :func:`install` (idempotent,
+``with install():`` scopes it) puts the serializer in place process-wide, for
+stock partitioners too, until :func:`uninstall`. :func:`transform_passes` adds :class:`~fusionkit.integration.compact_constants.CompactConstantsPass`,
 which gives every constant its own storage before lowering (smaller programs for
 any backend; not needed for correctness with this adapter).
 """

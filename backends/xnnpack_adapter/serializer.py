@@ -43,6 +43,7 @@ from fusionkit.integration.tensor_bytes import (
 from fusionkit.program_inputs import ProgramInputs
 
 __all__ = [
+    "PATCHES",
     "SUPPORTED_EXECUTORCH",
     "Installation",
     "UnsupportedExecuTorchError",
@@ -250,14 +251,14 @@ def _patches() -> list[tuple[Any, str, Any]]:
     ]
 
 
-_PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter", _patches,
+PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter", _patches,
                     before_install=acquire_named_data_fix,
                     after_uninstall=release_named_data_fix)
 
 
 def is_installed() -> bool:
     """Whether the fusionkit XNNPACK serializer is in place."""
-    return _PATCHES.is_installed()
+    return PATCHES.is_installed()
 
 
 def install() -> Installation:
@@ -266,9 +267,9 @@ def install() -> Installation:
     ``with install(): ...`` restores the previous state on exit.
     Raises :class:`UnsupportedExecuTorchError` for any untested ExecuTorch.
     """
-    return _PATCHES.install()
+    return PATCHES.install()
 
 
 def uninstall() -> None:
     """Restore ExecuTorch's original objects exactly (idempotent)."""
-    _PATCHES.uninstall()
+    PATCHES.uninstall()

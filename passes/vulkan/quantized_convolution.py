@@ -25,7 +25,9 @@ and passed the placeholder found, e.g. an int32 quantized bias); grouped
 depthwise convs have a multiple of 4 output channels (the stock replacement
 asserted this after deciding to fuse); transposed convs have dilation 1 and
 no groups (the per-channel scales of a grouped transposed weight cover
-OC/g channels only); stride, padding and dilation are pairs of ints.
+OC/g channels only); grouped convs have a multiple of 4 input channels per group
+and the input has batch 1 (the runtime aborts otherwise); stride, padding and
+dilation are pairs of ints.
 """
 
 from __future__ import annotations
@@ -140,9 +142,20 @@ def _conv_geometry(ctx: CheckContext) -> str | None:
     if 1 < groups < oc and (oc // groups) % 4:
         return (f"{oc // groups} output channels per group is not a multiple of 4 "
                 "(a group may not cross a texel)")
+    if g["kind"] != "dw" and groups > 1 and g["icg"] % 4:
+        return (f"{g['icg']} input channels per group is not a multiple of 4: the runtime "
+                "aborts (Q8taConv2d.cpp: in_channels_per_group % 4 == 0)")
     if g["kind"] == "dw" and oc % 4:
         return f"depthwise conv with {oc} output channels: the kernel needs a multiple of 4"
     return None
+
+
+def _conv_batch_1(ctx: CheckContext) -> str | None:
+    x = shape_of(ctx, "x")
+    if x is not None and x[0] == 1:
+        return None
+    return (f"input of shape {x}: the q8ta conv kernels take batch 1 only (the runtime's "
+            "packed int8 layouts have no batch dimension)")
 
 
 def _conv_zp(ctx: CheckContext) -> str | None:
@@ -211,7 +224,7 @@ def quantized_convolution_rule(name: str = "quantized_convolution") -> Rule:
                      PrepackableConstant("weight", role=role),
                      PrepackableConstant("w_scales", role=role),
                      DtypeIn("weight", frozenset({torch.int8})), Rank("weight", frozenset({4})),
-                     geometry, zp, bias],
+                     constraint("batch_1", "x")(_conv_batch_1), geometry, zp, bias],
         replacement=PythonReplacement(build, frozenset({
             "x", "in_scale", "in_zp", "weight", "w_scales", "out_scale", "out_zp", "bias",
             "stride", "padding", "dilation", "groups"})),

@@ -14,7 +14,8 @@ detector only traced ``args[0]`` chains to *a* placeholder, user inputs
 included); zero points None, literal 0 or an all-zero constant (the stock
 torchao replacement asserted this mid-rewrite); quant range exactly [-8, 7];
 int8 weight values really inside [-8, 7] (the stock packer asserted
-mid-rewrite); per-row groups ``block_size == [1, G]`` tiling the row; embed_dim a
+mid-rewrite); per-row groups ``block_size == [1, G]`` tiling the row, G a multiple
+of 4 (the shader reads 4 values per scale lookup); embed_dim a
 multiple of 32 (the shader's load granularity); scales of shape [vocab,
 embed_dim / G]; float32 output (the op's reference computes in float32).
 Instead of overwriting the shared weight in the state dict (the stock pass
@@ -68,6 +69,9 @@ def pack_linear_q4(unpacked: torch.Tensor) -> torch.Tensor:
 def _geometry(ctx: CheckContext, embed_dim: int, group: int) -> str | None:
     if group <= 0 or embed_dim % group:
         return f"group size {group} does not tile embed_dim {embed_dim}"
+    if group % 4:
+        return (f"group size {group} is not a multiple of 4: the embedding_q4gsw shader gives "
+                "4 consecutive values the scale of the first")
     if embed_dim % EMBED_DIM_MULTIPLE:
         return (f"embed_dim {embed_dim} is not a multiple of {EMBED_DIM_MULTIPLE} "
                 "(the embedding_q4gsw shader's load granularity)")

@@ -27,14 +27,17 @@ prepackable constants; the weight zero points are all 0 (the kernels are
 symmetric; the stock code never looked); 8-bit weights quantized along axis 0
 with values in [-127, 127], 4-bit weights with values in [-8, 7] and per-row
 groups ``[1, G]`` tiling K; scales of shape [N] (per channel) or [N, K/G]
-(per group); K a multiple of 4 (texel loads); the fused op's output shape is
+(per group); K a multiple of 4 (texel loads); for the 4-bit routes K a multiple
+of 8, G a multiple of 4, a 2-D or 3-D input and (``linear_q4gsw``) N a multiple
+of 4, as the runtime's kernels need; the fused op's output shape is
 the replaced node's; a bmm anchor has batch 1 and the operand ``[1, K, N]``;
 the dynamic route's scale and zero point are outputs 0 and 1 of one int8
 [-128, 127] ``choose_qparams_affine`` of the same input with a per-token
 block ``[1, .., 1, K]`` (one scale per row). New constants (weight sums,
 padded scales/bias, packed 4-bit weight, transposed scales) are new
 placeholders named after their source; the shared state-dict entry is never
-overwritten.
+overwritten. Where both 4-bit routes match one root, the dynamic one wins
+(priority), as in the stock router.
 
 Not ported: the ``quantized_decomposed`` per-token dynamic route
 (``choose_qparams_per_token_asymmetric``), whose [M, 1] scales the stock
@@ -156,7 +159,9 @@ def _linear_k4(ctx: CheckContext) -> str | None:
 
 
 def _linear_out_shape(ctx: CheckContext) -> str | None:
-    x, w, root = shape_of(ctx, "x"), shape_of(ctx, "weight"), ctx.root.meta.get("val")
+    # a dynamically quantized input viewed to 2-D is fed to the fused op in its viewed shape
+    x = shape_of(ctx, "in_view") if "in_view" in ctx.captures else shape_of(ctx, "x")
+    w, root = shape_of(ctx, "weight"), ctx.root.meta.get("val")
     want = (*x[:-1], w[0]) if x and w else None
     got = tuple(root.shape) if isinstance(root, torch.Tensor) else None
     return None if want == got else f"the fused op would produce {want}, the graph has {got}"
@@ -303,6 +308,52 @@ def _per_group(ctx: CheckContext) -> str | None:
     return None
 
 
+def _q4_geometry(weight_only: bool) -> Constraint:
+    """What the 4-bit kernels of the Vulkan runtime need of K, N, G and the input rank.
+
+    From the runtime (ExecuTorch ``backends/vulkan/runtime/graph/ops``), as the
+    simulator's runtime conditions list them: the weight is packed and read as
+    ``ceil(K/8)`` uint32 words per row (K % 8 == 4 shifts every later row);
+    groups are walked as ``G / 4`` texels with ``K / G`` groups (a group size that
+    is not a multiple of 4 mixes scales); the output is resized to [M, N] or
+    [B, M, N] only (a 4-D input aborts); ``linear_q4gsw`` prepacks the weight in
+    blocks of 4 output channels (``prepack_q4_w_4x8_nc_buffer`` aborts otherwise).
+    """
+    # module-level checks (not a closure): a spec refers to them by their importable name
+    check = _q4gsw_geometry if weight_only else _dq8ca_q4gsw_geometry
+    return constraint("q4_kernel_geometry", "weight", "x", "block_size")(check)
+
+
+def _q4_kernel_geometry(ctx: CheckContext, weight_only: bool) -> str | None:
+    op_name = "linear_q4gsw" if weight_only else "linear_dq8ca_q4gsw"
+    w, g = shape_of(ctx, "weight"), ctx.captures["block_size"][1]
+    x = shape_of(ctx, "in_view") if "in_view" in ctx.captures else shape_of(ctx, "x")
+    if w is None or x is None:
+        return "the weight or the input has no static shape"
+    n, k = w
+    if k % 8:
+        return (f"in_channels K = {k} is not a multiple of 8: {op_name} reads each packed "
+                "weight row as K/8 32-bit words, so later rows would be read shifted")
+    if g % 4:
+        return (f"group size {g} is not a multiple of 4: {op_name} walks groups in "
+                "texels of 4, mixing the scales of neighbouring groups")
+    if len(x) not in (2, 3):
+        return (f"input of rank {len(x)}: the {op_name} kernel resizes its output to "
+                "[M, N] or [B, M, N] only (the runtime aborts)")
+    if weight_only and n % 4:
+        return (f"out_channels N = {n} is not a multiple of 4: {op_name} prepacks the "
+                "weight in blocks of 4 output channels (the runtime aborts)")
+    return None
+
+
+def _q4gsw_geometry(ctx: CheckContext) -> str | None:
+    return _q4_kernel_geometry(ctx, weight_only=True)
+
+
+def _dq8ca_q4gsw_geometry(ctx: CheckContext) -> str | None:
+    return _q4_kernel_geometry(ctx, weight_only=False)
+
+
 def _q4_constants(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
     """The packed 4-bit weight and the transposed [K/G, N] scales (padded to 4), as new constants."""
     w: Node = c["weight"]
@@ -314,17 +365,18 @@ def _q4_constants(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
 
 
 def per_group_sums(weight: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Sums of each quantization group, [K/G, N] int32, N padded to a multiple of 8.
+    """Sums of each quantization group, [K/G, N] int32, N padded to a multiple of 4.
 
-    What ExecuTorch's ``compute_per_group_sums`` computes for linear_dq8ca_q4gsw
-    (the activation zero point's correction under integer accumulation).
+    The activation zero point's correction of linear_dq8ca_q4gsw under integer
+    accumulation. The runtime reads group ``g``'s sums at ``g * N4 * 4``
+    (``linear_int_weight_sums_load.glslh``: rows of N rounded up to 4).
+    ExecuTorch's ``compute_per_group_sums`` pads rows to a multiple of 8, so for
+    N % 8 == 4 and more than one group its later groups are read shifted; these
+    rows are padded to 4, as the runtime reads them.
     """
     n, k = weight.shape
     sums = weight.to(torch.int32).view(n, k // group_size, group_size).sum(dim=2)
-    sums = sums.transpose(0, 1).contiguous()
-    if n % 8:
-        sums = F.pad(sums, (0, 8 - n % 8))
-    return sums.to(torch.int32).contiguous()
+    return pad_to(sums.transpose(0, 1).contiguous(), 4).to(torch.int32).contiguous()
 
 
 def _choose_qparams_item(v: Any, index: int) -> Node | None:
@@ -361,7 +413,10 @@ def _dq8ca_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
     w: Node = c["weight"]
     g = int(c["block_size"][1])
     sums = rw.constant(f"{w.name}_fk_group_sums_g{g}", per_group_sums(rw.tensor(w), g))
-    return rw.call(et_vk("linear_dq8ca_q4gsw"), c["x"], c["in_scale"], c["in_zp"], packed,
+    x: Node = c["x"]
+    if "in_view" in c:  # [B, M, K] quantized per row, then viewed to [B*M, K]: view x alike
+        x = rw.call(VIEW, x, list(c["in_view"].meta["val"].shape))
+    return rw.call(et_vk("linear_dq8ca_q4gsw"), x, c["in_scale"], c["in_zp"], packed,
                    sums, scales_t, g, padded(rw, c.get("bias")))
 
 
@@ -370,7 +425,7 @@ def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
            capture("in_scale"), capture("in_zp"), lit(torch.int8), -128, 127)
     dq = op("torchao.dequantize_affine.default", q, any_value("in_block"), capture("in_scale"),
             capture("in_zp"), lit(torch.int8), -128, 127)
-    root = _linear(dq | op(VIEW, dq, any_value()), _w4())
+    root = _linear(dq | op(VIEW, dq, any_value()).bind("in_view"), _w4())
 
     build = _dq8ca_build
 
@@ -381,9 +436,12 @@ def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
                      constraint("dynamic_per_token_input", "x", "in_scale", "in_zp", "in_block")(
                          _dynamic_per_token),
                      constraint("per_group_weight", "weight", "w_scales", "block_size")(_per_group),
-                     *_common_constraints(4)],
+                     *_common_constraints(4), _q4_geometry(weight_only=False)],
         replacement=PythonReplacement(build, frozenset({"x", "in_scale", "in_zp", "weight",
                                                          "w_scales", "block_size"})),
+        # at a root both routes match (a dynamically quantized input is also a float
+        # tensor), the dynamic route is the one stock ExecuTorch takes
+        priority=1,
         description="int8 dynamic per-token activation, torchao 4-bit weight linear into "
                     "et_vk.linear_dq8ca_q4gsw",
     )
@@ -391,6 +449,8 @@ def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
 
 def _q4gsw_float_input(ctx: CheckContext) -> str | None:
     x = ctx.captures["x"]
+    while isinstance(x, Node) and x.op == "call_function" and op_key(x.target) == VIEW:
+        x = x.args[0]  # a 3-D linear's input is viewed to 2-D first
     if isinstance(x, Node) and x.op == "call_function" and "dequantize" in (op_key(x.target) or ""):
         return "the input is dequantized: not the weight-only route"
     return None
@@ -413,7 +473,7 @@ def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
         pattern=root,
         constraints=[float_input, DtypeIn("x", frozenset({torch.float32, torch.float16})),
                      constraint("per_group_weight", "weight", "w_scales", "block_size")(_per_group),
-                     *_common_constraints(4)],
+                     *_common_constraints(4), _q4_geometry(weight_only=True)],
         replacement=PythonReplacement(build, frozenset({"x", "weight", "w_scales",
                                                          "block_size"})),
         description="torchao 4-bit weight-only linear into et_vk.linear_q4gsw",

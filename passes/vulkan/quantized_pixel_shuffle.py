@@ -6,7 +6,8 @@
 Constraints stated: per-tensor int8 Q/DQ with literal scale/zero point (the
 stock replacement raised ``NotImplementedError`` mid-rewrite for a tensor
 output scale; here such a graph is simply not matched), a positive output
-scale (it is inverted), an int upscale factor >= 1, a rank-4 int8 input whose
+scale (it is inverted), upscale factor 2 (the runtime aborts on any other:
+``VK_CHECK_COND(r == 2)``), a rank-4 int8 input whose
 channels divide by r*r; every intermediate has one user (no-escape rule).
 """
 
@@ -37,6 +38,9 @@ from ._common import CLONES, constraint, et_vk, int8_dq, int8_q, shape_of
 
 def _pixel_shuffle_channels(ctx: CheckContext) -> str | None:
     s, r = shape_of(ctx, "xq"), ctx.captures["r"]
+    if r != 2:
+        return (f"upscale factor {r}: the q8ta_pixel_shuffle kernel supports 2 only (the "
+                "runtime aborts: r == 2)")
     if s is not None and len(s) == 4 and isinstance(s[1], int) and s[1] % (r * r) == 0:
         return None
     return f"input of shape {s} has no channel count divisible by r*r = {r * r}"

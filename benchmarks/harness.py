@@ -206,3 +206,47 @@ def stock_partitioner(backend: str) -> Any:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     return XnnpackPartitioner()
+
+
+# ------------------------------------------------------------------ lowering stages
+
+
+@contextlib.contextmanager
+def stage_timer(passes: list[Any], partitioner: Any) -> Iterator[dict[str, float]]:
+    """CPU time spent, while the block runs, in ``passes`` (fusion), ``partitioner.partition``
+    and backend preprocessing (``BackendDetails.preprocess`` / ``preprocess_multimethod``).
+
+    Preprocess is timed at the base class, outermost call only, so a backend or an
+    adapter that wraps its own ``preprocess`` is still counted once.
+    """
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    acc = {"fusion": 0.0, "partition": 0.0, "preprocess": 0.0}
+    depth = [0]
+
+    def timed(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*a: Any, **k: Any) -> Any:
+            if depth[0]:
+                return fn(*a, **k)
+            depth[0] += 1
+            t0 = CPU_CLOCK()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[key] += CPU_CLOCK() - t0
+                depth[0] -= 1
+        return run
+
+    for p in passes:
+        p.call = timed("fusion", p.call)
+    partitioner.partition = timed("partition", partitioner.partition)
+    real_multi = BackendDetails.__dict__["preprocess_multimethod"]
+
+    def multi(cls: Any, *a: Any, **k: Any) -> Any:
+        return timed("preprocess", lambda: real_multi.__func__(cls, *a, **k))()
+
+    BackendDetails.preprocess_multimethod = classmethod(multi)  # type: ignore[assignment,method-assign]
+    try:
+        yield acc
+    finally:
+        BackendDetails.preprocess_multimethod = real_multi  # type: ignore[method-assign]

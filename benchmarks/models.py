@@ -126,6 +126,25 @@ class MixedUnit(nn.Module):
         return x
 
 
+class NormChainUnit(nn.Module):
+    """One Llama-style norm block (fusable RMSNorm) and one with an AdaLN multiplier (declined).
+
+    The replication unit of the apply benchmark: few nodes per fusion, so the
+    cost of applying is not hidden behind matching a large block.
+    """
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.norm1 = RMSNorm(dim)
+        self.lin1 = nn.Linear(dim, dim, bias=False)
+        self.norm2 = AdaLNNorm(dim, dim)
+        self.lin2 = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        x = x + self.lin1(self.norm1(x))
+        return x + self.lin2(self.norm2(x, cond))
+
+
 class TinyLlama(nn.Module):
     """A Llama-style stack for end-to-end lowering."""
 

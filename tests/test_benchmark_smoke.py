@@ -25,7 +25,8 @@ def test_quick_benchmark_runs_and_reports_targets(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "== targets ==" in out
-    for section in ("== 1. matching", "== 2. the fusion pass when nothing matches"):
+    for section in ("== 1. matching", "== 2. the fusion pass when nothing matches",
+                    "== 5. applying fusions"):
         assert section in out
     data = json.loads(out_json.read_text())
     assert {t["status"] for t in data["targets"]} <= {"MET", "MISSED", "SKIPPED"}
@@ -37,3 +38,6 @@ def test_quick_benchmark_runs_and_reports_targets(tmp_path: Path) -> None:
     # the mixed graphs have constant-weight norms (fused) and AdaLN norms (declined)
     for rec in data["matching"].values():
         assert rec["fusionkit_fused"] > 0 and rec["fusionkit_declined"] > 0
+    # applying: every constant-weight norm of the norm-chain graphs is fused, all-or-nothing
+    for count, rec in data["apply"]["sizes"].items():
+        assert rec["fusions"] == int(count) and rec["apply_ms_per_fusion"] > 0

@@ -173,6 +173,7 @@ lowerings is listed in ``tests/test_vulkan_simulator.py``.
 from __future__ import annotations
 
 import operator
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -196,6 +197,7 @@ __all__ = [
     "UnsupportedOperatorError",
     "run_payload",
     "simulate",
+    "unload",
 ]
 
 #: VkDataType -> torch dtype
@@ -380,6 +382,10 @@ class _Delegate:
         self.label = label
         self.values: list[Any] = [_UNSET] * len(self.g.values)
         self.static = True  # inputs arrived with the shapes the VkGraph declares
+        #: chain indices of prepack ops already run: the runtime prepacks once, when
+        #: the program is loaded, and keeps the packed tensors (and in-place updates
+        #: to them, e.g. a KV cache) for every later execution
+        self.prepacked: set[int] = set()
         for vid, v in enumerate(self.g.values):
             self.values[vid] = self._initial(vid, v)
 
@@ -485,6 +491,7 @@ class _Delegate:
         ids = self.g.input_ids
         if len(inputs) != len(ids):
             raise self.err(f"the delegate takes {len(ids)} inputs, got {len(inputs)}")
+        self.static = True
         for k, (vid, x) in enumerate(zip(ids, inputs, strict=True)):
             t = self.tensor_meta(vid)
             if t is not None and isinstance(x, torch.Tensor):
@@ -494,7 +501,11 @@ class _Delegate:
             else:
                 self.write(vid, x, f"input {k}")
         for index, call in enumerate(self.g.chain):
+            if index in self.prepacked:
+                continue
             self.call(index, call.name, call.args)
+            if call.name == PREPACK:
+                self.prepacked.add(index)
         return [self.read(vid, f"output {k}") for k, vid in enumerate(self.g.output_ids)]
 
     def require_constant(self, name: str, index: int, arg_name: str, vid: int) -> None:
@@ -816,6 +827,18 @@ class DelegateRun:
     lowered: Any
 
 
+#: program -> (method, delegate call index) -> the loaded delegate: like a loaded
+#: ExecuTorch Method, a program keeps its prepacked constants between calls
+_LOADED: weakref.WeakKeyDictionary[Any, dict[tuple[str, int], _Delegate]] = (
+    weakref.WeakKeyDictionary())
+
+
+def unload(program: Any) -> None:
+    """Forget ``program``'s loaded delegates: the next :func:`simulate` prepacks afresh
+    (a KV cache kept inside a delegate starts from its serialized bytes again)."""
+    _LOADED.pop(program, None)
+
+
 def simulate(program: Any, *inputs: Any, method: str = "forward",
              trace: list[DelegateRun] | None = None) -> Any:
     """Run ``program`` on the CPU, executing its Vulkan delegates from their payloads.
@@ -829,6 +852,10 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
     operator it cannot execute, :class:`SimulationError` for other malformed
     payloads. See the module docstring for what is and is not modelled.
     ``trace``: a list that receives one :class:`DelegateRun` per delegate call.
+
+    Like a loaded ExecuTorch program, ``program`` keeps its delegates' prepacked
+    constants between calls (mutable state such as a KV cache carries over);
+    :func:`unload` drops them.
     """
     from executorch.exir import EdgeProgramManager, ExecutorchProgramManager
     from executorch.exir.lowered_backend_module import LoweredBackendModule
@@ -897,7 +924,11 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
             # the inputs as they were before the delegate ran (it may update caches in place)
             before = ([a.clone() if isinstance(a, torch.Tensor) else a for a in args]
                       if trace is not None else [])
-            outs = _Delegate(decoded, named or (lambda _k: None), label).run(args)
+            loaded = _LOADED.setdefault(program, {})
+            key = (method, delegate_no)
+            if key not in loaded:
+                loaded[key] = _Delegate(decoded, named or (lambda _k: None), label)
+            outs = loaded[key].run(args)
             if trace is not None:
                 trace.append(DelegateRun(delegate_no, label, decoded.graph.op_names(),
                                          before, list(outs), lm))

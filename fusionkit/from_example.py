@@ -29,6 +29,7 @@ import copy
 import inspect
 import math
 import operator
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -144,8 +145,9 @@ def _export(fn: Callable[..., Any], values: Mapping[str, Any], dialect: Dialect
 
 
 def _capture_name(fqn: str) -> str:
-    name = fqn.removeprefix("inner.").replace(".", "_")
-    return name if name.isidentifier() else f"t_{abs(hash(name))}"
+    """``inner.layers.0.weight`` -> ``layers_0_weight`` (a capture name is an identifier)."""
+    name = re.sub(r"\W", "_", fqn.removeprefix("inner."))
+    return name if name.isidentifier() else f"t_{name}"
 
 
 def _trace(fn: Callable[..., Any], values: Mapping[str, Any], dialect: Dialect) -> _Trace:
@@ -398,6 +400,7 @@ class _Converter:
     wild_examples: Mapping[str, Any]
     selectors: frozenset[str]
     casts: frozenset[str]
+    narrowing: bool = False
     index: dict[Node, int] = field(default_factory=dict)
     shared: set[Node] = field(default_factory=set)
     bound: set[Node] = field(default_factory=set)
@@ -405,6 +408,11 @@ class _Converter:
 
     def __post_init__(self) -> None:
         self.index = {n: i for i, n in enumerate(_calls(self.tr.ep))}
+
+    def through(self, p: Pattern) -> Pattern:
+        """``p`` behind any number of casts (narrowing ones too when the author says so)."""
+        return through(self.casts, p, narrowing=self.narrowing) if self.narrowing \
+            else through(self.casts, p)
 
     def skip_casts(self, a: Any) -> Any:
         while (self.casts and isinstance(a, Node) and a.op == "call_function"
@@ -459,7 +467,7 @@ class _Converter:
         wild = self.wild_at.get((i, key, path))
         if wild is not None:
             v = _wildcard_value(wild, self.wild_examples[wild])
-            return through(self.casts, v) if self.casts and v.tensor_ok else v
+            return self.through(v) if self.casts and v.tensor_ok else v
         if not path:
             for sel in self.selectors:
                 if _selector_matches(sel, n.target, key) and not isinstance(a, Node):
@@ -471,13 +479,13 @@ class _Converter:
                 t = self.tr.lifted[inner.name]
                 if t.dim() == 0:
                     v = _number(t.item())
-                    return through(self.casts, v) if self.casts else v
+                    return self.through(v) if self.casts else v
             p = self.node(a)
             if isinstance(p, Capture) and p.name in self.tr.module_tensors:
                 # a cast of a module tensor is a constant expression: the parameter
                 # policy (fold or decline) judges it, so it stays part of the capture
                 return p
-            return through(self.casts, p) if self.casts else p
+            return self.through(p) if self.casts else p
         if isinstance(a, (list, tuple)):
             items = [self.arg(n, i, key, x, (*path, j)) for j, x in enumerate(a)]
             if any(isinstance(x, Pattern) for x in items):
@@ -486,7 +494,7 @@ class _Converter:
         if isinstance(a, (int, float)) and not isinstance(a, bool) and not path \
                 and _is_tensor_arg(n.target, key):
             v = _number(a)
-            return through(self.casts, v) if self.casts else v
+            return self.through(v) if self.casts else v
         return a
 
 
@@ -564,12 +572,12 @@ def _trace_with_wildcards(fn: Callable[..., Any], values: Mapping[str, Any],
 
 def _pattern_of(fn: Callable[..., Any], values: Mapping[str, Any], *, dialect: Dialect,
                 wildcards: Mapping[str, str], casts: Iterable[str],
-                output_names: Sequence[str] | None) -> _Traced:
+                output_names: Sequence[str] | None, narrowing: bool = False) -> _Traced:
     selectors = {w for w in wildcards if _is_selector(w, fn, values)}
     base, wild_at, wild_examples = _trace_with_wildcards(
         fn, values, {w: c for w, c in wildcards.items() if w not in selectors}, dialect)
     cast_keys = frozenset(op_key(resolve_op(c)) or c for c in casts)
-    conv = _Converter(base, wild_at, wild_examples, frozenset(selectors), cast_keys)
+    conv = _Converter(base, wild_at, wild_examples, frozenset(selectors), cast_keys, narrowing)
     outs = _output_nodes(base.ep)
     for o in outs:
         if not isinstance(o, Node) or conv.skip_casts(o).op != "call_function":
@@ -761,6 +769,7 @@ def rule_from_functions(
     wildcards: Iterable[str] | Mapping[str, str] = (),
     dialect: Dialect = "edge",
     casts: Iterable[str] = CASTS,
+    narrowing: bool = False,
     parameters: ParamPolicy = "constant",
     output_names: Sequence[str] | None = None,
     priority: int = 0,
@@ -781,7 +790,9 @@ def rule_from_functions(
     (``"view_copy.size"``) whose literals match any value.
     ``replacement``: an op name (called with the search function's parameters in
     order), a function of capture names to trace, or a Replacement.
-    ``casts``: ops every operand may pass through (``()`` keeps casts as traced).
+    ``casts``: ops every operand may pass through (``()`` keeps casts as traced);
+    value-preserving ones only, unless ``narrowing`` (fp32 -> fp16 too: right when
+    the fused op computes in the input's dtype, as the RMSNorm kernel does).
     """
     fns: list[Callable[..., Any]] = (
         list(search_fn) if isinstance(search_fn, (list, tuple))
@@ -795,7 +806,7 @@ def rule_from_functions(
     wild = _wildcard_names(wildcards)
     traced = [
         _pattern_of(f, _bind_inputs(f, ex), dialect=dialect, wildcards=wild, casts=casts,
-                    output_names=output_names)
+                    output_names=output_names, narrowing=narrowing)
         for f, ex in zip(fns, per_fn, strict=True)
     ]
     pattern = _merge([t.pattern for t in traced])

@@ -60,5 +60,6 @@ def why_not_text(w: WhyNot) -> str:
         lines.append(f"  node:   `{w.node.name}`")
     lines.append(f"  reason: {w.reason}")
     if w.matched and w.outcome != "fused":
-        lines.append(f"  matched before it stopped: {', '.join(f'`{n.name}`' for n in w.matched)}")
+        what = "matched before it stopped" if w.step == "structure" else "matched"
+        lines.append(f"  {what}: {', '.join(f'`{n.name}`' for n in w.matched)}")
     return "\n".join(lines)

@@ -58,7 +58,7 @@ def test_specs_validate_user_error_exit_2_without_traceback(tmp_path: Path) -> N
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
     line = next(i for i, t in enumerate(bad.read_text().splitlines(), 1) if "rsqrtt" in t)
-    assert f"bad.yaml:{line}: rules[0].pattern.args[0].pattern.args[1].op:" in r.stderr
+    assert f"bad.yaml:{line}: rules[0].pattern.args[0].inner.args[1].op:" in r.stderr
     assert "aten.rsqrtt.default" in r.stderr
 
 

@@ -33,6 +33,7 @@ from fusionkit.specs import (
     load_spec_text,
     load_specs,
     rule_to_data,
+    rules_equal,
     rules_to_yaml,
 )
 
@@ -51,6 +52,7 @@ def test_rms_norm_spec_is_installed_under_the_package() -> None:
 
 def test_yaml_rms_norm_compiles_to_the_python_rule() -> None:
     (from_yaml,) = load_spec_file(RMS_NORM_YAML)
+    assert rules_equal(from_yaml, rms_norm_rule())  # structurally, not only as dumps
     assert rule_to_data(from_yaml, hoist=False) == rule_to_data(rms_norm_rule(), hoist=False)
 
 

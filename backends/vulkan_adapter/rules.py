@@ -16,6 +16,7 @@ from typing import Any
 from executorch.exir.pass_base import ExportedProgramPassBase
 
 from fusionkit import FusionPass, Rule
+from fusionkit.integration.constant_subgraphs import FoldConstantSubgraphsPass
 from fusionkit.passes.registry import rule_set
 
 from .delegation import PartitionerSupport, with_delegation_check
@@ -48,4 +49,6 @@ def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
     """
     support = PartitionerSupport(partitioner)
     rules = [with_delegation_check(r, support) for r in fusion_rules()]
-    return [FusionPass(rules, name=PASS_NAME)]
+    # values computed from lifted constants alone (attention masks) are folded first:
+    # delegated on their own, stock Vulkan preprocess cannot re-trace them (Gemma2)
+    return [FoldConstantSubgraphsPass(), FusionPass(rules, name=PASS_NAME)]

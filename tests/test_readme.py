@@ -57,7 +57,7 @@ def test_public_api_is_complete_and_importing_fusionkit_is_cheap() -> None:
     import subprocess
     import sys
 
-    assert set(fusionkit.__all__) == set(fusionkit._EXPORTS)
+    assert set(fusionkit.__all__) == set(fusionkit.EXPORTS)
     for name in fusionkit.__all__:
         assert getattr(fusionkit, name) is not None
     code = "import sys, fusionkit, fusionkit.app.cli; print('torch' in sys.modules)"

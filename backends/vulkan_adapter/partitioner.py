@@ -57,7 +57,6 @@ class VulkanPartitioner(_StockVulkanPartitioner):
     otherwise, e.g. when the op is in ``operator_blocklist``).
     """
 
-    @functools.wraps(_StockVulkanPartitioner.__init__)  # the same signature as ExecuTorch's
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         PREPROCESS_SCOPE.mark(self.delegation_spec)
@@ -83,3 +82,7 @@ class VulkanPartitioner(_StockVulkanPartitioner):
             )
         PREPROCESS_SCOPE.expect(len(result.partition_tags))
         return result
+
+
+# the same signature and docs as ExecuTorch's constructor (inspect.signature follows __wrapped__)
+functools.update_wrapper(VulkanPartitioner.__init__, _StockVulkanPartitioner.__init__)

@@ -33,7 +33,6 @@ __all__ = ["PREPROCESS_SCOPE", "XnnpackPartitioner"]
 class XnnpackPartitioner(_StockXnnpackPartitioner):
     """ExecuTorch's ``XnnpackPartitioner`` (same arguments) + fusionkit's constant serializer."""
 
-    @functools.wraps(_StockXnnpackPartitioner.__init__)  # the same signature as ExecuTorch's
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         PREPROCESS_SCOPE.mark(self.delegation_spec)
@@ -42,3 +41,7 @@ class XnnpackPartitioner(_StockXnnpackPartitioner):
         result = super().partition(exported_program)
         PREPROCESS_SCOPE.expect(len(result.partition_tags))
         return result
+
+
+# the same signature and docs as ExecuTorch's constructor (inspect.signature follows __wrapped__)
+functools.update_wrapper(XnnpackPartitioner.__init__, _StockXnnpackPartitioner.__init__)

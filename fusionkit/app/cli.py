@@ -139,7 +139,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(json.dumps(explain_json(ms), indent=2))
         return EXIT_OK
     st = Style()
-    print(st.bold(f"{model.name}: {len(ms.accepted)} fused, {len(ms.declined)} declined "
+    errors = len(ms.errors)
+    print(st.bold(f"{model.name}: {len(ms.accepted)} fused, {len(ms.declined) - errors} declined, "
+                  f"{errors} rule error{'' if errors == 1 else 's'} "
                   f"({args.backend} rules{' + specs' if rules else ''})"))
     rows = explain_rows(ms)
     if rows:

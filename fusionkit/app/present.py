@@ -29,25 +29,29 @@ def explain_rows(ms: MatchSet) -> list[tuple[str, ...]]:
         folded = ", ".join(f"{k} folded from `{v.name}`" for k, v in m.folds.items())
         items.append((order.get(m.root, 0), (m.rule.name, "fused", m.root.name, "-", "-",
                                              folded or f"{len(m.claimed)} nodes")))
-    for d in ms.declined:
-        items.append((order.get(d.root, 0), (d.rule, "declined", d.root.name, d.step,
+    for d in ms.declined:  # a rule whose own code raised is an "error", not a decline
+        verdict = "error" if d.step == "error" else "declined"
+        items.append((order.get(d.root, 0), (d.rule, verdict, d.root.name, d.step,
                                              d.node.name if d.node is not None else "-", d.reason)))
     items.sort(key=lambda t: t[0])
     return [row for _, row in items]
 
 
 def explain_json(ms: MatchSet) -> dict[str, Any]:
-    """The accepted and declined matches as JSON records."""
+    """The accepted and declined matches as JSON records; rule errors listed apart."""
     return {"accepted": [match_record(m) for m in ms.accepted],
-            "declined": [decline_record(d) for d in ms.declined]}
+            "declined": [decline_record(d) for d in ms.declined if d.step != "error"],
+            "errors": [decline_record(d) for d in ms.errors]}
 
 
 def report_text(report: FusionReport) -> str:
-    """A pass report as a table of every rule, then one line per decline."""
-    rows = [(r.rule, r.fused, r.folded, len(r.declines)) for r in report.rules.values()]
-    lines = [text_table(["rule", "fused", "folded consts", "declined"], rows, right=(1, 2, 3))]
+    """A pass report as a table of every rule, then one line per decline and rule error."""
+    rows = [(r.rule, r.fused, r.folded, r.declined, len(r.errors)) for r in report.rules.values()]
+    lines = [text_table(["rule", "fused", "folded consts", "declined", "errors"], rows,
+                        right=(1, 2, 3, 4))]
     for d in report.declined:
-        lines.append(f"  declined {d.rule} at `{d.root.name}` ({d.step}): {d.reason}")
+        verdict = "ERROR in" if d.step == "error" else "declined"
+        lines.append(f"  {verdict} {d.rule} at `{d.root.name}` ({d.step}): {d.reason}")
     return "\n".join(lines)
 
 

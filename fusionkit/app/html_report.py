@@ -46,7 +46,7 @@ class Item:
 
     rule: str
     root: Node
-    verdict: str  # "fused" or "declined"
+    verdict: str  # "fused", "declined", or "error" (a rule's own code raised)
     step: str
     fault: Node | None
     reason: str
@@ -63,7 +63,8 @@ class Item:
             return Item(x.rule.name, x.root, "fused", "fused", None,
                         folded or f"{len(x.claimed)} nodes replaced", tuple(x.claimed))
         matched = tuple(getattr(x, "claimed", ()) or ())
-        return Item(x.rule, x.root, "declined", x.step, x.node, x.reason,
+        verdict = "error" if x.step == "error" else "declined"  # the rule's own code raised
+        return Item(x.rule, x.root, verdict, x.step, x.node, x.reason,
                     matched if x.root in matched else (x.root, *matched))
 
 
@@ -160,7 +161,7 @@ body { font-family: Helvetica, Arial, sans-serif; margin: 2em; color: #212529; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 2em; }
 table { border-collapse: collapse; font-size: 0.9em; }
 td, th { border: 1px solid #dee2e6; padding: 4px 8px; text-align: left; vertical-align: top; }
-.fused { background: #b7e4c7; } .declined { background: #ffe08a; }
+.fused { background: #b7e4c7; } .declined { background: #ffe08a; } .error { background: #ffc9c9; }
 figure { margin: 1em 0; border: 1px solid #dee2e6; padding: 1em; overflow-x: auto; }
 figcaption { font-size: 0.9em; margin-bottom: 0.5em; }
 .legend span { display: inline-block; padding: 2px 8px; margin-right: 6px; border: 1px solid #adb5bd; }

@@ -79,7 +79,7 @@ def _template(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         shape, stride = tuple(v.shape), tuple(v.stride())
         if (not all(type(d) is int for d in (*shape, *stride)) or v.layout is not torch.strided
-                or v.storage_offset() != 0 or type(v) is not FakeTensor):
+                or v.storage_offset() != 0 or type(v) is not FakeTensor or v.requires_grad):
             raise _Uncacheable
         return ("T", shape, stride, v.dtype, v.device)
     if isinstance(v, (list, tuple)):

@@ -200,7 +200,7 @@ REPLACEMENT_FAULTS = ["start", "after constant", "end", "wrong dtype", "not a no
 # ------------------------------------------------------------------- tests
 
 
-@settings(max_examples=30)
+@settings(max_examples=20)
 @given(step=st.sampled_from(sorted(STEPS)), k=st.integers(1, 5), strict=st.booleans())
 def test_a_failing_internal_step_leaves_the_program_as_it_was(
         monkeypatch: pytest.MonkeyPatch, model: nn.Module, base: Any, step: str, k: int,
@@ -243,7 +243,7 @@ def test_a_failing_internal_step_leaves_the_program_as_it_was(
 
 
 @pytest.mark.parametrize("when", REPLACEMENT_FAULTS)
-@pytest.mark.parametrize("which", ["silu", "addmm", "relu_relu"])
+@pytest.mark.parametrize("which", ["addmm", "relu_relu"])
 def test_a_failing_replacement_is_undone_alone_or_raises_in_strict_mode(
         model: nn.Module, base: Any, when: str, which: str) -> None:
     rs = [faulty(r, when) if r.name == which else r for r in rules()]

@@ -65,9 +65,11 @@ def test_public_api_is_complete_and_importing_fusionkit_is_cheap() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_readme_yaml_spec_loads() -> None:
+def test_readme_yaml_specs_load() -> None:
     from fusionkit.specs import load_spec_text
 
-    (block,) = re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.S)
-    (rule,) = load_spec_text(block, file="README.md")
+    traced, silu = re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.S)
+    (rule,) = load_spec_text(silu, file="README.md")
     assert rule.name == "silu" and rule.root_keys == frozenset({"aten.mul.Tensor"})
+    (rule,) = load_spec_text(traced, file="README.md")  # the rule traced from LlamaRMSNorm
+    assert rule.name == "llama_rms_norm" and rule.root_keys == frozenset({"aten.mul.Tensor"})

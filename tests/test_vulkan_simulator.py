@@ -374,7 +374,7 @@ EXERCISED = frozenset({
     "aten.rsqrt.default", "aten.select_copy.int", "aten.sigmoid.default",
     "aten.slice_copy.Tensor", "aten.split_with_sizes_copy.default", "aten.squeeze_copy.dims",
     "aten.unsqueeze_copy.default", "aten.view_copy.default", "aten.where.self",
-    "dim_order_ops._to_dim_order_copy.default", "et_vk.conv_with_clamp.default",
+    "et_vk.conv_with_clamp.default",
     "et_vk.prepack.default", "et_vk.rms_norm.default",
 })
 

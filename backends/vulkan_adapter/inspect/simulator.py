@@ -581,7 +581,11 @@ class _Delegate:
         if v is None:
             raise self.err(f"{who} argument {a.name!r} refers to value {vid}, but the graph "
                            f"has {len(self.values)} values")
-        ty = str(a.type).rstrip("?")
+        # real_type: a ScalarType argument's ``type`` is ``int``
+        ty = str(getattr(a, "real_type", a.type))
+        if ty.startswith("Optional[") and ty.endswith("]"):
+            ty = ty[len("Optional["):-1]
+        ty = ty.rstrip("?")
         if v.kind in ("Null", "NONE"):
             if ty == "ScalarType":
                 return self.implied_dtype(who, name, a.name, ins, out)

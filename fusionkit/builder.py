@@ -81,7 +81,10 @@ class ProgramConstants:
                 raise FusionError(f"`{name}` already names a placeholder that is not a constant")
             return existing
         sig = self.ep.graph_signature
-        specs = list(sig.input_specs)
+        # the list itself, as ExecuTorch's create_constant_placeholder does: a graph-module
+        # pass (FusePatternsPass in VulkanBackend.preprocess) runs on a copy of the program
+        # sharing this list, and ExecuTorch re-reads the signature from that copy
+        specs = sig.input_specs
         at = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
         if len(specs) != len(placeholders):
             raise FusionError("the graph signature does not list every placeholder")
@@ -97,7 +100,7 @@ class ProgramConstants:
         specs.insert(at, InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name),
                                    node.name, None))
         self.ep.constants[node.name] = value
-        self.ep._graph_signature = ExportGraphSignature(specs, list(sig.output_specs))
+        self.ep._graph_signature = ExportGraphSignature(specs, sig.output_specs)
         self._by_name[name] = node
         self._inputs = None  # the signature changed
         return node

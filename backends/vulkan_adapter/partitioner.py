@@ -76,8 +76,9 @@ class VulkanPartitioner(_StockVulkanPartitioner):
                 f"{names} created by fusionkit's Vulkan transform_passes() "
                 "(rule {0!r}) was not delegated to Vulkan by this partitioner "
                 "(operator_blocklist/allowlist, nn_module lists, texture or buffer limits?); "
-                "et_vk ops have no CPU kernel, so the program could not be loaded. Lower "
-                "without transform_passes() or let the partitioner take these nodes."
+                "et_vk ops have no CPU kernel, so the program could not be loaded. Give this "
+                "partitioner to transform_passes(partitioner=...) so that fusions it would "
+                "refuse are not made."
                 .format(stranded[0].meta["fusionkit_rule"])
             )
         PREPROCESS_SCOPE.expect(len(result.partition_tags))

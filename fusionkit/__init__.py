@@ -97,8 +97,8 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "ExampleError": ("fusionkit.from_example", "example code that cannot become a rule as asked"),
     "to_python": ("fusionkit.python_source", "a rule or pattern printed as the DSL code that builds it"),
     "NotPrintable": ("fusionkit.python_source", "a rule part that is Python code, not data (cannot be printed)"),
-    "why_not": ("fusionkit.why_not", "what one rule made of one node: fused, declined (why) or how far it got"),
-    "WhyNot": ("fusionkit.why_not", "the verdict of :func:`why_not`: outcome, step, node at fault, reason"),
+    "why_not": ("fusionkit.near_miss", "what one rule made of one node: fused, declined (why) or how far it got"),
+    "WhyNot": ("fusionkit.near_miss", "the verdict of :func:`why_not`: outcome, step, node at fault, reason"),
 }
 
 
@@ -149,6 +149,8 @@ if TYPE_CHECKING:
     from fusionkit.integration.compact_constants import compact_tensor as compact_tensor
     from fusionkit.integration.tensor_bytes import pack_int4 as pack_int4
     from fusionkit.integration.tensor_bytes import tensor_bytes as tensor_bytes
+    from fusionkit.near_miss import WhyNot as WhyNot
+    from fusionkit.near_miss import why_not as why_not
     from fusionkit.pattern import CASTS as CASTS
     from fusionkit.pattern import Pattern as Pattern
     from fusionkit.pattern import also as also
@@ -184,8 +186,6 @@ if TYPE_CHECKING:
     from fusionkit.rule import ref as ref
     from fusionkit.rule import replace_with as replace_with
     from fusionkit.targets import op_key as op_key
-    from fusionkit.why_not import WhyNot as WhyNot
-    from fusionkit.why_not import why_not as why_not
 
 __all__ = [
     "CASTS",

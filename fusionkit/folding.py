@@ -17,10 +17,82 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Node
 
-from fusionkit.constraints import constant_fold_sources
 from fusionkit.program_inputs import ProgramInputs
+from fusionkit.targets import resolve_op, schema_of, target_name
 
-__all__ = ["FoldError", "evaluate_constant", "fold_to_constant", "new_constant_placeholder"]
+__all__ = [
+    "FoldError",
+    "constant_fold_sources",
+    "evaluate_constant",
+    "fold_to_constant",
+    "new_constant_placeholder",
+]
+
+
+# ------------------------------------------------- what may be folded
+_NONDETERMINISTIC = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "empty")
+
+
+def _fold_refusal(n: Node) -> str | None:
+    """Why ``n`` cannot be part of a folded constant expression, or None if it can.
+
+    Total over node kinds and targets: only pure, deterministic operators and
+    Python's ``operator`` functions (``getitem`` of a ``chunk``/``split``, SymInt
+    arithmetic) are evaluated at lowering time; a higher-order operator, any
+    other Python callable, a module attribute or a call of a module is refused
+    with a reason — never an exception.
+    """
+    if n.op != "call_function":
+        what = {"get_attr": "a module attribute", "call_module": "a submodule call",
+                "call_method": "a method call", "output": "the graph output"}.get(n.op, n.op)
+        return f"it depends on `{n.name}`, {what}"
+    target = n.target
+    name = target_name(target)
+    schema = schema_of(target)
+    if schema is None:
+        if getattr(target, "__module__", None) in ("_operator", "operator"):
+            return None  # operator.getitem, operator.add on SymInts, ...
+        return (f"it depends on `{n.name}` ({name}), which fusionkit does not evaluate at "
+                "lowering time")
+    if schema.is_mutable:
+        return f"it depends on `{n.name}` ({name}), which mutates its inputs"
+    overload = resolve_op(target)
+    op_name = name.split(".")[1] if name.count(".") >= 2 else name
+    if (torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
+            or any(word in op_name for word in _NONDETERMINISTIC)):
+        return f"it depends on `{n.name}` ({name}), which is not deterministic"
+    return None
+
+
+def constant_fold_sources(
+    node: Node, inputs: ProgramInputs, limit: int = 64
+) -> tuple[list[Node] | None, str]:
+    """The constant placeholders ``node`` depends on, if it depends on nothing else.
+
+    Returns ``(sources, "")`` when the value is a pure function of constants,
+    else ``(None, why)``. The walk is bounded by ``limit`` nodes so a check stays
+    constant-time on large graphs.
+    """
+    seen: set[Node] = set()
+    sources: list[Node] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if len(seen) > limit:
+            return None, f"its constant expression is larger than {limit} nodes"
+        if n.op == "placeholder":
+            if inputs.constant(n) is None:
+                return None, f"it depends on {inputs.describe(n)} `{n.name}`"
+            sources.append(n)
+            continue
+        refusal = _fold_refusal(n)
+        if refusal is not None:
+            return None, refusal
+        stack.extend(n.all_input_nodes)  # every Node in args and kwargs, however nested
+    return sources, ""
 
 
 class FoldError(RuntimeError):

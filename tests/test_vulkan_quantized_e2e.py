@@ -230,8 +230,6 @@ class ConvNet(nn.Module):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="simulator: delegated quantized_decomposed."
-                   "quantize_per_tensor gets dtype None (its ScalarType is serialized as Null)")
 def test_pt2e_quantized_conv_net() -> None:
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,

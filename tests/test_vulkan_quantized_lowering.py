@@ -62,14 +62,8 @@ def _cases() -> list[tuple[str, int, bool, tuple[int, ...]]]:
     return out
 
 
-#: int8 weight-only lowers (no fusion, as stock) but the simulator cannot yet run the
-#: delegated torchao.dequantize_affine: its ScalarType argument is serialized as Null
-W8_SIM = pytest.mark.xfail(strict=True, reason="simulator: torchao.dequantize_affine's "
-                           "input_dtype (serialized as Null) is passed as None")
-
-
 def _params() -> list[Any]:
-    return [pytest.param(*c, marks=W8_SIM) if c[0] == "w8" else pytest.param(*c)
+    return [pytest.param(*c)
             for c in _cases()]
 
 

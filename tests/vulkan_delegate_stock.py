@@ -20,8 +20,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 SHARDS = 2
 HERE = Path(__file__).parent
+
+#: the suite runs only when asked for: a complete run of both shards has not yet been
+#: measured inside the CI time budget (each shard is a subprocess of up to 30 minutes)
+OPT_IN = "FUSIONKIT_STOCK_DELEGATE_SUITE"
+requires_opt_in = pytest.mark.skipif(
+    os.environ.get(OPT_IN) != "1",
+    reason=f"ExecuTorch's Vulkan delegate suite runs with {OPT_IN}=1 (not yet timed for CI)")
 
 
 def stock_suite() -> Path:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from torch.fx import Node
 
 from fusionkit.finder import Decline, Match, MatchSet
+from fusionkit.near_miss import WhyNot
 from fusionkit.targets import op_key
-from fusionkit.why_not import WhyNot
 
 __all__ = ["GraphvizMissing", "Item", "render_html", "render_svg", "write_html"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from fusionkit.finder import MatchSet
+from fusionkit.near_miss import WhyNot
 from fusionkit.report import FusionReport, decline_record, match_record, text_table
-from fusionkit.why_not import WhyNot
 
 __all__ = ["explain_json", "explain_rows", "report_text", "why_not_text"]
 

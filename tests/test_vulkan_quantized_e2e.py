@@ -92,12 +92,15 @@ def _is_embedding(m: nn.Module, _: str) -> bool:
     return isinstance(m, nn.Embedding)
 
 
-def lower(m: nn.Module, args: tuple[Any, ...]) -> Any:
+def lower_exported(ep: Any) -> Any:
     from fusionkit.backends.vulkan_adapter import VulkanPartitioner, transform_passes
 
-    return to_edge_transform_and_lower(torch.export.export(m, args),
-                                       transform_passes=transform_passes(),
+    return to_edge_transform_and_lower(ep, transform_passes=transform_passes(),
                                        partitioner=[VulkanPartitioner()])
+
+
+def lower(m: nn.Module, args: tuple[Any, ...]) -> Any:
+    return lower_exported(torch.export.export(m, args))
 
 
 def delegate_ops(prog: Any) -> list[str]:
@@ -186,10 +189,20 @@ class KVDecoder(nn.Module):
         return x + b.w2(F.silu(b.w1(h)) * b.w3(h)), k_cache, v_cache
 
 
+def unused_user_inputs(ep: Any) -> list[str]:
+    """User-input placeholders the exported graph never reads.
+
+    ``torch.export`` traces *one* tensor when the same tensor object is passed
+    for two arguments: the graph reads only the last of them, and the program
+    then ignores the other argument on every later call (pytorch/pytorch#144683,
+    "expected behavior"; pinned in ``tests/test_export_aliased_inputs.py``).
+    """
+    names = set(ep.graph_signature.user_inputs)
+    return [n.name for n in ep.graph.nodes
+            if n.op == "placeholder" and n.name in names and not n.users]
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="simulated decode output differs from eager (max abs "
-                   "0.19 at step 0, every element); not yet diagnosed (caches passed in and "
-                   "returned, index_copy outside the delegate)")
 def test_kv_cache_decoder_several_steps() -> None:
     from fusionkit.backends.vulkan_adapter import simulate
 
@@ -198,8 +211,12 @@ def test_kv_cache_decoder_several_steps() -> None:
     quantize_(m, IntxWeightOnlyConfig(weight_dtype=INT4, granularity=PerGroup(32)),
               filter_fn=_is_linear)
     cache = torch.zeros(1, HEADS, m.capacity, HEAD_DIM)
-    example = (torch.randn(1, 1, DIM), cache, cache, torch.tensor([0]))
-    prog = lower(m, example)
+    # two distinct cache tensors: the same object twice would make export read
+    # v_cache for both caches (see unused_user_inputs)
+    example = (torch.randn(1, 1, DIM), cache, cache.clone(), torch.tensor([0]))
+    ep = torch.export.export(m, example)
+    assert unused_user_inputs(ep) == []
+    prog = lower_exported(ep)
     assert delegate_ops(prog).count("et_vk.linear_q4gsw.default") == 7
     kc = vc = ek = ev = cache
     for step in range(5):

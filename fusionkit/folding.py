@@ -47,20 +47,36 @@ def _fold_refusal(n: Node) -> str | None:
                 "call_method": "a method call", "output": "the graph output"}.get(n.op, n.op)
         return f"it depends on `{n.name}`, {what}"
     target = n.target
+    try:
+        why = _TARGET_REFUSALS[target]
+    except (KeyError, TypeError):  # TypeError: an unhashable callable
+        why = _target_refusal(target)
+        try:
+            _TARGET_REFUSALS[target] = why
+        except TypeError:
+            pass
+    return None if why is None else f"it depends on `{n.name}` {why}"
+
+
+#: target -> the reason (after the node's name) it is never folded, or None (foldable);
+#: the verdict depends on the target only, and a graph repeats few targets many times
+_TARGET_REFUSALS: dict[Any, str | None] = {}
+
+
+def _target_refusal(target: Any) -> str | None:
     name = target_name(target)
     schema = schema_of(target)
     if schema is None:
         if getattr(target, "__module__", None) in ("_operator", "operator"):
             return None  # operator.getitem, operator.add on SymInts, ...
-        return (f"it depends on `{n.name}` ({name}), which fusionkit does not evaluate at "
-                "lowering time")
+        return f"({name}), which fusionkit does not evaluate at lowering time"
     if schema.is_mutable:
-        return f"it depends on `{n.name}` ({name}), which mutates its inputs"
+        return f"({name}), which mutates its inputs"
     overload = resolve_op(target)
     op_name = name.split(".")[1] if name.count(".") >= 2 else name
     if (torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
             or any(word in op_name for word in _NONDETERMINISTIC)):
-        return f"it depends on `{n.name}` ({name}), which is not deterministic"
+        return f"({name}), which is not deterministic"
     return None
 
 

@@ -19,7 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Node
 
-__all__ = ["clear", "fake_output"]
+__all__ = ["clear", "fake_output", "metadata_key"]
 
 #: bound on remembered (op, input metadata) entries; cleared when full
 MAX_ENTRIES = 4096
@@ -72,6 +72,18 @@ def _key(a: Any) -> Any:
     if type(a) is float:
         return ("float", repr(a))  # -0.0 and nan stay distinct and equal to themselves
     raise _Uncacheable  # SymInt, opaque objects: propagate for real
+
+
+def metadata_key(a: Any) -> Any:
+    """A hashable key of ``a``'s metadata (nodes by their ``meta['val']``), or None.
+
+    Equal keys mean equal shapes, strides, dtypes and literals; None when something
+    symbolic or opaque is involved (then nothing may be memoised on it).
+    """
+    try:
+        return _key(a)
+    except _Uncacheable:
+        return None
 
 
 def _template(v: Any) -> Any:

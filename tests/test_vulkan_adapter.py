@@ -373,9 +373,10 @@ def test_check_payload_findings() -> None:
     from fusionkit.backends.vulkan_adapter.inspect.prepack_check import check_payload
 
     ok = check_payload(_synthetic_payload(32, 0), named_sizes={"key0": 32})
-    # only the layer-norm weight (a runtime tensor) is a problem; its None bias is allowed
+    # the layer-norm weight (a runtime tensor) and its None bias: the runtime throws on both
     assert [(p.kind, p.op, p.arg_index, p.arg_name) for p in ok] == [
-        ("not_constant", "aten.native_layer_norm.default", 2, "weight")]
+        ("not_constant", "aten.native_layer_norm.default", 2, "weight"),
+        ("not_constant", "aten.native_layer_norm.default", 3, "bias")]
     bias = check_payload(_synthetic_payload(32, 0, layer_norm_bias_none=False))
     assert {(p.arg_name, p.value_id) for p in bias} == {("weight", 5), ("bias", 5)}
     not_const = check_payload(_synthetic_payload(32, -1))

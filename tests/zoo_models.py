@@ -352,16 +352,16 @@ STOCK_FAILS: dict[tuple[str, str], str] = {
     ("gemma2", "vulkan"): "doesn't match mode",
     # the stock RMSNorm fusion takes the AdaLN scale as the prepacked weight: the runtime aborts
     ("adaln_rms", "vulkan"): "is not a constant",
+    # LayerNorm(elementwise_affine=False) delegated with weight None: the runtime throws
+    # ("native_layer_norm requires weight to be non-None"); see passes/vulkan/layer_norm_affine
+    ("sd3_joint_block", "vulkan"): "argument 2 (weight) is not a constant",
+    ("flux_single_block", "vulkan"): "argument 2 (weight) is not a constant",
 }
 
 #: (model, path) -> a bug outside the zoo's files that makes the adapter's lowering wrong
-#: (the tests xfail strictly with this reason, so a fix shows up as XPASS)
-KNOWN_BUGS: dict[tuple[str, str], str] = {
-    (m, "vulkan"): "the Vulkan partitioner delegates aten.native_layer_norm with weight None "
-    "(LayerNorm(elementwise_affine=False)); the runtime aborts in prepack_standard "
-    "(simulator: NotConstantError, argument 2 (weight) is None)"
-    for m in ("sd3_joint_block", "flux_single_block")
-}
+#: (the tests xfail strictly with this reason, so a fix shows up as XPASS); none left
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
+
 
 #: the two halves of the zoo (one test file each, so both xdist workers share it)
 FIRST_HALF = ["llama", "smollm3", "mistral", "qwen2", "qwen3", "gemma", "gemma2"]

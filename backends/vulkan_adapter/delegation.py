@@ -32,6 +32,7 @@ from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanSupp
 from torch.fx import Node
 
 from fusionkit import CheckContext, Constraint, Failure, Replacement, Rule, op_key
+from fusionkit.meta_cache import metadata_key
 
 from .probe import probe
 
@@ -81,6 +82,10 @@ class PartitionerSupport:
             nn_module_allowlist=getattr(partitioner, "nn_module_allowlist", None),
         )
 
+        #: answers depend on node metadata only unless nn.Module lists look at the stack
+        self.by_metadata = (getattr(partitioner, "nn_module_blocklist", None) is None
+                            and getattr(partitioner, "nn_module_allowlist", None) is None)
+
     def refusal(self, node: Node) -> str | None:
         """None when the partitioner would put ``node`` in a partition, else its reason."""
         self._ops.last_reason = ""
@@ -103,26 +108,52 @@ class DelegatedByVulkan(Constraint):
     support: PartitionerSupport = field(default_factory=PartitionerSupport)
     rule_name: str = ""
     kind: str = "delegated_by_vulkan_partitioner"
+    #: captures' metadata -> the verdict's reason (None: delegated). A transformer asks
+    #: the same question for every layer; building the replacement and asking the
+    #: partitioner costs ~1 ms, so each distinct question is asked once per pass list.
+    #: Sound because the partitioner judges node metadata, and a replacement's ops and
+    #: their metadata are functions of its captures' metadata (never of weight values).
+    memo: dict[Any, str | None] = field(default_factory=dict, compare=False, repr=False)
 
     def captures(self) -> set[str]:
         return self.replacement.captures()
 
+    def _memo_key(self, ctx: CheckContext) -> Any:
+        if not self.support.by_metadata:
+            return None
+        names = sorted(self.replacement.captures() | set(ctx.folds))
+        key = metadata_key(tuple(ctx.captures.get(n) for n in names))
+        folds = metadata_key(tuple(ctx.folds[n] for n in sorted(ctx.folds)))
+        if key is None or folds is None:
+            return None
+        return (tuple(names), key, folds)
+
     def check(self, ctx: CheckContext) -> Failure | None:
+        key = self._memo_key(ctx)
+        if key is not None and key in self.memo:
+            why = self.memo[key]
+            return None if why is None else self._fail(None, ctx.root, why)
+        why = self._verdict(ctx)
+        if key is not None:
+            self.memo[key] = why
+        return None if why is None else self._fail(None, ctx.root, why)
+
+    def _verdict(self, ctx: CheckContext) -> str | None:
+        """None when every et_vk node of the replacement would be delegated, else why not."""
         try:
             built = probe(self.replacement, ctx, self.rule_name)
         except Exception as e:  # a user's lowering never dies inside fusionkit
-            return self._fail(None, ctx.root, "the fused op could not be built to ask the "
-                              f"Vulkan partitioner about it ({type(e).__name__}: {e})")
+            return ("the fused op could not be built to ask the Vulkan partitioner about it "
+                    f"({type(e).__name__}: {e})")
         for n in built.ops():
             if not needs_delegation(n):
                 continue
             why = self.support.refusal(n)
             if why is not None:
-                return self._fail(
-                    None, ctx.root,
-                    f"the Vulkan partitioner would not delegate the fused {op_key(n.target)} "
-                    f"({why}), and it has no CPU kernel; left unfused here, it is fused inside "
-                    "VulkanBackend.preprocess if the partitioner delegates the unfused ops")
+                return (f"the Vulkan partitioner would not delegate the fused {op_key(n.target)} "
+                        f"({why}), and it has no CPU kernel; left unfused here, it is fused "
+                        "inside VulkanBackend.preprocess if the partitioner delegates the "
+                        "unfused ops")
         return None
 
 

@@ -91,7 +91,10 @@ class FoldConstantSubgraphsPass(ExportedProgramPassBase):
                 if isinstance(value, torch.Tensor):
                     known[node] = value
                 continue
-            if node.op != "call_function" or not callable(node.target) or node.is_impure():
+            if node.op != "call_function" or not callable(node.target):
+                continue
+            # cheap test first: most nodes read a value that is not constant
+            if any(x not in known for x in node.all_input_nodes) or node.is_impure():
                 continue
             leaves = pytree.tree_leaves((node.args, node.kwargs))
             if not all(_is_leaf_constant(x, known) for x in leaves):

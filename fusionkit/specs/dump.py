@@ -109,7 +109,9 @@ class _Dumper:
         if isinstance(p, P.Capture):
             return {"capture": p.name}
         if isinstance(p, P.Alt):
-            return {"any_of": [self.pattern(o) for o in p.options]}
+            # a bare literal is only an exact value as an op argument: spell it out here
+            return {"any_of": [d if isinstance(d, dict) else {"lit": d}
+                               for d in (self.pattern(o) for o in p.options)]}
         if isinstance(p, P.Through):
             out: dict[str, Any] = {"through": "casts" if p.ops == _CASTS else sorted(p.ops),
                                    "inner": self.pattern(p.inner)}

@@ -27,7 +27,7 @@ def vulkan_rms_norm_rule() -> Rule:
 RULE_MODULES: tuple[str, ...] = (
     "quantized_unary", "quantized_binary", "quantized_pixel_shuffle", "select_as_symint",
     "quantized_embedding", "rope", "rope_hf", "sdpa", "quantized_linear",
-    "quantized_convolution",
+    "quantized_convolution", "layer_norm_affine",
 )
 for _module in RULE_MODULES:
     importlib.import_module(f"{__name__}.{_module}")

@@ -59,10 +59,9 @@ class PrepackedArg:
 #: serialized op name -> the arguments ``prepack_standard`` requires to be TensorRefs
 PREPACKED_ARGS: dict[str, tuple[PrepackedArg, ...]] = {
     "et_vk.rms_norm.default": (PrepackedArg(1, "weight"),),
-    "aten.native_layer_norm.default": (
-        PrepackedArg(2, "weight"),
-        PrepackedArg(3, "bias", none_ok=True),
-    ),
+    # NativeLayerNorm.cpp (v1.4.1 through main) throws on a None weight *and* a None bias
+    # ("native_layer_norm requires bias to be non-None"), whatever the op registry accepts
+    "aten.native_layer_norm.default": (PrepackedArg(2, "weight"), PrepackedArg(3, "bias")),
     "aten.native_group_norm.default": (PrepackedArg(1, "weight"), PrepackedArg(2, "bias")),
     "aten._native_batch_norm_legit_no_training.default": (
         PrepackedArg(1, "weight"),

@@ -1,0 +1,95 @@
+"""Give ``aten.native_layer_norm`` the weight and bias the Vulkan kernel requires.
+
+``LayerNorm(elementwise_affine=False)`` (the SD3.5 MMDiT and Flux blocks, most
+DiT-style AdaLN) exports ``native_layer_norm(x, shape, None, None, eps)``.
+ExecuTorch 1.5.1's Vulkan op registry accepts that node, the partitioner
+delegates it, and the runtime then throws while building the graph
+(``NativeLayerNorm.cpp``: "native_layer_norm requires weight to be non-None",
+the same for bias) -- the whole delegate fails to load, stock included.
+
+The rule replaces a missing weight with ones and a missing bias with zeros
+(lifted constants of the normalized shape and the input's dtype): ``y * 1 + 0``
+is ``y`` exactly in IEEE arithmetic, so the program computes what the model
+did, and the kernel gets the prepackable constants it needs. The constants
+are made per layer norm, not shared: ExecuTorch 1.5.1 duplicates a lifted
+constant used by several partitions (``duplicate_constant_node``) without
+adding the copies to the delegate's ``constants``, and ``to_executorch`` then
+fails ("... is not a buffer"); a normalized-shape vector per norm is cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import (
+    CheckContext,
+    DtypeIn,
+    PythonReplacement,
+    Rewriter,
+    Rule,
+    capture,
+    int_list,
+    lit,
+    op,
+)
+from fusionkit.passes.registry import register_rules
+
+from ._common import constraint
+
+LAYER_NORM = "aten.native_layer_norm.default"
+#: the dtypes of the Vulkan layer-norm kernel (``utils.FP_T``)
+FLOAT_DTYPES = frozenset({torch.float32, torch.float16})
+
+
+def _affine_missing(ctx: CheckContext) -> str | None:
+    if ctx.captures.get("weight") is not None and ctx.captures.get("bias") is not None:
+        return "weight and bias are both present: nothing to add"
+    return None
+
+
+def _static_shape(ctx: CheckContext) -> str | None:
+    shape = ctx.captures["shape"]
+    if not all(isinstance(d, int) and d > 0 for d in shape):
+        return f"normalized_shape {list(shape)} is not a list of positive ints"
+    return None
+
+
+def _affine_name(rw: Rewriter, kind: str) -> str:
+    return f"fusionkit_{rw.root.name}_{kind}"
+
+
+def _build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    shape = tuple(int(d) for d in c["shape"])
+    dtype = c["x"].meta["val"].dtype
+    weight: Any = c.get("weight")
+    bias: Any = c.get("bias")
+    if weight is None:
+        weight = rw.constant(_affine_name(rw, "ones"), torch.ones(shape, dtype=dtype))
+    if bias is None:
+        bias = rw.constant(_affine_name(rw, "zeros"), torch.zeros(shape, dtype=dtype))
+    return rw.call(LAYER_NORM, c["x"], list(shape), weight, bias, c["eps"])
+
+
+@register_rules("vulkan")
+def layer_norm_affine_rule(name: str = "layer_norm_affine") -> Rule:
+    """``native_layer_norm`` without weight or bias -> the same op with ones / zeros."""
+    # a missing operand binds nothing: the capture is absent from the match
+    weight = lit(None) | capture("weight")
+    bias = lit(None) | capture("bias")
+    pattern = op(LAYER_NORM, capture("x"), int_list(name="shape"), weight, bias, capture("eps"))
+    return Rule(
+        name=name,
+        pattern=pattern,
+        constraints=[
+            constraint("affine_missing", "weight", "bias")(_affine_missing),
+            constraint("static_normalized_shape", "shape")(_static_shape),
+            DtypeIn("x", FLOAT_DTYPES),
+        ],
+        replacement=PythonReplacement(_build, frozenset({"x", "shape", "weight", "bias", "eps"})),
+        description="a layer norm without weight/bias gets ones/zeros, which the Vulkan kernel "
+        "requires (it throws on None)",
+    )

@@ -37,7 +37,7 @@ from fusionkit.meta_cache import metadata_key
 from .probe import probe
 
 __all__ = ["NO_CPU_KERNEL_NAMESPACES", "DelegatedByVulkan", "PartitionerSupport",
-           "with_delegation_check"]
+           "runtime_condition_broken", "with_delegation_check"]
 
 #: op namespaces without a kernel in ExecuTorch's portable CPU runtime: a node of
 #: these outside every Vulkan partition makes the program unloadable
@@ -94,6 +94,28 @@ class PartitionerSupport:
         return self._ops.last_reason or "not supported"
 
 
+def runtime_condition_broken(node: Node) -> str | None:
+    """Why the Vulkan runtime would abort on (or miscompute) the fused ``node``, or None.
+
+    The conditions are the simulator's own (:mod:`.inspect.runtime_conditions`, read
+    from the runtime's C++ and shaders); they judge shapes and literals, so they hold
+    on the fake tensors of ``node``'s arguments as on real ones. One list serves both:
+    a fusion that would break one is never made, and the simulator raises on it.
+    """
+    from .inspect.runtime_conditions import conditions_for, violated
+    from .probe import schema_arguments
+
+    key = op_key(node.target) or ""
+    if not conditions_for(key):
+        return None
+    bad = violated(key, schema_arguments(node))
+    if not bad:
+        return None
+    c = bad[0]
+    return (f"the fused {key} would break the Vulkan runtime's condition {c.name!r} on "
+            f"{', '.join(c.args)}: {c.message()}")
+
+
 def needs_delegation(node: Node) -> bool:
     """``node`` calls an op that exists only inside a Vulkan delegate."""
     key = op_key(node.target) if node.op == "call_function" else None
@@ -102,11 +124,15 @@ def needs_delegation(node: Node) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class DelegatedByVulkan(Constraint):
-    """Every ``et_vk`` node the replacement creates will be delegated by the Vulkan partitioner."""
+    """Every ``et_vk`` node the replacement creates will be delegated by the Vulkan partitioner,
+    and meets every condition the Vulkan runtime places on its arguments."""
 
     replacement: Replacement
     support: PartitionerSupport = field(default_factory=PartitionerSupport)
     rule_name: str = ""
+    #: False inside ``VulkanBackend.preprocess``: the nodes are already delegated there,
+    #: only the runtime's conditions are checked
+    ask_partitioner: bool = True
     kind: str = "delegated_by_vulkan_partitioner"
     #: captures' metadata -> the verdict's reason (None: delegated). A transformer asks
     #: the same question for every layer; building the replacement and asking the
@@ -146,7 +172,10 @@ class DelegatedByVulkan(Constraint):
             return ("the fused op could not be built to ask the Vulkan partitioner about it "
                     f"({type(e).__name__}: {e})")
         for n in built.ops():
-            if not needs_delegation(n):
+            broken = runtime_condition_broken(n)
+            if broken is not None:
+                return broken
+            if not self.ask_partitioner or not needs_delegation(n):
                 continue
             why = self.support.refusal(n)
             if why is not None:
@@ -157,7 +186,11 @@ class DelegatedByVulkan(Constraint):
         return None
 
 
-def with_delegation_check(rule: Rule, support: PartitionerSupport) -> Rule:
-    """``rule`` with :class:`DelegatedByVulkan` as its last constraint (checked after the rest)."""
-    check = DelegatedByVulkan(rule.replacement, support, rule.name)
+def with_delegation_check(rule: Rule, support: PartitionerSupport | None) -> Rule:
+    """``rule`` with :class:`DelegatedByVulkan` as its last constraint (checked after the rest).
+
+    ``support`` None: inside preprocess, where only the runtime's conditions are checked.
+    """
+    check = (DelegatedByVulkan(rule.replacement, support, rule.name) if support is not None
+             else DelegatedByVulkan(rule.replacement, rule_name=rule.name, ask_partitioner=False))
     return dataclasses.replace(rule, constraints=(*rule.constraints, check))

@@ -33,6 +33,7 @@ from fusionkit.passes.registry import taken_over_patterns
 from fusionkit.rewrite import apply_matches
 
 from . import constant_serializer
+from .delegation import with_delegation_check
 from .rules import fusion_rules
 
 __all__ = [
@@ -81,15 +82,18 @@ def _replace_all_fusable_subgraphs(ep: Any, graph_module: Any) -> int:
         )
     # inside a graph-module pass the pass manager owns the signature and state
     # dict: fuse without adding (folding) or removing constants
-    ms = find_matches(ep, fusion_rules(), structural_declines=False, allow_folding=False)
-    if ms.accepted:
-        apply_matches(ep, ms.accepted, drop_dead_constants=False)
-    for m in ms.accepted:
+    # the runtime's conditions are checked here too: a fusion the runtime would abort on
+    # is never made, before or inside preprocess
+    rules = [with_delegation_check(r, None) for r in fusion_rules()]
+    ms = find_matches(ep, rules, structural_declines=False, allow_folding=False)
+    applied = (apply_matches(ep, ms.accepted, drop_dead_constants=False).applied
+               if ms.accepted else [])
+    for m in applied:  # a replacement that failed (non-strict) is not a fusion
         FUSED_IN_FUSE_PATTERNS_PASS[m.rule.name] = FUSED_IN_FUSE_PATTERNS_PASS.get(m.rule.name, 0) + 1
     stock = TAKEOVER.original(importlib.import_module(_PATTERNS_MODULE),
                                "replace_all_fusable_subgraphs")
     rest = stock(ep, graph_module) if _registry() else 0
-    return len(ms.accepted) + int(rest)
+    return len(applied) + int(rest)
 
 
 def executorch_version() -> str | None:

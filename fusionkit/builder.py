@@ -14,7 +14,8 @@ import operator
 from typing import Any
 
 import torch
-from torch._guards import detect_fake_mode
+from torch._guards import TracingContext, detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 from torch.fx import Node
@@ -107,8 +108,33 @@ class ProgramConstants:
 
 
 def _fake_mode(vals: list[Any], root: Node) -> Any:
+    """The fake mode of the arguments (the first fake tensor's; ``detect_fake_mode``
+    checks every one against the others, which costs more than the memoised
+    propagation it serves), else the root's."""
+
+    tracing = TracingContext.try_get()
+    if tracing is not None and tracing.fake_mode is not None:
+        return tracing.fake_mode
+    for v in vals:
+        if isinstance(v, FakeTensor):
+            return v.fake_mode
     mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
     return mode if mode is not None else detect_fake_mode([root.meta.get("val")])
+
+
+#: op -> the node name FX would derive from it (``Graph._target_to_str``); FX formats
+#: an edge op's whole schema to get there, once per new node
+_NODE_NAMES: dict[Any, str] = {}
+
+
+def _node_name(graph: torch.fx.Graph, target: Any) -> str:
+    try:
+        return _NODE_NAMES[target]
+    except KeyError:
+        name = _NODE_NAMES[target] = graph._target_to_str(target)
+        return name
+    except TypeError:  # an unhashable target
+        return graph._target_to_str(target)
 
 
 class Rewriter:
@@ -189,7 +215,8 @@ class Rewriter:
         val = propagate_meta(overload, args, kwargs, meta_args, meta_kwargs,
                              _fake_mode([*meta_args, *meta_kwargs.values()], self.root))
         with self.graph.inserting_before(self.insert_before):
-            node = self.graph.call_function(op, tuple(args), dict(kwargs))
+            node = self.graph.create_node("call_function", op, tuple(args), dict(kwargs),
+                                          name=_node_name(self.graph, op))
         node.meta["val"] = val
         source = self._source()
         if source is not None:

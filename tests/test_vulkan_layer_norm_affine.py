@@ -97,7 +97,8 @@ def test_layer_norm_without_affine_lowers_and_equals_eager(affine: str, dim: int
 
 
 def test_layer_norm_with_affine_is_left_alone() -> None:
-    """A norm that has weight and bias is not the rule's business (declined, not rewritten)."""
+    """A norm that has weight and bias is not the rule's business: not rewritten, and no
+    decline either (it would be noise in every report of every model with a LayerNorm)."""
     from fusionkit import FusionPass
     from fusionkit.passes.vulkan.layer_norm_affine import layer_norm_affine_rule
 
@@ -108,6 +109,5 @@ def test_layer_norm_with_affine_is_left_alone() -> None:
     result = fusion.call(edge)
     assert not result.modified
     assert fusion.report.total_fused == 0
-    assert [d.reason for d in fusion.report.declined] == [
-        "weight and bias are both present: nothing to add"]
+    assert fusion.report.declined == []
     assert str(edge.graph) == before

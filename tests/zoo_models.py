@@ -352,6 +352,9 @@ STOCK_FAILS: dict[tuple[str, str], str] = {
     ("gemma2", "vulkan"): "doesn't match mode",
     # the stock RMSNorm fusion takes the AdaLN scale as the prepacked weight: the runtime aborts
     ("adaln_rms", "vulkan"): "is not a constant",
+    # ... and Gemma's computed `1 + w` weight
+    ("gemma", "vulkan"): "is not a constant",
+    ("gemma3", "vulkan"): "is not a constant",
     # LayerNorm(elementwise_affine=False) delegated with weight None: the runtime throws
     # ("native_layer_norm requires weight to be non-None"); see passes/vulkan/layer_norm_affine
     ("sd3_joint_block", "vulkan"): "argument 2 (weight) is not a constant",

@@ -17,7 +17,7 @@ from executorch.exir.pass_base import ExportedProgramPassBase
 
 from fusionkit import FusionPass, Rule
 from fusionkit.integration.constant_subgraphs import FoldConstantSubgraphsPass
-from fusionkit.passes.registry import rule_set
+from fusionkit.passes.registry import RuleFactory, registered, rule_set
 
 from .delegation import PartitionerSupport, with_delegation_check
 
@@ -34,6 +34,21 @@ def fusion_rules() -> list[Rule]:
     return rule_set("vulkan")
 
 
+#: the registered factories -> the rules they made. Rules are immutable and every pass
+#: list wraps them in new objects (with its own delegation check), so building the 13
+#: factories' patterns once serves every lowering of the process
+_BUILT: dict[tuple[RuleFactory, ...], tuple[Rule, ...]] = {}
+
+
+def _built_rules() -> tuple[Rule, ...]:
+    factories = tuple(registered("vulkan"))
+    rules = _BUILT.get(factories)
+    if rules is None:
+        _BUILT.clear()
+        rules = _BUILT[factories] = tuple(r for f in factories for r in f.rules())
+    return rules
+
+
 def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
     """A fresh list of passes for ``to_edge_transform_and_lower(transform_passes=...)``.
 
@@ -48,7 +63,7 @@ def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
     operator or nn.Module lists), so that both answer the same question the same way.
     """
     support = PartitionerSupport(partitioner)
-    rules = [with_delegation_check(r, support) for r in fusion_rules()]
+    rules = [with_delegation_check(r, support) for r in _built_rules()]
     # values computed from lifted constants alone (attention masks) are folded first:
     # delegated on their own, stock Vulkan preprocess cannot re-trace them (Gemma2)
     return [FoldConstantSubgraphsPass(), FusionPass(rules, name=PASS_NAME)]

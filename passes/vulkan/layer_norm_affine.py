@@ -45,12 +45,6 @@ LAYER_NORM = "aten.native_layer_norm.default"
 FLOAT_DTYPES = frozenset({torch.float32, torch.float16})
 
 
-def _affine_missing(ctx: CheckContext) -> str | None:
-    if ctx.captures.get("weight") is not None and ctx.captures.get("bias") is not None:
-        return "weight and bias are both present: nothing to add"
-    return None
-
-
 def _static_shape(ctx: CheckContext) -> str | None:
     shape = ctx.captures["shape"]
     if not all(isinstance(d, int) and d > 0 for d in shape):
@@ -77,15 +71,15 @@ def _build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
 @register_rules("vulkan")
 def layer_norm_affine_rule(name: str = "layer_norm_affine") -> Rule:
     """``native_layer_norm`` without weight or bias -> the same op with ones / zeros."""
-    # a missing operand binds nothing: the capture is absent from the match
-    weight = lit(None) | capture("weight")
-    bias = lit(None) | capture("bias")
-    pattern = op(LAYER_NORM, capture("x"), int_list(name="shape"), weight, bias, capture("eps"))
+    # a missing operand binds nothing (the capture is absent from the match); a norm with
+    # both operands matches neither option and is not this rule's business (no decline)
+    x, shape, eps = capture("x"), int_list(name="shape"), capture("eps")
+    pattern = (op(LAYER_NORM, x, shape, lit(None), lit(None) | capture("bias"), eps)
+               | op(LAYER_NORM, x, shape, capture("weight"), lit(None), eps))
     return Rule(
         name=name,
         pattern=pattern,
         constraints=[
-            constraint("affine_missing", "weight", "bias")(_affine_missing),
             constraint("static_normalized_shape", "shape")(_static_shape),
             DtypeIn("x", FLOAT_DTYPES),
         ],

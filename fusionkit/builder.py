@@ -22,7 +22,7 @@ from torch.fx import Node
 
 from fusionkit import meta_cache
 from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import OpTarget, dialect_target, resolve_op
+from fusionkit.targets import OpTarget, dialect_target, memo_per_target, resolve_op
 
 __all__ = ["PROVENANCE_KEYS", "FusionError", "ProgramConstants", "Rewriter", "meta_value"]
 
@@ -128,13 +128,7 @@ _NODE_NAMES: dict[Any, str] = {}
 
 
 def _node_name(graph: torch.fx.Graph, target: Any) -> str:
-    try:
-        return _NODE_NAMES[target]
-    except KeyError:
-        name = _NODE_NAMES[target] = graph._target_to_str(target)
-        return name
-    except TypeError:  # an unhashable target
-        return graph._target_to_str(target)
+    return memo_per_target(_NODE_NAMES, target, graph._target_to_str)
 
 
 class Rewriter:

@@ -18,7 +18,7 @@ from torch.export.graph_signature import InputKind
 from torch.fx import Node
 
 from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import resolve_op, schema_of, target_name
+from fusionkit.targets import memo_per_target, resolve_op, schema_of, target_name
 
 __all__ = [
     "FoldError",
@@ -46,20 +46,12 @@ def _fold_refusal(n: Node) -> str | None:
         what = {"get_attr": "a module attribute", "call_module": "a submodule call",
                 "call_method": "a method call", "output": "the graph output"}.get(n.op, n.op)
         return f"it depends on `{n.name}`, {what}"
-    target = n.target
-    try:
-        why = _TARGET_REFUSALS[target]
-    except (KeyError, TypeError):  # TypeError: an unhashable callable
-        why = _target_refusal(target)
-        try:
-            _TARGET_REFUSALS[target] = why
-        except TypeError:
-            pass
+    why = memo_per_target(_TARGET_REFUSALS, n.target, _target_refusal)
     return None if why is None else f"it depends on `{n.name}` {why}"
 
 
-#: target -> the reason (after the node's name) it is never folded, or None (foldable);
-#: the verdict depends on the target only, and a graph repeats few targets many times
+#: target -> the reason (after the node's name) it is never folded, or None (foldable):
+#: the verdict depends on the target only
 _TARGET_REFUSALS: dict[Any, str | None] = {}
 
 

@@ -8,8 +8,9 @@ matcher can index rules by the key of their root op.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -20,6 +21,7 @@ __all__ = [
     "dialect_target",
     "is_assertion",
     "is_edge_target",
+    "memo_per_target",
     "op_key",
     "resolve_op",
     "schema_of",
@@ -50,6 +52,23 @@ def _overload_of(target: Any) -> torch._ops.OpOverload | None:
     if isinstance(inner, torch._ops.OpOverload):
         return inner
     return None
+
+
+_T = TypeVar("_T")
+
+
+def memo_per_target(memo: dict[Any, _T], target: Any, compute: Callable[[Any], _T]) -> _T:
+    """``compute(target)``, remembered in ``memo``: a graph repeats few targets many times.
+
+    An unhashable target (some Python callables) is computed every time.
+    """
+    try:
+        return memo[target]
+    except KeyError:
+        value = memo[target] = compute(target)
+        return value
+    except TypeError:
+        return compute(target)
 
 
 _KEY_CACHE: dict[Any, str | None] = {}

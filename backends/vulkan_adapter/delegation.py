@@ -14,11 +14,13 @@ be delegated": it builds the rule's replacement in a scratch graph
 (:mod:`.probe`) and asks that very partitioner function, configured from the
 partitioner's own options (:class:`PartitionerSupport`), about every ``et_vk``
 node the replacement would create. A fusion the partitioner would refuse is
-declined with the partitioner's own reason. :func:`~.rules.transform_passes`
-attaches it to every rule; inside ``VulkanBackend.preprocess`` (the
-``FusePatternsPass`` stand-in) the rules run without it, because there the
-nodes are already delegated: a fusion declined before partitioning is made
-there when the partitioner took the unfused ops, as stock ExecuTorch fuses.
+declined with the partitioner's own reason. The same check evaluates the
+Vulkan runtime's conditions on those nodes (:func:`runtime_condition_broken`).
+:func:`~.rules.transform_passes` attaches it to every rule; inside
+``VulkanBackend.preprocess`` (the ``FusePatternsPass`` stand-in) it runs without
+a partitioner (``support=None``): the nodes are already delegated there, so only
+the runtime's conditions are checked, and a fusion declined before partitioning
+is made there when the partitioner took the unfused ops, as stock ExecuTorch fuses.
 """
 
 from __future__ import annotations
@@ -128,11 +130,10 @@ class DelegatedByVulkan(Constraint):
     and meets every condition the Vulkan runtime places on its arguments."""
 
     replacement: Replacement
-    support: PartitionerSupport = field(default_factory=PartitionerSupport)
+    #: the partitioner's view; None inside ``VulkanBackend.preprocess``, where the nodes
+    #: are already delegated and only the runtime's conditions are checked
+    support: PartitionerSupport | None = field(default_factory=PartitionerSupport)
     rule_name: str = ""
-    #: False inside ``VulkanBackend.preprocess``: the nodes are already delegated there,
-    #: only the runtime's conditions are checked
-    ask_partitioner: bool = True
     kind: str = "delegated_by_vulkan_partitioner"
     #: captures' metadata -> the verdict's reason (None: delegated). A transformer asks
     #: the same question for every layer; building the replacement and asking the
@@ -145,7 +146,7 @@ class DelegatedByVulkan(Constraint):
         return self.replacement.captures()
 
     def _memo_key(self, ctx: CheckContext) -> Any:
-        if not self.support.by_metadata:
+        if self.support is not None and not self.support.by_metadata:
             return None
         names = sorted(self.replacement.captures() | set(ctx.folds))
         key = metadata_key(tuple(ctx.captures.get(n) for n in names))
@@ -156,12 +157,12 @@ class DelegatedByVulkan(Constraint):
 
     def check(self, ctx: CheckContext) -> Failure | None:
         key = self._memo_key(ctx)
-        if key is not None and key in self.memo:
+        if key is None:
+            why = self._verdict(ctx)
+        elif key in self.memo:
             why = self.memo[key]
-            return None if why is None else self._fail(None, ctx.root, why)
-        why = self._verdict(ctx)
-        if key is not None:
-            self.memo[key] = why
+        else:
+            why = self.memo[key] = self._verdict(ctx)
         return None if why is None else self._fail(None, ctx.root, why)
 
     def _verdict(self, ctx: CheckContext) -> str | None:
@@ -175,7 +176,7 @@ class DelegatedByVulkan(Constraint):
             broken = runtime_condition_broken(n)
             if broken is not None:
                 return broken
-            if not self.ask_partitioner or not needs_delegation(n):
+            if self.support is None or not needs_delegation(n):
                 continue
             why = self.support.refusal(n)
             if why is not None:
@@ -191,6 +192,5 @@ def with_delegation_check(rule: Rule, support: PartitionerSupport | None) -> Rul
 
     ``support`` None: inside preprocess, where only the runtime's conditions are checked.
     """
-    check = (DelegatedByVulkan(rule.replacement, support, rule.name) if support is not None
-             else DelegatedByVulkan(rule.replacement, rule_name=rule.name, ask_partitioner=False))
+    check = DelegatedByVulkan(rule.replacement, support, rule.name)
     return dataclasses.replace(rule, constraints=(*rule.constraints, check))

@@ -34,7 +34,7 @@ from fusionkit.rewrite import apply_matches
 
 from . import constant_serializer
 from .delegation import with_delegation_check
-from .rules import fusion_rules
+from .rules import built_rules
 
 __all__ = [
     "FUSED_IN_FUSE_PATTERNS_PASS",
@@ -84,7 +84,7 @@ def _replace_all_fusable_subgraphs(ep: Any, graph_module: Any) -> int:
     # dict: fuse without adding (folding) or removing constants
     # the runtime's conditions are checked here too: a fusion the runtime would abort on
     # is never made, before or inside preprocess
-    rules = [with_delegation_check(r, None) for r in fusion_rules()]
+    rules = [with_delegation_check(r, None) for r in built_rules()]
     ms = find_matches(ep, rules, structural_declines=False, allow_folding=False)
     applied = (apply_matches(ep, ms.accepted, drop_dead_constants=False).applied
                if ms.accepted else [])

@@ -6,7 +6,7 @@ lists it as ``"vulkan"``); :func:`transform_passes` is what a user hands to
 ``to_edge_transform_and_lower``: the same rules, each also requiring that the
 Vulkan partitioner will delegate what it creates (:mod:`.delegation`). Inside
 ``VulkanBackend.preprocess`` (through the takeover in :mod:`.install`) the rules
-run as they are.
+run with the runtime's conditions only (the nodes are delegated already).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from fusionkit.passes.registry import RuleFactory, registered, rule_set
 
 from .delegation import PartitionerSupport, with_delegation_check
 
-__all__ = ["PASS_NAME", "fusion_rules", "transform_passes"]
+__all__ = ["PASS_NAME", "built_rules", "fusion_rules", "transform_passes"]
 
 PASS_NAME = "fusionkit_vulkan"
 
@@ -40,7 +40,8 @@ def fusion_rules() -> list[Rule]:
 _BUILT: dict[tuple[RuleFactory, ...], tuple[Rule, ...]] = {}
 
 
-def _built_rules() -> tuple[Rule, ...]:
+def built_rules() -> tuple[Rule, ...]:
+    """The rules of :func:`fusion_rules`, built once per set of registered factories."""
     factories = tuple(registered("vulkan"))
     rules = _BUILT.get(factories)
     if rules is None:
@@ -63,7 +64,7 @@ def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
     operator or nn.Module lists), so that both answer the same question the same way.
     """
     support = PartitionerSupport(partitioner)
-    rules = [with_delegation_check(r, support) for r in _built_rules()]
+    rules = [with_delegation_check(r, support) for r in built_rules()]
     # values computed from lifted constants alone (attention masks) are folded first:
     # delegated on their own, stock Vulkan preprocess cannot re-trace them (Gemma2)
     return [FoldConstantSubgraphsPass(), FusionPass(rules, name=PASS_NAME)]

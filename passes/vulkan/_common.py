@@ -29,6 +29,10 @@ from fusionkit import (
     op,
     positive,
 )
+from fusionkit.passes.rms_norm import VULKAN_DTYPES
+
+#: the float dtypes of ExecuTorch 1.5.1's Vulkan kernels (``utils.FP_T``)
+FP_T: frozenset[torch.dtype] = VULKAN_DTYPES
 
 Q_PER_TENSOR = "quantized_decomposed.quantize_per_tensor.default"
 DQ_PER_TENSOR = "quantized_decomposed.dequantize_per_tensor.default"

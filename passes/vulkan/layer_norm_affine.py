@@ -38,11 +38,9 @@ from fusionkit import (
 )
 from fusionkit.passes.registry import register_rules
 
-from ._common import constraint
+from ._common import FP_T, constraint
 
 LAYER_NORM = "aten.native_layer_norm.default"
-#: the dtypes of the Vulkan layer-norm kernel (``utils.FP_T``)
-FLOAT_DTYPES = frozenset({torch.float32, torch.float16})
 
 
 def _static_shape(ctx: CheckContext) -> str | None:
@@ -81,7 +79,7 @@ def layer_norm_affine_rule(name: str = "layer_norm_affine") -> Rule:
         pattern=pattern,
         constraints=[
             constraint("static_normalized_shape", "shape")(_static_shape),
-            DtypeIn("x", FLOAT_DTYPES),
+            DtypeIn("x", FP_T),
         ],
         replacement=PythonReplacement(_build, frozenset({"x", "shape", "weight", "bias", "eps"})),
         description="a layer norm without weight/bias gets ones/zeros, which the Vulkan kernel "

@@ -76,6 +76,7 @@ from fusionkit.passes.registry import register_rules
 from ._common import (
     DQ_PER_CHANNEL,
     DQ_PER_TENSOR,
+    FP_T,
     Q_PER_TENSOR,
     constraint,
     et_vk,
@@ -471,7 +472,7 @@ def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
     return Rule(
         name=name,
         pattern=root,
-        constraints=[float_input, DtypeIn("x", frozenset({torch.float32, torch.float16})),
+        constraints=[float_input, DtypeIn("x", FP_T),
                      constraint("per_group_weight", "weight", "w_scales", "block_size")(_per_group),
                      *_common_constraints(4), _q4_geometry(weight_only=True)],
         replacement=PythonReplacement(build, frozenset({"x", "weight", "w_scales",

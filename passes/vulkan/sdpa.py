@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch.fx import Node
 
 from fusionkit import (
@@ -50,10 +49,9 @@ from fusionkit import (
 )
 from fusionkit.passes.registry import register_rules
 
-from ._common import constraint, shape_of
+from ._common import FP_T, constraint, shape_of
 
 UPDATE = "llama.update_cache.default"
-FP = frozenset({torch.float32, torch.float16})
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -123,7 +121,7 @@ def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
     return Rule(
         name=name,
         pattern=pattern,
-        constraints=[*(DtypeIn(n, FP) for n in tensors), *(Rank(n, frozenset({4})) for n in tensors),
+        constraints=[*(DtypeIn(n, FP_T) for n in tensors), *(Rank(n, frozenset({4})) for n in tensors),
                      GraphLeaf("k_cache"), GraphLeaf("v_cache"), updates, shapes],
         replacement=PythonReplacement(build, frozenset({*tensors, "start_pos", "attn_mask",
                                                          "dropout_p", "is_causal", "scale"})),

@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from torch.export import ExportedProgram
 from torch.fx import Node
 
 from fusionkit.constraints import CheckContext, Failure
-from fusionkit.matcher import Binding, PredicateError, match_pattern
+from fusionkit.matcher import Binding, CompiledPattern, PredicateError
 from fusionkit.pattern import Alt, Capture, Named, Op, Outputs, Pattern, Value, output_names
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.rule import Rule
@@ -142,6 +143,40 @@ class RuleIndex:
         self._by_target: dict[Any, tuple[Rule, ...]] = {}
         self._thresholds: dict[Rule, int] = {}
         self._gates: dict[Rule, _Gate | _AnyGate | None] = {}
+        self._compiled: dict[Rule, CompiledPattern] = {}
+        self._plans: dict[Any, tuple[tuple[Rule, Callable[[Node], bool] | None,
+                                           CompiledPattern], ...]] = {}
+        self._plans_ungated: dict[Any, tuple[tuple[Rule, Callable[[Node], bool] | None,
+                                                   CompiledPattern], ...]] = {}
+
+    def compiled(self, rule: Rule) -> CompiledPattern:
+        """The rule's pattern compiled for searching, once per index."""
+        c = self._compiled.get(rule)
+        if c is None:
+            c = self._compiled[rule] = CompiledPattern(rule.pattern)
+        return c
+
+    def plan(self, target: Any, gated: bool = True
+             ) -> tuple[tuple[Rule, Callable[[Node], bool] | None, CompiledPattern], ...]:
+        """For each rule of ``for_target(target)``: the rule, its gate check (None: no
+        gate, or ``gated`` is False) and its compiled pattern — what the finder runs per node."""
+        memo = self._plans if gated else self._plans_ungated
+        try:
+            return memo[target]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable target
+            return self._plan(target, gated)
+        plan = memo[target] = self._plan(target, gated)
+        return plan
+
+    def _plan(self, target: Any, gated: bool
+              ) -> tuple[tuple[Rule, Callable[[Node], bool] | None, CompiledPattern], ...]:
+        out = []
+        for rule in self.for_target(target):
+            gate = self.gate(rule) if gated else None
+            out.append((rule, gate.check if gate is not None else None, self.compiled(rule)))
+        return tuple(out)
 
     def for_target(self, target: Any) -> tuple[Rule, ...]:
         try:
@@ -235,21 +270,30 @@ class _Gate:
         return None
 
     def may_match(self, node: Node) -> bool:
-        if op_key(node.target) not in self.targets:
-            return False  # another option's op (alternatives at the root)
-        args = node.args
-        if len(args) < self.nargs:
-            return True  # operands by keyword or default: let the search decide
-        if self._ok(args[self.index]):
-            return True
-        if self.commutative and self.nargs >= 2 and self.index < 2 and args[0] is not args[1]:
-            return self._ok(args[1 - self.index])
-        return False
+        return self.check(node)
 
-    def _ok(self, v: Any) -> bool:
-        if not (isinstance(v, Node) and v.op == "call_function" and op_key(v.target) in self.keys):
-            return False
-        return self.inner is None or self.inner.may_match(v)
+    @cached_property
+    def check(self) -> Callable[[Node], bool]:
+        """:meth:`may_match` as one closure over this gate's sets (it runs per graph node)."""
+        targets, index, keys, nargs = self.targets, self.index, self.keys, self.nargs
+        other = 1 - index if self.commutative and nargs >= 2 and index < 2 else None
+        inner = self.inner.check if self.inner is not None else None
+
+        def ok(v: Any) -> bool:
+            if not isinstance(v, Node) or v.op != "call_function" or op_key(v.target) not in keys:
+                return False
+            return inner is None or inner(v)
+
+        def check(node: Node) -> bool:
+            if op_key(node.target) not in targets:
+                return False  # another option's op (alternatives at the root)
+            args = node.args
+            if len(args) < nargs:
+                return True  # operands by keyword or default: let the search decide
+            if ok(args[index]):
+                return True
+            return other is not None and args[0] is not args[1] and ok(args[other])
+        return check
 
 
 @dataclass(frozen=True)
@@ -281,8 +325,22 @@ class _AnyGate:
         return max(g.depth for g in self.options)
 
     def may_match(self, node: Node) -> bool:
-        gates = self.by_key.get(op_key(node.target) or "")
-        return gates is not None and any(g.may_match(node) for g in gates)
+        return self.check(node)
+
+    @cached_property
+    def check(self) -> Callable[[Node], bool]:
+        """:meth:`may_match` as one closure: the options for the node's op, tried in turn."""
+        by_key = {k: tuple(g.check for g in v) for k, v in self.by_key.items()}
+
+        def check(node: Node) -> bool:
+            checks = by_key.get(op_key(node.target) or "")
+            if checks is None:
+                return False
+            for c in checks:
+                if c(node):
+                    return True
+            return False
+        return check
 
 
 def _escaping_user(b: Binding, root: Node, outputs: tuple[str, ...] = ()
@@ -425,6 +483,36 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
     return Match(rule, root, dict(b.captures), b.claimed, dict(ctx.folds), place)
 
 
+_ENOUGH = object()  # the search's result when MAX_BINDINGS_PER_ROOT bindings were all declined
+
+
+class _Decider:
+    """The search's continuation: decide each binding; the first accepted one ends it.
+
+    Keeps the first decline (an error decline replaces a plain one) for the
+    report, and stops the search after :data:`MAX_BINDINGS_PER_ROOT` bindings.
+    """
+
+    __slots__ = ("args", "first_decline", "root", "rule", "seen")
+
+    def __init__(self, rule: Rule, root: Node, *args: Any) -> None:
+        self.rule, self.root, self.args = rule, root, args
+        self.seen = 0
+        self.first_decline: Decline | None = None
+
+    def __call__(self, b: Binding) -> Match | object | None:
+        if self.seen >= MAX_BINDINGS_PER_ROOT:
+            return _ENOUGH
+        self.seen += 1
+        outcome = _decide(self.rule, self.root, b, *self.args)
+        if isinstance(outcome, Match):
+            return outcome
+        first = self.first_decline
+        if first is None or (outcome.is_error and not first.is_error):
+            self.first_decline = outcome
+        return None
+
+
 def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
                  *, structural_declines: bool = True, allow_folding: bool = True,
                  all_near_misses: bool = False, strict: bool | None = None) -> MatchSet:
@@ -458,30 +546,23 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
             cache.append(_Positions(ep))
         return cache[0]
 
+    plan_for = index.plan
+    gated = not all_near_misses
     for node in ep.graph_module.graph.nodes:
         if node.op != "call_function" or node in claimed_by:
             continue
-        candidates = index.for_target(node.target)
-        for rule in candidates:
+        for rule, gate, pattern in plan_for(node.target, gated):
             during = "the pattern's gate"
             try:
-                gate = None if all_near_misses else index.gate(rule)
-                if gate is not None and not gate.may_match(node):
+                if gate is not None and not gate(node):
                     continue  # the search below would fail before any reportable progress
                 during = "matching the pattern"
-                bindings, failure = match_pattern(rule.pattern, node, inputs)
-                first_decline: Decline | None = None
-                accepted: Match | None = None
-                for i, b in enumerate(bindings):
-                    if i >= MAX_BINDINGS_PER_ROOT:
-                        break
-                    outcome = _decide(rule, node, b, ep, inputs, claimed_by, allow_folding,
-                                      positions, strict, any_moved)
-                    if isinstance(outcome, Match):
-                        accepted = outcome
-                        break
-                    if first_decline is None or (outcome.is_error and not first_decline.is_error):
-                        first_decline = outcome
+                decided = _Decider(rule, node, ep, inputs, claimed_by, allow_folding, positions,
+                                   strict, any_moved)
+                accepted, failure = pattern.search(node, inputs, decided)
+                first_decline = decided.first_decline
+                if accepted is _ENOUGH:
+                    accepted = None
             except Exception as e:
                 error: Exception = e
                 if isinstance(e, PredicateError):  # report the predicate's own exception

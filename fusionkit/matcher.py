@@ -1,14 +1,22 @@
 """Structural matching of one pattern at one graph value.
 
-A depth-first search that yields every way the pattern can bind (alternatives,
+A depth-first search over every way the pattern can bind (alternatives,
 commutative operand orders and pass-through depths are the choice points), so
 that constraint checking can move on to the next binding when one fails. The
 search records its deepest failure, which becomes the "structural step that
 failed" of a near-miss decline.
+
+Why compiled closures in continuation-passing style: matching runs at every
+node whose op a rule's root names, so its cost is per graph node. A pattern is
+compiled once into nested closures; each solution is handed to a continuation
+(the rest of the pattern, finally the caller's ``accept``) instead of being
+yielded up a chain of generators, and the text saying where a failure happened
+is built only if that failure is the one reported.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +25,6 @@ import torch
 from torch.fx import Node
 
 from fusionkit.pattern import (
-    Also,
     Alt,
     Capture,
     Named,
@@ -32,7 +39,8 @@ from fusionkit.pattern import (
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.targets import op_key, schema_of
 
-__all__ = ["Binding", "PredicateError", "StructuralFailure", "match_pattern"]
+__all__ = ["Binding", "CompiledPattern", "PredicateError", "StructuralFailure", "compile_pattern",
+           "match_pattern"]
 
 _MISSING = object()
 
@@ -65,9 +73,14 @@ def _same_value(a: Any, b: Any) -> bool:
         return a is b
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Binding:
-    """One structural solution: captured values and the op nodes it covers."""
+    """One structural solution: captured values and the op nodes it covers.
+
+    Treated as immutable (``bind``/``claim`` return new bindings); not a frozen
+    dataclass only because frozen construction costs several times more, and
+    the search builds one per op and capture it matches.
+    """
 
     captures: dict[str, Any]
     claimed: tuple[Node, ...]
@@ -76,7 +89,7 @@ class Binding:
         prev = self.captures.get(name, _MISSING)
         if prev is not _MISSING:
             return self if _same_value(prev, value) else None
-        caps = dict(self.captures)
+        caps = self.captures.copy()
         caps[name] = value
         return Binding(caps, self.claimed)
 
@@ -96,7 +109,8 @@ class StructuralFailure:
 
     progress: int = -1
     node: Node | None = None
-    _message: str | Callable[[], str] = ""
+    _message: str | Callable[..., str] = ""
+    _args: tuple[Any, ...] = ()
     #: the nodes matched when the search stopped there (what a picture marks)
     claimed: tuple[Node, ...] = ()
 
@@ -104,7 +118,8 @@ class StructuralFailure:
     def message(self) -> str:
         m = self._message
         if not isinstance(m, str):
-            m = self._message = m()
+            m = self._message = m(*self._args)
+            self._args = ()
         return m
 
 
@@ -117,10 +132,13 @@ class _Search:
     #: names the operand the author expected: "expected mm, got bmm")
     swapped: int = 0
 
-    def fail(self, b: Binding, node: Node | None, message: str | Callable[[], str]) -> None:
+    def fail(self, b: Binding, node: Node | None, message: str | Callable[..., str],
+             *args: Any) -> None:
+        """Record a failure if it is the deepest so far; ``message(*args)`` is formatted
+        only when read (most failures are overwritten or never reported)."""
         f = self.failure
         if len(b.claimed) > f.progress or (len(b.claimed) == f.progress and not self.swapped):
-            f.progress, f.node, f._message = len(b.claimed), node, message
+            f.progress, f.node, f._message, f._args = len(b.claimed), node, message, args
             f.claimed = b.claimed
 
 
@@ -128,6 +146,30 @@ def _fmt(v: Any) -> str:
     if isinstance(v, Node):
         return f"`{v.name}`"
     return repr(v)
+
+
+# Where in the pattern a value is matched, kept unformatted until a failure that
+# mentions it is reported: "root", or one of these tuples.
+_ARG, _KWARG, _THROUGH, _ITEM = 0, 1, 2, 3
+Where = str | tuple[Any, ...]
+
+
+def _where(w: Where) -> str:
+    """The text of a position: "argument 1 of `mul_3` (aten.mul.Tensor) through `cast`"."""
+    if isinstance(w, str):
+        return w
+    kind = w[0]
+    if kind == _ARG:
+        return f"argument {w[1]} of `{w[2].name}` ({w[3]})"
+    if kind == _KWARG:
+        return f"argument `{w[1]}` of `{w[2].name}` ({w[3]})"
+    if kind == _THROUGH:
+        return f"{_where(w[1])} through `{w[2].name}`"
+    return f"{_where(w[1])}[{w[2]}]"
+
+
+def _here(node: Node, key: str | None) -> str:
+    return f"`{node.name}` ({key})"
 
 
 def _arg_value(node: Node, index: int | None, name: str | None) -> Any:
@@ -153,97 +195,115 @@ def _arg_value(node: Node, index: int | None, name: str | None) -> Any:
     return _MISSING
 
 
-def _match_value(p: Value, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
-    got = value
-    if isinstance(value, Node):
-        if not p.tensor_ok:
-            s.fail(b, value, f"{where}: expected {p.description}, got node `{value.name}`")
-            return
-        ref = s.inputs.constant(value)
-        if ref is None or ref.tensor.dim() != 0:
-            s.fail(b, value, f"{where}: expected {p.description}, got `{value.name}`, "
-                   "which is not a 0-d constant tensor")
-            return
-        got = ref.tensor.item()
-    try:
-        ok = bool(p.predicate(got))
-    except Exception as e:  # a bug in the rule: the finder declines with step "error"
-        raise PredicateError(where, p.description, e) from e
-    if not ok:
-        s.fail(b, value if isinstance(value, Node) else None,
-               f"{where}: expected {p.description}, got {_fmt(got)}")
-        return
-    if p.name is None:
-        yield b
-        return
-    nb = b.bind(p.name, got)
-    if nb is None:
-        s.fail(b, None, f"{where}: `{p.name}` is already bound to a different value")
-        return
-    yield nb
+#: the continuation a solution is handed to: None to go on searching, anything
+#: else stops the search and becomes its result
+Accept = Callable[[Binding], Any]
+#: a compiled pattern level: (value, binding so far, search, where, continuation)
+_M = Callable[[Any, Binding, "_Search", Where, Accept], Any]
 
 
-def _match(p: Pattern, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
-    # Dispatch the common pattern classes straight to their generator, so each
-    # pattern level costs one generator frame, not two (matching is per node).
-    t = type(p)
-    if t is Op:
-        return _match_op(p, value, b, s, where)  # type: ignore[arg-type]
-    if t is Through:
-        return _match_through(p, value, b, s, where, 0)  # type: ignore[arg-type]
-    return _match_any(p, value, b, s, where)
+def _compile(p: Pattern) -> _M:
+    for cls in type(p).__mro__:  # the pattern class (or the one it subclasses)
+        compile_as = _COMPILERS.get(cls)
+        if compile_as is not None:
+            return compile_as(p)
+    raise TypeError(f"unknown pattern node {p!r}")
 
 
-def _match_any(p: Pattern, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
-    if isinstance(p, Capture):
-        nb = b.bind(p.name, value)
+def _capture_mismatch(where: Where, name: str, value: Any, prev: Any) -> str:
+    return (f"{_where(where)}: capture `{name}` must be the same value at each use, "
+            f"got {_fmt(value)} and {_fmt(prev)}")
+
+
+def _compile_capture(p: Capture) -> _M:
+    name = p.name
+
+    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+        nb = b.bind(name, value)
         if nb is None:
+            s.fail(b, value if isinstance(value, Node) else None, _capture_mismatch, where, name,
+                   value, b.captures[name])
+            return None
+        return k(nb)
+    return m
+
+
+def _compile_value(p: Value) -> _M:
+    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+        got = value
+        if isinstance(value, Node):
+            if not p.tensor_ok:
+                s.fail(b, value, lambda: f"{_where(where)}: expected {p.description}, got node "
+                       f"`{value.name}`")
+                return None
+            ref = s.inputs.constant(value)
+            if ref is None or ref.tensor.dim() != 0:
+                s.fail(b, value, lambda: f"{_where(where)}: expected {p.description}, got "
+                       f"`{value.name}`, which is not a 0-d constant tensor")
+                return None
+            got = ref.tensor.item()
+        try:
+            ok = bool(p.predicate(got))
+        except Exception as e:  # a bug in the rule: the finder declines with step "error"
+            raise PredicateError(_where(where), p.description, e) from e
+        if not ok:
             s.fail(b, value if isinstance(value, Node) else None,
-                   f"{where}: capture `{p.name}` must be the same value at each use, "
-                   f"got {_fmt(value)} and {_fmt(b.captures[p.name])}")
-            return
-        yield nb
-    elif isinstance(p, Value):
-        yield from _match_value(p, value, b, s, where)
-    elif isinstance(p, Op):
-        yield from _match_op(p, value, b, s, where)
-    elif isinstance(p, Alt):
-        for option in p.options:
-            yield from _match(option, value, b, s, where)
-    elif isinstance(p, Named):
-        for nb in _match(p.inner, value, b, s, where):
-            bound = nb.bind(p.name, value)
-            if bound is not None:
-                yield bound
-            else:
+                   lambda: f"{_where(where)}: expected {p.description}, got {_fmt(got)}")
+            return None
+        if p.name is None:
+            return k(b)
+        nb = b.bind(p.name, got)
+        if nb is None:
+            s.fail(b, None, lambda: f"{_where(where)}: `{p.name}` is already bound to a "
+                   "different value")
+            return None
+        return k(nb)
+    return m
+
+
+def _compile_alt(p: Alt) -> _M:
+    options = tuple(_compile(o) for o in p.options)
+
+    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+        for option in options:
+            r = option(value, b, s, where, k)
+            if r is not None:
+                return r
+        return None
+    return m
+
+
+def _compile_named(p: Named) -> _M:
+    inner, name = _compile(p.inner), p.name
+
+    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+        def bind(nb: Binding) -> Any:
+            bound = nb.bind(name, value)
+            if bound is None:
                 s.fail(nb, value if isinstance(value, Node) else None,
-                       f"{where}: `{p.name}` must be the same value at each use")
-    elif isinstance(p, Through):
-        yield from _match_through(p, value, b, s, where, 0)
-    elif isinstance(p, Seq):
-        yield from _match_seq(p, value, b, s, where)
-    elif isinstance(p, Outputs):
-        for nb in _match(p.primary, value, b, s, where):
-            yield from _match_also(p.others, 0, nb, s)
-    else:  # pragma: no cover - closed set of pattern classes
-        raise TypeError(f"unknown pattern node {p!r}")
+                       lambda: f"{_where(where)}: `{name}` must be the same value at each use")
+                return None
+            return k(bound)
+        return inner(value, b, s, where, bind)
+    return m
 
 
-def _match_seq(p: Seq, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
-    if not isinstance(value, (list, tuple)) or len(value) != len(p.items):
-        s.fail(b, value if isinstance(value, Node) else None,
-               f"{where}: expected a list of {len(p.items)} values, got {_fmt(value)}")
-        return
-    yield from _match_items(p.items, value, 0, b, s, where)
+def _compile_seq(p: Seq) -> _M:
+    items = tuple(_compile(i) for i in p.items)
+    count = len(items)
 
+    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+        if not isinstance(value, (list, tuple)) or len(value) != count:
+            s.fail(b, value if isinstance(value, Node) else None,
+                   lambda: f"{_where(where)}: expected a list of {count} values, got {_fmt(value)}")
+            return None
 
-def _match_items(items: tuple[Pattern, ...], values: Any, i: int, b: Binding, s: _Search,
-                 where: str) -> Iterator[Binding]:
-    if i == len(items):
-        yield b
-        return
-    for nb in _match(items[i], values[i], b, s, f"{where}[{i}]"):
-        yield from _match_items(items, values, i + 1, nb, s, where)
+        def item(i: int, nb: Binding) -> Any:
+            if i == count:
+                return k(nb)
+            return items[i](value[i], nb, s, (_ITEM, where, i), lambda nb2: item(i + 1, nb2))
+        return item(0, b)
+    return m
 
 
 def _downstream(start: Node, depth: int) -> list[Node]:
@@ -261,30 +321,43 @@ def _downstream(start: Node, depth: int) -> list[Node]:
     return list(seen)
 
 
-def _match_also(others: tuple[Also, ...], i: int, b: Binding, s: _Search) -> Iterator[Binding]:
-    if i == len(others):
-        yield b
-        return
-    o = others[i]
-    near = b.captures.get(o.near)
-    if not isinstance(near, Node):
-        s.fail(b, None, f"output `{o.name}`: `{o.near}` is not bound to a node")
-        return
-    keys = o.pattern.root_keys()
-    found = False
-    for cand in _downstream(near, o.max_depth):
-        if cand in b.claimed or cand.op != "call_function":
-            continue
-        if keys is not None and op_key(cand.target) not in keys:
-            continue
-        for nb in _match(o.pattern, cand, b, s, f"output `{o.name}` at `{cand.name}`"):
-            bound = nb.bind(o.name, cand)
-            if bound is not None:
+def _compile_outputs(p: Outputs) -> _M:
+    primary = _compile(p.primary)
+    others = tuple((o, o.pattern.root_keys(), _compile(o.pattern)) for o in p.others)
+
+    def also(i: int, b: Binding, s: _Search, k: Accept) -> Any:
+        if i == len(others):
+            return k(b)
+        o, keys, pat = others[i]
+        near = b.captures.get(o.near)
+        if not isinstance(near, Node):
+            s.fail(b, None, f"output `{o.name}`: `{o.near}` is not bound to a node")
+            return None
+        found = False
+        for cand in _downstream(near, o.max_depth):
+            if cand in b.claimed or cand.op != "call_function":
+                continue
+            if keys is not None and op_key(cand.target) not in keys:
+                continue
+
+            def bind(nb: Binding, cand: Node = cand) -> Any:
+                nonlocal found
+                bound = nb.bind(o.name, cand)
+                if bound is None:
+                    return None
                 found = True
-                yield from _match_also(others, i + 1, bound, s)
-    if not found:
-        s.fail(b, near, f"output `{o.name}`: no node downstream of `{near.name}` matches "
-               f"{o.pattern!r}")
+                return also(i + 1, bound, s, k)
+            r = pat(cand, b, s, f"output `{o.name}` at `{cand.name}`", bind)
+            if r is not None:
+                return r
+        if not found:
+            s.fail(b, near, lambda: f"output `{o.name}`: no node downstream of `{near.name}` "
+                   f"matches {o.pattern!r}")
+        return None
+
+    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+        return primary(value, b, s, where, lambda nb: also(0, nb, s, k))
+    return m
 
 
 def _dtype_of(v: Any) -> Any:
@@ -292,87 +365,124 @@ def _dtype_of(v: Any) -> Any:
     return getattr(val, "dtype", None)
 
 
-def _match_through(p: Through, value: Any, b: Binding, s: _Search, where: str,
-                   depth: int) -> Iterator[Binding]:
-    if (
-        depth < p.max_depth
-        and isinstance(value, Node)
-        and value.op == "call_function"
-        and op_key(value.target) in p.ops
-        and value.args
-    ):
-        src, dst = _dtype_of(value.args[0]), _dtype_of(value)
-        if p.narrowing or (src is not None and dst is not None and widens(src, dst)):
-            yield from _match_through(p, value.args[0], b.claim(value), s,
-                                      f"{where} through `{value.name}`", depth + 1)
-        else:
-            s.fail(b, value, lambda: f"{where}: `{value.name}` converts {src} to {dst}, which "
-                   "can change values, so it is not passed through (narrowing=True would)")
-    yield from _match(p.inner, value, b, s, where)
+def _not_passed_through(where: Where, value: Node, src: Any, dst: Any) -> str:
+    return (f"{_where(where)}: `{value.name}` converts {src} to {dst}, which "
+            "can change values, so it is not passed through (narrowing=True would)")
 
 
-def _match_op(p: Op, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
-    if not isinstance(value, Node) or value.op != "call_function":
-        s.fail(b, value if isinstance(value, Node) else None,
-               lambda: f"{where}: expected a call of {' or '.join(sorted(p.targets))}, "
-               f"got {_fmt(value)}" + (f" ({value.op})" if isinstance(value, Node) else ""))
-        return
-    key = op_key(value.target)
-    if key not in p.targets:
-        s.fail(b, value, lambda: f"{where}: expected {' or '.join(sorted(p.targets))}, "
-               f"got `{value.name}` ({key or value.target})")
-        return
-    here = f"`{value.name}` ({key})"
-    b = b.claim(value)
+def _compile_through(p: Through) -> _M:
+    inner, ops, max_depth, narrowing = _compile(p.inner), p.ops, p.max_depth, p.narrowing
 
-    if p.strict_defaults and not _defaults_hold(p, value, b, s, here):
-        return
+    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept, depth: int = 0) -> Any:
+        if (
+            depth < max_depth
+            and isinstance(value, Node)
+            and value.op == "call_function"
+            and op_key(value.target) in ops
+            and value.args
+        ):
+            src, dst = _dtype_of(value.args[0]), _dtype_of(value)
+            if narrowing or (src is not None and dst is not None and widens(src, dst)):
+                r = m(value.args[0], b.claim(value), s, (_THROUGH, where, value), k, depth + 1)
+                if r is not None:
+                    return r
+            else:
+                s.fail(b, value, _not_passed_through, where, value, src, dst)
+        return inner(value, b, s, where, k)
+    return m
 
-    positional = [_arg_value(value, i, None) for i in range(len(p.args))]
-    named = {k: _arg_value(value, None, k) for k in p.kwargs}
-    for i, v in enumerate(positional):
-        if v is _MISSING:
-            s.fail(b, value, f"{here}: has no argument {i}")
-            return
-    for k, v in named.items():
-        if v is _MISSING:
-            s.fail(b, value, f"{here}: has no argument `{k}`")
-            return
 
-    orders: list[list[int]] = [list(range(len(p.args)))]
-    if p.commutative and len(p.args) >= 2 and positional[0] is not positional[1]:
-        swapped = list(range(len(p.args)))
-        swapped[0], swapped[1] = 1, 0
-        orders.append(swapped)
+def _expected_call(where: Where, targets: frozenset[str], value: Any) -> str:
+    return (f"{_where(where)}: expected a call of {' or '.join(sorted(targets))}, "
+            f"got {_fmt(value)}" + (f" ({value.op})" if isinstance(value, Node) else ""))
 
-    items_kw = list(p.kwargs.items())
-    yield from _match_args(p, value, positional, orders[0], 0, named, items_kw, b, s, here)
-    if len(orders) > 1:
+
+def _expected_op(where: Where, targets: frozenset[str], value: Node, key: str | None) -> str:
+    return (f"{_where(where)}: expected {' or '.join(sorted(targets))}, "
+            f"got `{value.name}` ({key or value.target})")
+
+
+def _no_argument(node: Node, key: str | None, which: str) -> str:
+    return f"{_here(node, key)}: has no argument {which}"
+
+
+def _compile_op(p: Op) -> _M:
+    targets, strict_defaults = p.targets, p.strict_defaults
+    arg_ms = tuple(_compile(a) for a in p.args)
+    nargs = len(arg_ms)
+    kw_ms = tuple((k, _compile(sub)) for k, sub in p.kwargs.items())
+    commutative = p.commutative and nargs >= 2
+    written = tuple(range(nargs))
+    swapped = (1, 0, *range(2, nargs)) if commutative else written
+
+    def chain(node: Node, key: str | None, vals: Any, named: dict[str, Any] | None,
+              order: tuple[int, ...], i: int, b: Binding, s: _Search, k: Accept) -> Any:
+        if i < nargs:
+            j = order[i]
+            return arg_ms[i](vals[j], b, s, (_ARG, j, node, key),
+                             lambda nb: chain(node, key, vals, named, order, i + 1, nb, s, k))
+        kj = i - nargs
+        if kj < len(kw_ms):
+            name, sub = kw_ms[kj]
+            assert named is not None
+            return sub(named[name], b, s, (_KWARG, name, node, key),
+                       lambda nb: chain(node, key, vals, named, order, i + 1, nb, s, k))
+        return k(b)
+
+    def args_in(node: Node, key: str | None, vals: Any, named: dict[str, Any] | None,
+                order: tuple[int, ...], b: Binding, s: _Search, k: Accept) -> Any:
+        # the common shapes without a continuation per argument level
+        if not kw_ms:
+            if nargs == 1:
+                return arg_ms[0](vals[0], b, s, (_ARG, 0, node, key), k)
+            if nargs == 2:
+                i0, i1 = order[0], order[1]
+                m1, v1, w1 = arg_ms[1], vals[i1], (_ARG, i1, node, key)
+                return arg_ms[0](vals[i0], b, s, (_ARG, i0, node, key),
+                                 lambda nb: m1(v1, nb, s, w1, k))
+            if nargs == 0:
+                return k(b)
+        return chain(node, key, vals, named, order, 0, b, s, k)
+
+    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+        if not isinstance(value, Node) or value.op != "call_function":
+            s.fail(b, value if isinstance(value, Node) else None, _expected_call, where, targets,
+                   value)
+            return None
+        key = op_key(value.target)
+        if key not in targets:
+            s.fail(b, value, _expected_op, where, targets, value, key)
+            return None
+        b = b.claim(value)
+        vals: Any = value.args
+        if strict_defaults and (value.kwargs or len(vals) > nargs) and not _defaults_hold(
+                p, value, b, s, key):
+            return None
+        if len(vals) < nargs:
+            vals = [_arg_value(value, i, None) for i in range(nargs)]
+            for i, v in enumerate(vals):
+                if v is _MISSING:
+                    s.fail(b, value, _no_argument, value, key, str(i))
+                    return None
+        named: dict[str, Any] | None = None
+        if kw_ms:
+            named = {name: _arg_value(value, None, name) for name, _ in kw_ms}
+            for name, v in named.items():
+                if v is _MISSING:
+                    s.fail(b, value, _no_argument, value, key, f"`{name}`")
+                    return None
+        r = args_in(value, key, vals, named, written, b, s, k)
+        if r is not None or not commutative or vals[0] is vals[1]:
+            return r
         s.swapped += 1
         try:
-            yield from _match_args(p, value, positional, orders[1], 0, named, items_kw, b, s, here)
+            return args_in(value, key, vals, named, swapped, b, s, k)
         finally:
             s.swapped -= 1
+    return m
 
 
-def _match_args(p: Op, node: Node, positional: list[Any], order: list[int], i: int,
-                named: dict[str, Any], items_kw: list[tuple[str, Pattern]], b: Binding,
-                s: _Search, here: str) -> Iterator[Binding]:
-    if i < len(p.args):
-        v = positional[order[i]]
-        for nb in _match(p.args[i], v, b, s, f"argument {order[i]} of {here}"):
-            yield from _match_args(p, node, positional, order, i + 1, named, items_kw, nb, s, here)
-        return
-    j = i - len(p.args)
-    if j < len(items_kw):
-        k, sub = items_kw[j]
-        for nb in _match(sub, named[k], b, s, f"argument `{k}` of {here}"):
-            yield from _match_args(p, node, positional, order, i + 1, named, items_kw, nb, s, here)
-        return
-    yield b
-
-
-def _defaults_hold(p: Op, node: Node, b: Binding, s: _Search, here: str) -> bool:
+def _defaults_hold(p: Op, node: Node, b: Binding, s: _Search, key: str | None) -> bool:
     """Arguments the pattern leaves out must be at their schema default."""
     if not node.kwargs and len(node.args) <= len(p.args):
         return True  # every argument the graph passes is one the pattern matches
@@ -390,7 +500,7 @@ def _defaults_hold(p: Op, node: Node, b: Binding, s: _Search, here: str) -> bool
             continue
         default = arg.default_value
         if isinstance(v, Node) or not _equal_literal(v, default):
-            s.fail(b, node, f"{here}: argument `{arg.name}` is {_fmt(v)}, "
+            s.fail(b, node, f"{_here(node, key)}: argument `{arg.name}` is {_fmt(v)}, "
                    f"the pattern requires its default {default!r}")
             return False
     return True
@@ -407,11 +517,55 @@ def _equal_literal(a: Any, b: Any) -> bool:
         return False
 
 
-def match_pattern(pattern: Pattern, root: Node, inputs: ProgramInputs
-                  ) -> tuple[Iterator[Binding], StructuralFailure]:
-    """All structural bindings of ``pattern`` rooted at ``root``.
+_COMPILERS: dict[type, Callable[[Any], _M]] = {
+    Op: _compile_op, Capture: _compile_capture, Through: _compile_through, Alt: _compile_alt,
+    Value: _compile_value, Named: _compile_named, Seq: _compile_seq, Outputs: _compile_outputs,
+}
 
-    The failure record is filled in as the iterator is consumed.
+
+class CompiledPattern:
+    """A pattern compiled once for repeated searches (a rule's, held by the finder's index)."""
+
+    def __init__(self, pattern: Pattern) -> None:
+        self.pattern = pattern
+        self._m = _compile(pattern)
+
+    def search(self, root: Node, inputs: ProgramInputs, accept: Accept
+               ) -> tuple[Any, StructuralFailure]:
+        """Hand each binding rooted at ``root`` to ``accept``, in search order, until it
+        returns something other than None; that (or None) and the deepest failure."""
+        s = _Search(inputs)
+        return self._m(root, Binding({}, ()), s, "root", accept), s.failure
+
+
+_COMPILED: OrderedDict[int, CompiledPattern] = OrderedDict()
+_COMPILED_MAX = 256
+
+
+def compile_pattern(pattern: Pattern) -> CompiledPattern:
+    """``pattern`` compiled, remembered for the last few hundred patterns (by identity)."""
+    c = _COMPILED.get(id(pattern))
+    if c is not None and c.pattern is pattern:
+        _COMPILED.move_to_end(id(pattern))
+        return c
+    c = _COMPILED[id(pattern)] = CompiledPattern(pattern)
+    if len(_COMPILED) > _COMPILED_MAX:
+        _COMPILED.popitem(last=False)
+    return c
+
+
+def match_pattern(pattern: Pattern, root: Node, inputs: ProgramInputs, limit: int | None = None
+                  ) -> tuple[Iterator[Binding], StructuralFailure]:
+    """The structural bindings of ``pattern`` rooted at ``root`` (at most ``limit``), in
+    search order, and the deepest failure of the search that found them.
+
+    Every binding is found before this returns; a caller that stops at the
+    first acceptable one should use :meth:`CompiledPattern.search`.
     """
-    s = _Search(inputs)
-    return _match(pattern, root, Binding({}, ()), s, "root"), s.failure
+    found: list[Binding] = []
+
+    def collect(b: Binding) -> Any:
+        found.append(b)
+        return True if limit is not None and len(found) >= limit else None
+    _, failure = compile_pattern(pattern).search(root, inputs, collect)
+    return iter(found), failure

@@ -22,7 +22,13 @@ from torch.fx import Node
 
 from fusionkit import meta_cache
 from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import OpTarget, dialect_target, memo_per_target, resolve_op
+from fusionkit.targets import (
+    OpTarget,
+    dialect_target,
+    is_edge_target,
+    memo_per_target,
+    resolve_op,
+)
 
 __all__ = ["PROVENANCE_KEYS", "FusionError", "ProgramConstants", "Rewriter", "meta_value"]
 
@@ -131,6 +137,27 @@ def _node_name(graph: torch.fx.Graph, target: Any) -> str:
     return memo_per_target(_NODE_NAMES, target, graph._target_to_str)
 
 
+#: op -> ``str(op)``, the provenance's target (an edge op formats its schema)
+_TARGET_STRS: dict[Any, str] = {}
+
+#: (op or name, edge program?) -> (the op as a node target, its ATen overload)
+_DIALECT: dict[tuple[Any, bool], tuple[Any, Any]] = {}
+
+
+def _dialect(target: OpTarget, like: Any) -> tuple[Any, Any]:
+    """:func:`dialect_target` and :func:`resolve_op` of ``target``, once per op and dialect."""
+    key = (target, is_edge_target(like))
+    try:
+        return _DIALECT[key]
+    except KeyError:
+        op = dialect_target(target, like=like)
+        value = _DIALECT[key] = (op, resolve_op(op))
+        return value
+    except TypeError:  # an unhashable target
+        op = dialect_target(target, like=like)
+        return op, resolve_op(op)
+
+
 class Rewriter:
     """Creates replacement nodes before the match's insertion point, with full metadata."""
 
@@ -181,7 +208,8 @@ class Rewriter:
                 return None
             src = NodeSource(None, f"fusionkit:{self.rule_name}", NodeSourceAction.REPLACE)
             root = self.root
-            src.node_info = NodeSource.NodeInfo(root.name, str(root.target), id(root.graph))
+            src.node_info = NodeSource.NodeInfo(
+                root.name, memo_per_target(_TARGET_STRS, root.target, str), id(root.graph))
             src.from_node = list(root.meta.get("from_node", ()))
             self._node_source = src
         return self._node_source
@@ -203,8 +231,7 @@ class Rewriter:
 
     def call(self, target: OpTarget, *args: Any, **kwargs: Any) -> Node:
         """Insert ``target(*args, **kwargs)`` at the insertion point and return its node."""
-        op = dialect_target(target, like=self.root.target)
-        overload = resolve_op(op)
+        op, overload = _dialect(target, self.root.target)
         meta_args, meta_kwargs = meta_value(tuple(args)), meta_value(dict(kwargs))
         val = propagate_meta(overload, args, kwargs, meta_args, meta_kwargs,
                              _fake_mode([*meta_args, *meta_kwargs.values()], self.root))

@@ -45,11 +45,13 @@ class Journal:
         self._base_count = dict(ns._base_count)
         self._gm._register_create_node_hook(self._on_create)
         self._gm._register_erase_node_hook(self._on_erase)
+        self._gm._register_replace_node_hook(self._on_replace)
 
     def close(self) -> None:
         """Stop recording (the log is kept: :meth:`rollback` still works)."""
         self._gm._unregister_create_node_hook(self._on_create)
         self._gm._unregister_erase_node_hook(self._on_erase)
+        self._gm._unregister_replace_node_hook(self._on_replace)
 
     def __enter__(self) -> Journal:
         return self
@@ -68,6 +70,12 @@ class Journal:
             if node.op == "placeholder" and self.snapshot_on_placeholders:
                 self.snapshot_program()
             self._log.append((_ERASE, node, node._next, node.args, node.kwargs))
+
+    def _on_replace(self, old: Node, new: str, user: Node) -> None:
+        # called before ``user`` stops reading ``old`` (also when ``old`` is renamed,
+        # where recording the unchanged arguments is harmless)
+        if self._recording:
+            self._log.append((_ARGS, user, user.args, user.kwargs))
 
     def _program_state(self) -> tuple[Any, ...]:
         # by reference: lists and dicts are copied, specs and tensors never are
@@ -92,10 +100,25 @@ class Journal:
         node.kwargs = kwargs
 
     def replace_all_uses(self, old: Node, new: Node) -> None:
-        """``old.replace_all_uses_with(new)``, recording each user's previous arguments."""
-        for user in list(old.users):
-            self._log.append((_ARGS, user, user.args, user.kwargs))
+        """``old.replace_all_uses_with(new)``; the replace hook records each user's arguments."""
         old.replace_all_uses_with(new)
+
+    def changed(self, savepoint: int = 0) -> tuple[list[Node], list[Node]]:
+        """The nodes created, and the nodes whose arguments changed, since ``savepoint``.
+
+        Both lists hold live nodes only, each once, oldest change first: the region
+        a rewrite can have made inconsistent (:func:`fusionkit.rewrite.lint`).
+        """
+        created: dict[Node, None] = {}
+        rewired: dict[Node, None] = {}
+        for entry in self._log[savepoint:]:
+            kind, node = entry[0], entry[1]
+            if kind == _CREATE:
+                created[node] = None
+            elif kind == _ARGS:
+                rewired[node] = None
+        return ([n for n in created if not n._erased],
+                [n for n in rewired if not n._erased and n not in created])
 
     # ------------------------------------------------------------------ undoing
 

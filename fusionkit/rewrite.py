@@ -8,7 +8,7 @@ root's provenance), check it in place (each new node after its inputs and
 before its users, outputs of the same dtype and shape), reroute the outputs'
 users and erase the claimed nodes. Then, once for the whole pass: drop what
 became dead (graph nodes and the constants nothing uses, in one batch), rename
-program outputs, lint, and mark the code for regeneration (:mod:`.lazy_code`).
+program outputs, lint what changed, and mark the code for regeneration (:mod:`.lazy_code`).
 
 Every change goes through a :class:`~fusionkit.journal.Journal`. A match whose
 replacement raises is undone alone and reported as failed; if a pass-wide step
@@ -169,22 +169,23 @@ class _Apply:
         return news[0]
 
     def erase_claimed(self, m: Match) -> None:
-        """Erase the match's nodes, consumers before producers."""
-        pending = list(m.claimed)
+        """Erase the match's nodes, consumers before producers (one sweep, latest first)."""
+        pending = sorted(m.claimed, reverse=True)
         while pending:
-            progress = False
-            for n in list(pending):
-                _erase_assertions_on(n)
-                if not n.users:
-                    ins = n.all_input_nodes
-                    self.graph.erase_node(n)
-                    pending.remove(n)
-                    self.dead_candidates.extend(ins)
-                    progress = True
-            if not progress:
+            left: list[Node] = []
+            for n in pending:
+                if n.users:
+                    _erase_assertions_on(n)
+                if n.users:
+                    left.append(n)
+                    continue
+                self.dead_candidates.extend(n._input_nodes)
+                self.graph.erase_node(n)
+            if len(left) == len(pending):
                 raise FusionError(
                     f"rule {m.rule.name!r} at `{m.root.name}`: claimed nodes "
                     f"{[n.name for n in pending]} are still used after the replacement")
+            pending = left
 
     # ------------------------------------------------------------- pass-wide
 
@@ -201,9 +202,10 @@ class _Apply:
             n = work.pop()
             if n._erased or n in seen:
                 continue
-            _erase_assertions_on(n)
             if n.users:
-                continue
+                _erase_assertions_on(n)
+                if n.users:
+                    continue
             if n.op == "call_function":
                 if not _is_pure_op(n):
                     continue
@@ -245,8 +247,70 @@ def update_signature(ep: ExportedProgram, sig: ExportGraphSignature) -> None:
     ep._graph_signature = sig
 
 
-def lint(ep: ExportedProgram) -> None:
-    ep.graph_module.graph.lint()
+def lint(ep: ExportedProgram, journal: Journal) -> None:
+    """The all-or-nothing safety net: ``Graph.lint``'s checks, on what this apply changed.
+
+    ``Graph.lint`` walks the whole graph (tens of µs per fusion in a large one);
+    a rewrite can only make the nodes it created or rerouted inconsistent, and
+    the journal knows exactly those (:meth:`~fusionkit.journal.Journal.changed`).
+    The checks a rewrite can violate are made there: every such node is in the
+    graph with a legal op and target and its own name; each argument node is in
+    this graph, not erased, and comes before it; each user of a new node comes
+    after it. (Nodes no rewrite touched were as good as the caller handed them in.)
+    """
+    created, rewired = journal.changed()
+    check_region(ep.graph_module, created, rewired)
+
+
+_LEGAL_OPS = frozenset({"placeholder", "call_method", "call_module", "call_function",
+                        "get_attr", "output", "root"})
+
+
+def check_region(gm: torch.fx.GraphModule, created: list[Node], rewired: list[Node]) -> None:
+    """Raise :class:`FusionError` if a created or rerouted node breaks the graph's invariants."""
+    graph = gm.graph
+    table = graph._find_nodes_lookup_table
+    obj_to_name = graph._graph_namespace._obj_to_name
+
+    def fail(why: str) -> None:
+        raise FusionError(f"the rewritten graph is inconsistent: {why}")
+
+    for is_new, nodes in ((True, created), (False, rewired)):
+        for n in nodes:
+            if n.graph is not graph or n not in table:
+                fail(f"`{n.name}` does not belong to the graph")
+            if n.op not in _LEGAL_OPS:
+                fail(f"`{n.name}` has the unknown opcode {n.op!r}")
+            for a in n._input_nodes:
+                if a.graph is not graph or a._erased:
+                    fail(f"`{n.name}` reads `{a.name}`, which is not in the graph"
+                         + (" (erased)" if a._erased else ""))
+                if not a < n:
+                    fail(f"`{n.name}` reads `{a.name}`, which comes after it")
+            if not is_new:
+                continue
+            if obj_to_name.get(n) != n.name:
+                fail(f"`{n.name}` was renamed to a name the graph did not give it")
+            for u in n.users:
+                if u.graph is not graph or u._erased or not n < u:
+                    fail(f"`{u.name}` reads `{n.name}` before it is computed")
+            _check_target(gm, n, fail)
+
+
+def _check_target(gm: torch.fx.GraphModule, n: Node, fail: Any) -> None:
+    if n.op == "call_function":
+        if not callable(n.target):
+            fail(f"`{n.name}` calls {n.target!r}, which is not callable")
+    elif not isinstance(n.target, str):
+        fail(f"`{n.name}` ({n.op}) has target {n.target!r}, not a string")
+    elif n.op in ("get_attr", "call_module"):
+        obj: Any = gm
+        for atom in n.target.split("."):
+            obj = getattr(obj, atom, None)
+            if obj is None:
+                fail(f"`{n.name}` refers to `{n.target}`, which the graph module lacks")
+        if n.op == "call_module" and not isinstance(obj, torch.nn.Module):
+            fail(f"`{n.name}` calls `{n.target}`, which is not a module")
 
 
 def recompile(ep: ExportedProgram) -> None:
@@ -341,7 +405,7 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
             step = "output renaming"
             state.rename_outputs()
             step = "lint"
-            lint(ep)
+            lint(ep, journal)
             step = "code generation"
             recompile(ep)
         except Exception as e:

@@ -1,0 +1,229 @@
+"""Apply's safety net checks only what the apply changed, and still catches every fault.
+
+``apply_matches`` used to run ``Graph.lint()`` on the whole graph once per
+apply; it now checks the nodes its journal saw created or rerouted
+(:func:`fusionkit.rewrite.lint`). Each fault below is one a replacement can
+really make and the per-match checks do not see (a node it creates or rewires
+behind the engine's back): it is injected, and both the local check and the
+old whole-graph ``Graph.lint`` must reject the apply and leave the program
+exactly as it was — so the cheaper check drops none of the faults the old one
+caught. The fast paths of building metadata (a fresh FakeTensor without the
+constructor) are checked against the slow ones.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import torch
+from models import export_edge, fresh, outputs_close, run_program
+from test_apply_atomic import assert_unchanged, snapshot
+from torch import nn
+
+import fusionkit.rewrite as rewrite_mod
+from fusionkit import Rule, capture, find_matches, op
+from fusionkit.builder import FusionError
+from fusionkit.rewrite import apply_matches
+from fusionkit.rule import PythonReplacement
+from fusionkit.targets import dialect_target
+
+
+class Chain(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.sin(x)
+        b = torch.relu(torch.relu(a))
+        return torch.cos(b * 2), a + 1
+
+
+X = torch.randn(2, 4)
+
+
+@pytest.fixture(scope="module")
+def base() -> Any:
+    return export_edge(Chain(), (X,))
+
+
+def _nodes(rw: Any) -> dict[str, torch.fx.Node]:
+    return {n.name: n for n in rw.graph.nodes}
+
+
+def _relu(rw: Any) -> Any:
+    return dialect_target("aten.relu.default", like=rw.root.target)
+
+
+def _direct(rw: Any, *args: Any) -> torch.fx.Node:
+    """A node the replacement makes with the graph's own API (the engine does not see it)."""
+    with rw.graph.inserting_before(rw.insert_before):
+        n = rw.graph.call_function(_relu(rw), args)
+    n.meta["val"] = rw.root.meta["val"]
+    return n
+
+
+def _later(rw: Any) -> torch.fx.Node:
+    """A node after the insertion point: the ``mul`` reading the fused relu."""
+    (user,) = rw.root.users
+    return user
+
+
+#: fault -> what the replacement does besides building the fused relu
+FAULTS = {
+    # a helper node reading a node defined after it
+    "reads a later node": lambda rw, x: _direct(rw, _later(rw)),
+    # a helper node reading a node the replacement erased
+    "reads an erased node": lambda rw, x: _direct(rw, _erased(rw, x)),
+    # a helper node reading a node of another graph
+    "reads a foreign node": lambda rw, x: _direct(rw, _foreign()),
+    # an existing node rewired to read a later one (through FX's own API)
+    "rewires an earlier node": lambda rw, x: _nodes(rw)["aten_sin_default"].replace_input_with(
+        _nodes(rw)["x"], _later(rw)),
+    # a new node given a name the graph already uses
+    "duplicates a name": lambda rw, x: setattr(_direct(rw, x), "name", "aten_sin_default"),
+    # a get_attr of an attribute the module lacks
+    "missing attribute": lambda rw, x: _get_attr(rw, "fk_no_such_attribute"),
+}
+
+
+def _erased(rw: Any, x: torch.fx.Node) -> torch.fx.Node:
+    tmp = rw.call("aten.relu.default", x)
+    rw.graph.erase_node(tmp)
+    return tmp
+
+
+def _foreign() -> torch.fx.Node:
+    g = torch.fx.Graph()
+    p = g.placeholder("elsewhere")
+    p.meta["val"] = X
+    return p
+
+
+def _get_attr(rw: Any, name: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FX warns about the missing attribute, too
+        with rw.graph.inserting_before(rw.insert_before):
+            rw.graph.get_attr(name)
+
+
+def faulty_rule(fault: str | None) -> Rule:
+    def build(rw: Any, c: Mapping[str, Any]) -> Any:
+        out = rw.call("aten.relu.default", c["x"])
+        if fault is not None:
+            FAULTS[fault](rw, c["x"])
+        return out
+
+    return Rule("relu_relu", op("aten.relu.default", op("aten.relu.default", capture("x"))),
+                PythonReplacement(build, frozenset({"x"})))
+
+
+def _whole_graph_lint(ep: Any, journal: Any) -> None:
+    ep.graph_module.graph.lint()  # what apply ran before: the reference
+
+
+@pytest.mark.parametrize("checker", ["local", "whole graph"])
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_fault_the_per_match_checks_miss_is_caught_and_undone(
+        monkeypatch: pytest.MonkeyPatch, base: Any, fault: str, checker: str) -> None:
+    if checker == "whole graph":
+        monkeypatch.setattr(rewrite_mod, "lint", _whole_graph_lint)
+    ep = fresh(base)
+    ms = find_matches(ep, [faulty_rule(fault)])
+    assert len(ms.accepted) == 1
+    before = snapshot(ep)
+    expected = FusionError if checker == "local" else RuntimeError
+    with pytest.raises(expected):
+        apply_matches(ep, ms.accepted, strict=True)
+    assert_unchanged(ep, before)
+    res = apply_matches(ep, ms.accepted, strict=False)
+    assert not res.applied and [f.during for f in res.failed] == ["lint"]
+    assert_unchanged(ep, before)
+
+
+def test_a_correct_rewrite_passes_both_checks(base: Any) -> None:
+    ep = fresh(base)
+    res = apply_matches(ep, find_matches(ep, [faulty_rule(None)]).accepted, strict=True)
+    assert len(res.applied) == 1
+    ep.graph_module.graph.lint()
+    assert outputs_close(run_program(ep, X), Chain()(X))
+
+
+def test_a_node_rewired_by_a_failing_replacement_is_restored(base: Any) -> None:
+    """``replace_input_with`` inside a replacement is journaled (FX's replace hook)."""
+    def build(rw: Any, c: Mapping[str, Any]) -> Any:
+        nodes = _nodes(rw)
+        nodes["aten_add_tensor"].replace_input_with(nodes["aten_sin_default"], c["x"])
+        raise RuntimeError("after rewiring")
+
+    rule = Rule("relu_relu", op("aten.relu.default", op("aten.relu.default", capture("x"))),
+                PythonReplacement(build, frozenset({"x"})))
+    ep = fresh(base)
+    ms = find_matches(ep, [rule])
+    before = snapshot(ep)
+    res = apply_matches(ep, ms.accepted, strict=False)
+    assert not res.applied and [f.during for f in res.failed] == ["replacement"]
+    assert_unchanged(ep, before)
+
+
+# ------------------------------------------------------------- fast FakeTensors
+
+
+def test_a_fresh_fake_tensor_equals_the_constructors() -> None:
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from fusionkit import meta_cache
+
+    mode = FakeTensorMode()
+    cpu = torch.device("cpu")
+    meta_cache.clear()
+    for shape, stride in (((2, 3), (3, 1)), ((4, 1, 5), (1, 20, 4)), ((), ())):
+        fast = meta_cache._new_fake(mode, torch.empty_strided(shape, stride, device="meta"), cpu)
+        slow = FakeTensor(mode, torch.empty_strided(shape, stride, device="meta"), cpu)
+        assert type(fast) is type(slow) and fast.fake_mode is mode
+        assert fast.__dict__ == slow.__dict__
+        assert torch._C._dispatch_keys(fast) == torch._C._dispatch_keys(slow)
+        assert (fast.shape, fast.stride(), fast.device, fast.dtype) == (
+            slow.shape, slow.stride(), slow.device, slow.dtype)
+        with mode:
+            y = fast * 2 + slow  # usable under its mode like any fake tensor
+        assert isinstance(y, FakeTensor) and y.shape == slow.shape
+    # the data-pointer guard is set as the constructor sets it (a strict mode: it raises;
+    # the default mode warns once per process, which cannot be observed twice)
+    mode._allow_unsafe_data_ptr_access = False
+    fast = meta_cache._new_fake(mode, torch.empty(3, device="meta"), cpu)
+    slow = FakeTensor(mode, torch.empty(3, device="meta"), cpu)
+    assert _data_ptr_guard(fast) == _data_ptr_guard(slow) != "none"
+    assert meta_cache._FRESH_STATE[cpu] is not None  # the fast path was taken
+
+
+def _data_ptr_guard(t: torch.Tensor) -> str:
+    """How ``t`` reacts to ``data_ptr()``: the guard a FakeTensor must carry."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            t.data_ptr()
+        except Exception as e:
+            return f"raises {type(e).__name__}"
+    return f"warns {caught[0].category.__name__}" if caught else "none"
+
+
+def test_an_unknown_fake_tensor_state_keeps_the_constructor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from fusionkit import meta_cache
+
+    meta_cache.clear()
+    real = FakeTensor.__new__
+
+    def with_extra(cls: Any, *a: Any, **kw: Any) -> Any:
+        out = real(cls, *a, **kw)
+        out.some_new_state = 1  # what a newer torch might add
+        return out
+
+    monkeypatch.setattr(FakeTensor, "__new__", with_extra)
+    mode = FakeTensorMode()
+    t = meta_cache._new_fake(mode, torch.empty(2, device="meta"), torch.device("cpu"))
+    assert meta_cache._FRESH_STATE[torch.device("cpu")] is None
+    assert t.some_new_state == 1  # built by the constructor
+    meta_cache.clear()

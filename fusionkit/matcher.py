@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,7 +37,7 @@ from fusionkit.pattern import (
     widens,
 )
 from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import op_key, schema_of
+from fusionkit.targets import OP_KEY_MEMO, op_key, schema_of
 
 __all__ = ["Binding", "CompiledPattern", "PredicateError", "StructuralFailure", "compile_pattern",
            "match_pattern"]
@@ -99,7 +99,7 @@ class Binding:
         return Binding(self.captures, (*self.claimed, node))
 
 
-@dataclass
+@dataclass(slots=True)
 class StructuralFailure:
     """The deepest point at which every structural attempt failed.
 
@@ -123,14 +123,18 @@ class StructuralFailure:
         return m
 
 
-@dataclass
 class _Search:
-    inputs: ProgramInputs
-    failure: StructuralFailure = field(default_factory=StructuralFailure)
-    #: > 0 while matching a commutative op's swapped operands: a failure there as
-    #: deep as one in the written order does not replace it (the written order
-    #: names the operand the author expected: "expected mm, got bmm")
-    swapped: int = 0
+    """One search's state: the program's inputs, the deepest failure, the swap depth."""
+
+    __slots__ = ("failure", "inputs", "swapped")
+
+    def __init__(self, inputs: ProgramInputs) -> None:
+        self.inputs = inputs
+        self.failure = StructuralFailure()
+        #: > 0 while matching a commutative op's swapped operands: a failure there as
+        #: deep as one in the written order does not replace it (the written order
+        #: names the operand the author expected: "expected mm, got bmm")
+        self.swapped = 0
 
     def fail(self, b: Binding, node: Node | None, message: str | Callable[..., str],
              *args: Any) -> None:
@@ -219,12 +223,17 @@ def _compile_capture(p: Capture) -> _M:
     name = p.name
 
     def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
-        nb = b.bind(name, value)
-        if nb is None:
-            s.fail(b, value if isinstance(value, Node) else None, _capture_mismatch, where, name,
-                   value, b.captures[name])
-            return None
-        return k(nb)
+        caps = b.captures  # Binding.bind, inlined: this runs for every capture of every search
+        prev = caps.get(name, _MISSING)
+        if prev is _MISSING:
+            caps = caps.copy()
+            caps[name] = value
+            return k(Binding(caps, b.claimed))
+        if prev is value or _same_value(prev, value):
+            return k(b)
+        s.fail(b, value if isinstance(value, Node) else None, _capture_mismatch, where, name,
+               value, prev)
+        return None
     return m
 
 
@@ -449,11 +458,16 @@ def _compile_op(p: Op) -> _M:
             s.fail(b, value if isinstance(value, Node) else None, _expected_call, where, targets,
                    value)
             return None
-        key = op_key(value.target)
+        try:
+            key = OP_KEY_MEMO[value.target]
+        except (KeyError, TypeError):
+            key = op_key(value.target)
         if key not in targets:
             s.fail(b, value, _expected_op, where, targets, value, key)
             return None
-        b = b.claim(value)
+        claimed = b.claimed
+        if value not in claimed:
+            b = Binding(b.captures, (*claimed, value))
         vals: Any = value.args
         if strict_defaults and (value.kwargs or len(vals) > nargs) and not _defaults_hold(
                 p, value, b, s, key):

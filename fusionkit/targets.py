@@ -71,7 +71,8 @@ def memo_per_target(memo: dict[Any, _T], target: Any, compute: Callable[[Any], _
         return compute(target)
 
 
-_KEY_CACHE: dict[Any, str | None] = {}
+#: :func:`op_key`'s memo by target object; the matcher reads it directly in its hot path
+OP_KEY_MEMO: dict[Any, str | None] = {}
 
 
 def op_key(target: Any) -> str | None:
@@ -80,7 +81,7 @@ def op_key(target: Any) -> str | None:
     Cached per target object: this runs once per graph node at match time.
     """
     try:
-        return _KEY_CACHE[target]
+        return OP_KEY_MEMO[target]
     except KeyError:
         pass
     except TypeError:  # unhashable target
@@ -90,7 +91,7 @@ def op_key(target: Any) -> str | None:
     if overload is not None:
         ns, name = overload._schema.name.split("::", 1)
         key = f"{ns}.{name}.{overload._overloadname}"
-    _KEY_CACHE[target] = key
+    OP_KEY_MEMO[target] = key
     return key
 
 

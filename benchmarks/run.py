@@ -323,16 +323,25 @@ def _export(model: Any, example: tuple[Any, ...]) -> Any:
     return torch.export.export(model, example)
 
 
-STAGES = ("export", "edge", "fusion", "partition", "preprocess", "serialize")
+STAGES = ("export", "edge", "fusion", "verify", "partition", "preprocess", "serialize")
 
 
-def bench_e2e(layers_list: Sequence[int], runs: int, results: dict[str, Any]) -> dict[str, Any]:
+def _spread(vals: Sequence[float]) -> str:
+    return f"{min(vals):.2f}-{max(vals):.2f}" if len(vals) > 1 else "(1 run)"
+
+
+def bench_e2e(layers_runs: dict[int, int], results: dict[str, Any]) -> dict[str, Any]:
     """Export -> ``to_edge_transform_and_lower`` -> ``.pte``, stock vs adapter, by stage.
 
-    ``fusion`` is the transform passes (stock has none: it fuses inside Vulkan
-    preprocess); ``edge`` is the rest of ``to_edge_transform_and_lower``
-    (decompositions, verification, ``to_backend`` bookkeeping). The ratio is
-    judged on the lowering (edge..preprocess, as before) and shown end to end.
+    ``layers_runs``: stack depth -> number of stock/adapter pairs. ``fusion`` is the
+    transform passes (stock has none: it fuses inside Vulkan preprocess); ``verify``
+    is ExecuTorch's checks around transform passes (paid for any pass list, so only
+    by the adapters); ``edge`` is the rest of ``to_edge_transform_and_lower``
+    (decompositions, verification, ``to_backend`` bookkeeping: the same ExecuTorch
+    code on both paths). The ratio is judged on the lowering (edge..preprocess, as
+    before) and shown end to end. A pair runs stock first, the next one adapter
+    first, so that an effect of the previous lowering on the next falls on both;
+    each pair's adapter/stock ratio is kept, and printed as min-max.
     """
     import torch
     from executorch.exir import to_edge_transform_and_lower
@@ -349,17 +358,20 @@ def bench_e2e(layers_list: Sequence[int], runs: int, results: dict[str, Any]) ->
     out: dict[str, Any] = {}
     rows = []
     stage_rows = []
+    layers_list = list(layers_runs)
     for backend in ("vulkan", "xnnpack"):
         adapter, why = load_adapter(backend)
         if adapter is None:
             print(f"  {backend}: {why}")
-        for layers in layers_list:
+        for layers, runs in layers_runs.items():
             torch.manual_seed(0)
             model = TinyLlama(layers).eval()
             example = (torch.randn(1, 8, 64),)
 
             def run_once(label: str, model: Any = model, example: tuple[Any, ...] = example,
                          backend: str = backend, adapter: Any = adapter) -> dict[str, float]:
+                if adapter is not None and label == "stock":
+                    adapter.uninstall()  # stock runs are stock
                 t: dict[str, float] = {}
                 c0 = CPU_CLOCK()
                 ep = _export(model, example)
@@ -385,21 +397,22 @@ def bench_e2e(layers_list: Sequence[int], runs: int, results: dict[str, Any]) ->
                 t["total"] = sum(t[k] for k in STAGES)
                 return t
 
+            labels = ["stock"] + (["adapter"] if adapter is not None else [])
             # warm up both paths once per backend (the first lowering pays one-time costs)
             if layers == layers_list[0]:
-                if adapter is not None:
-                    adapter.uninstall()
-                run_once("stock")
-                if adapter is not None:
-                    run_once("adapter")
+                for label in labels:
+                    run_once(label)
             samples: dict[str, list[dict[str, float]]] = {"stock": [], "adapter": []}
-            for _ in range(runs):  # interleaved so drift hits both alike
-                for label in ("stock", "adapter"):
-                    if label == "adapter" and adapter is None:
-                        continue
-                    if adapter is not None and label == "stock":
-                        adapter.uninstall()
-                    samples[label].append(run_once(label))
+            pair_ratios: list[float] = []
+            pair_wall_ratios: list[float] = []
+            for i in range(runs):  # interleaved so drift hits both alike; order alternates
+                pair = {label: run_once(label) for label in (labels if i % 2 == 0 else labels[::-1])}
+                for label, t in pair.items():
+                    t["order"] = float(list(pair).index(label))
+                    samples[label].append(t)
+                if "adapter" in pair:
+                    pair_ratios.append(pair["adapter"]["lower"] / pair["stock"]["lower"])
+                    pair_wall_ratios.append(pair["adapter"]["wall_lower"] / pair["stock"]["wall_lower"])
             if adapter is not None:
                 adapter.uninstall()
 
@@ -417,30 +430,39 @@ def bench_e2e(layers_list: Sequence[int], runs: int, results: dict[str, Any]) ->
                         "stock_wall_s": w_st, "adapter_wall_s": w_ad,
                         "adapter_over_stock": (t_ad / t_st) if t_ad else None,
                         "adapter_over_stock_wall": (w_ad / w_st) if w_ad else None,
+                        "pair_ratios": pair_ratios, "pair_wall_ratios": pair_wall_ratios,
+                        "pair_ratio_median": statistics.median(pair_ratios) if pair_ratios else None,
                         "end_to_end_stock_s": e_st, "end_to_end_adapter_s": e_ad,
                         "end_to_end_ratio": (e_ad / e_st) if e_ad else None,
                         "stages": {label: {k: med(label, k) for k in STAGES}
                                    for label in samples if samples[label]},
                         "samples": samples, "adapter": why}
             print(f"  ... {backend} {layers} layers done", file=sys.stderr, flush=True)
-            rows.append([backend, str(layers), _ms(t_st), _ms(t_ad),
+            rows.append([backend, str(layers), str(runs), _ms(t_st), _ms(t_ad),
                          _x(t_ad / t_st) if t_ad else "adapter not available",
+                         _spread(pair_ratios) if pair_ratios else "-",
                          _ms(w_st), _ms(w_ad), _x(w_ad / w_st) if w_ad else "-",
                          _x(e_ad / e_st) if e_ad else "-"])
             for label in samples:
                 if samples[label]:
+                    lows = [x["lower"] for x in samples[label]]
                     stage_rows.append([f"{backend} {layers}L {label}",
                                        *(_ms(med(label, k)) for k in STAGES),
-                                       _ms(med(label, "total"))])
-    print(_table(rows, ["backend", "layers", "stock cpu ms", "adapter cpu ms", "adapter/stock",
-                        "stock wall ms", "adapter wall ms", "wall ratio", "export..pte ratio"]))
-    print(f"  to_edge_transform_and_lower of a Llama-style stack (dim 64, 4 heads, seq 8); "
-          f"median of {runs} interleaved runs after one warm-up per backend; the ratio is "
-          "judged on the lowering's CPU time (export and serialization shown below).")
+                                       _ms(med(label, "total")),
+                                       f"{_ms(min(lows))}-{_ms(max(lows))}"])
+    print(_table(rows, ["backend", "layers", "pairs", "stock cpu ms", "adapter cpu ms",
+                        "adapter/stock", "per pair min-max", "stock wall ms", "adapter wall ms",
+                        "wall ratio", "export..pte ratio"]))
+    print("  to_edge_transform_and_lower of a Llama-style stack (dim 64, 4 heads, seq 8); "
+          "medians of interleaved stock/adapter pairs (alternating which runs first) after one "
+          "warm-up per backend; the ratio is judged on the lowering's CPU time (export and "
+          "serialization shown below); per pair: each pair's own adapter/stock ratio.")
     print("\n  where a lowering's time goes (CPU ms, medians):")
-    print(_table(stage_rows, ["path", *STAGES, "total"]))
-    print("  fusion = transform passes (stock fuses inside Vulkan preprocess); edge = the rest "
-          "of to_edge_transform_and_lower (decompositions, verification, to_backend).")
+    print(_table(stage_rows, ["path", *STAGES, "total", "lowering min-max"]))
+    print("  fusion = transform passes (stock fuses inside Vulkan preprocess); verify = "
+          "ExecuTorch's checks around transform passes (pass-manager checks, edge verifier; "
+          "paid for any pass list); edge = the rest of to_edge_transform_and_lower "
+          "(decompositions, verification, to_backend), the same code on both paths.")
     return out
 
 
@@ -563,7 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         apply_counts, apply_runs = [16, 32], 1
     else:
         sizes, runs, big_runs, shipped_runs, stock_pass_max = (
-            [100, 500, 1000, 2000, 5000, 10000, 20000], 7, 5, 3, 25000)
+            [100, 500, 1000, 2000, 5000, 10000, 20000, 50000], 7, 5, 3, 25000)
         noop_size, noop_runs = 20000, 7
         apply_counts, apply_runs = [64, 128, 256, 512, 1024, 2048], 3
 
@@ -621,15 +643,17 @@ def _section1(sizes: Sequence[int], runs: int, big_runs: int, shipped_runs: int,
     growth_note = ""
     big = [match[n] for n in by_size if n >= 900]
     if len(by_size) >= 2 and max(by_size) >= 15000:
-        r1k, r20k = nearest(1000), nearest(20000)
-        g_1k = r20k["fusionkit_find_s"] / r1k["fusionkit_find_s"]
-        g_2k = r20k["fusionkit_find_s"] / r2k["fusionkit_find_s"]
-        n_ratio_1k = r20k["nodes"] / r1k["nodes"]
-        n_ratio_2k = r20k["nodes"] / r2k["nodes"]
-        results["growth"] = {"t20k_over_t1k": g_1k, "nodes20k_over_nodes1k": n_ratio_1k,
-                             "t20k_over_t2k": g_2k, "nodes20k_over_nodes2k": n_ratio_2k}
-        growth_note = (f"growth 1k->20k: time x{g_1k:.1f} for nodes x{n_ratio_1k:.1f}; "
-                       f"2k->20k: time x{g_2k:.1f} for nodes x{n_ratio_2k:.1f}")
+        r1k, r2k_, rmax = nearest(1000), nearest(2000), match[by_size[-1]]
+        g_1k = rmax["fusionkit_find_s"] / r1k["fusionkit_find_s"]
+        g_2k = rmax["fusionkit_find_s"] / r2k_["fusionkit_find_s"]
+        n_ratio_1k = rmax["nodes"] / r1k["nodes"]
+        n_ratio_2k = rmax["nodes"] / r2k_["nodes"]
+        results["growth"] = {"largest_nodes": rmax["nodes"],
+                             "tmax_over_t1k": g_1k, "nodesmax_over_nodes1k": n_ratio_1k,
+                             "tmax_over_t2k": g_2k, "nodesmax_over_nodes2k": n_ratio_2k}
+        kmax = f"{rmax['nodes'] // 1000}k"
+        growth_note = (f"growth 1k->{kmax}: time x{g_1k:.1f} for nodes x{n_ratio_1k:.1f}; "
+                       f"2k->{kmax}: time x{g_2k:.1f} for nodes x{n_ratio_2k:.1f}")
         print(f"  {growth_note}")
     shipped = r2k["detect_ratio_shipped"]
     targets.add(">=100x faster than stock detection @2k nodes",
@@ -639,16 +663,17 @@ def _section1(sizes: Sequence[int], runs: int, big_runs: int, shipped_runs: int,
                  f"{_x(r2k['detect_ratio_cached'])} with its pattern graphs cached "
                  f"({'also' if r2k['detect_ratio_cached'] >= 100 else 'not'} >=100x)"))
     worst = max(big, key=lambda r: r["us_per_node"])
-    targets.add("<=5 us/node, full built-in rule set", worst["us_per_node"] <= 5.0,
+    targets.add("<=3 us/node, full built-in rule set", worst["us_per_node"] <= 3.0,
                 f"worst {worst['us_per_node']:.2f} us/node at {worst['nodes']} nodes "
                 f"(graphs >= 1k nodes: " + ", ".join(f"{r['us_per_node']:.2f}" for r in big) + ")")
     if "growth" in results:
         g = results["growth"]
-        targets.add("linear growth: t(20k) <= 12x t(2k)", g["t20k_over_t2k"] <= 12.0,
-                    growth_note)
+        # linear: the time grows no faster than the node count, with 20 % slack for noise
+        targets.add("linear growth from 2k nodes to the largest graph",
+                    g["tmax_over_t2k"] <= 1.2 * g["nodesmax_over_nodes2k"], growth_note)
     else:
-        targets.add("linear growth: t(20k) <= 12x t(2k)", None, "needs the 20k graph (full run)")
-
+        targets.add("linear growth from 2k nodes to the largest graph", None,
+                    "needs the 20k/50k graphs (full run)")
 
 
 def _section2(noop_size: int, noop_runs: int, results: dict[str, Any], targets: Targets) -> None:
@@ -670,15 +695,17 @@ def _section3(quick: bool, results: dict[str, Any], targets: Targets) -> None:
         print("  skipped (--quick)")
         targets.add("adapters no slower than stock end-to-end", None, "skipped (--quick)")
     else:
-        e2e = bench_e2e([2, 8], 3, results)
+        e2e = bench_e2e({2: 5, 8: 3}, results)
         results["e2e"] = e2e
         limits = {"vulkan": 0.4, "xnnpack": 1.0}
         for backend, limit in limits.items():
             have = {k: v["adapter_over_stock"] for k, v in e2e.items() if k.startswith(backend)}
             ok = [r for r in have.values() if r is not None]
+            spread = {k: e2e[k]["pair_ratios"] for k in have}
             targets.add(f"{backend} lowering <= {limit:.1f}x stock",
                         None if not ok else all(r <= limit for r in ok) and len(ok) == len(have),
                         ", ".join(f"{k} {'-' if r is None else f'{r:.2f}x'}"
+                                  + (f" (pairs {_spread(spread[k])})" if spread[k] else "")
                                   for k, r in have.items()) + " (adapter/stock CPU time)")
         print("\n  peak memory of one lowering:")
         mem = bench_memory(8, results)

@@ -213,15 +213,24 @@ def stock_partitioner(backend: str) -> Any:
 
 @contextlib.contextmanager
 def stage_timer(passes: list[Any], partitioner: Any) -> Iterator[dict[str, float]]:
-    """CPU time spent, while the block runs, in ``passes`` (fusion), ``partitioner.partition``
-    and backend preprocessing (``BackendDetails.preprocess`` / ``preprocess_multimethod``).
+    """CPU time spent, while the block runs, in ``passes`` (fusion), ExecuTorch's checks
+    around them (verify), ``partitioner.partition`` and backend preprocessing
+    (``BackendDetails.preprocess`` / ``preprocess_multimethod``).
+
+    ``verify`` is what ``to_edge_transform_and_lower`` does only because transform
+    passes were given, outside the passes themselves: ``EdgeProgramManager.transform``
+    (its pass manager's check before and after the passes -- recompile, lint,
+    ``ExportedProgram.validate`` --, the edge-dialect verifier, the new manager's
+    verifier) and ``lift_constant_tensor_pass``. It is the same for any pass list,
+    even one that changes nothing; stock lowers without transform passes and pays none.
 
     Preprocess is timed at the base class, outermost call only, so a backend or an
     adapter that wraps its own ``preprocess`` is still counted once.
     """
     from executorch.exir.backend.backend_details import BackendDetails
+    from executorch.exir.program import _program
 
-    acc = {"fusion": 0.0, "partition": 0.0, "preprocess": 0.0}
+    acc = {"fusion": 0.0, "verify": 0.0, "partition": 0.0, "preprocess": 0.0}
     depth = [0]
 
     def timed(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -237,16 +246,47 @@ def stage_timer(passes: list[Any], partitioner: Any) -> Iterator[dict[str, float
                 depth[0] -= 1
         return run
 
+    # lift_constant_tensor_pass also runs inside to_edge for every lowering: only the
+    # calls between the transform and to_backend are the transform passes' cost
+    after_transform = [False]
+
+    def verifying(fn: Callable[..., Any], arms: bool) -> Callable[..., Any]:
+        def run(*a: Any, **k: Any) -> Any:
+            if not (arms or after_transform[0]):
+                return fn(*a, **k)
+            t0, f0 = CPU_CLOCK(), acc["fusion"]
+            try:
+                return fn(*a, **k)
+            finally:  # the passes' own time is fusion, counted by their timer
+                acc["verify"] += CPU_CLOCK() - t0 - (acc["fusion"] - f0)
+                after_transform[0] = after_transform[0] or arms
+        return run
+
+    def disarming(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*a: Any, **k: Any) -> Any:
+            after_transform[0] = False
+            return fn(*a, **k)
+        return run
+
     for p in passes:
         p.call = timed("fusion", p.call)
     partitioner.partition = timed("partition", partitioner.partition)
     real_multi = BackendDetails.__dict__["preprocess_multimethod"]
+    real_transform = _program.EdgeProgramManager.__dict__["transform"]
+    real_lift = _program.lift_constant_tensor_pass
+    real_to_backend = _program.EdgeProgramManager.__dict__["to_backend"]
 
     def multi(cls: Any, *a: Any, **k: Any) -> Any:
         return timed("preprocess", lambda: real_multi.__func__(cls, *a, **k))()
 
     BackendDetails.preprocess_multimethod = classmethod(multi)  # type: ignore[assignment,method-assign]
+    _program.EdgeProgramManager.transform = verifying(real_transform, True)  # type: ignore[method-assign]
+    _program.EdgeProgramManager.to_backend = disarming(real_to_backend)  # type: ignore[method-assign]
+    _program.lift_constant_tensor_pass = verifying(real_lift, False)
     try:
         yield acc
     finally:
         BackendDetails.preprocess_multimethod = real_multi  # type: ignore[method-assign]
+        _program.EdgeProgramManager.transform = real_transform  # type: ignore[method-assign]
+        _program.EdgeProgramManager.to_backend = real_to_backend  # type: ignore[method-assign]
+        _program.lift_constant_tensor_pass = real_lift

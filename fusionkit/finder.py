@@ -25,7 +25,7 @@ from fusionkit.pattern import Alt, Capture, Named, Op, Outputs, Pattern, Value, 
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
-from fusionkit.targets import is_assertion, op_key, schema_of
+from fusionkit.targets import OP_KEY_MEMO, is_assertion, op_key, schema_of
 
 __all__ = ["DECLINE_STEPS", "Decline", "Match", "MatchSet", "RuleIndex", "find_matches"]
 
@@ -175,7 +175,9 @@ class RuleIndex:
         out = []
         for rule in self.for_target(target):
             gate = self.gate(rule) if gated else None
-            out.append((rule, gate.check if gate is not None else None, self.compiled(rule)))
+            check = (None if gate is None else
+                     gate.operands_check if isinstance(gate, _Gate) else gate.check)
+            out.append((rule, check, self.compiled(rule)))
         return tuple(out)
 
     def for_target(self, target: Any) -> tuple[Rule, ...]:
@@ -275,18 +277,34 @@ class _Gate:
     @cached_property
     def check(self) -> Callable[[Node], bool]:
         """:meth:`may_match` as one closure over this gate's sets (it runs per graph node)."""
-        targets, index, keys, nargs = self.targets, self.index, self.keys, self.nargs
+        targets, operands = self.targets, self.operands_check
+
+        def check(node: Node) -> bool:
+            try:
+                key = OP_KEY_MEMO[node.target]
+            except (KeyError, TypeError):
+                key = op_key(node.target)
+            return key in targets and operands(node)  # else another option's op
+        return check
+
+    @cached_property
+    def operands_check(self) -> Callable[[Node], bool]:
+        """:meth:`check` for a node already known to have one of :attr:`targets` (the
+        finder's per-op rule lists guarantee it at the root): only the operands."""
+        index, keys, nargs = self.index, self.keys, self.nargs
         other = 1 - index if self.commutative and nargs >= 2 and index < 2 else None
         inner = self.inner.check if self.inner is not None else None
 
         def ok(v: Any) -> bool:
-            if not isinstance(v, Node) or v.op != "call_function" or op_key(v.target) not in keys:
+            if not isinstance(v, Node) or v.op != "call_function":
                 return False
-            return inner is None or inner(v)
+            try:
+                key = OP_KEY_MEMO[v.target]
+            except (KeyError, TypeError):
+                key = op_key(v.target)
+            return key in keys and (inner is None or inner(v))
 
         def check(node: Node) -> bool:
-            if op_key(node.target) not in targets:
-                return False  # another option's op (alternatives at the root)
             args = node.args
             if len(args) < nargs:
                 return True  # operands by keyword or default: let the search decide
@@ -333,7 +351,11 @@ class _AnyGate:
         by_key = {k: tuple(g.check for g in v) for k, v in self.by_key.items()}
 
         def check(node: Node) -> bool:
-            checks = by_key.get(op_key(node.target) or "")
+            try:
+                key = OP_KEY_MEMO[node.target]
+            except (KeyError, TypeError):
+                key = op_key(node.target)
+            checks = by_key.get(key or "")
             if checks is None:
                 return False
             for c in checks:
@@ -548,10 +570,15 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
 
     plan_for = index.plan
     gated = not all_near_misses
+    plans = index._plans if gated else index._plans_ungated
     for node in ep.graph_module.graph.nodes:
         if node.op != "call_function" or node in claimed_by:
             continue
-        for rule, gate, pattern in plan_for(node.target, gated):
+        try:
+            plan = plans[node.target]
+        except (KeyError, TypeError):
+            plan = plan_for(node.target, gated)
+        for rule, gate, pattern in plan:
             during = "the pattern's gate"
             try:
                 if gate is not None and not gate(node):

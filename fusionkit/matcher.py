@@ -485,7 +485,12 @@ def _compile_op(p: Op) -> _M:
                 if v is _MISSING:
                     s.fail(b, value, _no_argument, value, key, f"`{name}`")
                     return None
-        r = args_in(value, key, vals, named, written, b, s, k)
+        if nargs == 2 and not kw_ms:  # args_in, inlined for the most common shape
+            m1, v1 = arg_ms[1], vals[1]
+            w1 = (_ARG, 1, value, key)
+            r = arg_ms[0](vals[0], b, s, (_ARG, 0, value, key), lambda nb: m1(v1, nb, s, w1, k))
+        else:
+            r = args_in(value, key, vals, named, written, b, s, k)
         if r is not None or not commutative or vals[0] is vals[1]:
             return r
         s.swapped += 1

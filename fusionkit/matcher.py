@@ -383,13 +383,14 @@ def _compile_through(p: Through) -> _M:
     inner, ops, max_depth, narrowing = _compile(p.inner), p.ops, p.max_depth, p.narrowing
 
     def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept, depth: int = 0) -> Any:
-        if (
-            depth < max_depth
-            and isinstance(value, Node)
-            and value.op == "call_function"
-            and op_key(value.target) in ops
-            and value.args
-        ):
+        if depth < max_depth and isinstance(value, Node) and value.op == "call_function":
+            try:
+                key = OP_KEY_MEMO[value.target]
+            except (KeyError, TypeError):
+                key = op_key(value.target)
+        else:
+            key = None
+        if key in ops and value.args:
             src, dst = _dtype_of(value.args[0]), _dtype_of(value)
             if narrowing or (src is not None and dst is not None and widens(src, dst)):
                 r = m(value.args[0], b.claim(value), s, (_THROUGH, where, value), k, depth + 1)

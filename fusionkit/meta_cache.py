@@ -58,20 +58,24 @@ def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
     return ("T", tuple(t.shape), t.stride(), offset, t.dtype, t.device, t.requires_grad)
 
 
+_LITERALS = frozenset({type(None), bool, int, str, torch.dtype, torch.device, torch.layout,
+                       torch.memory_format})
+
+
 def _key(a: Any) -> Any:
     if isinstance(a, Node):
         a = a.meta.get("val")
         if a is None:
             raise _Uncacheable
+    t = type(a)
+    if t in _LITERALS:
+        return (t.__name__, a)
+    if t is float:
+        return ("float", repr(a))  # -0.0 and nan stay distinct and equal to themselves
     if isinstance(a, torch.Tensor):
         return _tensor_key(a)
     if isinstance(a, (list, tuple)):
-        return (type(a).__name__, *(_key(x) for x in a))
-    if a is None or type(a) in (bool, int, str, torch.dtype, torch.device, torch.layout,
-                                torch.memory_format):
-        return (type(a).__name__, a)
-    if type(a) is float:
-        return ("float", repr(a))  # -0.0 and nan stay distinct and equal to themselves
+        return (t.__name__, *[_key(x) for x in a])
     raise _Uncacheable  # SymInt, opaque objects: propagate for real
 
 
@@ -175,7 +179,8 @@ def fake_output(overload: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     key: tuple[Any, ...] | None = None
     if fake_mode is not None and _is_functional(overload):
         try:
-            key = (overload, _key(args), _key(tuple(sorted(kwargs.items()))))
+            key = (overload, _key(args),
+                   _key(tuple(sorted(kwargs.items()))) if kwargs else ())
         except _Uncacheable:
             key = None
         if key is not None:

@@ -227,3 +227,31 @@ def test_an_unknown_fake_tensor_state_keeps_the_constructor(
     assert meta_cache._FRESH_STATE[torch.device("cpu")] is None
     assert t.some_new_state == 1  # built by the constructor
     meta_cache.clear()
+
+
+# ------------------------------------------------------------- node creation
+
+
+def test_a_call_node_is_created_as_create_node_creates_it() -> None:
+    """``_create_call`` skips FX's pytree walk; the node is the same, symbolic args warn."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from fusionkit.builder import _create_call
+
+    g = torch.fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    cat = torch.ops.aten.cat.default
+    for args, kwargs in ((([a, b], 0), {}), ((a,), {"dim": [b, 1], "f": 0.5}), ((), {})):
+        ref = g.create_node("call_function", cat, args, kwargs, name="cat")
+        got = _create_call(g, cat, args, kwargs, "cat")
+        assert got.args == ref.args and got.kwargs == ref.kwargs
+        assert [type(x) for x in got.args] == [type(x) for x in ref.args]
+        assert type(got.kwargs) is type(ref.kwargs)
+        assert list(got._input_nodes) == list(ref._input_nodes)
+        assert all(got in n.users for n in got._input_nodes)
+        assert got.name != ref.name and got.prev is ref  # a name of its own, in order
+    sym = ShapeEnv().create_unbacked_symint()
+    with pytest.warns(UserWarning, match="Raw SymInt"):
+        node = _create_call(g, cat, ((a,), sym), {}, "cat")
+    assert node.args == ((a,), sym)
+    g.lint()

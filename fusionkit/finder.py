@@ -10,7 +10,7 @@ and why. Nothing here modifies the program.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -20,7 +20,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from fusionkit.constraints import CheckContext, Failure
-from fusionkit.matcher import Binding, CompiledPattern, PredicateError
+from fusionkit.matcher import Binding, CompiledPattern, PredicateError, compile_pattern
 from fusionkit.pattern import Alt, Capture, Named, Op, Outputs, Pattern, Value, output_names
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.rule import Rule
@@ -150,10 +150,10 @@ class RuleIndex:
                                                    CompiledPattern], ...]] = {}
 
     def compiled(self, rule: Rule) -> CompiledPattern:
-        """The rule's pattern compiled for searching, once per index."""
+        """The rule's pattern compiled for searching (once per pattern object, process-wide)."""
         c = self._compiled.get(rule)
         if c is None:
-            c = self._compiled[rule] = CompiledPattern(rule.pattern)
+            c = self._compiled[rule] = compile_pattern(rule.pattern)
         return c
 
     def plan(self, target: Any, gated: bool = True
@@ -206,10 +206,28 @@ class RuleIndex:
     def gate(self, rule: Rule) -> _Gate | _AnyGate | None:
         """The rule's gate, if skipping on it can never hide a reportable near miss."""
         if rule not in self._gates:
-            gate = _Gate.of(rule.pattern)
+            gate = _gate_of(rule.pattern)
             usable = gate is not None and self.threshold(rule) > gate.depth
             self._gates[rule] = gate if usable else None
         return self._gates[rule]
+
+
+_GATES: OrderedDict[int, tuple[Pattern, _Gate | _AnyGate | None]] = OrderedDict()
+
+
+def _gate_of(pattern: Pattern) -> _Gate | _AnyGate | None:
+    """``_Gate.of(pattern)``, remembered for the last few hundred patterns (by identity):
+    an adapter builds its rules once but a new index per pass, and a gate's compiled
+    check is kept on the gate."""
+    hit = _GATES.get(id(pattern))
+    if hit is not None and hit[0] is pattern:
+        _GATES.move_to_end(id(pattern))
+        return hit[1]
+    gate = _Gate.of(pattern)
+    _GATES[id(pattern)] = (pattern, gate)
+    if len(_GATES) > 256:
+        _GATES.popitem(last=False)
+    return gate
 
 
 def _claims_nothing(p: Pattern) -> bool:

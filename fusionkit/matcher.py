@@ -16,8 +16,10 @@ is built only if that failure is the one reported.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -548,14 +550,62 @@ class CompiledPattern:
 
     def __init__(self, pattern: Pattern) -> None:
         self.pattern = pattern
-        self._m = _compile(pattern)
+        # A continuation is called inside the match that produced it, so the stack
+        # grows with the nodes matched so far, a few frames each: a large pattern
+        # gets the headroom it needs (pure Python calls: no C stack in 3.11+).
+        size = _pattern_size(pattern)
+        self._frames = _FRAMES_PER_NODE * size if size > _SMALL_PATTERN else 0
+        with _headroom(self._frames):
+            self._m = _compile(pattern)
 
     def search(self, root: Node, inputs: ProgramInputs, accept: Accept
                ) -> tuple[Any, StructuralFailure]:
         """Hand each binding rooted at ``root`` to ``accept``, in search order, until it
         returns something other than None; that (or None) and the deepest failure."""
         s = _Search(inputs)
-        return self._m(root, Binding({}, ()), s, "root", accept), s.failure
+        if not self._frames:
+            return self._m(root, Binding({}, ()), s, "root", accept), s.failure
+        with _headroom(self._frames):
+            return self._m(root, Binding({}, ()), s, "root", accept), s.failure
+
+
+@contextmanager
+def _headroom(frames: int) -> Iterator[None]:
+    """The recursion limit raised by ``frames`` for the block (nothing for 0)."""
+    if not frames:
+        yield
+        return
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + frames)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+#: patterns of up to this many nodes search within the default recursion limit
+_SMALL_PATTERN = 100
+_FRAMES_PER_NODE = 8
+
+
+def _pattern_size(p: Pattern) -> int:
+    """How many pattern nodes ``p`` has, subpatterns included (iterative: any depth)."""
+    size, todo = 0, [p]
+    while todo:
+        q = todo.pop()
+        size += 1
+        if isinstance(q, Op):
+            todo.extend((*q.args, *q.kwargs.values()))
+        elif isinstance(q, Alt):
+            todo.extend(q.options)
+        elif isinstance(q, (Named, Through)):
+            todo.append(q.inner)
+        elif isinstance(q, Seq):
+            todo.extend(q.items)
+        elif isinstance(q, Outputs):
+            todo.append(q.primary)
+            todo.extend(o.pattern for o in q.others)
+    return size
 
 
 _COMPILED: OrderedDict[int, CompiledPattern] = OrderedDict()

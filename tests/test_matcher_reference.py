@@ -174,3 +174,68 @@ def test_generated_patterns_agree_with_the_reference(generated_graph: ExportedPr
     for node in calls:  # at its own root and everywhere else (near misses)
         new, old = _both(pattern, node, inputs)
         assert new == old, f"{pattern!r} at {node.name}"
+
+
+# ---------------------------------------------------------- large patterns
+
+
+class _Tree(torch.nn.Module):
+    """A balanced tree of aten subtractions over 2**depth leaves (all ``x``)."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.depth = depth
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        level = [x] * 2 ** self.depth
+        while len(level) > 1:
+            level = [torch.ops.aten.sub.Tensor(level[i], level[i + 1])
+                     for i in range(0, len(level), 2)]
+        return level[0]
+
+
+class _Chain(torch.nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.n):
+            x = torch.ops.aten.relu.default(x)
+        return x
+
+
+def _last_call(gm: torch.fx.GraphModule) -> Node:
+    return [n for n in gm.graph.nodes if n.op == "call_function"][-1]
+
+
+def test_large_patterns_match_without_running_out_of_stack(
+        generated_graph: ExportedProgram) -> None:
+    """A continuation runs inside the match that produced it, so the stack grows with
+    the pattern's size: a 511-op tree (which the generator search handled) and a
+    700-op chain (which it did not) must still match, the tree exactly as before.
+
+    The graphs are FX traces of aten calls (exporting them takes seconds); captures
+    never consult the program's inputs, so any program's ``ProgramInputs`` will do.
+    """
+    inputs = ProgramInputs(generated_graph)
+    depth = 9
+    gm = torch.fx.symbolic_trace(_Tree(depth))
+    leaves = iter(range(2 ** depth))
+
+    def tree(d: int) -> Pattern:
+        if d == 0:
+            return capture(f"x{next(leaves)}")
+        return op("aten.sub.Tensor", tree(d - 1), tree(d - 1))
+    pattern = tree(depth)
+    new, old = _both(pattern, _last_call(gm), inputs)
+    assert new == old and len(new[0]) == 1 and len(new[0][0][1]) == 2 ** depth - 1
+
+    chain_len = 700
+    gm = torch.fx.symbolic_trace(_Chain(chain_len))
+    chain: Pattern = capture("x")
+    for _ in range(chain_len):
+        chain = op("aten.relu.default", chain)
+    bindings, _ = match_pattern(chain, _last_call(gm), inputs)
+    (b,) = list(bindings)
+    assert len(b.claimed) == chain_len and b.captures["x"].op == "placeholder"

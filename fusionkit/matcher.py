@@ -565,8 +565,12 @@ class CompiledPattern:
         s = _Search(inputs)
         if not self._frames:
             return self._m(root, Binding({}, ()), s, "root", accept), s.failure
-        with _headroom(self._frames):
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + self._frames)
+        try:
             return self._m(root, Binding({}, ()), s, "root", accept), s.failure
+        finally:
+            sys.setrecursionlimit(limit)
 
 
 @contextmanager
@@ -583,9 +587,10 @@ def _headroom(frames: int) -> Iterator[None]:
         sys.setrecursionlimit(limit)
 
 
-#: patterns of up to this many nodes search within the default recursion limit
-_SMALL_PATTERN = 100
-_FRAMES_PER_NODE = 8
+#: patterns of up to this many nodes search within the caller's recursion limit
+#: (a full match measured about one frame per pattern node; 4x that is reserved)
+_SMALL_PATTERN = 50
+_FRAMES_PER_NODE = 4
 
 
 def _pattern_size(p: Pattern) -> int:

@@ -53,15 +53,24 @@ class ProgramConstants:
     """The program's constants during one apply: read them, add new ones.
 
     Built once per apply, so reading a weight or adding a repacked one costs
-    O(1) instead of a scan of the graph and the signature per call. New
-    constants are lifted-constant placeholders placed before the first user
-    input, with their signature entry at the same position.
+    O(1) instead of a scan of the graph and the signature per call (a pass that
+    repacks one weight per fusion would otherwise be quadratic in the number of
+    placeholders). New constants are lifted-constant placeholders placed before
+    the first user input, with their signature entry at the same position.
+    :meth:`reset` after a rollback: what was learnt may describe undone changes.
     """
 
     def __init__(self, ep: ExportedProgram) -> None:
         self.ep = ep
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the indexes (the signature or placeholders changed behind our back)."""
         self._inputs: ProgramInputs | None = None
         self._by_name: dict[str, Node] | None = None
+        #: (the signature's input-spec list, the placeholders in order, index of the
+        #: first user input, the fake mode of their values): learnt at the first add
+        self._layout: tuple[list[InputSpec], list[Node], int, Any] | None = None
 
     @property
     def inputs(self) -> ProgramInputs:
@@ -73,17 +82,25 @@ class ProgramConstants:
         ref = self.inputs.constant(node)
         return None if ref is None else ref.tensor
 
+    def _learn_layout(self, specs: list[InputSpec]) -> tuple[list[InputSpec], list[Node], int, Any]:
+        placeholders = self.ep.graph_module.graph.find_nodes(op="placeholder")
+        if len(specs) != len(placeholders):
+            raise FusionError("the graph signature does not list every placeholder")
+        at = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
+        fake_mode = detect_fake_mode([p.meta.get("val") for p in placeholders])
+        self._layout = (specs, placeholders, at, fake_mode)
+        return self._layout
+
     def add(self, name: str, value: torch.Tensor) -> Node:
         """A lifted constant ``name`` holding ``value``; the same node for the same name."""
         graph = self.ep.graph_module.graph
-        placeholders = graph.find_nodes(op="placeholder")
         if self._by_name is None:
             self._by_name = {}
-            for n in placeholders:
+            for n in graph.find_nodes(op="placeholder"):
                 if "requested_name" in n.meta:
                     self._by_name.setdefault(n.meta["requested_name"], n)
         existing = self._by_name.get(name)
-        if existing is not None:
+        if existing is not None and not existing._erased:
             if self.inputs.constant(existing) is None:
                 raise FusionError(f"`{name}` already names a placeholder that is not a constant")
             return existing
@@ -92,25 +109,47 @@ class ProgramConstants:
         # pass (FusePatternsPass in VulkanBackend.preprocess) runs on a copy of the program
         # sharing this list, and ExecuTorch re-reads the signature from that copy
         specs = sig.input_specs
-        at = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
-        if len(specs) != len(placeholders):
-            raise FusionError("the graph signature does not list every placeholder")
-        fake_mode = detect_fake_mode([p.meta.get("val") for p in placeholders])
+        layout = self._layout
+        if (layout is None or layout[0] is not specs or len(specs) != len(layout[1])
+                or len(specs) != _placeholder_count(graph) or not _anchored(layout)):
+            layout = self._learn_layout(specs)
+        _, placeholders, at, fake_mode = layout
         ctx = (graph.inserting_before(placeholders[at]) if at < len(placeholders) else
                graph.inserting_after(placeholders[-1]) if placeholders else graph.inserting_before())
         with ctx:
             node = graph.placeholder(name)
         node.target = node.name
         node.meta["requested_name"] = name
-        node.meta["val"] = (fake_mode.from_tensor(value, static_shapes=True)
+        node.meta["val"] = (meta_cache.fake_constant(value, fake_mode)
                             if fake_mode is not None else value)
-        specs.insert(at, InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name),
-                                   node.name, None))
+        spec = InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name), node.name, None)
+        specs.insert(at, spec)
+        placeholders.insert(at, node)
+        self._layout = (specs, placeholders, at + 1, fake_mode)
         self.ep.constants[node.name] = value
         self.ep._graph_signature = ExportGraphSignature(specs, sig.output_specs)
         self._by_name[name] = node
-        self._inputs = None  # the signature changed
+        if self._inputs is not None:
+            self._inputs.add_spec(spec)
         return node
+
+
+def _anchored(layout: tuple[list[InputSpec], list[Node], int, Any]) -> bool:
+    """The learnt insertion point still is the first user input, in graph and signature."""
+    specs, placeholders, at, _ = layout
+    if at == len(specs):
+        return at == 0 or not placeholders[-1]._erased
+    p = placeholders[at]
+    return (not p._erased and specs[at].kind == InputKind.USER_INPUT
+            and getattr(specs[at].arg, "name", None) == p.name)
+
+
+def _placeholder_count(graph: torch.fx.Graph) -> int:
+    """How many placeholders ``graph`` has, from FX's own index (no list of them built)."""
+    try:
+        return len(graph._find_nodes_lookup_table.table[("placeholder", None)])
+    except Exception:  # pragma: no cover - a torch without this index
+        return len(graph.find_nodes(op="placeholder"))
 
 
 def _fake_mode(vals: list[Any], root: Node) -> Any:

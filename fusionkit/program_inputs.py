@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, InputSpec
 
 __all__ = ["ConstantKind", "ConstantRef", "ProgramInputs"]
 
@@ -43,6 +43,10 @@ class ProgramInputs:
             spec.arg.name: spec for spec in sig.input_specs if hasattr(spec.arg, "name")
         }
         self._mutated = set(sig.buffers_to_mutate.values()) if sig.buffers_to_mutate else set()
+
+    def add_spec(self, spec: InputSpec) -> None:
+        """Index an input spec the caller just added to the signature (no rebuild)."""
+        self._spec[spec.arg.name] = spec
 
     def kind_of(self, node: torch.fx.Node) -> InputKind | None:
         if node.op != "placeholder":

@@ -392,6 +392,7 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
                     journal.rollback()
                     raise
                 journal.rollback(savepoint)
+                state.constants.reset()  # its indexes may describe undone placeholders
                 result.failed.append(ApplyFailure(m, "replacement", e))
                 continue
             result.applied.append(m)

@@ -255,3 +255,83 @@ def test_a_call_node_is_created_as_create_node_creates_it() -> None:
         node = _create_call(g, cat, ((a,), sym), {}, "cat")
     assert node.args == ((a,), sym)
     g.lint()
+
+
+# ------------------------------------------------------------- new constants
+
+
+class TwoChains(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(torch.relu(x + 1)), torch.relu(torch.relu(x * 2))
+
+
+def test_many_new_constants_keep_signature_graph_and_index_in_step() -> None:
+    """Adding constants reuses what it learnt (no rescan per add) and stays exact."""
+    from torch.export.graph_signature import InputKind
+
+    from fusionkit.builder import ProgramConstants
+    from fusionkit.program_inputs import ProgramInputs
+
+    ep = export_edge(Chain(), (X,))
+    pc = ProgramConstants(ep)
+    values = {f"k{i}": torch.full((i % 3 + 1, 2), float(i)) for i in range(40)}
+    nodes = {name: pc.add(name, v) for name, v in values.items()}
+    assert pc.add("k7", torch.zeros(1)) is nodes["k7"]  # the same node for the same name
+    phs = ep.graph_module.graph.find_nodes(op="placeholder")
+    specs = ep.graph_signature.input_specs
+    assert [s.arg.name for s in specs] == [p.name for p in phs]
+    kinds = [s.kind for s in specs]
+    assert kinds.index(InputKind.USER_INPUT) == len(kinds) - 1  # constants before inputs
+    fresh_index = ProgramInputs(ep)
+    for name, node in nodes.items():
+        assert torch.equal(pc.tensor(node), values[name])
+        assert fresh_index.constant(node) == pc.inputs.constant(node)
+        val = node.meta["val"]
+        assert (val.shape, val.stride(), val.dtype) == (values[name].shape,
+                                                        values[name].stride(),
+                                                        values[name].dtype)
+    ep.graph_module.graph.lint()
+    assert outputs_close(run_program(ep, X), Chain()(X))
+
+
+def test_a_constant_added_by_an_undone_replacement_can_be_added_again() -> None:
+    """After a rollback the constants' indexes are rebuilt: no reference to undone nodes."""
+    calls = [0]
+
+    def build(rw: Any, c: Mapping[str, Any]) -> Any:
+        k = rw.constant("fk_shared", torch.ones(4))
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("the first match fails after adding its constant")
+        return rw.call("aten.add.Tensor", rw.call("aten.relu.default", c["x"]),
+                       rw.call("aten.mul.Tensor", k, 0.0))
+
+    rule = Rule("relu_relu", op("aten.relu.default", op("aten.relu.default", capture("x"))),
+                PythonReplacement(build, frozenset({"x"})))
+    x = torch.randn(4)
+    ep = export_edge(TwoChains(), (x,))
+    ms = find_matches(ep, [rule])
+    assert len(ms.accepted) == 2
+    res = apply_matches(ep, ms.accepted, strict=False)
+    assert len(res.applied) == 1 and [f.during for f in res.failed] == ["replacement"]
+    shared = [n for n in ep.graph_module.graph.nodes if n.name.startswith("fk_shared")]
+    assert len(shared) == 1 and not shared[0]._erased and shared[0].users
+    assert shared[0].name in ep.constants
+    ep.graph_module.graph.lint()
+    assert outputs_close(run_program(ep, x), TwoChains()(x))
+
+
+def test_a_new_constants_fake_value_equals_from_tensor() -> None:
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from fusionkit import meta_cache
+
+    mode = FakeTensorMode()
+    for v in (torch.ones(3, 4), torch.arange(6, dtype=torch.int8).reshape(2, 3),
+              torch.zeros(()), torch.ones(4, 2).t(), torch.ones(5)[1:]):
+        got = meta_cache.fake_constant(v, mode)
+        ref = mode.from_tensor(v, static_shapes=True)
+        assert isinstance(got, FakeTensor) and got.fake_mode is mode
+        assert (got.shape, got.stride(), got.dtype, got.device, got.storage_offset(),
+                got.requires_grad) == (ref.shape, ref.stride(), ref.dtype, ref.device,
+                                       ref.storage_offset(), ref.requires_grad)

@@ -701,7 +701,9 @@ def _section3(quick: bool, results: dict[str, Any], targets: Targets) -> None:
         print("  skipped (--quick)")
         targets.add("adapters no slower than stock end-to-end", None, "skipped (--quick)")
     else:
-        e2e = bench_e2e({2: 5, 8: 3}, results)
+        # an even number of pairs: each path runs first in half of them (the second
+        # lowering of a pair was seen to run up to ~15 % slower at 8 layers)
+        e2e = bench_e2e({2: 6, 8: 4}, results)
         results["e2e"] = e2e
         limits = {"vulkan": 0.4, "xnnpack": 1.0}
         for backend, limit in limits.items():

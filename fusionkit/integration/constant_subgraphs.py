@@ -77,14 +77,16 @@ class FoldConstantSubgraphsPass(ExportedProgramPassBase):
         """Lifted constants and every value computable from them alone, in graph order."""
         sig = ep.graph_signature
         mutated = set(sig.buffers_to_mutate.values())
+        # the signature's mappings are rebuilt on every access: read them once
+        lifted, buffers = sig.inputs_to_lifted_tensor_constants, sig.inputs_to_buffers
         known: OrderedDict[torch.fx.Node, torch.Tensor] = OrderedDict()
         for node in ep.graph.nodes:
             if node.op == "placeholder":
-                target = sig.inputs_to_lifted_tensor_constants.get(node.name)
+                target = lifted.get(node.name)
                 if target is None and getattr(node.meta.get("val"), "constant", None) is not None:
                     # a scalar that to_edge lifted into a tensor: listed as a buffer, its
                     # fake carries the value (what trips ExportPass's re-trace)
-                    target = sig.inputs_to_buffers.get(node.name)
+                    target = buffers.get(node.name)
                 if target is None or target in mutated:
                     continue
                 value = ep.constants.get(target, ep.state_dict.get(target))
@@ -127,8 +129,8 @@ class FoldConstantSubgraphsPass(ExportedProgramPassBase):
         self.folded = []
         known = self._values(ep)
         computed = [n for n in known if n.op == "call_function"]
-        if not computed or not any(n.op == "placeholder" and n.name in ep.graph_signature.user_inputs
-                                   for n in ep.graph.nodes):
+        user_inputs = set(ep.graph_signature.user_inputs)
+        if not computed or not any(n.name in user_inputs for n in ep.graph.find_nodes(op="placeholder")):
             return ExportedProgramPassResult(ep, False)
         for node in computed:
             if not all(u in known for u in node.users):

@@ -21,7 +21,7 @@ from torch.fx import Node
 
 from fusionkit.constraints import CheckContext, Failure
 from fusionkit.matcher import Binding, CompiledPattern, PredicateError, compile_pattern
-from fusionkit.pattern import Alt, Capture, Named, Op, Outputs, Pattern, Value, output_names
+from fusionkit.pattern import Alt, Capture, Named, Op, Outputs, Pattern, Seq, Value, output_names
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
@@ -206,25 +206,28 @@ class RuleIndex:
     def gate(self, rule: Rule) -> _Gate | _AnyGate | None:
         """The rule's gate, if skipping on it can never hide a reportable near miss."""
         if rule not in self._gates:
-            gate = _gate_of(rule.pattern)
+            # as deep as possible while a failed gate still means "no reportable progress"
+            levels = min(GATE_DEPTH, self.threshold(rule) - 1)
+            gate = _gate_of(rule.pattern, levels)
             usable = gate is not None and self.threshold(rule) > gate.depth
             self._gates[rule] = gate if usable else None
         return self._gates[rule]
 
 
-_GATES: OrderedDict[int, tuple[Pattern, _Gate | _AnyGate | None]] = OrderedDict()
+_GATES: OrderedDict[tuple[int, int], tuple[Pattern, _Gate | _AnyGate | None]] = OrderedDict()
 
 
-def _gate_of(pattern: Pattern) -> _Gate | _AnyGate | None:
-    """``_Gate.of(pattern)``, remembered for the last few hundred patterns (by identity):
-    an adapter builds its rules once but a new index per pass, and a gate's compiled
-    check is kept on the gate."""
-    hit = _GATES.get(id(pattern))
+def _gate_of(pattern: Pattern, levels: int) -> _Gate | _AnyGate | None:
+    """``_Gate.of(pattern, levels)``, remembered for the last few hundred patterns (by
+    identity): an adapter builds its rules once but a new index per pass, and a gate's
+    compiled check is kept on the gate."""
+    key = (id(pattern), levels)
+    hit = _GATES.get(key)
     if hit is not None and hit[0] is pattern:
-        _GATES.move_to_end(id(pattern))
+        _GATES.move_to_end(key)
         return hit[1]
-    gate = _Gate.of(pattern)
-    _GATES[id(pattern)] = (pattern, gate)
+    gate = _Gate.of(pattern, levels)
+    _GATES[key] = (pattern, gate)
     if len(_GATES) > 256:
         _GATES.popitem(last=False)
     return gate
@@ -236,8 +239,9 @@ def _claims_nothing(p: Pattern) -> bool:
     return isinstance(p, (Capture, Value))
 
 
-#: how many pattern levels a gate looks at (root, its operand, that operand's operand)
-GATE_DEPTH = 2
+#: the most pattern levels a gate looks at (root, its operand, that operand's operand, ...);
+#: a rule's gate is also kept shallower than its near-miss threshold
+GATE_DEPTH = 6
 
 
 @dataclass(frozen=True)
@@ -261,6 +265,10 @@ class _Gate:
     commutative: bool
     nargs: int
     inner: _Gate | _AnyGate | None = None
+    #: the operand is a list (``cat``'s tensors): it must have ``items`` elements, and
+    #: element ``item`` is the one checked (the elements before it claim nothing)
+    item: int | None = None
+    items: int = 0
 
     @property
     def depth(self) -> int:
@@ -281,10 +289,22 @@ class _Gate:
         if type(p) is not Op or levels < 1:
             return None
         for i, a in enumerate(p.args):
-            keys = a.root_keys()
+            item: int | None = None
+            if type(a) is Seq:  # a list operand: gate on its first element that names ops
+                for j, element in enumerate(a.items):
+                    if element.root_keys() is not None:
+                        item = j
+                        break
+                    if not _claims_nothing(element):
+                        return None
+                if item is None:
+                    return None
+            checked = a.items[item] if item is not None and type(a) is Seq else a
+            keys = checked.root_keys()
             if keys is not None:
-                inner = _Gate.of(a, levels - 1) if levels > 1 else None
-                return _Gate(p.targets, i, keys, p.commutative, len(p.args), inner)
+                inner = _Gate.of(checked, levels - 1) if levels > 1 else None
+                items = len(a.items) if type(a) is Seq else 0
+                return _Gate(p.targets, i, keys, p.commutative, len(p.args), inner, item, items)
             if not _claims_nothing(a):
                 return None
         return None
@@ -312,8 +332,13 @@ class _Gate:
         index, keys, nargs = self.index, self.keys, self.nargs
         other = 1 - index if self.commutative and nargs >= 2 and index < 2 else None
         inner = self.inner.check if self.inner is not None else None
+        item, items = self.item, self.items
 
         def ok(v: Any) -> bool:
+            if item is not None:  # the search fails at a list of another length too
+                if not isinstance(v, (list, tuple)) or len(v) != items:
+                    return False
+                v = v[item]
             if not isinstance(v, Node) or v.op != "call_function":
                 return False
             try:

@@ -46,3 +46,26 @@ def test_alternative_roots_are_gated_by_their_own_op() -> None:
     ep = export_edge(torch.nn.Linear(8, 4, bias=False), (torch.randn(3, 8),))
     (mm,) = [n for n in ep.graph.nodes if n.op == "call_function" and "mm" in str(n.target)]
     assert not gate.may_match(mm)  # a float weight: no dequantize behind the transpose
+
+
+def test_deep_gates_through_list_operands_change_no_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gates may look up to GATE_DEPTH levels deep and into a list operand (``cat``'s
+    tensors) while staying under the rule's near-miss threshold: on the benchmark's
+    Llama/DiT graph (interleaved RoPE: view_copy(cat([...]))) the RoPE rules' gates skip
+    the near roots, and the result is the same as searching everywhere."""
+    from benchmarks import graphs
+
+    ep = graphs.build("mixed", 2)
+    index = RuleIndex(builtin_rules())
+    by_name = {r.name: r for r in index.rules}
+    deep = index.gate(by_name["export_llama_rope"])
+    assert deep is not None and deep.depth > 2
+    listed = index.gate(by_name["hf_rope"])
+    assert listed is not None  # its root is cat([...]): gated through the list operand
+    roots = [n for n in ep.graph_module.graph.nodes
+             if n.op == "call_function" and "view_copy" in str(n.target)
+             and any("cat" in str(getattr(a, "target", "")) for a in n.args)]
+    assert roots and not any(deep.may_match(n) for n in roots)
+    gated = _summary(find_matches(ep, index))
+    monkeypatch.setattr(finder.RuleIndex, "gate", lambda self, rule: None)
+    assert _summary(find_matches(ep, RuleIndex(builtin_rules()))) == gated

@@ -569,8 +569,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="CI smoke run: small graphs, fewer runs, no lowering (seconds)")
     ap.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
-    ap.add_argument("--sections", default="1,2,3,4,5",
+    ap.add_argument("--sections", default="1,2,3,4,5,6",
                     help="comma-separated subset of sections to run (default: all)")
+    ap.add_argument("--zoo-models", metavar="NAMES",
+                    help="section 6: comma-separated zoo models (default: the whole zoo)")
+    ap.add_argument("--zoo-pairs", type=int, default=2, metavar="N",
+                    help="section 6: stock/adapter pairs per model and backend (default: 2)")
+    ap.add_argument("--zoo-no-warmup", action="store_true",
+                    help="section 6: skip the warm-up lowerings (smoke tests)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     # the Vulkan partitioner/preprocess log every partition at INFO (and ExecuTorch
@@ -620,6 +626,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _section4(quick, results, targets)
     if 5 in sections:
         _section5(apply_counts, apply_runs, not quick, results, targets)
+    if 6 in sections:
+        if quick and not args.zoo_models:
+            print("\n== 6. end-to-end over the model zoo ==\n  skipped (--quick)")
+            targets.add("zoo: adapters' lowering vs stock", None, "skipped (--quick)")
+        else:
+            from benchmarks.zoo_e2e import section as section6
+
+            section6(args.zoo_models.split(",") if args.zoo_models else None, args.zoo_pairs,
+                     not args.zoo_no_warmup, results, targets)
 
     results["targets"] = [{"target": n, "status": s, "detail": d} for n, s, d in targets.rows]
     results["wall_s"] = time.perf_counter() - t_start

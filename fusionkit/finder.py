@@ -14,14 +14,25 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeAlias
 
 from torch.export import ExportedProgram
 from torch.fx import Node
 
 from fusionkit.constraints import CheckContext, Failure
 from fusionkit.matcher import Binding, CompiledPattern, PredicateError, compile_pattern
-from fusionkit.pattern import Alt, Capture, Named, Op, Outputs, Pattern, Seq, Value, output_names
+from fusionkit.pattern import (
+    Alt,
+    Capture,
+    Named,
+    Op,
+    Outputs,
+    Pattern,
+    Seq,
+    Through,
+    Value,
+    output_names,
+)
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
@@ -142,7 +153,7 @@ class RuleIndex:
         #: for_target memo by target object (looked up once per graph node)
         self._by_target: dict[Any, tuple[Rule, ...]] = {}
         self._thresholds: dict[Rule, int] = {}
-        self._gates: dict[Rule, _Gate | _AnyGate | None] = {}
+        self._gates: dict[Rule, _GateLike | None] = {}
         self._compiled: dict[Rule, CompiledPattern] = {}
         self._plans: dict[Any, tuple[tuple[Rule, Callable[[Node], bool] | None,
                                            CompiledPattern], ...]] = {}
@@ -203,7 +214,7 @@ class RuleIndex:
             t = self._thresholds[rule] = _near_miss_threshold(rule)
         return t
 
-    def gate(self, rule: Rule) -> _Gate | _AnyGate | None:
+    def gate(self, rule: Rule) -> _GateLike | None:
         """The rule's gate, if skipping on it can never hide a reportable near miss."""
         if rule not in self._gates:
             # as deep as possible while a failed gate still means "no reportable progress"
@@ -214,10 +225,13 @@ class RuleIndex:
         return self._gates[rule]
 
 
-_GATES: OrderedDict[tuple[int, int], tuple[Pattern, _Gate | _AnyGate | None]] = OrderedDict()
+#: what a gate can be: an op's operands, alternatives, or a pass-through before an op
+_GateLike: TypeAlias = "_Gate | _AnyGate | _ThroughGate"
+
+_GATES: OrderedDict[tuple[int, int], tuple[Pattern, _GateLike | None]] = OrderedDict()
 
 
-def _gate_of(pattern: Pattern, levels: int) -> _Gate | _AnyGate | None:
+def _gate_of(pattern: Pattern, levels: int) -> _GateLike | None:
     """``_Gate.of(pattern, levels)``, remembered for the last few hundred patterns (by
     identity): an adapter builds its rules once but a new index per pass, and a gate's
     compiled check is kept on the gate."""
@@ -264,18 +278,21 @@ class _Gate:
     keys: frozenset[str]
     commutative: bool
     nargs: int
-    inner: _Gate | _AnyGate | None = None
+    inner: _GateLike | None = None
     #: the operand is a list (``cat``'s tensors): it must have ``items`` elements, and
     #: element ``item`` is the one checked (the elements before it claim nothing)
     item: int | None = None
     items: int = 0
+    #: operands before the checked one that are ``through(ops, capture)``: they claim
+    #: nothing unless their value is one of ``ops`` – then the gate lets the node by
+    free: tuple[tuple[int, frozenset[str]], ...] = ()
 
     @property
     def depth(self) -> int:
         return 1 + (self.inner.depth if self.inner is not None else 0)
 
     @staticmethod
-    def of(pattern: Pattern, levels: int = GATE_DEPTH) -> _Gate | _AnyGate | None:
+    def of(pattern: Pattern, levels: int = GATE_DEPTH) -> _GateLike | None:
         p = pattern
         while isinstance(p, (Named, Outputs)):
             # a multi-output pattern fails where its primary (matched first) fails
@@ -286,8 +303,11 @@ class _Gate:
             if any(g is None for g in gates):
                 return None
             return _AnyGate.build(tuple(g for g in gates if g is not None))
+        if isinstance(p, Through):
+            return _ThroughGate.build(p, _Gate.of(p.inner, levels))
         if type(p) is not Op or levels < 1:
             return None
+        free: list[tuple[int, frozenset[str]]] = []
         for i, a in enumerate(p.args):
             item: int | None = None
             if type(a) is Seq:  # a list operand: gate on its first element that names ops
@@ -304,8 +324,11 @@ class _Gate:
             if keys is not None:
                 inner = _Gate.of(checked, levels - 1) if levels > 1 else None
                 items = len(a.items) if type(a) is Seq else 0
-                return _Gate(p.targets, i, keys, p.commutative, len(p.args), inner, item, items)
-            if not _claims_nothing(a):
+                return _Gate(p.targets, i, keys, p.commutative, len(p.args), inner, item, items,
+                             tuple(free))
+            if isinstance(a, Through) and _claims_nothing(a.inner):
+                free.append((i, a.ops))  # claims nothing unless its value is a pass-through op
+            elif not _claims_nothing(a):
                 return None
         return None
 
@@ -347,13 +370,66 @@ class _Gate:
                 key = op_key(v.target)
             return key in keys and (inner is None or inner(v))
 
+        free = self.free
+
+        def passes_through(v: Any, ops: frozenset[str]) -> bool:
+            if not isinstance(v, Node) or v.op != "call_function":
+                return False
+            try:
+                return OP_KEY_MEMO[v.target] in ops
+            except (KeyError, TypeError):
+                return op_key(v.target) in ops
+
         def check(node: Node) -> bool:
             args = node.args
             if len(args) < nargs:
                 return True  # operands by keyword or default: let the search decide
+            if free and any(passes_through(args[j], ops) for j, ops in free):
+                return True  # a pass-through before the checked operand would be claimed
             if ok(args[index]):
                 return True
-            return other is not None and args[0] is not args[1] and ok(args[other])
+            if other is None or args[0] is args[1]:
+                return False
+            if free and any(passes_through(args[1 - j if j < 2 else j], ops) for j, ops in free):
+                return True  # the same, in the swapped order
+            return ok(args[other])
+        return check
+
+
+@dataclass(frozen=True)
+class _ThroughGate:
+    """The gate of ``through(ops, inner)`` below the root: a pass-through op (a cast)
+    lets the value by (the search may look through it: not checked further); any
+    other node is matched by ``inner`` itself, so ``inner``'s gate applies to it."""
+
+    ops: frozenset[str]
+    inner: _GateLike
+
+    @staticmethod
+    def build(p: Through, inner: _GateLike | None) -> _ThroughGate | None:
+        return None if inner is None else _ThroughGate(p.ops, inner)
+
+    @property
+    def targets(self) -> frozenset[str]:
+        return self.ops | self.inner.targets
+
+    @property
+    def depth(self) -> int:
+        return self.inner.depth
+
+    def may_match(self, node: Node) -> bool:
+        return self.check(node)
+
+    @cached_property
+    def check(self) -> Callable[[Node], bool]:
+        ops, inner = self.ops, self.inner.check
+
+        def check(node: Node) -> bool:
+            try:
+                key = OP_KEY_MEMO[node.target]
+            except (KeyError, TypeError):
+                key = op_key(node.target)
+            return key in ops or inner(node)
         return check
 
 
@@ -365,13 +441,13 @@ class _AnyGate:
     ops (``mm | addmm | linear``) cost one dictionary lookup, not one check each.
     """
 
-    options: tuple[_Gate | _AnyGate, ...]
-    by_key: Mapping[str, tuple[_Gate | _AnyGate, ...]] = field(default_factory=dict,
+    options: tuple[_GateLike, ...]
+    by_key: Mapping[str, tuple[_GateLike, ...]] = field(default_factory=dict,
                                                                 compare=False)
 
     @staticmethod
-    def build(options: tuple[_Gate | _AnyGate, ...]) -> _AnyGate:
-        by_key: dict[str, list[_Gate | _AnyGate]] = defaultdict(list)
+    def build(options: tuple[_GateLike, ...]) -> _AnyGate:
+        by_key: dict[str, list[_GateLike]] = defaultdict(list)
         for g in options:
             for key in g.targets:
                 by_key[key].append(g)

@@ -69,3 +69,44 @@ def test_deep_gates_through_list_operands_change_no_result(monkeypatch: pytest.M
     gated = _summary(find_matches(ep, index))
     monkeypatch.setattr(finder.RuleIndex, "gate", lambda self, rule: None)
     assert _summary(find_matches(ep, RuleIndex(builtin_rules()))) == gated
+
+
+class _CastsBeforeANearMiss(torch.nn.Module):
+    """``(x.float().double() * sigmoid(x)) * w``: RMSNorm's normed product with two widening
+    casts before ``x`` and a sigmoid where ``rsqrt`` belongs. The search claims the root,
+    the product and both casts before it fails (progress 4, the rule's near-miss
+    threshold), so the rule reports a near miss there."""
+
+    def __init__(self, casts: bool = True) -> None:
+        super().__init__()
+        self.casts = casts
+        self.w = torch.nn.Parameter(torch.randn(D, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x.float().double() if self.casts else x
+        return (a * torch.sigmoid(x.double())) * self.w
+
+
+def test_gate_lets_pass_through_operands_by(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RMSNorm gate looks through ``through(CASTS, capture("x"))`` to the ``rsqrt``
+    operand only when ``x``'s value is not a cast: a cast there would be claimed, so a
+    failure at ``rsqrt`` could be a reportable near miss, and the gate lets the node by."""
+    from fusionkit.passes.rms_norm import rms_norm_rule
+
+    rule = rms_norm_rule()
+    index = RuleIndex([rule])
+    gate = index.gate(index.rules[0])
+    assert gate is not None and gate.depth == 3  # root mul, normed mul, rsqrt
+    ep = export_edge(_CastsBeforeANearMiss(), (torch.randn(2, D, dtype=torch.float16),))
+    gated = _summary(find_matches(ep, index))
+    assert [d[2] for d in gated[1]] == ["structure"], gated  # the near miss is reported
+    monkeypatch.setattr(finder.RuleIndex, "gate", lambda self, rule: None)
+    assert _summary(find_matches(ep, RuleIndex([rule]))) == gated
+    monkeypatch.undo()
+    # without the casts the same structure fails after two nodes: the gate skips it
+    plain = export_edge(_CastsBeforeANearMiss(casts=False),
+                        (torch.randn(2, D, dtype=torch.float64),))
+    roots = [n for n in plain.graph_module.graph.nodes
+             if n.op == "call_function" and "mul" in str(n.target) and n.users
+             and all(u.op == "output" for u in n.users)]
+    assert roots and not gate.may_match(roots[0])

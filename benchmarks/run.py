@@ -1,4 +1,4 @@
-"""fusionkit benchmark: matching, no-op pass, end-to-end lowering, .pte size.
+"""fusionkit benchmark: matching, no-op pass, end-to-end lowering, .pte size, applying, zoo.
 
 Run from the repository root (after ``bash scripts/bootstrap``)::
 

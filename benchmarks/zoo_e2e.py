@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import re
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -50,7 +51,7 @@ def _one_line(e: BaseException) -> str:
     if root is not e:
         inner = f"{type(root).__name__}: {root}".strip().splitlines()
         line += " <- " + (inner[0][:200] if inner else type(root).__name__)
-    return line
+    return re.sub(r" object at 0x[0-9a-f]+", "", line)
 
 
 def _uninstall(adapters: dict[str, Any]) -> None:
@@ -221,7 +222,8 @@ def bench_zoo(models: Sequence[str], pairs: int, warmup: bool = True,
 def _model_rows(per_model: dict[str, dict[str, Any]]) -> list[list[str]]:
     rows = []
     for name, r in per_model.items():
-        fails = [f"{k} fails: {v}" for k, v in r["errors"].items() if v]
+        fails = [f"{k} fails: {v if len(v) <= 160 else v[:159] + '…'}"
+                 for k, v in r["errors"].items() if v]
         note = "; ".join(fails)
         if r["stock_program_unusable"] and not r["errors"]["stock"]:
             note = (note + "; " if note else "") + "stock's program is wrong at run time"
@@ -299,7 +301,12 @@ def section(models: Sequence[str] | None, pairs: int, warmup: bool, results: dic
         raise SystemExit(f"unknown zoo model(s): {', '.join(unknown)}; known: "
                          f"{', '.join(zoo_names())}")
     print(f"  {len(names)} model(s), {pairs} pair(s) each: {', '.join(names)}")
+    load0 = os.getloadavg()
     out = bench_zoo(names, pairs, warmup)
+    # other processes do not count in CPU time, but they share caches and memory bandwidth
+    out["load_average_1_5_15"] = {"start": load0, "end": os.getloadavg()}
+    print(f"  machine load average (1/5/15 min): start {load0[0]:.2f}/{load0[1]:.2f}/"
+          f"{load0[2]:.2f}, end " + "/".join(f"{x:.2f}" for x in os.getloadavg()))
     results["zoo_e2e"] = out
     report(out)
     add_targets(out, targets)

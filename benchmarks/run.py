@@ -634,7 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from benchmarks.zoo_e2e import section as section6
 
             section6(args.zoo_models.split(",") if args.zoo_models else None, args.zoo_pairs,
-                     not args.zoo_no_warmup, results, targets)
+                     not args.zoo_no_warmup, results, targets, args.json)
 
     results["targets"] = [{"target": n, "status": s, "detail": d} for n, s, d in targets.rows]
     results["wall_s"] = time.perf_counter() - t_start

@@ -14,6 +14,7 @@ cannot lower is reported with its one-line error and left out of the aggregate.
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
 import re
@@ -131,14 +132,15 @@ def aggregate(per_model: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def bench_zoo(models: Sequence[str], pairs: int, warmup: bool = True,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
-              ) -> dict[str, Any]:
+              checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Lower every model in ``models`` stock and with the adapter, ``pairs`` times each.
 
-    Per backend: one warm-up lowering per path on the first model (first-use costs),
-    then for each model ``pairs`` interleaved stock/adapter pairs; pair ``i`` of the
+    One warm-up lowering per path and backend on the first model (first-use costs),
+    then for each model and backend ``pairs`` interleaved stock/adapter pairs; pair ``i`` of the
     ``m``-th model runs stock first when ``i + m`` is even, so with an even ``pairs``
     each path runs first equally often per model, with an odd one across the zoo.
-    A path that fails is recorded once (one-line error) and not retried.
+    A path that fails is recorded once (one-line error) and not retried. ``checkpoint``
+    is called with the figures so far after each model.
     """
     import torch
     import zoo_models
@@ -157,66 +159,79 @@ def bench_zoo(models: Sequence[str], pairs: int, warmup: bool = True,
 
     out: dict[str, Any] = {"models": list(models), "pairs": pairs, "warmup": warmup,
                            "limits": LIMITS, "backends": {}}
-    for backend in BACKENDS:
-        labels = ["stock"] + (["adapter"] if adapters[backend] is not None else [])
-        per_model: dict[str, dict[str, Any]] = {}
-        if warmup and models:
-            module, inputs = built[models[0]]
-            for label in labels:
+    labels = {b: ["stock"] + (["adapter"] if adapters[b] is not None else []) for b in BACKENDS}
+    per_model: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in BACKENDS}
+    if warmup and models:
+        module, inputs = built[models[0]]
+        for backend in BACKENDS:
+            for label in labels[backend]:
                 try:
                     lower_once(module, inputs, backend, label, adapters)
-                except Exception:  # recorded below, when the model is measured
+                except Exception:  # recorded when the model is measured
                     pass
-        for m, name in enumerate(models):
-            module, inputs = built[name]
-            samples: dict[str, list[dict[str, float]]] = {"stock": [], "adapter": []}
-            errors: dict[str, str | None] = {"stock": None, "adapter": None}
-            if adapters[backend] is None:
-                errors["adapter"] = why[backend]
-            pair_ratios: list[float] = []
-            for i in range(pairs):
-                order = labels if (i + m) % 2 == 0 else labels[::-1]
-                pair: dict[str, dict[str, float]] = {}
-                for label in order:
-                    if errors[label] is not None:
-                        continue
-                    try:
-                        t = lower_once(module, inputs, backend, label, adapters)
-                    except Exception as e:
-                        errors[label] = _one_line(e)
-                        continue
-                    t["order"] = float(len(pair))
-                    t["pair"] = float(i)
-                    pair[label] = t
-                    samples[label].append(t)
-                if "stock" in pair and "adapter" in pair:
-                    pair_ratios.append(pair["adapter"]["lower"] / pair["stock"]["lower"])
-
-            def med(label: str, key: str,
-                    samples: dict[str, list[dict[str, float]]] = samples) -> float | None:
-                vals = [x[key] for x in samples[label]]
-                return statistics.median(vals) if vals else None
-
-            st, ad = med("stock", "lower"), med("adapter", "lower")
-            e_st, e_ad = med("stock", "total"), med("adapter", "total")
-            per_model[name] = {
-                "stock_cpu_s": st, "adapter_cpu_s": ad,
-                "ratio": ad / st if st and ad else None,
-                "pair_ratios": pair_ratios,
-                "end_to_end_ratio": e_ad / e_st if e_st and e_ad else None,
-                "stages": {label: {k: med(label, k) for k in (*STAGES, "total")}
-                           for label in samples if samples[label]},
-                "errors": errors,
-                "stock_program_unusable": zoo_models.STOCK_FAILS.get((name, backend)),
-                "samples": samples,
-            }
-            log(f"  ... zoo {backend} {name}: stock {_ms(st)} ms, adapter {_ms(ad)} ms"
-                + "".join(f"; {k} fails: {v}" for k, v in errors.items() if v))
-        if adapters[backend] is not None:
-            adapters[backend].uninstall()
-        out["backends"][backend] = {"adapter": why[backend], "models": per_model,
-                                    "aggregate": aggregate(per_model)}
+    # model by model, both backends each: a drift in the machine's state falls on
+    # both backends alike, and a run cut short has complete models (``checkpoint``)
+    for m, name in enumerate(models):
+        module, inputs = built[name]
+        for backend in BACKENDS:
+            per_model[backend][name] = _measure(module, inputs, backend, labels[backend],
+                                                adapters, why[backend], pairs, m)
+            r = per_model[backend][name]
+            r["stock_program_unusable"] = zoo_models.STOCK_FAILS.get((name, backend))
+            log(f"  ... zoo {name} {backend}: stock {_ms(r['stock_cpu_s'])} ms, adapter "
+                f"{_ms(r['adapter_cpu_s'])} ms"
+                + "".join(f"; {k} fails: {v}" for k, v in r["errors"].items() if v))
+        for backend in BACKENDS:
+            out["backends"][backend] = {"adapter": why[backend], "models": per_model[backend],
+                                        "aggregate": aggregate(per_model[backend])}
+        if checkpoint is not None:
+            checkpoint(out)
+    _uninstall(adapters)
     return out
+
+
+def _measure(module: Any, inputs: tuple[Any, ...], backend: str, labels: list[str],
+             adapters: dict[str, Any], why: str, pairs: int, m: int) -> dict[str, Any]:
+    """``pairs`` stock/adapter pairs of one model on one backend (the ``m``-th model)."""
+    samples: dict[str, list[dict[str, float]]] = {"stock": [], "adapter": []}
+    errors: dict[str, str | None] = {"stock": None, "adapter": None}
+    if adapters[backend] is None:
+        errors["adapter"] = why
+    pair_ratios: list[float] = []
+    for i in range(pairs):
+        order = labels if (i + m) % 2 == 0 else labels[::-1]
+        pair: dict[str, dict[str, float]] = {}
+        for label in order:
+            if errors[label] is not None:
+                continue
+            try:
+                t = lower_once(module, inputs, backend, label, adapters)
+            except Exception as e:
+                errors[label] = _one_line(e)
+                continue
+            t["order"] = float(len(pair))
+            t["pair"] = float(i)
+            pair[label] = t
+            samples[label].append(t)
+        if "stock" in pair and "adapter" in pair:
+            pair_ratios.append(pair["adapter"]["lower"] / pair["stock"]["lower"])
+
+    def med(label: str, key: str) -> float | None:
+        vals = [x[key] for x in samples[label]]
+        return statistics.median(vals) if vals else None
+
+    st, ad = med("stock", "lower"), med("adapter", "lower")
+    e_st, e_ad = med("stock", "total"), med("adapter", "total")
+    return {
+        "stock_cpu_s": st, "adapter_cpu_s": ad,
+        "ratio": ad / st if st and ad else None,
+        "pair_ratios": pair_ratios,
+        "end_to_end_ratio": e_ad / e_st if e_st and e_ad else None,
+        "stages": {label: {k: med(label, k) for k in (*STAGES, "total")}
+                   for label in samples if samples[label]},
+        "errors": errors,
+        "samples": samples,
+    }
 
 
 def _model_rows(per_model: dict[str, dict[str, Any]]) -> list[list[str]]:
@@ -292,8 +307,13 @@ def add_targets(out: dict[str, Any], targets: Targets) -> None:
 
 
 def section(models: Sequence[str] | None, pairs: int, warmup: bool, results: dict[str, Any],
-            targets: Targets) -> None:
-    """Run, print and judge section 6; every sample goes to ``results['zoo_e2e']``."""
+            targets: Targets, json_path: str | None = None) -> None:
+    """Run, print and judge section 6; every sample goes to ``results['zoo_e2e']``.
+
+    With ``json_path``, the figures so far are written there after each model (marked
+    ``"partial": true``), so a long run that is cut short keeps what it measured; the
+    caller's final write replaces them.
+    """
     print("\n== 6. end-to-end over the model zoo: stock vs adapters, by stage ==")
     names = list(models) if models else zoo_names()
     unknown = [n for n in names if n not in zoo_names()]
@@ -302,7 +322,14 @@ def section(models: Sequence[str] | None, pairs: int, warmup: bool, results: dic
                          f"{', '.join(zoo_names())}")
     print(f"  {len(names)} model(s), {pairs} pair(s) each: {', '.join(names)}")
     load0 = os.getloadavg()
-    out = bench_zoo(names, pairs, warmup)
+
+    def checkpoint(partial: dict[str, Any]) -> None:
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump({**results, "partial": True, "zoo_e2e": partial}, f, indent=2,
+                          default=str)
+
+    out = bench_zoo(names, pairs, warmup, checkpoint=checkpoint)
     # other processes do not count in CPU time, but they share caches and memory bandwidth
     out["load_average_1_5_15"] = {"start": load0, "end": os.getloadavg()}
     print(f"  machine load average (1/5/15 min): start {load0[0]:.2f}/{load0[1]:.2f}/"

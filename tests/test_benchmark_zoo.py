@@ -58,6 +58,7 @@ def test_zoo_section_prints_stages_ratios_and_targets(smoke: tuple[str, dict[str
 def test_zoo_json_keeps_every_sample_and_derives_the_ratios(
         smoke: tuple[str, dict[str, Any]]) -> None:
     _, data = smoke
+    assert "partial" not in data  # the per-model checkpoints were replaced by the final write
     zoo = data["zoo_e2e"]
     assert zoo["models"] == [SMALL] and zoo["pairs"] == 1
     assert list(zoo["backends"]) == ["vulkan", "xnnpack"]
@@ -123,7 +124,10 @@ def test_a_failing_path_is_reported_once_and_left_out_of_the_aggregate(
         monkeypatch.setitem(zoo_models.BY_NAME, n,
                             dataclasses.replace(zoo_models.BY_NAME[n], factory=tagging(n)))
     monkeypatch.setattr(zoo_e2e, "lower_once", fake_lower)
-    out = zoo_e2e.bench_zoo(names, pairs=2, warmup=False, log=lambda s: None)
+    seen: list[list[str]] = []
+    out = zoo_e2e.bench_zoo(names, pairs=2, warmup=False, log=lambda s: None,
+                            checkpoint=lambda o: seen.append(list(o["backends"]["xnnpack"]["models"])))
+    assert seen == [names[:1], names[:2], names]  # a run cut short keeps whole models
 
     for backend in ("vulkan", "xnnpack"):
         b = out["backends"][backend]

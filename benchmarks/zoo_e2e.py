@@ -337,3 +337,48 @@ def section(models: Sequence[str] | None, pairs: int, warmup: bool, results: dic
     results["zoo_e2e"] = out
     report(out)
     add_targets(out, targets)
+
+
+def markdown(out: dict[str, Any]) -> str:
+    """The per-model figures of a run as one markdown table (for the README)."""
+    def cell(r: dict[str, Any]) -> list[str]:
+        if r["ratio"] is None:
+            fails = "; ".join(f"{k} fails" for k, v in r["errors"].items() if v)
+            return [_s(r["stock_cpu_s"]), _s(r["adapter_cpu_s"]), fails or "-"]
+        spread = f" ({_spread(r['pair_ratios'])})" if len(r["pair_ratios"]) > 1 else ""
+        return [_s(r["stock_cpu_s"]), _s(r["adapter_cpu_s"]), f"{r['ratio']:.2f}x{spread}"]
+
+    b = out["backends"]
+    lines = ["| model | Vulkan stock s | Vulkan adapter s | adapter/stock (pairs) | "
+             "XNNPACK stock s | XNNPACK adapter s | adapter/stock (pairs) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in out["models"]:
+        row = [name]
+        for backend in BACKENDS:
+            r = b[backend]["models"].get(name)
+            row += cell(r) if r else ["-", "-", "-"]
+        lines.append("| " + " | ".join(row) + " |")
+    agg_row = ["**sum(adapter)/sum(stock)**"]
+    other = ["median / gmean of per-model ratios"]
+    for backend in BACKENDS:
+        a = b[backend]["aggregate"]
+        if a["sum_ratio"] is None:
+            agg_row += ["-", "-", "-"]
+            other += ["", "", "-"]
+            continue
+        agg_row += [_s(a["stock_sum_s"]), _s(a["adapter_sum_s"]),
+                    f"**{a['sum_ratio']:.2f}x** ({len(a['models'])} models)"]
+        other += ["", "", f"{a['median_ratio']:.2f}x / {a['gmean_ratio']:.2f}x "
+                          f"(min-max {a['ratio_min']:.2f}-{a['ratio_max']:.2f})"]
+    lines.append("| " + " | ".join(agg_row) + " |")
+    lines.append("| " + " | ".join(other) + " |")
+    return "\n".join(lines)
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+if __name__ == "__main__":  # python -m benchmarks.zoo_e2e RESULTS.json: the README table
+    with open(sys.argv[1]) as f:
+        print(markdown(json.load(f)["zoo_e2e"]))

@@ -154,3 +154,12 @@ def test_a_failing_path_is_reported_once_and_left_out_of_the_aggregate(
     assert vk[1] == "MET" and xnn[1] == "MET"  # 0.30x against 0.4x and 1.0x
     assert "not compared: resnet" in vk[2]
     assert f"2 of {len(zoo_e2e.zoo_names())} models" in vk[2]
+
+
+def test_readme_table_from_the_json(smoke: tuple[str, dict[str, Any]]) -> None:
+    _, data = smoke
+    table = zoo_e2e.markdown(data["zoo_e2e"]).splitlines()
+    (row,) = [line for line in table if line.startswith(f"| {SMALL} |")]
+    ratios = [data["zoo_e2e"]["backends"][b]["models"][SMALL]["ratio"] for b in zoo_e2e.BACKENDS]
+    assert [c.strip() for c in row.split("|")[1:-1]][3::3] == [f"{r:.2f}x" for r in ratios]
+    assert any(line.startswith("| **sum(adapter)/sum(stock)** |") for line in table)

@@ -25,6 +25,7 @@ from rmsnorm_models import D, GemmaPlusOne
 
 import fusionkit.backends.vulkan_adapter as vk
 import fusionkit.backends.xnnpack_adapter as xa
+from fusionkit.integration import pass_gates
 from fusionkit.integration.scoped import MARKER_KEY
 
 
@@ -48,7 +49,8 @@ def _patchable_objects() -> dict[str, Any]:
     objects: dict[str, Any] = {f"registry[{k}]": v for k, v in fusable_patterns.items()}
     objects["registry order"] = tuple(fusable_patterns)
     takeover = importlib.import_module("fusionkit.backends.vulkan_adapter.install").TAKEOVER
-    for patches in (takeover, vk.constant_serializer.PATCHES, xa.serializer.PATCHES):
+    for patches in (takeover, vk.constant_serializer.PATCHES, xa.serializer.PATCHES,
+                    pass_gates.VULKAN_PATCHES, pass_gates.XNNPACK_PATCHES):
         for owner, name, _ in patches._patches():
             if not isinstance(owner, dict):
                 objects[f"{getattr(owner, '__name__', owner)}.{name}"] = vars(owner).get(
@@ -152,3 +154,24 @@ def test_a_failed_fusionkit_lowering_leaves_stock_untouched(gemma: Any) -> None:
     assert _pte(ep, StockVulkanPartitioner()) == stock
     vk.partitioner.PREPROCESS_SCOPE.reset()
     assert not vk.partitioner.PREPROCESS_SCOPE.is_dispatching()
+
+
+@pytest.mark.parametrize("backend", ["vulkan", "xnnpack"])
+def test_pass_gating_acts_on_fusionkit_partitions_only(gemma: Any, backend: str) -> None:
+    """Stock lowerings run every preprocess pass; a fusionkit lowering skips some, and
+    afterwards ExecuTorch's ``_transform`` names are the stock objects again."""
+    ep, _ = gemma
+    adapter, stock = ((vk, StockVulkanPartitioner) if backend == "vulkan"
+                      else (xa, StockXnnpackPartitioner))
+    adapter.uninstall()
+    objects_before = _patchable_objects()
+    pass_gates.reset_counts()
+    _pte(ep, stock())
+    assert pass_gates.counts() == {}, "a stock lowering never reaches the gates"
+    _pte(ep, adapter.VulkanPartitioner() if backend == "vulkan" else adapter.XnnpackPartitioner())
+    seen = pass_gates.counts()
+    assert sum(c["skipped"] for c in seen.values()) > 0 and sum(c["ran"] for c in seen.values()) > 0
+    pass_gates.reset_counts()
+    _pte(ep, stock())
+    assert pass_gates.counts() == {}
+    assert _patchable_objects() == objects_before

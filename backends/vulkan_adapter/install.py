@@ -27,7 +27,7 @@ import importlib
 from typing import Any
 
 from fusionkit import find_matches
-from fusionkit.integration import hooks
+from fusionkit.integration import hooks, pass_gates
 from fusionkit.integration.hooks import REMOVE, Installation, PatchSet, UnsupportedExecuTorchError
 from fusionkit.passes.registry import taken_over_patterns
 from fusionkit.rewrite import apply_matches
@@ -125,7 +125,7 @@ def _patches() -> list[tuple[Any, str, Any]]:
 TAKEOVER = PatchSet(
     f"fusionkit.backends.vulkan_adapter (takes over {sorted(TAKEN_OVER_PATTERNS)} in "
     f"{_REGISTRY_MODULE}.fusable_patterns)",
-    _patches, includes=(constant_serializer.PATCHES,))
+    _patches, includes=(constant_serializer.PATCHES, pass_gates.VULKAN_PATCHES))
 
 
 def is_installed() -> bool:

@@ -28,6 +28,7 @@ from typing import Any, cast
 import torch
 from torch.export import ExportedProgram
 
+from fusionkit.integration import pass_gates
 from fusionkit.integration.hooks import (
     TESTED_EXECUTORCH,
     Installation,
@@ -253,7 +254,9 @@ def _patches() -> list[tuple[Any, str, Any]]:
 
 PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter", _patches,
                     before_install=acquire_named_data_fix,
-                    after_uninstall=release_named_data_fix)
+                    after_uninstall=release_named_data_fix,
+                    # preprocess skips XNNPACK passes with nothing to do (same bytes)
+                    includes=(pass_gates.XNNPACK_PATCHES,))
 
 
 def is_installed() -> bool:

@@ -306,6 +306,23 @@ def add_targets(out: dict[str, Any], targets: Targets) -> None:
                     + (f"; not compared: {', '.join(left_out)}" if left_out else ""))
 
 
+def _code_state() -> dict[str, Any]:
+    """The commit measured and the files that differ from it or are new (a shared working tree)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True,
+                                  timeout=30).stdout.rstrip("\n")
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    dirty = [line[3:] for line in git("status", "--porcelain").splitlines() if len(line) > 3]
+    return {"head": git("rev-parse", "--short", "HEAD") or "unknown", "dirty": dirty}
+
+
 def section(models: Sequence[str] | None, pairs: int, warmup: bool, results: dict[str, Any],
             targets: Targets, json_path: str | None = None) -> None:
     """Run, print and judge section 6; every sample goes to ``results['zoo_e2e']``.
@@ -322,6 +339,9 @@ def section(models: Sequence[str] | None, pairs: int, warmup: bool, results: dic
                          f"{', '.join(zoo_names())}")
     print(f"  {len(names)} model(s), {pairs} pair(s) each: {', '.join(names)}")
     load0 = os.getloadavg()
+    code = _code_state()
+    print(f"  code: commit {code['head']}" + (f", uncommitted changes in {', '.join(code['dirty'])}"
+                                             if code["dirty"] else ""))
 
     def checkpoint(partial: dict[str, Any]) -> None:
         if json_path:
@@ -331,6 +351,7 @@ def section(models: Sequence[str] | None, pairs: int, warmup: bool, results: dic
 
     out = bench_zoo(names, pairs, warmup, checkpoint=checkpoint)
     # other processes do not count in CPU time, but they share caches and memory bandwidth
+    out["code"] = code
     out["load_average_1_5_15"] = {"start": load0, "end": os.getloadavg()}
     print(f"  machine load average (1/5/15 min): start {load0[0]:.2f}/{load0[1]:.2f}/"
           f"{load0[2]:.2f}, end " + "/".join(f"{x:.2f}" for x in os.getloadavg()))

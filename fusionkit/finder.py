@@ -13,30 +13,19 @@ from __future__ import annotations
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, TypeAlias
+from typing import Any
 
 from torch.export import ExportedProgram
 from torch.fx import Node
 
 from fusionkit.constraints import CheckContext, Failure
+from fusionkit.gates import GATE_DEPTH, Gate, GateLike, gate_of, graph_op_keys, specialize
 from fusionkit.matcher import Binding, CompiledPattern, PredicateError, compile_pattern
-from fusionkit.pattern import (
-    Alt,
-    Capture,
-    Named,
-    Op,
-    Outputs,
-    Pattern,
-    Seq,
-    Through,
-    Value,
-    output_names,
-)
+from fusionkit.pattern import output_names
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
-from fusionkit.targets import OP_KEY_MEMO, is_assertion, op_key, schema_of
+from fusionkit.targets import is_assertion, op_key, schema_of
 
 __all__ = ["DECLINE_STEPS", "Decline", "Match", "MatchSet", "RuleIndex", "find_matches"]
 
@@ -135,6 +124,13 @@ class MatchSet:
         return [d for d in self.declined if d.step == "error"]
 
 
+#: what the finder runs at a node with a given target: (rule, gate check or None,
+#: compiled pattern) for each rule rooted at that op, by priority
+Plan = tuple[tuple[Rule, Callable[[Node], bool] | None, CompiledPattern], ...]
+#: the key of :meth:`RuleIndex.plans` for gates not specialized to a graph
+_ANY_GRAPH: frozenset[str] = frozenset({"*any graph*"})
+
+
 class RuleIndex:
     """Rules grouped by the op key of their root, in priority order (built once)."""
 
@@ -153,41 +149,57 @@ class RuleIndex:
         #: for_target memo by target object (looked up once per graph node)
         self._by_target: dict[Any, tuple[Rule, ...]] = {}
         self._thresholds: dict[Rule, int] = {}
-        self._gates: dict[Rule, _GateLike | None] = {}
-        self._compiled: dict[Rule, CompiledPattern] = {}
-        self._plans: dict[Any, tuple[tuple[Rule, Callable[[Node], bool] | None,
-                                           CompiledPattern], ...]] = {}
-        self._plans_ungated: dict[Any, tuple[tuple[Rule, Callable[[Node], bool] | None,
-                                                   CompiledPattern], ...]] = {}
+        self._gates: dict[Rule, GateLike | None] = {}
+        self._plans_ungated: dict[Any, Plan] = {}
+        #: gated plans per target, for graphs with these op keys (the last few graphs)
+        self._plans_in: OrderedDict[frozenset[str], dict[Any, Plan]] = OrderedDict()
 
     def compiled(self, rule: Rule) -> CompiledPattern:
         """The rule's pattern compiled for searching (once per pattern object, process-wide)."""
-        c = self._compiled.get(rule)
-        if c is None:
-            c = self._compiled[rule] = compile_pattern(rule.pattern)
-        return c
+        return compile_pattern(rule.pattern)
 
-    def plan(self, target: Any, gated: bool = True
-             ) -> tuple[tuple[Rule, Callable[[Node], bool] | None, CompiledPattern], ...]:
+    def plans(self, present: frozenset[str] | None) -> dict[Any, Plan]:
+        """The per-target plans (filled by :meth:`plan`) for a graph whose op keys are
+        ``present``; None: ungated plans."""
+        if present is None:
+            return self._plans_ungated
+        plans = self._plans_in.get(present)
+        if plans is None:
+            plans = self._plans_in[present] = {}
+            if len(self._plans_in) > 8:
+                self._plans_in.popitem(last=False)
+        return plans
+
+    def plan(self, target: Any, gated: bool = True, present: frozenset[str] | None = None
+             ) -> Plan:
         """For each rule of ``for_target(target)``: the rule, its gate check (None: no
-        gate, or ``gated`` is False) and its compiled pattern — what the finder runs per node."""
-        memo = self._plans if gated else self._plans_ungated
+        gate, or ``gated`` is False) and its compiled pattern — what the finder runs per node.
+
+        ``present``: the op keys of the graph searched (:func:`~fusionkit.gates.graph_op_keys`);
+        its gates are specialized to them (same verdicts, less work). Without it, the
+        gates are for any graph.
+        """
+        if not gated:
+            memo = self._plans_ungated
+        else:
+            memo = self.plans(present if present is not None else _ANY_GRAPH)
         try:
             return memo[target]
         except KeyError:
             pass
         except TypeError:  # unhashable target
-            return self._plan(target, gated)
-        plan = memo[target] = self._plan(target, gated)
+            return self._plan(target, gated, present)
+        plan = memo[target] = self._plan(target, gated, present)
         return plan
 
-    def _plan(self, target: Any, gated: bool
-              ) -> tuple[tuple[Rule, Callable[[Node], bool] | None, CompiledPattern], ...]:
+    def _plan(self, target: Any, gated: bool, present: frozenset[str] | None) -> Plan:
         out = []
         for rule in self.for_target(target):
             gate = self.gate(rule) if gated else None
+            if gate is not None and present is not None:
+                gate = specialize(gate, present)
             check = (None if gate is None else
-                     gate.operands_check if isinstance(gate, _Gate) else gate.check)
+                     gate.operands_check if isinstance(gate, Gate) else gate.check)
             out.append((rule, check, self.compiled(rule)))
         return tuple(out)
 
@@ -214,274 +226,15 @@ class RuleIndex:
             t = self._thresholds[rule] = _near_miss_threshold(rule)
         return t
 
-    def gate(self, rule: Rule) -> _GateLike | None:
+    def gate(self, rule: Rule) -> GateLike | None:
         """The rule's gate, if skipping on it can never hide a reportable near miss."""
         if rule not in self._gates:
             # as deep as possible while a failed gate still means "no reportable progress"
             levels = min(GATE_DEPTH, self.threshold(rule) - 1)
-            gate = _gate_of(rule.pattern, levels)
+            gate = gate_of(rule.pattern, levels)
             usable = gate is not None and self.threshold(rule) > gate.depth
             self._gates[rule] = gate if usable else None
         return self._gates[rule]
-
-
-#: what a gate can be: an op's operands, alternatives, or a pass-through before an op
-_GateLike: TypeAlias = "_Gate | _AnyGate | _ThroughGate"
-
-_GATES: OrderedDict[tuple[int, int], tuple[Pattern, _GateLike | None]] = OrderedDict()
-
-
-def _gate_of(pattern: Pattern, levels: int) -> _GateLike | None:
-    """``_Gate.of(pattern, levels)``, remembered for the last few hundred patterns (by
-    identity): an adapter builds its rules once but a new index per pass, and a gate's
-    compiled check is kept on the gate."""
-    key = (id(pattern), levels)
-    hit = _GATES.get(key)
-    if hit is not None and hit[0] is pattern:
-        _GATES.move_to_end(key)
-        return hit[1]
-    gate = _Gate.of(pattern, levels)
-    _GATES[key] = (pattern, gate)
-    if len(_GATES) > 256:
-        _GATES.popitem(last=False)
-    return gate
-
-
-def _claims_nothing(p: Pattern) -> bool:
-    while isinstance(p, Named):
-        p = p.inner
-    return isinstance(p, (Capture, Value))
-
-
-#: the most pattern levels a gate looks at (root, its operand, that operand's operand, ...);
-#: a rule's gate is also kept shallower than its near-miss threshold
-GATE_DEPTH = 6
-
-
-@dataclass(frozen=True)
-class _Gate:
-    """A necessary condition for the root op pattern to match, checked in O(1).
-
-    Of the root ``Op``'s operands, the first whose pattern names the ops its
-    value must be (``root_keys``) is checked against the graph — and, one level
-    down, the same for that operand's pattern; the operands before each checked
-    one must be captures/literals, which claim no node. When the check fails for
-    every operand order, the structural search would fail there too, with at
-    most :attr:`depth` nodes claimed; the finder skips the search only when that
-    is below the rule's near-miss threshold, so :func:`find_matches` returns the
-    same result, only faster (most nodes with the root's op are not the root of
-    a match).
-    """
-
-    targets: frozenset[str]  # the ops the gated node itself must be
-    index: int
-    keys: frozenset[str]
-    commutative: bool
-    nargs: int
-    inner: _GateLike | None = None
-    #: the operand is a list (``cat``'s tensors): it must have ``items`` elements, and
-    #: element ``item`` is the one checked (the elements before it claim nothing)
-    item: int | None = None
-    items: int = 0
-    #: operands before the checked one that are ``through(ops, capture)``: they claim
-    #: nothing unless their value is one of ``ops`` – then the gate lets the node by
-    free: tuple[tuple[int, frozenset[str]], ...] = ()
-
-    @property
-    def depth(self) -> int:
-        return 1 + (self.inner.depth if self.inner is not None else 0)
-
-    @staticmethod
-    def of(pattern: Pattern, levels: int = GATE_DEPTH) -> _GateLike | None:
-        p = pattern
-        while isinstance(p, (Named, Outputs)):
-            # a multi-output pattern fails where its primary (matched first) fails
-            p = p.inner if isinstance(p, Named) else p.primary
-        if isinstance(p, Alt):
-            # alternatives at the root: skippable only if every option fails at the root
-            gates = [_Gate.of(o, levels) for o in p.options]
-            if any(g is None for g in gates):
-                return None
-            return _AnyGate.build(tuple(g for g in gates if g is not None))
-        if isinstance(p, Through):
-            return _ThroughGate.build(p, _Gate.of(p.inner, levels))
-        if type(p) is not Op or levels < 1:
-            return None
-        free: list[tuple[int, frozenset[str]]] = []
-        for i, a in enumerate(p.args):
-            item: int | None = None
-            if type(a) is Seq:  # a list operand: gate on its first element that names ops
-                for j, element in enumerate(a.items):
-                    if element.root_keys() is not None:
-                        item = j
-                        break
-                    if not _claims_nothing(element):
-                        return None
-                if item is None:
-                    return None
-            checked = a.items[item] if item is not None and type(a) is Seq else a
-            keys = checked.root_keys()
-            if keys is not None:
-                inner = _Gate.of(checked, levels - 1) if levels > 1 else None
-                items = len(a.items) if type(a) is Seq else 0
-                return _Gate(p.targets, i, keys, p.commutative, len(p.args), inner, item, items,
-                             tuple(free))
-            if isinstance(a, Through) and _claims_nothing(a.inner):
-                free.append((i, a.ops))  # claims nothing unless its value is a pass-through op
-            elif not _claims_nothing(a):
-                return None
-        return None
-
-    def may_match(self, node: Node) -> bool:
-        return self.check(node)
-
-    @cached_property
-    def check(self) -> Callable[[Node], bool]:
-        """:meth:`may_match` as one closure over this gate's sets (it runs per graph node)."""
-        targets, operands = self.targets, self.operands_check
-
-        def check(node: Node) -> bool:
-            try:
-                key = OP_KEY_MEMO[node.target]
-            except (KeyError, TypeError):
-                key = op_key(node.target)
-            return key in targets and operands(node)  # else another option's op
-        return check
-
-    @cached_property
-    def operands_check(self) -> Callable[[Node], bool]:
-        """:meth:`check` for a node already known to have one of :attr:`targets` (the
-        finder's per-op rule lists guarantee it at the root): only the operands."""
-        index, keys, nargs = self.index, self.keys, self.nargs
-        other = 1 - index if self.commutative and nargs >= 2 and index < 2 else None
-        inner = self.inner.check if self.inner is not None else None
-        item, items = self.item, self.items
-
-        def ok(v: Any) -> bool:
-            if item is not None:  # the search fails at a list of another length too
-                if not isinstance(v, (list, tuple)) or len(v) != items:
-                    return False
-                v = v[item]
-            if not isinstance(v, Node) or v.op != "call_function":
-                return False
-            try:
-                key = OP_KEY_MEMO[v.target]
-            except (KeyError, TypeError):
-                key = op_key(v.target)
-            return key in keys and (inner is None or inner(v))
-
-        free = self.free
-
-        def passes_through(v: Any, ops: frozenset[str]) -> bool:
-            if not isinstance(v, Node) or v.op != "call_function":
-                return False
-            try:
-                return OP_KEY_MEMO[v.target] in ops
-            except (KeyError, TypeError):
-                return op_key(v.target) in ops
-
-        def check(node: Node) -> bool:
-            args = node.args
-            if len(args) < nargs:
-                return True  # operands by keyword or default: let the search decide
-            if free and any(passes_through(args[j], ops) for j, ops in free):
-                return True  # a pass-through before the checked operand would be claimed
-            if ok(args[index]):
-                return True
-            if other is None or args[0] is args[1]:
-                return False
-            if free and any(passes_through(args[1 - j if j < 2 else j], ops) for j, ops in free):
-                return True  # the same, in the swapped order
-            return ok(args[other])
-        return check
-
-
-@dataclass(frozen=True)
-class _ThroughGate:
-    """The gate of ``through(ops, inner)`` below the root: a pass-through op (a cast)
-    lets the value by (the search may look through it: not checked further); any
-    other node is matched by ``inner`` itself, so ``inner``'s gate applies to it."""
-
-    ops: frozenset[str]
-    inner: _GateLike
-
-    @staticmethod
-    def build(p: Through, inner: _GateLike | None) -> _ThroughGate | None:
-        return None if inner is None else _ThroughGate(p.ops, inner)
-
-    @property
-    def targets(self) -> frozenset[str]:
-        return self.ops | self.inner.targets
-
-    @property
-    def depth(self) -> int:
-        return self.inner.depth
-
-    def may_match(self, node: Node) -> bool:
-        return self.check(node)
-
-    @cached_property
-    def check(self) -> Callable[[Node], bool]:
-        ops, inner = self.ops, self.inner.check
-
-        def check(node: Node) -> bool:
-            try:
-                key = OP_KEY_MEMO[node.target]
-            except (KeyError, TypeError):
-                key = op_key(node.target)
-            return key in ops or inner(node)
-        return check
-
-
-@dataclass(frozen=True)
-class _AnyGate:
-    """The gate of alternatives: some option's gate must pass.
-
-    Options are looked up by the node's op, so alternatives rooted at different
-    ops (``mm | addmm | linear``) cost one dictionary lookup, not one check each.
-    """
-
-    options: tuple[_GateLike, ...]
-    by_key: Mapping[str, tuple[_GateLike, ...]] = field(default_factory=dict,
-                                                                compare=False)
-
-    @staticmethod
-    def build(options: tuple[_GateLike, ...]) -> _AnyGate:
-        by_key: dict[str, list[_GateLike]] = defaultdict(list)
-        for g in options:
-            for key in g.targets:
-                by_key[key].append(g)
-        return _AnyGate(options, {k: tuple(v) for k, v in by_key.items()})
-
-    @property
-    def targets(self) -> frozenset[str]:
-        return frozenset(self.by_key)
-
-    @property
-    def depth(self) -> int:
-        return max(g.depth for g in self.options)
-
-    def may_match(self, node: Node) -> bool:
-        return self.check(node)
-
-    @cached_property
-    def check(self) -> Callable[[Node], bool]:
-        """:meth:`may_match` as one closure: the options for the node's op, tried in turn."""
-        by_key = {k: tuple(g.check for g in v) for k, v in self.by_key.items()}
-
-        def check(node: Node) -> bool:
-            try:
-                key = OP_KEY_MEMO[node.target]
-            except (KeyError, TypeError):
-                key = op_key(node.target)
-            checks = by_key.get(key or "")
-            if checks is None:
-                return False
-            for c in checks:
-                if c(node):
-                    return True
-            return False
-        return check
 
 
 def _escaping_user(b: Binding, root: Node, outputs: tuple[str, ...] = ()
@@ -687,16 +440,17 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
             cache.append(_Positions(ep))
         return cache[0]
 
-    plan_for = index.plan
+    graph = ep.graph_module.graph
     gated = not all_near_misses
-    plans = index._plans if gated else index._plans_ungated
-    for node in ep.graph_module.graph.nodes:
+    present = graph_op_keys(graph) if gated else None
+    plans = index.plans(present)
+    for node in graph.nodes:
         if node.op != "call_function" or node in claimed_by:
             continue
         try:
             plan = plans[node.target]
         except (KeyError, TypeError):
-            plan = plan_for(node.target, gated)
+            plan = index.plan(node.target, gated, present)
         for rule, gate, pattern in plan:
             during = "the pattern's gate"
             try:

@@ -17,7 +17,6 @@ is built only if that failure is the one reported.
 from __future__ import annotations
 
 import sys
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from fusionkit.memo import PerObject
 from fusionkit.pattern import (
     Alt,
     Capture,
@@ -613,20 +613,12 @@ def _pattern_size(p: Pattern) -> int:
     return size
 
 
-_COMPILED: OrderedDict[int, CompiledPattern] = OrderedDict()
-_COMPILED_MAX = 256
+_COMPILED: PerObject[CompiledPattern] = PerObject(CompiledPattern)
 
 
 def compile_pattern(pattern: Pattern) -> CompiledPattern:
     """``pattern`` compiled, remembered for the last few hundred patterns (by identity)."""
-    c = _COMPILED.get(id(pattern))
-    if c is not None and c.pattern is pattern:
-        _COMPILED.move_to_end(id(pattern))
-        return c
-    c = _COMPILED[id(pattern)] = CompiledPattern(pattern)
-    if len(_COMPILED) > _COMPILED_MAX:
-        _COMPILED.popitem(last=False)
-    return c
+    return _COMPILED(pattern)
 
 
 def match_pattern(pattern: Pattern, root: Node, inputs: ProgramInputs, limit: int | None = None

@@ -42,6 +42,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import hashlib
 import importlib
 import operator
 import threading
@@ -54,6 +55,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from fusionkit.integration.hooks import PatchSet
+from fusionkit.integration.tensor_bytes import tensor_bytes
 
 __all__ = [
     "PASS_GATES",
@@ -626,11 +628,12 @@ def _meta_value_key(v: Any, index: dict[Node, int]) -> Any:
     return repr(v)
 
 
-def structure(program: Any) -> list[Any]:
+def structure(program: Any, values: bool = True) -> list[Any]:
     """A name-free description of a program: every node (op, target, arguments with
     nodes as positions, output metadata, non-volatile metadata), the signature and the
-    constants (name, shape, dtype, values). Node names are left out: a retrace renames
-    nodes from their ops, and the serializers do not read names."""
+    constants (name, shape, dtype, a hash of the exact bytes; with ``values=False`` the
+    tensor object's identity instead). Node names are left out: a retrace renames nodes
+    from their ops, and the serializers do not read names."""
     gm = program.graph_module
     nodes = list(gm.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
@@ -654,7 +657,9 @@ def structure(program: Any) -> list[Any]:
         for name in sorted(tensors):
             t = tensors[name]
             if isinstance(t, torch.Tensor):
-                rows.append((label, name, _val_key(t), t.detach().cpu().flatten().tolist()))
+                data = (hashlib.sha256(tensor_bytes(t.detach())).hexdigest() if values
+                        else id(t))
+                rows.append((label, name, _val_key(t), data))
             else:
                 rows.append((label, name, type(t).__name__))
     return rows

@@ -1,0 +1,1 @@
+"""pytest plugins that run ExecuTorch's own XNNPACK op tests with fusionkit installed."""

@@ -1,0 +1,196 @@
+"""Run ExecuTorch's own XNNPACK op tests with fusionkit's XNNPACK adapter installed.
+
+``executorch/backends/xnnpack/test/ops`` ships in the 1.5.1 wheel (49 files, 264 tests):
+each test lowers with ExecuTorch's Tester and stock ``XnnpackPartitioner``, serializes,
+runs the ``.pte`` through the pybindings XNNPACK runtime and compares with eager
+PyTorch. Here they run in a subprocess through pytest with
+``stock_xnnpack_tests.fusionkit_xnnpack_plugin``: ``xnnpack_adapter.install()`` for the
+session (fusionkit's constant serializer and the preprocess pass gates, process-wide),
+and every ``XnnpackBackend.preprocess`` twinned with a gates-disabled run whose bytes
+must be identical.
+
+Why a subset: the whole ops suite is far beyond CI's budget (<= 6 min added wall time on
+2 cores). Stock, on this project's loaded 2-core machine, its first 61 tests (files
+abs..ceil) took 15 min (all passed; the quantized cat tests 30-160 s each), and
+``test_linear``'s float tests loop over 4-8 configurations at 1-2 min each. :data:`SUBSET`
+is a fixed list of 22 single-configuration tests (float, plus two per-tensor quantized
+ones) chosen so that each XNNPACK preprocess pass fusionkit may skip meets a graph with
+its trigger present (the gate must let it run) as well as many without (the gate skips
+it), plus the transposed-conv weight swap of fusionkit's serializer. Not covered by the
+subset: per-channel(-group) scales and int4 packing (``test_linear``'s qd8/int4 tests,
+minutes each). ``FUSIONKIT_XNNPACK_OPS_SUITE=full`` runs all 264 tests instead (by hand),
+``=0`` leaves the suite out like ``FUSIONKIT_STOCK_DELEGATE_SUITE=0``.
+
+``python3 tests/xnnpack_ops_stock.py [stock|fusionkit] [subset|full]`` runs every shard
+in one mode and prints each test's outcome and time (the stock baseline is made that way).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SHARDS = 2
+HERE = Path(__file__).parent
+
+OPT_OUT = "FUSIONKIT_XNNPACK_OPS_SUITE"
+requires_opt_in = pytest.mark.skipif(
+    os.environ.get(OPT_OUT) == "0",
+    reason=f"ExecuTorch's XNNPACK op tests left out ({OPT_OUT}=0)")
+
+#: test -> the pass (gate) or serializer path whose trigger it brings; the CI subset
+SUBSET: dict[str, str] = {
+    "test_linear.py::TestLinear::test_fp32_addmm": "ConvertToLinearPass (addmm)",
+    "test_conv2d.py::TestConv2d::test_fp32_conv2d_bn": "FuseBatchNormPass",
+    "test_conv2d.py::TestConv2d::test_fp32_tconv_output_padding": "transposed-conv weight swap",
+    "test_conv1d.py::TestConv1d::test_fp32_conv1d": "Conv1dUnsqueezePass",
+    "test_batch_norm.py::TestBatchNorm::test_fp32_conv2d_batch_norm_fused": "FuseBatchNormPass",
+    "test_batch_norm.py::TestBatchNorm::test_fp32_batch_norm_nchw": "DecomposeBatchNorm",
+    "test_batch_norm.py::TestBatchNorm::test_fp32_linear_relu_batch_norm": "DecomposeBatchNorm",
+    "test_cat.py::TestCat::test_fp32_cat2": "cat",
+    "test_cat.py::TestCat::test_fp32_cat_gt_5": "DecomposeConcatenate",
+    "test_bilinear2d.py::TestUpsampleBilinear2d::test_fp32_static_resize_bilinear2d":
+        "ConvertToUpsampleBilinear2d",
+    "test_prelu.py::TestPrelu::test_fp32_prelu": "PReLUReshapePass",
+    "test_static_constant_pad.py::TestStaticConstantPad::test_qs8_static_constant_pad_2d":
+        "InsertPadQDQPass",
+    "test_max_dim.py::TestMaxDim::test_fp32_max_dim_with_indices": "RemoveGetItemPass (max.dim)",
+    "test_avgpool2d.py::TestAvgPool2d::test_fp32_avgpool2d": "avg_pool2d",
+    "test_to_copy.py::TestChannelsLastTaggedReshapePass::test_contiguous_before_conv":
+        "DimOrderOpsRevertPass",
+    "test_clone.py::TestClone::test_fp32_clone_with_contiguous_format":
+        "XNNPACKRemoveCloneOpsTransform",
+    "test_softmax.py::TestSoftmax::test_fp32_softmax": "softmax",
+    "test_slice_copy.py::TestSliceCopy::test_fp32_slice_copy": "slice_copy",
+    "test_add.py::TestAdd::test_fp32_add_relu": "FuseActivationPass (add)",
+    "test_add.py::TestAdd::test_fp32_add_constant": "a lifted constant",
+    "test_add.py::TestAdd::test_qs8_add_relu": "quantized add + relu",
+    "test_bmm.py::TestBMM::test_fp32_bmm": "bmm",
+}
+
+#: test -> passes whose trigger its partitions hold (read from the pass's source): the gate
+#: must have let each of them run at least once in that test
+MUST_RUN: dict[str, tuple[str, ...]] = {
+    "test_linear.py::TestLinear::test_fp32_addmm": ("ConvertToLinearPass",),
+    "test_conv2d.py::TestConv2d::test_fp32_conv2d_bn": ("FuseBatchNormPass",),
+    "test_conv1d.py::TestConv1d::test_fp32_conv1d": ("Conv1dUnsqueezePass",),
+    "test_batch_norm.py::TestBatchNorm::test_fp32_conv2d_batch_norm_fused":
+        ("FuseBatchNormPass",),
+    "test_batch_norm.py::TestBatchNorm::test_fp32_batch_norm_nchw": ("DecomposeBatchNorm",),
+    "test_batch_norm.py::TestBatchNorm::test_fp32_linear_relu_batch_norm":
+        ("DecomposeBatchNorm", "FuseActivationPass"),
+    "test_cat.py::TestCat::test_fp32_cat_gt_5": ("DecomposeConcatenate",),
+    "test_bilinear2d.py::TestUpsampleBilinear2d::test_fp32_static_resize_bilinear2d":
+        ("ConvertToUpsampleBilinear2d",),
+    "test_static_constant_pad.py::TestStaticConstantPad::test_qs8_static_constant_pad_2d":
+        ("InsertPadQDQPass",),
+    "test_clone.py::TestClone::test_fp32_clone_with_contiguous_format":
+        ("DimOrderOpsRevertPass",),
+    "test_add.py::TestAdd::test_fp32_add_relu": ("FuseActivationPass",),
+    "test_add.py::TestAdd::test_qs8_add_relu": ("FuseActivationPass",),
+}
+
+#: tests of SUBSET whose stock outcome (no fusionkit) in this environment is not "passed":
+#: test -> (outcome, why). Established with ``python3 tests/xnnpack_ops_stock.py stock``.
+KNOWN_STOCK_OUTCOMES: dict[str, tuple[str, str]] = {}
+
+
+def ops_dir() -> Path:
+    import executorch.backends.xnnpack as xnn
+
+    return Path(next(iter(xnn.__path__))) / "test" / "ops"
+
+
+def selection(which: str = "subset") -> list[str]:
+    """Node ids to run: the subset, or every test file (pytest collects them)."""
+    base = ops_dir()
+    if which == "full":
+        return [str(base)]
+    return [f"{base}/{key}" for key in SUBSET]
+
+
+def run_shard(shard: int, tmp: Path, mode: str = "fusionkit", which: str = "subset",
+              twin: bool = True) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    spy = tmp / "spy.json"
+    env = {**os.environ, "FUSIONKIT_XNNPACK_SPY": str(spy),
+           "FUSIONKIT_SHARD": f"{shard}/{SHARDS}", "FUSIONKIT_XNNPACK_MODE": mode,
+           "FUSIONKIT_XNNPACK_TWIN": "1" if twin else "0",
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *selection(which), "-q", "-p", "no:cacheprovider",
+         "-p", "no:xdist", "-p", "stock_xnnpack_tests.fusionkit_xnnpack_plugin", "-W", "ignore"],
+        capture_output=True, text=True, env=env, cwd=str(tmp), timeout=3600,
+    )
+    data = json.loads(spy.read_text()) if spy.exists() else {}
+    return proc, data
+
+
+def expected_shard(shard: int) -> list[str]:
+    """The subset's tests in shard ``shard`` (pytest keeps the command line's order)."""
+    return [key for i, key in enumerate(SUBSET) if i % SHARDS == shard]
+
+
+def check_shard(shard: int, tmp: Path) -> None:
+    which = "full" if os.environ.get(OPT_OUT) == "full" else "subset"
+    proc, data = run_shard(shard, tmp, which=which)
+    tail = (proc.stdout + proc.stderr)[-8000:]
+    assert data, tail
+    selected = data["selected"]
+    if which == "subset":
+        assert selected == expected_shard(shard), (selected, tail)
+    # fusionkit was really in place for the whole session, and taken out at the end
+    assert data["mode"] == "fusionkit" and data["installed_at_start"], data
+    assert data["restored_at_end"], data
+    # every test ran, and ended as it does without fusionkit
+    outcomes = data["outcomes"]
+    assert sorted(outcomes) == sorted(selected), tail
+    expected = {t: KNOWN_STOCK_OUTCOMES.get(t, ("passed", ""))[0] for t in selected}
+    differing = {t: (outcomes[t], data["reasons"].get(t, "")) for t in selected
+                 if outcomes[t] != expected[t]}
+    assert not differing, differing
+    known = [t for t in selected if t in KNOWN_STOCK_OUTCOMES]
+    m = re.search(r"(\d+) passed", proc.stdout)
+    assert m and int(m.group(1)) == len(selected) - len(known), tail
+    assert proc.returncode == (0 if all(KNOWN_STOCK_OUTCOMES[t][0] in ("skipped", "xfailed")
+                                        for t in known) else 1), tail
+    # the gates really skipped passes, and every skip left the delegate bytes unchanged
+    skipped = sum(c["skipped"] for c in data["gate_counts"].values())
+    ran = sum(c["ran"] for c in data["gate_counts"].values())
+    twin = data["twin"]
+    assert twin["mismatches"] == [], twin["mismatches"]
+    assert twin["preprocess_calls"] >= len(selected) // 2, twin
+    assert twin["identical"] == twin["preprocess_calls"], twin
+    assert skipped >= 6 * twin["preprocess_calls"], data["gate_counts"]
+    assert ran >= twin["preprocess_calls"], data["gate_counts"]  # ChannelsLast always runs
+    # ... and let a pass run where its trigger is present
+    not_run = {(t, p) for t in selected for p in MUST_RUN.get(t, ())
+               if data["gates_by_test"][t].get(p, {}).get("ran", 0) == 0}
+    assert not not_run, not_run
+
+
+def main(argv: list[str]) -> None:
+    import tempfile
+
+    mode = argv[0] if argv else "stock"
+    which = argv[1] if len(argv) > 1 else "subset"
+    for shard in range(SHARDS):
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, data = run_shard(shard, Path(tmp), mode=mode, which=which,
+                                   twin=mode == "fusionkit")
+        print(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:])
+        for t in data.get("selected", []):
+            print(f"{data['outcomes'].get(t, '?'):8} {data['seconds'].get(t, 0):7.1f}s  {t}  "
+                  f"{data['reasons'].get(t, '')}")
+        if data.get("gate_counts"):
+            print(json.dumps(data["gate_counts"]), json.dumps(data["twin"]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -15,7 +15,8 @@ gate's flags describe:
 * ``retraces`` -- the pass ends with an ExportPass retrace: the same nodes with their
   ``val`` re-derived. Skipped only when the graph is *settled*: nothing has changed it in
   place since it was given or last retraced (tracked per graph module; an in-place pass
-  that reported a change unsettles it), so re-deriving gives back the same metadata.
+  that reported a change unsettles it, unless its ``keeps_meta`` shows beforehand that
+  every value it leaves is exact), so re-deriving gives back the same metadata.
 * ``always_modified`` -- the pass reports a change even when it made none, so the pass
   manager would also de-duplicate equal ``getitem`` nodes and rebuild the signature and
   range constraints: skipped only without duplicate getitems and without range
@@ -85,6 +86,9 @@ class PassGate:
     retraces: bool = False
     always_modified: bool = False
     dce: bool = False
+    #: for a pass that changes the graph in place: True when, run on this (settled)
+    #: graph, every ``val`` it leaves is what a retrace would derive (asked before it runs)
+    keeps_meta: Trigger | None = None
 
 
 class GateViolation(AssertionError):
@@ -141,7 +145,7 @@ def _addmm_to_linear(ep: Any, p: Any) -> bool:
     """transforms/addmm_mm_to_linear.py: mm/addmm whose weight is t_copy/permute_copy
     become linear; a linear whose input is a view_copy chain from a dequantize gets it
     bypassed; a linear's single view_copy user of the same shape is bypassed."""
-    from executorch.backends.transforms.addmm_mm_to_linear import get_dqlinear_input, get_shape
+    from executorch.backends.transforms.addmm_mm_to_linear import get_dqlinear_input
 
     ops = _edge()
     transposes = (ops.aten.t_copy.default, ops.aten.permute_copy.default)
@@ -155,17 +159,26 @@ def _addmm_to_linear(ep: Any, p: Any) -> bool:
         dq = get_dqlinear_input(inp)  # type: ignore[arg-type]
         if dq is not None and dq != inp:
             return True
-        if len(node.users) == 1:
-            user = next(iter(node.users))
-            if user.op == "call_function" and user.target == ops.aten.view_copy.default:
-                weight = _arg(node, 1)
-                if not isinstance(weight, Node) or "val" not in weight.meta:
-                    return True  # the pass raises: let it
-                out = list(get_shape(inp))  # type: ignore[arg-type]
-                out[-1] = weight.meta["val"].shape[0]
-                if out == list(get_shape(user)):
-                    return True
+        if _view_bypassed(node, inp, _arg(node, 1)):
+            return True
     return False
+
+
+def _view_bypassed(node: Node, inp: Any, weight: Any) -> bool:
+    """Would ``replace_linear_view_copy_input_output`` bypass ``node``'s view_copy user
+    (its single user, of the shape the linear computes)? True where the pass would raise."""
+    from executorch.backends.transforms.addmm_mm_to_linear import get_shape
+
+    if len(node.users) != 1:
+        return False
+    user = next(iter(node.users))
+    if user.op != "call_function" or user.target != _edge().aten.view_copy.default:
+        return False
+    if not isinstance(weight, Node) or "val" not in weight.meta:
+        return True  # the pass raises: let it
+    out = list(get_shape(inp))
+    out[-1] = weight.meta["val"].shape[0]
+    return out == list(get_shape(user))
 
 
 def _convert_to_linear(ep: Any, p: Any) -> bool:
@@ -387,32 +400,77 @@ def _redundant_copy(ep: Any, p: Any) -> bool:
     return any(n.all_input_nodes for n in _nodes(ep, _edge().aten._to_copy.default))
 
 
+def _addmm_keeps_meta(ep: Any, p: Any) -> bool:
+    """AddmmToLinearTransform leaves exact vals unless it bypasses a dequantize chain (the
+    linear's input changes shape) or a view_copy; each linear it makes from mm/addmm gets
+    the op's own val, which must equal the mm's (asked here with the same fake call)."""
+    from executorch.backends.transforms.addmm_mm_to_linear import get_dqlinear_input
+
+    ops = _edge()
+    transposes = (ops.aten.t_copy.default, ops.aten.permute_copy.default)
+    linear_inputs = [_arg(n, 0) for n in _nodes(ep, ops.aten.linear.default)]
+    for mm, (i, w, b) in [*((n, (0, 1, None)) for n in _nodes(ep, ops.aten.mm.default)),
+                          *((n, (1, 2, 0)) for n in _nodes(ep, ops.aten.addmm.default))]:
+        weight_t = _arg(mm, w)
+        if weight_t.target not in transposes:
+            continue
+        vals = [_arg(mm, i).meta["val"], _arg(weight_t, 0).meta["val"]]
+        if b is not None:
+            vals.append(_arg(mm, b).meta["val"])
+        if _val_key(ops.aten.linear.default(*vals)) != _val_key(mm.meta["val"]):
+            return False
+        if _view_bypassed(mm, _arg(mm, i), _arg(weight_t, 0)):
+            return False
+        linear_inputs.append(_arg(mm, i))
+    for inp in linear_inputs:
+        dq = get_dqlinear_input(inp)
+        if dq is not None and dq != inp:
+            return False
+    return not any(_view_bypassed(n, _arg(n, 0), _arg(n, 1))
+                   for n in _nodes(ep, ops.aten.linear.default))
+
+
+def _redundant_ops_keep_meta(ep: Any, p: Any) -> bool:
+    """RemoveRedundantOpsTransform keeps exact vals when every node it removes has the val
+    of the input its users get instead (shape, dtype and strides)."""
+    for n in _nodes(ep, *p.redundant_ops):
+        if p._should_remove(n):
+            src = _arg(n, 1 if n.target in p._src_arg1_ops else 0)
+            if _val_key(src.meta["val"]) != _val_key(n.meta["val"]):
+                return False
+    return True
+
+
 # ----------------------------------------------------------------------------- the table
 
-_RT = {"retraces": True, "always_modified": True}
+def _retracing(trigger: Trigger, dce: bool = False) -> PassGate:
+    """An ExportPass that rewrites, then retraces and reports a change even with nothing found."""
+    return PassGate(trigger, retraces=True, always_modified=True, dce=dce)
+
 
 #: ``module.QualName`` of a pass class (exactly; a subclass is a different pass) -> gate
 PASS_GATES: dict[str, PassGate] = {
     # --- VulkanBackend.preprocess (vulkan_preprocess.apply_passes)
     "executorch.backends.transforms.addmm_mm_to_linear.AddmmToLinearTransform":
-        PassGate(_addmm_to_linear, always_modified=True, dce=True),
+        PassGate(_addmm_to_linear, always_modified=True, dce=True, keeps_meta=_addmm_keeps_meta),
     "executorch.backends.xnnpack._passes.fuse_batch_norm.FuseBatchNormPass":
-        PassGate(_batch_norm, **_RT),
+        _retracing(_batch_norm),
     "executorch.backends.vulkan._passes.insert_dtype_promotion.InsertDtypePromotionPass":
         PassGate(_dtype_promotion),
     # fusionkit's rules run inside it (the takeover): no cheap trigger
     "executorch.backends.vulkan._passes.fuse_patterns.FusePatternsPass":
         PassGate(None, retraces=True),
     "executorch.backends.transforms.fuse_conv_with_clamp.FuseClampPass":
-        PassGate(_fuse_clamp, **_RT),
+        _retracing(_fuse_clamp),
     "executorch.backends.vulkan._passes.remove_redundant_ops.RemoveRedundantOpsTransform":
-        PassGate(_redundant_ops, always_modified=True, dce=True),
+        PassGate(_redundant_ops, always_modified=True, dce=True,
+                 keeps_meta=_redundant_ops_keep_meta),
     "executorch.backends.vulkan._passes.fuse_quantized_ops.FuseQuantizedOpsTransform":
-        PassGate(_fuse_quantized, dce=True, **_RT),
+        _retracing(_fuse_quantized, dce=True),
     "executorch.backends.vulkan._passes.fold_qdq.FoldQDQPass":
-        PassGate(_fold_qdq, dce=True, **_RT),
+        _retracing(_fold_qdq, dce=True),
     "executorch.backends.vulkan._passes.squeeze_unsqueeze_inputs.SqueezeUnsqueezeInputs":
-        PassGate(_squeeze_inputs, **_RT),
+        _retracing(_squeeze_inputs),
     "executorch.backends.transforms.fuse_view_copy.FuseViewCopyTransform":
         PassGate(_fuse_view_copy, retraces=True),
     "executorch.backends.transforms.view_copy_to_squeeze_unsqueeze.ViewCopyToSqueezeUnsqueezePass":
@@ -424,33 +482,33 @@ PASS_GATES: dict[str, PassGate] = {
     "executorch.backends.xnnpack._passes.XNNPACKRemoveCloneOpsTransform": PassGate(_clone_ops),
     "executorch.backends.transforms.remove_clone_ops.RemoveCloneOpsTransform": PassGate(_clone_ops),
     "executorch.exir.passes.memory_format_ops_pass.DimOrderOpsRevertPass":
-        PassGate(_dim_order_revert, **_RT),
+        _retracing(_dim_order_revert),
     "executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d.ConvertToUpsampleBilinear2d":
-        PassGate(_upsample_bilinear, **_RT),
+        _retracing(_upsample_bilinear),
     "executorch.backends.xnnpack._passes.convert_to_linear.ConvertToLinearPass":
-        PassGate(_convert_to_linear, dce=True, **_RT),
+        _retracing(_convert_to_linear, dce=True),
     "executorch.backends.xnnpack._passes.propagate_custom_meta_pass.PropagateCustomMetaPass":
-        PassGate(_custom_meta, **_RT),
-    "executorch.backends.xnnpack._passes.convert_to_sdpa.ConvertToSDPAPass": PassGate(_sdpa, **_RT),
-    "executorch.exir.passes.const_prop_pass.ConstPropPass": PassGate(_const_prop, **_RT),
+        _retracing(_custom_meta),
+    "executorch.backends.xnnpack._passes.convert_to_sdpa.ConvertToSDPAPass": _retracing(_sdpa),
+    "executorch.exir.passes.const_prop_pass.ConstPropPass": _retracing(_const_prop),
     "executorch.backends.xnnpack._passes.decompose_batch_norm.DecomposeBatchNorm":
-        PassGate(_batch_norm, **_RT),
+        _retracing(_batch_norm),
     "executorch.backends.xnnpack._passes.fuse_activation_pass.FuseActivationPass":
-        PassGate(_fuse_activation, **_RT),
+        _retracing(_fuse_activation),
     "executorch.backends.xnnpack._passes.decompose_cat.DecomposeConcatenate":
-        PassGate(_decompose_cat, **_RT),
+        _retracing(_decompose_cat),
     "executorch.backends.transforms.remove_getitem_op.RemoveGetItemPass":
-        PassGate(_named("aten.max_pool2d_with_indices.default", "aten.max.dim"), **_RT),
+        _retracing(_named("aten.max_pool2d_with_indices.default", "aten.max.dim")),
     "executorch.backends.xnnpack._passes.insert_pad_qdq.InsertPadQDQPass": PassGate(_pad_qdq),
     "executorch.backends.xnnpack._passes.conv1d_unsqueeze_pass.Conv1dUnsqueezePass":
-        PassGate(_named("aten.convolution.default"), **_RT),
+        _retracing(_named("aten.convolution.default")),
     "executorch.backends.xnnpack._passes.prelu_reshape_pass.PReLUReshapePass":
-        PassGate(_prelu, **_RT),
+        _retracing(_prelu),
     # tags every node's memory format: always does work
     "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass":
         PassGate(None, retraces=True),
     "executorch.backends.xnnpack._passes.remove_redundant_copy_pass.RemoveRedundantCopyPass":
-        PassGate(_redundant_copy, **_RT),
+        _retracing(_redundant_copy),
 }
 
 
@@ -557,11 +615,21 @@ def _skippable(gate: PassGate, program: Any, pass_obj: Any) -> bool:
     return not gate.trigger(program, pass_obj)
 
 
-def _after_run(gate: PassGate | None, program: Any, result: Any) -> None:
+def _keeps_meta(gate: PassGate | None, program: Any, pass_obj: Any) -> bool:
+    """Asked before an in-place pass runs: will the graph still be settled after it?"""
+    if gate is None or gate.keeps_meta is None or program.graph_module in _unsettled:
+        return False
+    try:
+        return bool(gate.keeps_meta(program, pass_obj))
+    except Exception:
+        return False
+
+
+def _after_run(gate: PassGate | None, program: Any, result: Any, keeps_meta: bool) -> None:
     if result is program:
         return  # reported no change: the program is as it was
     gm = result.graph_module
-    if gate is not None and gate.retraces:
+    if (gate is not None and gate.retraces) or (keeps_meta and gm is program.graph_module):
         _unsettled.discard(gm)
     else:
         _unsettled.add(gm)
@@ -584,10 +652,11 @@ def gated_transform(orig: Callable[..., Any]) -> Callable[..., Any]:
             if _is_checking():
                 _check_unchanged(orig, program, pass_obj, kwargs)
             return program
+        keeps_meta = _keeps_meta(gate, program, pass_obj)
         result = orig(program, pass_obj, **kwargs)
         _count(pass_obj, "ran")
         with contextlib.suppress(Exception):
-            _after_run(gate, program, result)
+            _after_run(gate, program, result, keeps_meta)
         return result
 
     _transform.__wrapped__ = orig  # type: ignore[attr-defined]

@@ -15,34 +15,45 @@ def test_stock_xnnpack_ops_shard_0(tmp_path) -> None:  # type: ignore[no-untyped
     check_shard(0, tmp_path)
 
 
-def test_twin_reports_a_preprocess_whose_bytes_depend_on_the_gates(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The shards' byte-identity check is not vacuous: a preprocess whose output differs
-    with the gates on and off is recorded as a mismatch (and one that does not, is not)."""
+def test_twins_report_a_preprocess_whose_bytes_depend_on_fusionkit(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The shards' byte-identity checks are not vacuous: a preprocess whose output differs
+    with the gates on and off, or with fusionkit installed and not, is recorded as a
+    mismatch of both twins (and one that does not, is not)."""
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
     from executorch.exir.backend.backend_details import PreprocessResult
     from stock_xnnpack_tests import fusionkit_xnnpack_plugin as plugin
 
+    from fusionkit.backends import xnnpack_adapter
     from fusionkit.integration import pass_gates
 
-    seen: list[bool] = []
+    seen: list[tuple[bool, bool]] = []
 
     def fake(edge_program: object, compile_specs: object) -> PreprocessResult:
-        seen.append(pass_gates.is_enabled())
-        flag = pass_gates.is_enabled() and edge_program == ["differs"]
+        state = (xnnpack_adapter.is_installed(), pass_gates.is_enabled())
+        seen.append(state)
+        flag = all(state) and edge_program == ["differs"]
         return PreprocessResult(processed_bytes=b"gated" if flag else b"same")
 
     monkeypatch.setattr(XnnpackBackend, "preprocess", staticmethod(fake))
     monkeypatch.setattr(plugin, "TWINS", {"preprocess_calls": 0, "identical": 0,
-                                          "mismatches": []})
+                                          "mismatches": [], "stock_identical": 0,
+                                          "stock_mismatches": []})
+    monkeypatch.setattr(plugin, "MODE", "fusionkit")
     monkeypatch.setitem(plugin.STATE, "current", "t")
-    plugin._install_twin()
-    try:
-        assert XnnpackBackend.preprocess(["same"], []).processed_bytes == b"same"
-        assert XnnpackBackend.preprocess(["differs"], []).processed_bytes == b"gated"
-    finally:
-        plugin._uninstall_twin()
+    was_installed = xnnpack_adapter.is_installed()
+    with xnnpack_adapter.install():
+        plugin._install_twin()
+        try:
+            assert XnnpackBackend.preprocess(["same"], []).processed_bytes == b"same"
+            assert XnnpackBackend.preprocess(["differs"], []).processed_bytes == b"gated"
+        finally:
+            plugin._uninstall_twin()
+        assert xnnpack_adapter.is_installed()
+    assert xnnpack_adapter.is_installed() == was_installed
     assert XnnpackBackend.__dict__["preprocess"].__func__ is fake
-    assert seen == [False, True, False, True]  # the gates-off twin runs first
-    assert plugin.TWINS["preprocess_calls"] == 2 and plugin.TWINS["identical"] == 1
-    assert plugin.TWINS["mismatches"] == [
-        {"test": "t", "difference": "processed_bytes differ (4 vs 5 bytes)"}]
+    # stock first, then gates off, then the real call
+    assert seen == [(False, True), (True, False), (True, True)] * 2
+    diff = "processed_bytes differ (4 vs 5 bytes)"
+    assert plugin.TWINS == {"preprocess_calls": 2, "identical": 1, "stock_identical": 1,
+                            "mismatches": [{"test": "t", "difference": diff}],
+                            "stock_mismatches": [{"test": "t", "difference": diff}]}

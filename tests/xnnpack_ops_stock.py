@@ -6,20 +6,21 @@ runs the ``.pte`` through the pybindings XNNPACK runtime and compares with eager
 PyTorch. Here they run in a subprocess through pytest with
 ``stock_xnnpack_tests.fusionkit_xnnpack_plugin``: ``xnnpack_adapter.install()`` for the
 session (fusionkit's constant serializer and the preprocess pass gates, process-wide),
-and every ``XnnpackBackend.preprocess`` twinned with a gates-disabled run whose bytes
-must be identical.
+and every ``XnnpackBackend.preprocess`` twinned with a gates-disabled run and with
+ExecuTorch's own preprocess (fusionkit uninstalled), whose bytes must be identical.
 
 Why a subset: the whole ops suite is far beyond CI's budget (<= 6 min added wall time on
 2 cores). Stock, on this project's loaded 2-core machine, its first 61 tests (files
 abs..ceil) took 15 min (all passed; the quantized cat tests 30-160 s each), and
 ``test_linear``'s float tests loop over 4-8 configurations at 1-2 min each. :data:`SUBSET`
-is a fixed list of 22 single-configuration tests (float, plus two per-tensor quantized
-ones) chosen so that each XNNPACK preprocess pass fusionkit may skip meets a graph with
-its trigger present (the gate must let it run) as well as many without (the gate skips
-it), plus the transposed-conv weight swap of fusionkit's serializer. Not covered by the
-subset: per-channel(-group) scales and int4 packing (``test_linear``'s qd8/int4 tests,
-minutes each). ``FUSIONKIT_XNNPACK_OPS_SUITE=full`` runs all 264 tests instead (by hand),
-``=0`` leaves the suite out like ``FUSIONKIT_STOCK_DELEGATE_SUITE=0``.
+is a fixed list of 23 tests of one or two configurations (float, plus three quantized
+ones) that bring the triggers of the XNNPACK preprocess passes fusionkit may skip, so a
+gate is seen both skipping its pass (on the other tests) and letting it run
+(:data:`MUST_RUN`: 9 pass classes), plus the transposed-conv weight swap and per-channel
+scales of fusionkit's serializer. Not covered: ConvertToSDPAPass (no SDPA op test ships),
+per-channel-group scales and int4 packing (``test_linear``'s qd8/int4 tests, minutes
+each). ``FUSIONKIT_XNNPACK_OPS_SUITE=full`` runs all 264 tests instead (by hand; not run
+through these assertions yet), ``=0`` leaves the suite out like ``FUSIONKIT_STOCK_DELEGATE_SUITE=0``.
 
 ``python3 tests/xnnpack_ops_stock.py [stock|fusionkit] [subset|full]`` runs every shard
 in one mode and prints each test's outcome and time (the stock baseline is made that way).
@@ -50,6 +51,7 @@ SUBSET: dict[str, str] = {
     "test_linear.py::TestLinear::test_fp32_addmm": "ConvertToLinearPass (addmm)",
     "test_conv2d.py::TestConv2d::test_fp32_conv2d_bn": "FuseBatchNormPass",
     "test_conv2d.py::TestConv2d::test_fp32_tconv_output_padding": "transposed-conv weight swap",
+    "test_conv2d.py::TestConv2d::test_qs8_conv2d_per_channel": "per-channel scales (conv, tconv)",
     "test_conv1d.py::TestConv1d::test_fp32_conv1d": "Conv1dUnsqueezePass",
     "test_batch_norm.py::TestBatchNorm::test_fp32_conv2d_batch_norm_fused": "FuseBatchNormPass",
     "test_batch_norm.py::TestBatchNorm::test_fp32_batch_norm_nchw": "DecomposeBatchNorm",
@@ -98,7 +100,8 @@ MUST_RUN: dict[str, tuple[str, ...]] = {
 }
 
 #: tests of SUBSET whose stock outcome (no fusionkit) in this environment is not "passed":
-#: test -> (outcome, why). Established with ``python3 tests/xnnpack_ops_stock.py stock``.
+#: test -> (outcome, why). Established with ``python3 tests/xnnpack_ops_stock.py stock``:
+#: none (torch 2.13.0 CPU, executorch 1.5.1, torchao 0.18: every subset test passes stock).
 KNOWN_STOCK_OUTCOMES: dict[str, tuple[str, str]] = {}
 
 
@@ -167,6 +170,10 @@ def check_shard(shard: int, tmp: Path) -> None:
     assert twin["mismatches"] == [], twin["mismatches"]
     assert twin["preprocess_calls"] >= len(selected) // 2, twin
     assert twin["identical"] == twin["preprocess_calls"], twin
+    # fusionkit's serializer writes what ExecuTorch's does for constants that own their
+    # storage (these tests have no view constants): the whole preprocess is byte-identical
+    assert twin["stock_mismatches"] == [], twin["stock_mismatches"]
+    assert twin["stock_identical"] == twin["preprocess_calls"], twin
     assert skipped >= 6 * twin["preprocess_calls"], data["gate_counts"]
     assert ran >= twin["preprocess_calls"], data["gate_counts"]  # ChannelsLast always runs
     # ... and let a pass run where its trigger is present

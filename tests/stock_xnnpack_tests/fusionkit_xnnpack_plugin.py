@@ -11,15 +11,17 @@ compare with eager PyTorch. The plugin
   lowering serializes constants through fusionkit and runs XNNPACK's preprocess passes
   through :mod:`fusionkit.integration.pass_gates`; ``uninstall()`` at the end, checking
   that ExecuTorch's own objects are back;
-* with ``FUSIONKIT_XNNPACK_TWIN=1`` runs every ``XnnpackBackend.preprocess`` a second
-  time, first, on a deep copy with the gates disabled, and compares the two results
-  (delegate bytes, named data, debug handles): the gates must change no byte;
+* with ``FUSIONKIT_XNNPACK_TWIN=1`` runs every ``XnnpackBackend.preprocess`` twice more
+  before the real call, each on a deep copy: with the gates disabled, and with fusionkit
+  uninstalled (ExecuTorch's own preprocess), and compares each with the real result
+  (delegate bytes, named data, debug handles): the gates must change no byte, and
+  fusionkit's serializer none either for constants that own their storage;
 * keeps the tests whose index in the collected order is ``k`` modulo ``n`` when
   ``FUSIONKIT_SHARD=k/n`` is set;
 * writes to the JSON file named by ``FUSIONKIT_XNNPACK_SPY``: the tests selected, each
-  test's outcome (with the reason of any non-pass) and time, how often each pass ran
-  and was skipped in each test, :func:`fusionkit.integration.pass_gates.counts` for the session, and the
-  twin comparisons.
+  test's outcome (with the reason of any non-pass) and time, how often each pass ran and
+  was skipped in each test, :func:`fusionkit.integration.pass_gates.counts` for the
+  session, and the twin comparisons.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ REASONS: dict[str, str] = {}
 SECONDS: dict[str, float] = {}
 GATES_BY_TEST: dict[str, dict[str, dict[str, int]]] = {}
 STATE: dict[str, Any] = {"current": None, "installed_at_start": False, "before": {}}
-TWINS: dict[str, Any] = {"preprocess_calls": 0, "identical": 0, "mismatches": []}
+TWINS: dict[str, Any] = {"preprocess_calls": 0, "identical": 0, "mismatches": [],
+                         "stock_identical": 0, "stock_mismatches": []}
 _SAVED: dict[str, Any] = {}
 
 
@@ -91,6 +94,15 @@ def _install_twin() -> None:
     orig = original.__func__
 
     def preprocess(edge_program: Any, compile_specs: Any) -> Any:
+        stock = None
+        if MODE == "fusionkit":  # ExecuTorch's own preprocess, fusionkit taken out
+            from fusionkit.backends import xnnpack_adapter
+
+            xnnpack_adapter.uninstall()
+            try:
+                stock = orig(copy.deepcopy(edge_program), compile_specs)
+            finally:
+                xnnpack_adapter.install()
         twin = copy.deepcopy(edge_program)
         with pass_gates.disabled():
             reference = orig(twin, compile_specs)
@@ -101,6 +113,12 @@ def _install_twin() -> None:
             TWINS["identical"] += 1
         else:
             TWINS["mismatches"].append({"test": STATE["current"], "difference": diff})
+        if stock is not None:
+            diff = _difference(stock, result)
+            if diff is None:
+                TWINS["stock_identical"] += 1
+            else:
+                TWINS["stock_mismatches"].append({"test": STATE["current"], "difference": diff})
         return result
 
     XnnpackBackend.preprocess = staticmethod(preprocess)  # type: ignore[method-assign]

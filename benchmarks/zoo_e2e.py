@@ -47,12 +47,11 @@ def _one_line(e: BaseException) -> str:
     root = e
     while root.__cause__ is not None:
         root = root.__cause__
-    text = f"{type(e).__name__}: {e}".strip().splitlines()
-    line = text[0][:200] if text else type(e).__name__
-    if root is not e:
-        inner = f"{type(root).__name__}: {root}".strip().splitlines()
-        line += " <- " + (inner[0][:200] if inner else type(root).__name__)
-    return re.sub(r" object at 0x[0-9a-f]+", "", line)
+    def first(x: BaseException) -> str:  # first line, without object addresses
+        text = re.sub(r" object at 0x[0-9a-f]+", "", f"{type(x).__name__}: {x}").strip()
+        return text.splitlines()[0][:200] if text else type(x).__name__
+
+    return first(e) if root is e else f"{first(e)} <- {first(root)}"
 
 
 def _uninstall(adapters: dict[str, Any]) -> None:

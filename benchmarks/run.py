@@ -2,7 +2,8 @@
 
 Run from the repository root (after ``bash scripts/bootstrap``)::
 
-    python -m benchmarks            # full run, a few minutes
+    python -m benchmarks            # full run: about 1.5 h of CPU (sections 3 and 6
+                                    # lower models many times); --sections 1,5 ~6 min
     python -m benchmarks --quick    # CI smoke run, well under 30 s
     python -m benchmarks --json out.json
 

@@ -33,6 +33,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 MODE = os.environ.get("FUSIONKIT_XNNPACK_MODE", "fusionkit")
 TWIN = os.environ.get("FUSIONKIT_XNNPACK_TWIN") == "1"
 
@@ -153,6 +155,7 @@ def pytest_configure(config: Any) -> None:
         _install_twin()
 
 
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: shard and record what runs
 def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
     shard = os.environ.get("FUSIONKIT_SHARD")
     if shard:

@@ -127,8 +127,6 @@ class MatchSet:
 #: what the finder runs at a node with a given target: (rule, gate check or None,
 #: compiled pattern) for each rule rooted at that op, by priority
 Plan = tuple[tuple[Rule, Callable[[Node], bool] | None, CompiledPattern], ...]
-#: the key of :meth:`RuleIndex.plans` for gates not specialized to a graph
-_ANY_GRAPH: frozenset[str] = frozenset({"*any graph*"})
 
 
 class RuleIndex:
@@ -151,6 +149,8 @@ class RuleIndex:
         self._thresholds: dict[Rule, int] = {}
         self._gates: dict[Rule, GateLike | None] = {}
         self._plans_ungated: dict[Any, Plan] = {}
+        #: gated plans with the gates for any graph
+        self._plans_generic: dict[Any, Plan] = {}
         #: gated plans per target, for graphs with these op keys (the last few graphs)
         self._plans_in: OrderedDict[frozenset[str], dict[Any, Plan]] = OrderedDict()
 
@@ -158,11 +158,13 @@ class RuleIndex:
         """The rule's pattern compiled for searching (once per pattern object, process-wide)."""
         return compile_pattern(rule.pattern)
 
-    def plans(self, present: frozenset[str] | None) -> dict[Any, Plan]:
-        """The per-target plans (filled by :meth:`plan`) for a graph whose op keys are
-        ``present``; None: ungated plans."""
-        if present is None:
+    def plans(self, gated: bool = True, present: frozenset[str] | None = None
+              ) -> dict[Any, Plan]:
+        """The per-target plans :meth:`plan` fills for these arguments."""
+        if not gated:
             return self._plans_ungated
+        if present is None:
+            return self._plans_generic
         plans = self._plans_in.get(present)
         if plans is None:
             plans = self._plans_in[present] = {}
@@ -179,10 +181,7 @@ class RuleIndex:
         its gates are specialized to them (same verdicts, less work). Without it, the
         gates are for any graph.
         """
-        if not gated:
-            memo = self._plans_ungated
-        else:
-            memo = self.plans(present if present is not None else _ANY_GRAPH)
+        memo = self.plans(gated, present)
         try:
             return memo[target]
         except KeyError:
@@ -443,7 +442,7 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
     graph = ep.graph_module.graph
     gated = not all_near_misses
     present = graph_op_keys(graph) if gated else None
-    plans = index.plans(present)
+    plans = index.plans(gated, present)
     for node in graph.nodes:
         if node.op != "call_function" or node in claimed_by:
             continue

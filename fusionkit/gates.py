@@ -248,8 +248,7 @@ class AnyGate:
     """
 
     options: tuple[GateLike, ...]
-    by_key: Mapping[str, tuple[GateLike, ...]] = field(default_factory=dict,
-                                                                compare=False)
+    by_key: Mapping[str, tuple[GateLike, ...]] = field(default_factory=dict, compare=False)
 
     @staticmethod
     def build(options: tuple[GateLike, ...]) -> AnyGate:
@@ -296,13 +295,6 @@ def _never(node: Node) -> bool:
     return False
 
 
-def _key(target: Any) -> str | None:
-    try:
-        return OP_KEY_MEMO[target]
-    except (KeyError, TypeError):
-        return op_key(target)
-
-
 def graph_op_keys(graph: Graph) -> frozenset[str]:
     """The op keys of every ``call_function`` node in ``graph``.
 
@@ -314,10 +306,8 @@ def graph_op_keys(graph: Graph) -> frozenset[str]:
     if isinstance(table, dict):
         targets = [t for (op, t), nodes in list(table.items()) if op == "call_function" and nodes]
     else:
-        targets = list({n.target: None for n in graph.nodes if n.op == "call_function"})
-    keys = {_key(t) for t in targets}
-    keys.discard(None)
-    return frozenset(k for k in keys if k is not None)
+        targets = [n.target for n in graph.nodes if n.op == "call_function"]
+    return frozenset(k for k in map(op_key, targets) if k is not None)
 
 
 def _all_keys(gate: GateLike) -> frozenset[str]:

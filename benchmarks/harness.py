@@ -290,3 +290,31 @@ def stage_timer(passes: list[Any], partitioner: Any) -> Iterator[dict[str, float
         _program.EdgeProgramManager.transform = real_transform  # type: ignore[method-assign]
         _program.EdgeProgramManager.to_backend = real_to_backend  # type: ignore[method-assign]
         _program.lift_constant_tensor_pass = real_lift
+
+
+def timed_lowering(ep: Any, passes: list[Any], partitioner: Any,
+                   export_s: float) -> dict[str, float]:
+    """``to_edge_transform_and_lower`` of ``ep`` and its ``.pte``, CPU time per stage
+    (``benchmarks.run.STAGES``; ``export_s`` is the caller's export), plus ``lower``
+    (edge .. preprocess), ``wall_lower`` and ``total``. Sections 3 and 6 time lowerings
+    this way."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from benchmarks.run import STAGES
+
+    t: dict[str, float] = {"export": export_s}
+    gc.collect()
+    w0, c0 = WALL_CLOCK(), CPU_CLOCK()
+    with stage_timer(passes, partitioner) as acc:
+        edge = to_edge_transform_and_lower(ep, transform_passes=passes or None,
+                                           partitioner=[partitioner])
+    lower = CPU_CLOCK() - c0
+    t["wall_lower"] = WALL_CLOCK() - w0
+    t.update(acc)
+    t["edge"] = lower - sum(acc.values())
+    t["lower"] = lower
+    c0 = CPU_CLOCK()
+    _ = edge.to_executorch().buffer
+    t["serialize"] = CPU_CLOCK() - c0
+    t["total"] = sum(t[k] for k in STAGES)
+    return t

@@ -348,15 +348,8 @@ def bench_e2e(layers_runs: dict[int, int], results: dict[str, Any]) -> dict[str,
     each pair's adapter/stock ratio is kept, and printed as min-max.
     """
     import torch
-    from executorch.exir import to_edge_transform_and_lower
 
-    from benchmarks.harness import (
-        CPU_CLOCK,
-        WALL_CLOCK,
-        load_adapter,
-        stage_timer,
-        stock_partitioner,
-    )
+    from benchmarks.harness import CPU_CLOCK, load_adapter, stock_partitioner, timed_lowering
     from benchmarks.models import TinyLlama
 
     out: dict[str, Any] = {}
@@ -376,30 +369,15 @@ def bench_e2e(layers_runs: dict[int, int], results: dict[str, Any]) -> dict[str,
                          backend: str = backend, adapter: Any = adapter) -> dict[str, float]:
                 if adapter is not None and label == "stock":
                     adapter.uninstall()  # stock runs are stock
-                t: dict[str, float] = {}
                 c0 = CPU_CLOCK()
                 ep = _export(model, example)
-                t["export"] = CPU_CLOCK() - c0
+                export_s = CPU_CLOCK() - c0
                 if label == "stock":
                     passes: list[Any] = []
                     part = stock_partitioner(backend)
                 else:
                     passes, part = adapter.passes(), adapter.partitioner()
-                gc.collect()
-                w0, c0 = WALL_CLOCK(), CPU_CLOCK()
-                with stage_timer(passes, part) as acc:
-                    edge = to_edge_transform_and_lower(ep, transform_passes=passes or None,
-                                                       partitioner=[part])
-                lower = CPU_CLOCK() - c0
-                t["wall_lower"] = WALL_CLOCK() - w0
-                t.update(acc)
-                t["edge"] = lower - sum(acc.values())
-                t["lower"] = lower
-                c0 = CPU_CLOCK()
-                _ = edge.to_executorch().buffer
-                t["serialize"] = CPU_CLOCK() - c0
-                t["total"] = sum(t[k] for k in STAGES)
-                return t
+                return timed_lowering(ep, passes, part, export_s)
 
             labels = ["stock"] + (["adapter"] if adapter is not None else [])
             # warm up both paths once per backend (the first lowering pays one-time costs)

@@ -13,7 +13,6 @@ cannot lower is reported with its one-line error and left out of the aggregate.
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
@@ -69,38 +68,22 @@ def lower_once(module: Any, inputs: tuple[Any, ...], backend: str, label: str,
     section 3 (``harness.stage_timer``): ``edge`` is the rest of the lowering.
     """
     import torch
-    from executorch.exir import to_edge_transform_and_lower
 
-    from benchmarks.harness import CPU_CLOCK, WALL_CLOCK, stage_timer, stock_partitioner
+    from benchmarks.harness import CPU_CLOCK, stock_partitioner, timed_lowering
 
     if label == "stock":
         _uninstall(adapters)
     try:
-        t: dict[str, float] = {}
         c0 = CPU_CLOCK()
         with torch.no_grad():
             ep = torch.export.export(module, inputs)
-        t["export"] = CPU_CLOCK() - c0
+        export_s = CPU_CLOCK() - c0
         if label == "stock":
             passes: list[Any] = []
             part = stock_partitioner(backend)
         else:
             passes, part = adapters[backend].passes(), adapters[backend].partitioner()
-        gc.collect()
-        w0, c0 = WALL_CLOCK(), CPU_CLOCK()
-        with stage_timer(passes, part) as acc:
-            edge = to_edge_transform_and_lower(ep, transform_passes=passes or None,
-                                               partitioner=[part])
-        lower = CPU_CLOCK() - c0
-        t["wall_lower"] = WALL_CLOCK() - w0
-        t.update(acc)
-        t["edge"] = lower - sum(acc.values())
-        t["lower"] = lower
-        c0 = CPU_CLOCK()
-        _ = edge.to_executorch().buffer
-        t["serialize"] = CPU_CLOCK() - c0
-        t["total"] = sum(t[k] for k in STAGES)
-        return t
+        return timed_lowering(ep, passes, part, export_s)
     finally:
         if label == "stock":
             _uninstall(adapters)

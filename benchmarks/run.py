@@ -83,7 +83,7 @@ def bench_matching(sizes: Sequence[int], runs: int, big_runs: int, shipped_runs:
     from benchmarks import graphs
     from benchmarks.harness import StockVulkan, builtin_rules, median_time
     from fusionkit import FusionPass
-    from fusionkit.finder import RuleIndex, find_matches
+    from fusionkit.match.finder import RuleIndex, find_matches
 
     rules, source = builtin_rules()
     index = RuleIndex(rules)
@@ -217,13 +217,13 @@ def bench_apply(counts: Sequence[int], runs: int, stock_shipped: bool,
     One graph per count: ``count`` chained norm blocks (one fusable RMSNorm and
     one declined AdaLN norm each). Matches are found outside the timed region;
     each timed run applies them to a freshly built graph. The code generation
-    the pass leaves for first use (``fusionkit.lazy_code``) is timed apart.
+    the pass leaves for first use (``fusionkit.apply.lazy_code``) is timed apart.
     """
     from benchmarks import graphs
     from benchmarks.harness import CPU_CLOCK, StockVulkan, count_recompiles_and_retraces
+    from fusionkit.apply.rewrite import apply_matches
     from fusionkit.backends.vulkan_adapter import transform_passes
-    from fusionkit.finder import RuleIndex, find_matches
-    from fusionkit.rewrite import apply_matches
+    from fusionkit.match.finder import RuleIndex, find_matches
 
     rules = [r for p in transform_passes() for r in getattr(p, "rules", ())]
     index = RuleIndex(rules)
@@ -274,7 +274,7 @@ def bench_apply(counts: Sequence[int], runs: int, stock_shipped: bool,
         print(f"  ... {fused} fusions done", file=sys.stderr, flush=True)
     print(_table(rows, ["fusions", "nodes", "apply ms", "ms/fusion", "min-max", "find ms",
                         "pass list ms", "codegen ms"]))
-    print("  apply = fusionkit.rewrite.apply_matches (fold, build, check, reroute, erase, dead "
+    print("  apply = fusionkit.apply.rewrite.apply_matches (fold, build, check, reroute, erase, dead "
           "code, lint; journaled, all-or-nothing); pass list = the Vulkan adapter's "
           "transform_passes() (find + apply); codegen = the graph module's Python code, "
           "regenerated on first use (ExecuTorch's pass manager recompiles after every "

@@ -4,7 +4,7 @@
 matching and every constraint run in one phase before anything changes,
 ``modified`` is True exactly when a replacement was applied; a run that fuses
 nothing leaves the graph untouched (no recompile, no retrace). Applying is all
-or nothing (:mod:`fusionkit.rewrite`): a replacement that raises is undone and
+or nothing (:mod:`fusionkit.apply.rewrite`): a replacement that raises is undone and
 reported as a decline with step ``error`` — or re-raised in strict mode
 (``strict=True`` or ``FUSIONKIT_STRICT=1``), with the program unchanged.
 """
@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 from torch.export import ExportedProgram
 
-from fusionkit.finder import Decline, MatchSet, RuleIndex, find_matches
+from fusionkit.apply.rewrite import ApplyFailure, apply_matches
+from fusionkit.match.finder import Decline, MatchSet, RuleIndex, find_matches
 from fusionkit.report import FusionReport, RuleReport
-from fusionkit.rewrite import ApplyFailure, apply_matches
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fusionkit.finder import Decline, Match, MatchSet
+from fusionkit.match.finder import Decline, Match, MatchSet
 
 __all__ = ["FusionReport", "RuleReport", "decline_record", "match_record", "text_table"]
 

@@ -11,14 +11,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fusionkit.constraints import Constraint
-from fusionkit.pattern import Capture, Pattern
-from fusionkit.targets import OpTarget, op_key, resolve_op
+from fusionkit.check.constraints import Constraint
+from fusionkit.match.pattern import Capture, Pattern
+from fusionkit.match.targets import OpTarget, op_key, resolve_op
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from fusionkit.builder import Rewriter
+    from fusionkit.apply.builder import Rewriter
 
 __all__ = ["CallOp", "PythonReplacement", "Ref", "Replacement", "Rule", "RuleError", "ref"]
 
@@ -49,7 +49,7 @@ class Replacement(ABC):
     def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node | tuple[Node | None, ...]:
         """Create the new node(s) through ``rw`` and return the one replacing the root.
 
-        A multi-output pattern (:func:`~fusionkit.pattern.outputs`) returns a
+        A multi-output pattern (:func:`~fusionkit.match.pattern.outputs`) returns a
         tuple: one node per output, the root's first; ``None`` for a further
         output that nothing uses (a side-effecting op the fused op subsumes).
         """

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit.pattern import (
+from fusionkit.check.program_inputs import ProgramInputs
+from fusionkit.match.pattern import (
     Also,
     Alt,
     Capture,
@@ -26,8 +27,7 @@ from fusionkit.pattern import (
     Value,
     widens,
 )
-from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import op_key, schema_of
+from fusionkit.match.targets import op_key, schema_of
 
 __all__ = ["Binding", "PredicateError", "StructuralFailure", "match_pattern"]
 

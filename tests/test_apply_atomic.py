@@ -38,11 +38,11 @@ from models import (
 )
 from torch import nn
 
-import fusionkit.builder as builder_mod
-import fusionkit.rewrite as rewrite_mod
+import fusionkit.apply.builder as builder_mod
+import fusionkit.apply.rewrite as rewrite_mod
 from fusionkit import FusionPass, Rule, capture, find_matches, op
-from fusionkit.finder import Match
-from fusionkit.rewrite import apply_matches
+from fusionkit.apply.rewrite import apply_matches
+from fusionkit.match.finder import Match
 from fusionkit.rule import PythonReplacement
 
 
@@ -382,7 +382,7 @@ def test_memoised_output_meta_equals_real_propagation(rows: int, cols: int, inne
                                                       transpose: bool) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fusionkit import meta_cache
+    from fusionkit.apply import meta_cache
 
     mode = FakeTensorMode()
     with mode:
@@ -414,7 +414,7 @@ def test_memoised_output_meta_equals_real_propagation(rows: int, cols: int, inne
 
 
 def test_views_and_mutations_are_propagated_for_real() -> None:
-    from fusionkit import meta_cache
+    from fusionkit.apply import meta_cache
 
     assert meta_cache._is_functional(torch.ops.aten.addmm.default)
     assert not meta_cache._is_functional(torch.ops.aten.view.default)

@@ -2,7 +2,7 @@
 
 ``apply_matches`` used to run ``Graph.lint()`` on the whole graph once per
 apply; it now checks the nodes its journal saw created or rerouted
-(:func:`fusionkit.rewrite.lint`). Each fault below is one a replacement can
+(:func:`fusionkit.apply.rewrite.lint`). Each fault below is one a replacement can
 really make and the per-match checks do not see (a node it creates or rewires
 behind the engine's back): it is injected, and both the local check and the
 old whole-graph ``Graph.lint`` must reject the apply and leave the program
@@ -23,12 +23,12 @@ from models import export_edge, fresh, outputs_close, run_program
 from test_apply_atomic import assert_unchanged, snapshot
 from torch import nn
 
-import fusionkit.rewrite as rewrite_mod
+import fusionkit.apply.rewrite as rewrite_mod
 from fusionkit import Rule, capture, find_matches, op
-from fusionkit.builder import FusionError
-from fusionkit.rewrite import apply_matches
+from fusionkit.apply.builder import FusionError
+from fusionkit.apply.rewrite import apply_matches
+from fusionkit.match.targets import dialect_target
 from fusionkit.rule import PythonReplacement
-from fusionkit.targets import dialect_target
 
 
 class Chain(nn.Module):
@@ -171,7 +171,7 @@ def test_a_node_rewired_by_a_failing_replacement_is_restored(base: Any) -> None:
 def test_a_fresh_fake_tensor_equals_the_constructors() -> None:
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from fusionkit import meta_cache
+    from fusionkit.apply import meta_cache
 
     mode = FakeTensorMode()
     cpu = torch.device("cpu")
@@ -211,7 +211,7 @@ def test_an_unknown_fake_tensor_state_keeps_the_constructor(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from fusionkit import meta_cache
+    from fusionkit.apply import meta_cache
 
     meta_cache.clear()
     real = FakeTensor.__new__
@@ -236,7 +236,7 @@ def test_a_call_node_is_created_as_create_node_creates_it() -> None:
     """``_create_call`` skips FX's pytree walk; the node is the same, symbolic args warn."""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from fusionkit.builder import _create_call
+    from fusionkit.apply.builder import _create_call
 
     g = torch.fx.Graph()
     a, b = g.placeholder("a"), g.placeholder("b")
@@ -269,8 +269,8 @@ def test_many_new_constants_keep_signature_graph_and_index_in_step() -> None:
     """Adding constants reuses what it learnt (no rescan per add) and stays exact."""
     from torch.export.graph_signature import InputKind
 
-    from fusionkit.builder import ProgramConstants
-    from fusionkit.program_inputs import ProgramInputs
+    from fusionkit.apply.builder import ProgramConstants
+    from fusionkit.check.program_inputs import ProgramInputs
 
     ep = export_edge(Chain(), (X,))
     pc = ProgramConstants(ep)
@@ -324,7 +324,7 @@ def test_a_constant_added_by_an_undone_replacement_can_be_added_again() -> None:
 def test_a_new_constants_fake_value_equals_from_tensor() -> None:
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from fusionkit import meta_cache
+    from fusionkit.apply import meta_cache
 
     mode = FakeTensorMode()
     for v in (torch.ones(3, 4), torch.arange(6, dtype=torch.int8).reshape(2, 3),

@@ -119,7 +119,7 @@ def test_no_import_cycles() -> None:
 #: which folders may import which: the core never reaches up into the application,
 #: the adapters or the shipped rules
 LAYERS = {
-    "core": ("fusionkit.",),
+    "core": ("fusionkit",),
     "integration": ("fusionkit.integration",),
     "specs": ("fusionkit.specs",),
     "passes": ("fusionkit.passes",),
@@ -130,7 +130,7 @@ LAYERS = {
 
 def _layer(module: str) -> str:
     for layer in ("integration", "specs", "passes", "backends", "app"):
-        if any(module.startswith(p) for p in LAYERS[layer]):
+        if any(module == p or module.startswith(p + ".") for p in LAYERS[layer]):
             return layer
     return "core"
 

@@ -28,7 +28,6 @@ from fusionkit import (
     any_float,
     capture,
     find_matches,
-    is_op,
     lit,
     op,
     ref,
@@ -37,9 +36,9 @@ from fusionkit import (
     through,
     where,
 )
-from fusionkit.pattern import Alt
+from fusionkit.match.pattern import Alt
+from fusionkit.match.targets import UnknownOpError, op_key
 from fusionkit.rule import RuleError
-from fusionkit.targets import UnknownOpError, op_key
 
 DIALECTS = ["aten", "edge"]
 
@@ -124,9 +123,13 @@ def test_multiple_targets(silu_ep):
     assert _matches(silu_ep, only_tanh_relu) == []
 
 
-def test_is_op_spelling(silu_ep):
+def test_is_op_spelling_is_deprecated_but_still_matches(silu_ep):
+    import fusionkit
+
+    with pytest.warns(DeprecationWarning, match="use op"):
+        is_op = fusionkit.is_op
     found = _matches(silu_ep, is_op("aten.mul.Tensor")(capture("x"),
-                                                         is_op("aten.sigmoid.default")(capture("x"))))
+                                                       is_op("aten.sigmoid.default")(capture("x"))))
     assert len(found) == 1
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from fusionkit import PythonReplacement, Rewriter, Rule, capture, find_matches, op
-from fusionkit.pattern import also, outputs, seq
-from fusionkit.rewrite import apply_matches
+from fusionkit.apply.rewrite import apply_matches
+from fusionkit.match.pattern import also, outputs, seq
 
 
 class Cat(torch.nn.Module):

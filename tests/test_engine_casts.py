@@ -16,8 +16,8 @@ from models import export_edge
 from torch import nn
 
 from fusionkit import CASTS, capture, find_matches, op, through
+from fusionkit.match.pattern import widens
 from fusionkit.passes.rms_norm import rms_norm_rule
-from fusionkit.pattern import widens
 from fusionkit.rule import Rule, replace_with
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]

@@ -33,13 +33,13 @@ from fusionkit import (
     replace_with,
     through,
 )
-from fusionkit.constraints import constant_fold_sources
-from fusionkit.finder import DECLINE_STEPS
-from fusionkit.folding import FoldError, evaluate_constant
+from fusionkit.check.constraints import constant_fold_sources
+from fusionkit.check.folding import FoldError, evaluate_constant
+from fusionkit.check.program_inputs import ProgramInputs
+from fusionkit.match.finder import DECLINE_STEPS
+from fusionkit.match.pattern import also, outputs
+from fusionkit.match.targets import is_assertion, is_edge_target, op_key, schema_of, target_name
 from fusionkit.passes import builtin_rules
-from fusionkit.pattern import also, outputs
-from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import is_assertion, is_edge_target, op_key, schema_of, target_name
 
 
 class Cond(nn.Module):

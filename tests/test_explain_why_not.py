@@ -1,4 +1,4 @@
-""""Why not here?" (``fusionkit.near_miss``, ``find_matches(all_near_misses=True)``) and
+""""Why not here?" (``fusionkit.authoring.near_miss``, ``find_matches(all_near_misses=True)``) and
 ``fusionkit explain --rule R --at NODE`` / ``--all-near-misses``.
 
 The issue's case: a two-op rule ``add(mm(x, w), b)`` on ``bmm(a, w) + b`` was

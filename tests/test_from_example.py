@@ -17,11 +17,11 @@ import torch
 from torch import nn
 
 from fusionkit import (
-    BroadcastsOverLastDim,
     CallOp,
     ExampleError,
     Rank,
     SameDtype,
+    broadcasts_over_last_dim,
     find_matches,
     ref,
     replace_with,
@@ -29,8 +29,8 @@ from fusionkit import (
     to_python,
     why_not,
 )
+from fusionkit.apply.rewrite import apply_matches
 from fusionkit.passes.rms_norm import rms_norm_rule
-from fusionkit.rewrite import apply_matches
 
 # ------------------------------------------------------------------ RMSNorm
 
@@ -60,7 +60,7 @@ class SquareByMul(LlamaStyleNorm):
 
 
 RMS_CONSTRAINTS = [SameDtype("out", "hidden_states"), SameDtype("weight", "hidden_states"),
-                   BroadcastsOverLastDim("weight", "hidden_states")]
+                   broadcasts_over_last_dim("weight", "hidden_states")]
 
 
 def _rms_rule(dialect: str = "edge", eps: Any = "eps") -> Any:

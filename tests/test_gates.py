@@ -1,6 +1,6 @@
 """Gates specialized to a graph's op keys give the same verdict as the generic gates.
 
-:func:`fusionkit.gates.specialize` intersects every key set of a gate with the op
+:func:`fusionkit.match.gates.specialize` intersects every key set of a gate with the op
 keys present in the graph searched; the finder uses the specialized gates. The
 verdict at every node must not change — checked here for every shipped rule at
 every op node of real graphs, with the graph's own keys and with generated
@@ -23,8 +23,8 @@ from test_matcher_reference import _corpus, _shipped_rules
 from torch.export import ExportedProgram
 
 from fusionkit import RuleIndex
-from fusionkit.gates import Gate, gate_of, graph_op_keys, specialize
-from fusionkit.targets import op_key
+from fusionkit.match.gates import Gate, gate_of, graph_op_keys, specialize
+from fusionkit.match.targets import op_key
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_specialized_to_more_keys_gives_the_same_verdicts(graphs: dict[str, Expo
 
 
 def _keys_of(g: Any) -> set[str]:
-    from fusionkit.gates import _all_keys
+    from fusionkit.match.gates import _all_keys
 
     return set(_all_keys(g))
 

@@ -16,7 +16,7 @@ pytest.importorskip("torchao")
 from executorch.exir import EdgeCompileConfig
 from vulkan_pattern_helpers import I8, declined, edge, fuse, ops, qd
 
-from fusionkit.targets import op_key
+from fusionkit.match.targets import op_key
 
 # ----------------------------------------------------------------------------- hf_rope
 
@@ -277,7 +277,7 @@ def test_quantized_convolution_im2col_and_transposed_layout(cfg: dict[str, Any],
     node = _conv_node(ep)
     assert op_key(node.target) == target
     assert node.args[-1] == ("relu" if cfg.get("relu") else "none") and node.args[9] == [3, 3]
-    from fusionkit.program_inputs import ProgramInputs
+    from fusionkit.check.program_inputs import ProgramInputs
 
     packed = ProgramInputs(ep).constant(node.args[3]).tensor
     w = m.w if not cfg.get("transposed") else m.w.permute(1, 0, 2, 3)  # -> [OC, IC, H, W]

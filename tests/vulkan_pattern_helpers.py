@@ -8,9 +8,9 @@ import torch
 from executorch.exir import EdgeCompileConfig, to_edge
 
 from fusionkit import find_matches
+from fusionkit.apply.rewrite import apply_matches
+from fusionkit.match.targets import op_key
 from fusionkit.passes.vulkan import vulkan_rules
-from fusionkit.rewrite import apply_matches
-from fusionkit.targets import op_key
 
 qd = torch.ops.quantized_decomposed
 I8 = torch.int8

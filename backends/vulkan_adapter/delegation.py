@@ -34,7 +34,7 @@ from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanSupp
 from torch.fx import Node
 
 from fusionkit import CheckContext, Constraint, Failure, Replacement, Rule, op_key
-from fusionkit.meta_cache import metadata_key
+from fusionkit.apply.meta_cache import metadata_key
 
 from .probe import probe
 

@@ -27,10 +27,10 @@ import importlib
 from typing import Any
 
 from fusionkit import find_matches
+from fusionkit.apply.rewrite import apply_matches
 from fusionkit.integration import hooks, pass_gates
 from fusionkit.integration.hooks import REMOVE, Installation, PatchSet, UnsupportedExecuTorchError
 from fusionkit.passes.registry import taken_over_patterns
-from fusionkit.rewrite import apply_matches
 
 from . import constant_serializer
 from .delegation import with_delegation_check

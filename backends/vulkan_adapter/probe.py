@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx import Graph, Node
 
 from fusionkit import CheckContext, Replacement, Rewriter, op_key
-from fusionkit.folding import evaluate_constant
+from fusionkit.check.folding import evaluate_constant
 
 __all__ = ["ProbeRewriter", "probe", "schema_arguments"]
 

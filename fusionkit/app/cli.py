@@ -114,8 +114,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from fusionkit.app.lowering import adapter_rules
     from fusionkit.app.present import explain_json, explain_rows, why_not_text
     from fusionkit.app.term import Style, table
-    from fusionkit.finder import find_matches
-    from fusionkit.near_miss import why_not
+    from fusionkit.authoring.near_miss import why_not
+    from fusionkit.match.finder import find_matches
 
     edge = to_edge(model.exported).exported_program()
     all_rules = [*adapter_rules(args.backend), *rules]

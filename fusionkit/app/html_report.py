@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from torch.fx import Node
 
-from fusionkit.finder import Decline, Match, MatchSet
-from fusionkit.near_miss import WhyNot
-from fusionkit.targets import op_key
+from fusionkit.authoring.near_miss import WhyNot
+from fusionkit.match.finder import Decline, Match, MatchSet
+from fusionkit.match.targets import op_key
 
 __all__ = ["GraphvizMissing", "Item", "render_html", "render_svg", "write_html"]
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
-from fusionkit.finder import MatchSet, find_matches
 from fusionkit.fusion_pass import FusionPass
+from fusionkit.match.finder import MatchSet, find_matches
 from fusionkit.report import FusionReport
 from fusionkit.rule import Rule
 

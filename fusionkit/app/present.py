@@ -1,6 +1,6 @@
 """How the command line and the demo show matches and reports: rows, JSON, text.
 
-One place for the presentation of :class:`~fusionkit.finder.MatchSet` and
+One place for the presentation of :class:`~fusionkit.match.finder.MatchSet` and
 :class:`~fusionkit.report.FusionReport`, so ``explain``, ``lower`` and the demo
 print the same thing; the JSON records are the core's (:mod:`fusionkit.report`).
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusionkit.finder import MatchSet
-from fusionkit.near_miss import WhyNot
+from fusionkit.authoring.near_miss import WhyNot
+from fusionkit.match.finder import MatchSet
 from fusionkit.report import FusionReport, decline_record, match_record, text_table
 
 __all__ = ["explain_json", "explain_rows", "report_text", "why_not_text"]

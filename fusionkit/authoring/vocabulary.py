@@ -36,7 +36,7 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
-#: parameters of a value matcher that are fields of the :class:`~fusionkit.pattern.Value`
+#: parameters of a value matcher that are fields of the :class:`~fusionkit.match.pattern.Value`
 #: itself (not recorded among its arguments)
 VALUE_FIELDS = ("name", "tensor_ok")
 

@@ -18,14 +18,14 @@ from typing import Any
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from fusionkit.constraints import CheckContext, Failure
-from fusionkit.gates import GATE_DEPTH, Gate, GateLike, gate_of, graph_op_keys, specialize
-from fusionkit.matcher import Binding, CompiledPattern, PredicateError, compile_pattern
-from fusionkit.pattern import output_names
-from fusionkit.program_inputs import ProgramInputs
+from fusionkit.check.constraints import CheckContext, Failure
+from fusionkit.check.program_inputs import ProgramInputs
+from fusionkit.match.gates import GATE_DEPTH, Gate, GateLike, gate_of, graph_op_keys, specialize
+from fusionkit.match.matcher import Binding, CompiledPattern, PredicateError, compile_pattern
+from fusionkit.match.pattern import output_names
+from fusionkit.match.targets import is_assertion, op_key, schema_of
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
-from fusionkit.targets import is_assertion, op_key, schema_of
 
 __all__ = ["DECLINE_STEPS", "Decline", "Match", "MatchSet", "RuleIndex", "find_matches"]
 
@@ -66,7 +66,7 @@ class Match:
 
 
 #: the steps a decline can name besides a constraint's ``kind`` (``custom:NAME``
-#: for a :class:`~fusionkit.constraints.Custom`): ``error`` is a rule's own code
+#: for a :class:`~fusionkit.check.constraints.Custom`): ``error`` is a rule's own code
 #: raising (counted apart from the other declines), ``placement`` a multi-output
 #: match with no single point for its replacement
 DECLINE_STEPS: tuple[str, ...] = ("structure", "overlap", "escape", "placement", "error")
@@ -177,7 +177,7 @@ class RuleIndex:
         """For each rule of ``for_target(target)``: the rule, its gate check (None: no
         gate, or ``gated`` is False) and its compiled pattern — what the finder runs per node.
 
-        ``present``: the op keys of the graph searched (:func:`~fusionkit.gates.graph_op_keys`);
+        ``present``: the op keys of the graph searched (:func:`~fusionkit.match.gates.graph_op_keys`);
         its gates are specialized to them (same verdicts, less work). Without it, the
         gates are for any graph.
         """

@@ -17,9 +17,9 @@ from typing import Any, Literal
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from fusionkit.finder import Decline, Match, MatchSet, find_matches
+from fusionkit.match.finder import Decline, Match, MatchSet, find_matches
+from fusionkit.match.targets import op_key
 from fusionkit.rule import Rule
-from fusionkit.targets import op_key
 
 __all__ = ["WhyNot", "why_not"]
 

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fusionkit.targets import OpTarget, op_key, resolve_op
-from fusionkit.vocabulary import value_matcher
+from fusionkit.authoring.vocabulary import value_matcher
+from fusionkit.match.targets import OpTarget, op_key, resolve_op
 
 __all__ = [
     "CASTS",
@@ -46,7 +46,6 @@ __all__ = [
     "capture",
     "int_list",
     "integer",
-    "is_op",
     "lit",
     "one_of",
     "op",
@@ -199,7 +198,7 @@ class Value(Pattern):
     tensor_ok: bool = False
     name: str | None = None
     #: the named matcher and the arguments it was built with, e.g.
-    #: ("scalar", (("lo", 0.0), ("hi", None))) (set by :func:`~fusionkit.vocabulary.value_matcher`);
+    #: ("scalar", (("lo", 0.0), ("hi", None))) (set by :func:`~fusionkit.authoring.vocabulary.value_matcher`);
     #: None for an arbitrary Python predicate (such a pattern cannot be written as YAML)
     spec: tuple[Any, ...] | None = None
 
@@ -469,7 +468,7 @@ def op(
 
 
 def is_op(*targets: OpTarget, **options: Any) -> Callable[..., Op]:
-    """TVM-style spelling: ``is_op("aten.mul.Tensor")(x, y)``."""
+    """Deprecated TVM-style spelling of :func:`op`: ``is_op("aten.mul.Tensor")(x, y)``."""
 
     def build(*args: ArgPattern, **kwargs: ArgPattern) -> Op:
         return op(targets, *args, **{**options, **kwargs})

@@ -1,6 +1,6 @@
 """Fold a constant expression into a new lifted constant of the program.
 
-Used by :class:`~fusionkit.constraints.PrepackableConstant` with ``fold=True``:
+Used by :class:`~fusionkit.check.constraints.PrepackableConstant` with ``fold=True``:
 a weight such as ``weight.to(fp32)`` or Gemma's ``1.0 + weight`` depends only on
 constants, so it is evaluated once, here, with the real tensors, and the fused
 op reads the result as an ordinary constant the backend can prepack. The
@@ -17,8 +17,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Node
 
-from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import memo_per_target, resolve_op, schema_of, target_name
+from fusionkit.check.program_inputs import ProgramInputs
+from fusionkit.match.targets import memo_per_target, resolve_op, schema_of, target_name
 
 __all__ = [
     "FoldError",

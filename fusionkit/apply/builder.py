@@ -20,9 +20,9 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 from torch.fx import Node
 
-from fusionkit import meta_cache
-from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import (
+from fusionkit.apply import meta_cache
+from fusionkit.check.program_inputs import ProgramInputs
+from fusionkit.match.targets import (
     OpTarget,
     dialect_target,
     is_edge_target,

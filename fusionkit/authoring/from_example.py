@@ -3,9 +3,9 @@
 A backend author has the model code (``LlamaRMSNorm.forward``, a RoPE helper),
 not the edge-dialect op names it lowers to. :func:`rule_from_functions` runs
 that code through ``torch.export`` (and ``to_edge`` for the edge dialect) and
-turns the traced graph into the same :mod:`fusionkit.pattern` objects a
+turns the traced graph into the same :mod:`fusionkit.match.pattern` objects a
 hand-written rule is made of, so the result prints as DSL code
-(:func:`fusionkit.python_source.to_python`) and as YAML, and is matched,
+(:func:`fusionkit.authoring.python_source.to_python`) and as YAML, and is matched,
 explained and rewritten like any other rule.
 
 Choices that differ from Inductor's ``register_replacement``:
@@ -40,8 +40,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Node
 
-from fusionkit.constraints import Constraint, PrepackableConstant
-from fusionkit.pattern import (
+from fusionkit.check.constraints import Constraint, PrepackableConstant
+from fusionkit.match.pattern import (
     CASTS,
     Also,
     Alt,
@@ -59,8 +59,8 @@ from fusionkit.pattern import (
     through,
     where,
 )
+from fusionkit.match.targets import is_assertion, op_key, resolve_op, schema_of
 from fusionkit.rule import CallOp, PythonReplacement, Ref, Replacement, Rule
-from fusionkit.targets import is_assertion, op_key, resolve_op, schema_of
 
 __all__ = ["ExampleError", "pattern_from_function", "rule_from_functions"]
 
@@ -340,7 +340,7 @@ def _wildcard_value(name: str, example: Any) -> Value:
     if isinstance(example, float):
         return any_float(name)
     if isinstance(example, int) and not isinstance(example, bool):
-        import fusionkit.pattern as dsl
+        import fusionkit.match.pattern as dsl
 
         integer = getattr(dsl, "integer", None)  # the vocabulary's int matcher, where it exists
         if integer is not None:

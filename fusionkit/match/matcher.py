@@ -25,8 +25,9 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit.memo import PerObject
-from fusionkit.pattern import (
+from fusionkit.check.program_inputs import ProgramInputs
+from fusionkit.match.memo import PerObject
+from fusionkit.match.pattern import (
     Alt,
     Capture,
     Named,
@@ -38,8 +39,7 @@ from fusionkit.pattern import (
     Value,
     widens,
 )
-from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import OP_KEY_MEMO, op_key, schema_of
+from fusionkit.match.targets import OP_KEY_MEMO, op_key, schema_of
 
 __all__ = ["Binding", "CompiledPattern", "PredicateError", "StructuralFailure", "compile_pattern",
            "match_pattern"]

@@ -5,7 +5,7 @@ candidate RMSNorm). A gate looks at a node's operands – a few levels down, thr
 pass-through ops and into list operands – and says "the structural search cannot
 match here". The finder skips a search on a failed gate only when the search would
 also have failed before claiming as many nodes as the rule's near-miss threshold, so
-gating never changes what :func:`~fusionkit.finder.find_matches` returns, accepted
+gating never changes what :func:`~fusionkit.match.finder.find_matches` returns, accepted
 or declined (``tests/test_finder_gate.py`` compares gated and ungated results).
 
 :func:`specialize` narrows a gate to the op keys one graph contains
@@ -25,9 +25,9 @@ from typing import Any, TypeAlias
 
 from torch.fx import Graph, Node
 
-from fusionkit.memo import PerObject
-from fusionkit.pattern import Alt, Capture, Named, Op, Outputs, Pattern, Seq, Through, Value
-from fusionkit.targets import OP_KEY_MEMO, op_key
+from fusionkit.match.memo import PerObject
+from fusionkit.match.pattern import Alt, Capture, Named, Op, Outputs, Pattern, Seq, Through, Value
+from fusionkit.match.targets import OP_KEY_MEMO, op_key
 
 __all__ = [
     "GATE_DEPTH",

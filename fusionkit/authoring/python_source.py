@@ -1,6 +1,6 @@
 """A rule or pattern printed as the DSL code that builds it.
 
-A traced rule (:mod:`fusionkit.from_example`) is data nobody wrote by hand;
+A traced rule (:mod:`fusionkit.authoring.from_example`) is data nobody wrote by hand;
 printing it as ``op(...)``/``capture(...)`` code lets its author read what was
 traced, paste it into a module and edit it like a hand-written rule.
 Executing the printed code builds an equal pattern (the tests do exactly that).
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from fusionkit.pattern import (
+from fusionkit.match.pattern import (
     CASTS,
     COMMUTATIVE,
     Also,
@@ -28,8 +28,8 @@ from fusionkit.pattern import (
     Through,
     Value,
 )
+from fusionkit.match.targets import op_key, resolve_op
 from fusionkit.rule import CallOp, PythonReplacement, Ref, Replacement, Rule
-from fusionkit.targets import op_key, resolve_op
 
 __all__ = ["NotPrintable", "to_python"]
 
@@ -81,11 +81,11 @@ class _Printer:
 
     def _named_value(self, p: Value, key: str, args: dict[str, Any]) -> str:
         """A matcher of the vocabulary: ``key(first, k=v, name=..., tensor_ok=...)``."""
-        import fusionkit.pattern as dsl
+        import fusionkit.match.pattern as dsl
 
         builder = getattr(dsl, key, None)
         if builder is None:
-            raise NotPrintable(f"value matcher {key!r} is not a fusionkit.pattern builder")
+            raise NotPrintable(f"value matcher {key!r} is not a fusionkit.match.pattern builder")
         self.needs.add(key)
         params = inspect.signature(builder).parameters
         full = {**args, "name": p.name, "tensor_ok": p.tensor_ok}
@@ -272,7 +272,7 @@ def _constraint(c: Any, needs: set[str]) -> str:
 
     exported = _fusionkit_exports()
     try:  # the one vocabulary: the builder and the arguments that rebuild ``c``
-        vocabulary = importlib.import_module("fusionkit.vocabulary")
+        vocabulary = importlib.import_module("fusionkit.authoring.vocabulary")
         term, args = vocabulary.arguments_of(c)
         builder = getattr(term.build, "__name__", "")
         if builder in exported and getattr(fusionkit, builder) is term.build:
@@ -326,7 +326,7 @@ def to_python(obj: Rule | Pattern, variable: str = "rule") -> str:
     rest = sorted(n for n in needs if n not in exported)
     head = ["import torch", f"from fusionkit import {', '.join(top)}"]
     if rest:
-        head.append(f"from fusionkit.pattern import {', '.join(rest)}")
+        head.append(f"from fusionkit.match.pattern import {', '.join(rest)}")
     return "\n".join([*head, "", *out_lines]) + "\n"
 
 

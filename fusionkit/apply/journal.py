@@ -107,7 +107,7 @@ class Journal:
         """The nodes created, and the nodes whose arguments changed, since ``savepoint``.
 
         Both lists hold live nodes only, each once, oldest change first: the region
-        a rewrite can have made inconsistent (:func:`fusionkit.rewrite.lint`).
+        a rewrite can have made inconsistent (:func:`fusionkit.apply.rewrite.lint`).
         """
         created: dict[Node, None] = {}
         rewired: dict[Node, None] = {}

@@ -18,14 +18,13 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from fusionkit.folding import FoldError, constant_fold_sources, evaluate_constant
-from fusionkit.program_inputs import ProgramInputs
-from fusionkit.vocabulary import constraint_term
+from fusionkit.authoring.vocabulary import constraint_term
+from fusionkit.check.folding import FoldError, constant_fold_sources, evaluate_constant
+from fusionkit.check.program_inputs import ProgramInputs
 
 __all__ = [
     "SHAPE_RELATIONS",
     "Blame",
-    "BroadcastsOverLastDim",
     "CheckContext",
     "Constraint",
     "Custom",
@@ -378,10 +377,6 @@ def named_shape_relation(relation: str, a: str, b: str) -> ShapeRelation:
 def broadcasts_over_last_dim(weight: str, x: str) -> ShapeRelation:
     """``weight`` is a vector over the last dim of ``x`` (leading 1s allowed)."""
     return named_shape_relation("broadcasts_over_last_dim", weight, x)
-
-
-#: the name this constraint factory had before it was spelled as the function it is
-BroadcastsOverLastDim = broadcasts_over_last_dim
 
 
 @constraint_term("reduces_last_dim", reads=("dim", "x"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,60 @@ def test_inspection_is_not_imported_by_the_adapter() -> None:
             "print('fusionkit.backends.vulkan_adapter.inspect.prepack_check' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_the_facade_imports_are_generated_from_the_one_table() -> None:
+    from fusionkit import _facade
+
+    text = _facade.INIT.read_text()
+    assert _facade.render(text, fusionkit.EXPORTS) == text, \
+        "fusionkit/__init__.py is stale: run `python -m fusionkit._facade`"
+    assert fusionkit.__all__ == sorted(fusionkit.EXPORTS)
+
+
+@pytest.mark.parametrize("name", sorted(fusionkit.DEPRECATED))
+def test_a_former_facade_name_still_works_and_warns(name: str) -> None:
+    module, attr, advice = fusionkit.DEPRECATED[name]
+    assert name not in fusionkit.__all__
+    with pytest.warns(DeprecationWarning, match=re.escape(advice)):
+        value = getattr(fusionkit, name)
+    assert value is getattr(importlib.import_module(module), attr)
+
+
+def test_former_module_paths_are_the_moved_modules() -> None:
+    import subprocess
+    import sys
+
+    from fusionkit._compat import MOVED_MODULES
+
+    # a fresh interpreter: the alias must work before anything imported the new path
+    code = ("import importlib, warnings, sys\n"
+            "from fusionkit._compat import MOVED_MODULES\n"
+            "for old, new in sorted(MOVED_MODULES.items()):\n"
+            "    with warnings.catch_warnings(record=True) as w:\n"
+            "        warnings.simplefilter('always')\n"
+            "        m = importlib.import_module(old)\n"
+            "    assert m is importlib.import_module(new), old\n"
+            "    assert any(new in str(x.message) for x in w), (old, [str(x.message) for x in w])\n"
+            "print(len(MOVED_MODULES))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(len(MOVED_MODULES))]
+    for old, new in MOVED_MODULES.items():
+        assert new in MODULES and old not in MODULES, old
+
+
+def test_every_package_folder_is_installed() -> None:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    on_disk = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert on_disk - listed == set(), "add these packages to pyproject.toml"
+    assert listed - on_disk == set()
+
+
+def test_the_core_is_grouped_by_phase() -> None:
+    """Only the facade, the rule, the pass, its report and strict mode sit on top."""
+    top = {p.stem for p in (ROOT / "fusionkit").glob("*.py")}
+    assert top == {"__init__", "_compat", "_facade", "rule", "fusion_pass", "report", "strict"}

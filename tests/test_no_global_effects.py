@@ -25,7 +25,9 @@ from rmsnorm_models import D, GemmaPlusOne
 
 import fusionkit.backends.vulkan_adapter as vk
 import fusionkit.backends.xnnpack_adapter as xa
-from fusionkit.integration import pass_gates
+from fusionkit.backends.vulkan_adapter import pass_gates as vulkan_gates
+from fusionkit.backends.xnnpack_adapter import pass_gates as xnnpack_gates
+from fusionkit.integration import pass_gating
 from fusionkit.integration.scoped import MARKER_KEY
 
 
@@ -50,7 +52,7 @@ def _patchable_objects() -> dict[str, Any]:
     objects["registry order"] = tuple(fusable_patterns)
     takeover = importlib.import_module("fusionkit.backends.vulkan_adapter.install").TAKEOVER
     for patches in (takeover, vk.constant_serializer.PATCHES, xa.serializer.PATCHES,
-                    pass_gates.VULKAN_PATCHES, pass_gates.XNNPACK_PATCHES):
+                    vulkan_gates.PATCHES, xnnpack_gates.PATCHES):
         for owner, name, _ in patches._patches():
             if not isinstance(owner, dict):
                 objects[f"{getattr(owner, '__name__', owner)}.{name}"] = vars(owner).get(
@@ -165,13 +167,13 @@ def test_pass_gating_acts_on_fusionkit_partitions_only(gemma: Any, backend: str)
                       else (xa, StockXnnpackPartitioner))
     adapter.uninstall()
     objects_before = _patchable_objects()
-    pass_gates.reset_counts()
+    pass_gating.reset_counts()
     _pte(ep, stock())
-    assert pass_gates.counts() == {}, "a stock lowering never reaches the gates"
+    assert pass_gating.counts() == {}, "a stock lowering never reaches the gates"
     _pte(ep, adapter.VulkanPartitioner() if backend == "vulkan" else adapter.XnnpackPartitioner())
-    seen = pass_gates.counts()
+    seen = pass_gating.counts()
     assert sum(c["skipped"] for c in seen.values()) > 0 and sum(c["ran"] for c in seen.values()) > 0
-    pass_gates.reset_counts()
+    pass_gating.reset_counts()
     _pte(ep, stock())
-    assert pass_gates.counts() == {}
+    assert pass_gating.counts() == {}
     assert _patchable_objects() == objects_before

@@ -24,12 +24,12 @@ def test_twins_report_a_preprocess_whose_bytes_depend_on_fusionkit(monkeypatch) 
     from stock_xnnpack_tests import fusionkit_xnnpack_plugin as plugin
 
     from fusionkit.backends import xnnpack_adapter
-    from fusionkit.integration import pass_gates
+    from fusionkit.integration import pass_gating
 
     seen: list[tuple[bool, bool]] = []
 
     def fake(edge_program: object, compile_specs: object) -> PreprocessResult:
-        state = (xnnpack_adapter.is_installed(), pass_gates.is_enabled())
+        state = (xnnpack_adapter.is_installed(), pass_gating.is_enabled())
         seen.append(state)
         flag = all(state) and edge_program == ["differs"]
         return PreprocessResult(processed_bytes=b"gated" if flag else b"same")

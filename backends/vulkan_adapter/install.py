@@ -28,11 +28,11 @@ from typing import Any
 
 from fusionkit import find_matches
 from fusionkit.apply.rewrite import apply_matches
-from fusionkit.integration import hooks, pass_gates
+from fusionkit.integration import hooks
 from fusionkit.integration.hooks import REMOVE, Installation, PatchSet, UnsupportedExecuTorchError
 from fusionkit.passes.registry import taken_over_patterns
 
-from . import constant_serializer
+from . import constant_serializer, pass_gates
 from .delegation import with_delegation_check
 from .rules import built_rules
 
@@ -125,7 +125,7 @@ def _patches() -> list[tuple[Any, str, Any]]:
 TAKEOVER = PatchSet(
     f"fusionkit.backends.vulkan_adapter (takes over {sorted(TAKEN_OVER_PATTERNS)} in "
     f"{_REGISTRY_MODULE}.fusable_patterns)",
-    _patches, includes=(constant_serializer.PATCHES, pass_gates.VULKAN_PATCHES))
+    _patches, includes=(constant_serializer.PATCHES, pass_gates.PATCHES))
 
 
 def is_installed() -> bool:

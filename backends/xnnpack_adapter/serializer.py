@@ -29,7 +29,6 @@ import torch
 from torch.export import ExportedProgram
 
 from fusionkit.check.program_inputs import ProgramInputs
-from fusionkit.integration import pass_gates
 from fusionkit.integration.hooks import (
     TESTED_EXECUTORCH,
     Installation,
@@ -42,6 +41,8 @@ from fusionkit.integration.tensor_bytes import (
     release_named_data_fix,
     tensor_bytes,
 )
+
+from . import pass_gates
 
 __all__ = [
     "PATCHES",
@@ -256,7 +257,7 @@ PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter", _patches,
                     before_install=acquire_named_data_fix,
                     after_uninstall=release_named_data_fix,
                     # preprocess skips XNNPACK passes with nothing to do (same bytes)
-                    includes=(pass_gates.XNNPACK_PATCHES,))
+                    includes=(pass_gates.PATCHES,))
 
 
 def is_installed() -> bool:

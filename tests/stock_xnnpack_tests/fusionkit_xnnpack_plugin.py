@@ -9,7 +9,7 @@ compare with eager PyTorch. The plugin
 * calls ``fusionkit.backends.xnnpack_adapter.install()`` before any test module is
   imported (``FUSIONKIT_XNNPACK_MODE=stock`` leaves it out: the baseline), so every
   lowering serializes constants through fusionkit and runs XNNPACK's preprocess passes
-  through :mod:`fusionkit.integration.pass_gates`; ``uninstall()`` at the end, checking
+  through the gates of :mod:`fusionkit.backends.xnnpack_adapter.pass_gates`; ``uninstall()`` at the end, checking
   that ExecuTorch's own objects are back;
 * with ``FUSIONKIT_XNNPACK_TWIN=1`` runs every ``XnnpackBackend.preprocess`` twice more
   before the real call, each on a deep copy: with the gates disabled, and with fusionkit
@@ -20,7 +20,7 @@ compare with eager PyTorch. The plugin
   ``FUSIONKIT_SHARD=k/n`` is set;
 * writes to the JSON file named by ``FUSIONKIT_XNNPACK_SPY``: the tests selected, each
   test's outcome (with the reason of any non-pass) and time, how often each pass ran and
-  was skipped in each test, :func:`fusionkit.integration.pass_gates.counts` for the
+  was skipped in each test, :func:`fusionkit.integration.pass_gating.counts` for the
   session, and the twin comparisons.
 """
 
@@ -89,7 +89,7 @@ def _difference(reference: Any, gated: Any) -> str | None:
 def _install_twin() -> None:
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
 
-    from fusionkit.integration import pass_gates
+    from fusionkit.integration import pass_gating
 
     original = XnnpackBackend.__dict__["preprocess"]
     _SAVED["preprocess"] = original
@@ -106,7 +106,7 @@ def _install_twin() -> None:
             finally:
                 xnnpack_adapter.install()
         twin = copy.deepcopy(edge_program)
-        with pass_gates.disabled():
+        with pass_gating.disabled():
             reference = orig(twin, compile_specs)
         result = orig(edge_program, compile_specs)
         TWINS["preprocess_calls"] += 1
@@ -142,10 +142,10 @@ def pytest_configure(config: Any) -> None:
     if MODE == "fusionkit":
         from fusionkit.backends import xnnpack_adapter
         from fusionkit.backends.xnnpack_adapter import serializer
-        from fusionkit.integration import pass_gates
+        from fusionkit.integration import pass_gating
 
         xnnpack_adapter.install()
-        pass_gates.reset_counts()
+        pass_gating.reset_counts()
         nv = importlib.import_module("executorch.backends.xnnpack.operators.node_visitor")
         STATE["installed_at_start"] = (
             xnnpack_adapter.is_installed()
@@ -169,9 +169,9 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -
 def _gate_totals() -> dict[str, dict[str, int]]:
     if MODE != "fusionkit":
         return {}
-    from fusionkit.integration import pass_gates
+    from fusionkit.integration import pass_gating
 
-    return pass_gates.counts()
+    return pass_gating.counts()
 
 
 def pytest_runtest_setup(item: Any) -> None:

@@ -1,0 +1,267 @@
+"""When each pass of ExecuTorch 1.5.1's ``XNNPACKPassManager`` has nothing to do.
+
+Why here: each trigger reads one XNNPACK pass's own detection code (the module named by
+the table key; site-packages is the ground truth), so it is knowledge of this backend
+and of this ExecuTorch release. The mechanism that uses the table -- skipping, settled
+graphs, :func:`~fusionkit.integration.pass_gating.checking` -- is backend-neutral and
+lives in :mod:`fusionkit.integration.pass_gating`.
+
+:data:`PATCHES` gates ``XNNPACKPassManager.transform`` (module
+``executorch.backends.xnnpack._passes``); the serializer's patch set includes it, so only
+the partitions a fusionkit partitioner made are gated.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit.integration.pass_gating import (
+    NO_NAME,
+    GateTable,
+    PassGate,
+    Trigger,
+    arg,
+    calls,
+    edge_ops,
+    nodes,
+    present,
+    retracing,
+    target_names,
+    transform_patches,
+)
+
+__all__ = ["PASS_GATES", "PATCHES", "sdpa_required_targets"]
+
+
+# ----------------------------------------------------------------------------- triggers
+# Each reads the pass's own detection code; the docstring names what the pass rewrites.
+
+
+def _addmm_to_linear(ep: Any, p: Any) -> bool:
+    """transforms/addmm_mm_to_linear.py (run by ConvertToLinearPass): mm/addmm whose
+    weight is t_copy/permute_copy become linear; a linear whose input is a view_copy
+    chain from a dequantize gets it bypassed; a linear's single view_copy user of the
+    same shape is bypassed."""
+    from executorch.backends.transforms.addmm_mm_to_linear import get_dqlinear_input
+
+    ops = edge_ops()
+    transposes = (ops.aten.t_copy.default, ops.aten.permute_copy.default)
+    weights = [*(arg(n, 1) for n in nodes(ep, ops.aten.mm.default)),
+               *(arg(n, 2) for n in nodes(ep, ops.aten.addmm.default))]
+    for w in weights:
+        if not isinstance(w, Node) or w.target in transposes:
+            return True
+    for node in nodes(ep, ops.aten.linear.default):
+        inp = arg(node, 0)
+        dq = get_dqlinear_input(inp)  # type: ignore[arg-type]
+        if dq is not None and dq != inp:
+            return True
+        if _view_bypassed(node, inp, arg(node, 1)):
+            return True
+    return False
+
+
+def _view_bypassed(node: Node, inp: Any, weight: Any) -> bool:
+    """Would ``replace_linear_view_copy_input_output`` bypass ``node``'s view_copy user
+    (its single user, of the shape the linear computes)? True where the pass would raise."""
+    from executorch.backends.transforms.addmm_mm_to_linear import get_shape
+
+    if len(node.users) != 1:
+        return False
+    user = next(iter(node.users))
+    if user.op != "call_function" or user.target != edge_ops().aten.view_copy.default:
+        return False
+    if not isinstance(weight, Node) or "val" not in weight.meta:
+        return True  # the pass raises: let it
+    out = list(get_shape(inp))
+    out[-1] = weight.meta["val"].shape[0]
+    return out == list(get_shape(user))
+
+
+def _convert_to_linear(ep: Any, p: Any) -> bool:
+    """xnnpack/_passes/convert_to_linear.py: mm/addmm/bmm inside a Linear source
+    partition become linear; then the addmm->linear transform runs."""
+    if present(ep, *p.targets):
+        from torch.fx.passes.utils.source_matcher_utils import get_source_partitions
+
+        parts = get_source_partitions(ep.graph_module.graph, p.linear_modules)
+        if any(n.target in p.targets for ps in parts.values() for sp in ps for n in sp.nodes):
+            return True
+    return _addmm_to_linear(ep, p)
+
+
+def _batch_norm(ep: Any, p: Any) -> bool:
+    """FuseBatchNormPass / DecomposeBatchNorm: rewrite only batch-norm nodes."""
+    ops = edge_ops()
+    return present(ep, ops.aten.native_batch_norm.default,
+                   ops.aten._native_batch_norm_legit_no_training.default)
+
+
+def _clone_ops(ep: Any, p: Any) -> bool:
+    """transforms/remove_clone_ops.py: an identity clone it does not preserve."""
+    for n in nodes(ep, *p.clone_ops):
+        if p._is_non_identity_clone(n):
+            continue
+        if p._is_input_output_copy(n) and p._preserve_input_output_copies:
+            continue
+        return True
+    return False
+
+
+def _dim_order_revert(ep: Any, p: Any) -> bool:
+    """exir/passes/memory_format_ops_pass.py: replaces dim-order ops."""
+    from executorch.exir.passes.dim_order_ops_registry import MemoryFormatOpsMap
+
+    return present(ep, *MemoryFormatOpsMap)
+
+
+def _upsample_bilinear(ep: Any, p: Any) -> bool:
+    """xnnpack/_passes/convert_to_upsample_bilinear2d.py: matches its pattern graphs, which
+    in 1.5.1 are the one op ``upsample_bilinear2d.vec`` (tests check the graphs)."""
+    return present(ep, edge_ops().aten.upsample_bilinear2d.vec)
+
+
+def sdpa_required_targets() -> list[Any]:
+    """Ops every 1.5.1 SDPA pattern graph contains (tests check the graphs): a pattern can
+    match (``SubgraphMatcher`` compares targets) only where all are present."""
+    ops = edge_ops()
+    return [ops.aten._softmax.default, ops.aten.add.Tensor, ops.aten.any.dim,
+            ops.aten.bmm.default, ops.aten.eq.Scalar, ops.aten.expand_copy.default,
+            ops.aten.full_like.default, ops.aten.logical_not.default, ops.aten.mul.Scalar,
+            ops.aten.permute_copy.default, ops.aten.view_copy.default, ops.aten.where.self,
+            ops.dim_order_ops._clone_dim_order.default]
+
+
+def _sdpa(ep: Any, p: Any) -> bool:
+    """xnnpack/_passes/convert_to_sdpa.py: matches its SDPA pattern graphs."""
+    return all(present(ep, t) for t in sdpa_required_targets())
+
+
+def _custom_meta(ep: Any, p: Any) -> bool:
+    """xnnpack/_passes/propagate_custom_meta_pass.py: q/dq whose input has meta 'custom'."""
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant
+
+    for n in calls(ep):
+        if (is_quant(n) or is_dequant(n)) and n.all_input_nodes:
+            parent = arg(n, 0)
+            if isinstance(parent, Node) and "custom" in parent.meta:
+                return True
+    return False
+
+
+def _const_prop(ep: Any, p: Any) -> bool:
+    """exir/passes/const_prop_pass.py: folds an op whose arguments are all constants. In
+    the retrace placeholders are fake (never constant), so a fold needs a get_attr or an
+    op without node inputs (q/dq excluded unless ``propogate_quant``) to start from."""
+    if ep.graph_module.graph.find_nodes(op="get_attr"):
+        return True
+    from executorch.exir.dialects._ops import ops
+
+    qdq = {
+        torch.ops.quantized_decomposed.quantize_per_tensor.default,
+        torch.ops.quantized_decomposed.dequantize_per_tensor.default,
+        torch.ops.quantized_decomposed.quantize_per_channel.default,
+        torch.ops.quantized_decomposed.dequantize_per_channel.default,
+        ops.edge.quantized_decomposed.quantize_per_tensor.default,
+        ops.edge.quantized_decomposed.dequantize_per_tensor.default,
+        ops.edge.quantized_decomposed.quantize_per_channel.default,
+        ops.edge.quantized_decomposed.dequantize_per_channel.default,
+    }
+    for n in calls(ep):
+        if n.target is operator.getitem or n.all_input_nodes:
+            continue
+        if (n.target in qdq) == bool(p.propogate_quant):
+            return True
+    return False
+
+
+def _fuse_activation(ep: Any, p: Any) -> bool:
+    """xnnpack/_passes/fuse_activation_pass.py: relu/hardtanh after a fusable op that has
+    no other user."""
+    for n in nodes(ep, *p.FUSEABLE_ACTIVATIONS):
+        prev = arg(n, 0)
+        if prev.op == "call_function" and prev.target in p.FUSEABLE_OPS and len(prev.users) <= 1:
+            return True
+    return False
+
+
+def _decompose_cat(ep: Any, p: Any) -> bool:
+    """xnnpack/_passes/decompose_cat.py: a cat of more than 5 tensors."""
+    if NO_NAME in target_names(ep):
+        return True
+    return any(n.target.__name__ == "aten.cat.default" and len(arg(n, 0)) > 5  # type: ignore[union-attr, arg-type]
+               for n in calls(ep))
+
+
+def _named(*names: str) -> Trigger:
+    """Passes that select nodes by ``target.__name__``."""
+    wanted = frozenset(names)
+
+    def trigger(ep: Any, p: Any) -> bool:
+        found = target_names(ep)
+        return NO_NAME in found or bool(found & wanted)
+
+    trigger.__doc__ = f"calls named {sorted(wanted)}"
+    return trigger
+
+
+def _pad_qdq(ep: Any, p: Any) -> bool:
+    """xnnpack/_passes/insert_pad_qdq.py: constant_pad_nd nodes."""
+    return present(ep, edge_ops().aten.constant_pad_nd.default)
+
+
+def _prelu(ep: Any, p: Any) -> bool:
+    """xnnpack/_passes/prelu_reshape_pass.py: _prelu_kernel nodes."""
+    return present(ep, edge_ops().aten._prelu_kernel.default)
+
+
+def _redundant_copy(ep: Any, p: Any) -> bool:
+    """xnnpack/_passes/remove_redundant_copy_pass.py: _to_copy nodes with an input."""
+    return any(n.all_input_nodes for n in nodes(ep, edge_ops().aten._to_copy.default))
+
+
+# ----------------------------------------------------------------------------- the table
+
+#: ``module.QualName`` of a pass class of ``XNNPACKPassManager.transform`` -> its gate
+PASS_GATES: GateTable = {
+    "executorch.backends.xnnpack._passes.XNNPACKRemoveCloneOpsTransform": PassGate(_clone_ops),
+    "executorch.backends.transforms.remove_clone_ops.RemoveCloneOpsTransform": PassGate(_clone_ops),
+    "executorch.exir.passes.memory_format_ops_pass.DimOrderOpsRevertPass":
+        retracing(_dim_order_revert),
+    "executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d.ConvertToUpsampleBilinear2d":
+        retracing(_upsample_bilinear),
+    "executorch.backends.xnnpack._passes.convert_to_linear.ConvertToLinearPass":
+        retracing(_convert_to_linear, dce=True),
+    "executorch.backends.xnnpack._passes.propagate_custom_meta_pass.PropagateCustomMetaPass":
+        retracing(_custom_meta),
+    "executorch.backends.xnnpack._passes.convert_to_sdpa.ConvertToSDPAPass": retracing(_sdpa),
+    "executorch.exir.passes.const_prop_pass.ConstPropPass": retracing(_const_prop),
+    "executorch.backends.xnnpack._passes.fuse_batch_norm.FuseBatchNormPass":
+        retracing(_batch_norm),
+    "executorch.backends.xnnpack._passes.decompose_batch_norm.DecomposeBatchNorm":
+        retracing(_batch_norm),
+    "executorch.backends.xnnpack._passes.fuse_activation_pass.FuseActivationPass":
+        retracing(_fuse_activation),
+    "executorch.backends.xnnpack._passes.decompose_cat.DecomposeConcatenate":
+        retracing(_decompose_cat),
+    "executorch.backends.transforms.remove_getitem_op.RemoveGetItemPass":
+        retracing(_named("aten.max_pool2d_with_indices.default", "aten.max.dim")),
+    "executorch.backends.xnnpack._passes.insert_pad_qdq.InsertPadQDQPass": PassGate(_pad_qdq),
+    "executorch.backends.xnnpack._passes.conv1d_unsqueeze_pass.Conv1dUnsqueezePass":
+        retracing(_named("aten.convolution.default")),
+    "executorch.backends.xnnpack._passes.prelu_reshape_pass.PReLUReshapePass":
+        retracing(_prelu),
+    # tags every node's memory format: always does work
+    "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass":
+        PassGate(None, retraces=True),
+    "executorch.backends.xnnpack._passes.remove_redundant_copy_pass.RemoveRedundantCopyPass":
+        retracing(_redundant_copy),
+}
+
+#: gating for ``XNNPACKPassManager.transform``
+PATCHES = transform_patches("fusionkit.backends.xnnpack_adapter.pass_gates (XNNPACK preprocess passes)",
+                            "executorch.backends.xnnpack._passes", PASS_GATES)

@@ -19,6 +19,9 @@ import torch
 CPU_CLOCK = time.process_time
 WALL_CLOCK = time.perf_counter
 
+#: the stages a timed lowering is split into, in order
+STAGES = ("export", "edge", "fusion", "verify", "partition", "preprocess", "serialize")
+
 
 def median_time(fn: Callable[[Any], Any], runs: int,
                 setup: Callable[[], Any] | None = None,
@@ -295,12 +298,10 @@ def stage_timer(passes: list[Any], partitioner: Any) -> Iterator[dict[str, float
 def timed_lowering(ep: Any, passes: list[Any], partitioner: Any,
                    export_s: float) -> dict[str, float]:
     """``to_edge_transform_and_lower`` of ``ep`` and its ``.pte``, CPU time per stage
-    (``benchmarks.run.STAGES``; ``export_s`` is the caller's export), plus ``lower``
+    (:data:`STAGES`; ``export_s`` is the caller's export), plus ``lower``
     (edge .. preprocess), ``wall_lower`` and ``total``. Sections 3 and 6 time lowerings
     this way."""
     from executorch.exir import to_edge_transform_and_lower
-
-    from benchmarks.run import STAGES
 
     t: dict[str, float] = {"export": export_s}
     gc.collect()

@@ -27,24 +27,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-# ----------------------------------------------------------------------------- output
-
-
-def _table(rows: list[list[str]], head: list[str]) -> str:
-    cells = [head, *rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
-    out = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-           for r in cells]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
-
-
-def _ms(s: float | None) -> str:
-    return "-" if s is None else f"{s * 1e3:.1f}"
-
-
-def _x(r: float | None) -> str:
-    return "-" if r is None else (f"{r:.0f}x" if r >= 100 else f"{r:.2f}x")
+from benchmarks.harness import STAGES
+from benchmarks.output import Targets, fmt_ms, fmt_ratio, fmt_spread, fmt_table
 
 
 def _cpu_model() -> str:
@@ -56,22 +40,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-class Targets:
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, str, str]] = []
-
-    def add(self, name: str, met: bool | None, detail: str) -> None:
-        status = "SKIPPED" if met is None else ("MET" if met else "MISSED")
-        self.rows.append((name, status, detail))
-
-    def render(self) -> str:
-        lines = ["== targets =="]
-        w = max(len(n) for n, _, _ in self.rows)
-        for name, status, detail in self.rows:
-            lines.append(f"  [{status:7}] {name.ljust(w)}  {detail}")
-        return "\n".join(lines)
 
 
 # --------------------------------------------------------------------- 1. matching
@@ -94,7 +62,7 @@ def bench_matching(sizes: Sequence[int], runs: int, big_runs: int, shipped_runs:
     if shipped_runs > 0:
         t_graphs, _ = median_time(lambda _: stock.build_pattern_graphs(), shipped_runs)
         print(f"stock: every as-shipped get_all_fusable_subgraphs/FusePatternsPass call first "
-              f"re-exports its RoPE pattern graphs: {_ms(t_graphs)} ms per call (median)")
+              f"re-exports its RoPE pattern graphs: {fmt_ms(t_graphs)} ms per call (median)")
     else:
         print("stock: --quick leaves out the RoPE SubgraphMatcher patterns (seconds to export) "
               "and the as-shipped figures; per-node detectors only")
@@ -133,13 +101,13 @@ def bench_matching(sizes: Sequence[int], runs: int, big_runs: int, shipped_runs:
             "stock_matched": n_stock,
         }
         out[n] = rec
-        rows.append([f"{n}", _ms(t_fk), f"{rec['us_per_node']:.2f}",
-                     "-".join(f"{x:.2f}" for x in rec["us_per_node_spread"]), _ms(t_st),
-                     _x(rec["detect_ratio_cached"]), _x(rec["detect_ratio_shipped"]),
-                     _ms(t_pass), _ms(t_stpass), _x(rec["pass_ratio"]),
+        rows.append([f"{n}", fmt_ms(t_fk), f"{rec['us_per_node']:.2f}",
+                     "-".join(f"{x:.2f}" for x in rec["us_per_node_spread"]), fmt_ms(t_st),
+                     fmt_ratio(rec["detect_ratio_cached"]), fmt_ratio(rec["detect_ratio_shipped"]),
+                     fmt_ms(t_pass), fmt_ms(t_stpass), fmt_ratio(rec["pass_ratio"]),
                      f"{len(ms.accepted)}/{len(ms.declined)}", f"{n_stock}"])
         print(f"  ... {n} nodes done", file=sys.stderr, flush=True)
-    print(_table(rows, ["nodes", "fk find ms", "us/node", "min-max", "stock det ms", "x cached",
+    print(fmt_table(rows, ["nodes", "fk find ms", "us/node", "min-max", "stock det ms", "x cached",
                         "x shipped", "fk pass ms", "stock pass ms", "x pass",
                         "fk fused/decl", "stock matched"]))
     print("  fk find = fusionkit.find_matches, full built-in rule set; stock det = "
@@ -193,11 +161,11 @@ def bench_noop(size: int, runs: int, results: dict[str, Any]) -> dict[str, Any]:
         "stock_s": t_st, "stock_modified": st_res.modified,
         "stock_recompiles": st_counts.recompile, "stock_retraces": st_counts.retrace,
     }
-    print(_table([
-        ["fusionkit FusionPass", f"{n}", _ms(t_fk), f"{rec['us_per_node']:.2f}", str(res.modified),
+    print(fmt_table([
+        ["fusionkit FusionPass", f"{n}", fmt_ms(t_fk), f"{rec['us_per_node']:.2f}", str(res.modified),
          f"{rec['fusionkit_fused']}/{rec['fusionkit_declined']}",
          str(fk_counts.recompile), str(fk_counts.retrace)],
-        ["stock FusePatternsPass", f"{n}", _ms(t_st), f"{t_st / n * 1e6:.2f}", str(st_res.modified),
+        ["stock FusePatternsPass", f"{n}", fmt_ms(t_st), f"{t_st / n * 1e6:.2f}", str(st_res.modified),
          "-", str(st_counts.recompile), str(st_counts.retrace)],
     ], ["pass (AdaLN-only graph)", "nodes", "ms", "us/node", "modified", "fused/declined",
         "recompiles", "retraces"]))
@@ -267,12 +235,12 @@ def bench_apply(counts: Sequence[int], runs: int, stock_shipped: bool,
                "pass_list_s": statistics.median(pass_s), "pass_list_s_all": pass_s,
                "codegen_on_first_use_s": statistics.median(codegen_s)}
         out["sizes"][str(count)] = rec
-        rows.append([str(fused), str(nodes), _ms(t_apply), f"{rec['apply_ms_per_fusion']:.3f}",
+        rows.append([str(fused), str(nodes), fmt_ms(t_apply), f"{rec['apply_ms_per_fusion']:.3f}",
                      "-".join(f"{x:.3f}" for x in rec["apply_ms_per_fusion_spread"]),
-                     _ms(rec["find_s"]), _ms(rec["pass_list_s"]),
-                     _ms(rec["codegen_on_first_use_s"])])
+                     fmt_ms(rec["find_s"]), fmt_ms(rec["pass_list_s"]),
+                     fmt_ms(rec["codegen_on_first_use_s"])])
         print(f"  ... {fused} fusions done", file=sys.stderr, flush=True)
-    print(_table(rows, ["fusions", "nodes", "apply ms", "ms/fusion", "min-max", "find ms",
+    print(fmt_table(rows, ["fusions", "nodes", "apply ms", "ms/fusion", "min-max", "find ms",
                         "pass list ms", "codegen ms"]))
     print("  apply = fusionkit.apply.rewrite.apply_matches (fold, build, check, reroute, erase, dead "
           "code, lint; journaled, all-or-nothing); pass list = the Vulkan adapter's "
@@ -309,11 +277,11 @@ def bench_apply(counts: Sequence[int], runs: int, stock_shipped: bool,
         "ratio_shipped": statistics.median(t_shipped) / fk if t_shipped else None,
     }
     st_ = out["stock"]
-    print(f"  {out['sizes'][first]['nodes']}-node graph: fusionkit pass list {_ms(fk)} ms; "
+    print(f"  {out['sizes'][first]['nodes']}-node graph: fusionkit pass list {fmt_ms(fk)} ms; "
           f"stock FusePatternsPass (detection + replace + recompile + retrace) "
-          f"{_ms(st_['stock_shipped_s'])} ms as shipped ({_x(st_['ratio_shipped'])}), "
-          f"{_ms(st_['stock_cached_s'])} ms with its pattern graphs cached "
-          f"({_x(st_['ratio_cached'])})")
+          f"{fmt_ms(st_['stock_shipped_s'])} ms as shipped ({fmt_ratio(st_['ratio_shipped'])}), "
+          f"{fmt_ms(st_['stock_cached_s'])} ms with its pattern graphs cached "
+          f"({fmt_ratio(st_['ratio_cached'])})")
     results["apply"] = out
     return out
 
@@ -325,13 +293,6 @@ def _export(model: Any, example: tuple[Any, ...]) -> Any:
     import torch
 
     return torch.export.export(model, example)
-
-
-STAGES = ("export", "edge", "fusion", "verify", "partition", "preprocess", "serialize")
-
-
-def _spread(vals: Sequence[float]) -> str:
-    return f"{min(vals):.2f}-{max(vals):.2f}" if len(vals) > 1 else "(1 run)"
 
 
 def bench_e2e(layers_runs: dict[int, int], results: dict[str, Any]) -> dict[str, Any]:
@@ -420,19 +381,19 @@ def bench_e2e(layers_runs: dict[int, int], results: dict[str, Any]) -> dict[str,
                                    for label in samples if samples[label]},
                         "samples": samples, "adapter": why}
             print(f"  ... {backend} {layers} layers done", file=sys.stderr, flush=True)
-            rows.append([backend, str(layers), str(runs), _ms(t_st), _ms(t_ad),
-                         _x(t_ad / t_st) if t_ad else "adapter not available",
-                         _spread(pair_ratios) if pair_ratios else "-",
-                         _ms(w_st), _ms(w_ad), _x(w_ad / w_st) if w_ad else "-",
-                         _x(e_ad / e_st) if e_ad else "-"])
+            rows.append([backend, str(layers), str(runs), fmt_ms(t_st), fmt_ms(t_ad),
+                         fmt_ratio(t_ad / t_st) if t_ad else "adapter not available",
+                         fmt_spread(pair_ratios) if pair_ratios else "-",
+                         fmt_ms(w_st), fmt_ms(w_ad), fmt_ratio(w_ad / w_st) if w_ad else "-",
+                         fmt_ratio(e_ad / e_st) if e_ad else "-"])
             for label in samples:
                 if samples[label]:
                     lows = [x["lower"] for x in samples[label]]
                     stage_rows.append([f"{backend} {layers}L {label}",
-                                       *(_ms(med(label, k)) for k in STAGES),
-                                       _ms(med(label, "total")),
-                                       f"{_ms(min(lows))}-{_ms(max(lows))}"])
-    print(_table(rows, ["backend", "layers", "pairs", "stock cpu ms", "adapter cpu ms",
+                                       *(fmt_ms(med(label, k)) for k in STAGES),
+                                       fmt_ms(med(label, "total")),
+                                       f"{fmt_ms(min(lows))}-{fmt_ms(max(lows))}"])
+    print(fmt_table(rows, ["backend", "layers", "pairs", "stock cpu ms", "adapter cpu ms",
                         "adapter/stock", "per pair min-max", "stock wall ms", "adapter wall ms",
                         "wall ratio", "export..pte ratio"]))
     print("  to_edge_transform_and_lower of a Llama-style stack (dim 64, 4 heads, seq 8); "
@@ -440,7 +401,7 @@ def bench_e2e(layers_runs: dict[int, int], results: dict[str, Any]) -> dict[str,
           "warm-up per backend; the ratio is judged on the lowering's CPU time (export and "
           "serialization shown below); per pair: each pair's own adapter/stock ratio.")
     print("\n  where a lowering's time goes (CPU ms, medians):")
-    print(_table(stage_rows, ["path", *STAGES, "total", "lowering min-max"]))
+    print(fmt_table(stage_rows, ["path", *STAGES, "total", "lowering min-max"]))
     print("  fusion = transform passes (stock fuses inside Vulkan preprocess); verify = "
           "ExecuTorch's checks around transform passes (pass-manager checks, edge verifier; "
           "paid for any pass list); edge = the rest of to_edge_transform_and_lower "
@@ -472,8 +433,8 @@ def bench_memory(layers: int, results: dict[str, Any]) -> dict[str, Any]:
         out[backend] = rec
         rows.append([backend, "-" if st is None else f"{st / 1024:.1f}",
                      "-" if ad is None else f"{ad / 1024:.1f}",
-                     _x(rec["adapter_over_stock"]) if rec["adapter_over_stock"] else "-"])
-    print(_table(rows, ["backend", "stock peak MiB", "adapter peak MiB", "adapter/stock"]))
+                     fmt_ratio(rec["adapter_over_stock"]) if rec["adapter_over_stock"] else "-"])
+    print(fmt_table(rows, ["backend", "stock peak MiB", "adapter peak MiB", "adapter/stock"]))
     print(f"  {layers}-layer stack: peak resident memory of export + lowering + .pte above the "
           "process's resident memory after imports and model construction (VmHWM reset "
           "through /proc/self/clear_refs), one fresh process per figure.")
@@ -531,7 +492,7 @@ def bench_pte(results: dict[str, Any]) -> dict[str, Any]:
         for label, v in sizes.items():
             rows.append([backend, label, "adapter not available" if v is None else str(v[0]),
                          "-" if v is None else str(v[1])])
-    print(_table(rows, ["backend", "program", ".pte bytes", "constant bytes"]))
+    print(fmt_table(rows, ["backend", "program", ".pte bytes", "constant bytes"]))
     print(f"  F.linear with a {dim}x{dim} fp32 weight buffer that is randn(3,{dim},{dim})[1]: "
           f"view {view_bytes} B inside a {3 * view_bytes} B storage at offset {view_bytes} B. "
           "'constant bytes' = named data in the .pte.")
@@ -656,8 +617,8 @@ def _section1(sizes: Sequence[int], runs: int, big_runs: int, shipped_runs: int,
     targets.add(">=100x faster than stock detection @2k nodes",
                 None if shipped is None else shipped >= 100,
                 ("as-shipped stock not measured in --quick" if shipped is None else
-                 f"{r2k['nodes']} nodes: {_x(shipped)} vs get_all_fusable_subgraphs as shipped; "
-                 f"{_x(r2k['detect_ratio_cached'])} with its pattern graphs cached "
+                 f"{r2k['nodes']} nodes: {fmt_ratio(shipped)} vs get_all_fusable_subgraphs as shipped; "
+                 f"{fmt_ratio(r2k['detect_ratio_cached'])} with its pattern graphs cached "
                  f"({'also' if r2k['detect_ratio_cached'] >= 100 else 'not'} >=100x)"))
     # the range: 2k nodes and up (smaller graphs are printed above)
     judged = [match[n] for n in by_size if n >= 1900] or big
@@ -707,7 +668,7 @@ def _section3(quick: bool, results: dict[str, Any], targets: Targets) -> None:
             targets.add(f"{backend} lowering <= {limit:.1f}x stock",
                         None if not ok else all(r <= limit for r in ok) and len(ok) == len(have),
                         ", ".join(f"{k} {'-' if r is None else f'{r:.2f}x'}"
-                                  + (f" (pairs {_spread(spread[k])})" if spread[k] else "")
+                                  + (f" (pairs {fmt_spread(spread[k])})" if spread[k] else "")
                                   for k, r in have.items()) + " (adapter/stock CPU time)")
         print("\n  peak memory of one lowering:")
         mem = bench_memory(8, results)
@@ -763,7 +724,7 @@ def _section5(counts: Sequence[int], runs: int, stock_shipped: bool, results: di
     targets.add(">=100x faster pass list than stock detection + FusePatternsPass",
                 None if shipped is None else shipped >= 100,
                 ("as-shipped stock not measured in --quick" if shipped is None else
-                 f"{_x(shipped)} vs stock as shipped; {_x(out['stock']['ratio_cached'])} with "
+                 f"{fmt_ratio(shipped)} vs stock as shipped; {fmt_ratio(out['stock']['ratio_cached'])} with "
                  "its pattern graphs cached"))
 
 

@@ -22,7 +22,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks.run import STAGES, Targets, _ms, _spread, _table, _x
+from benchmarks.harness import STAGES
+from benchmarks.output import Targets, fmt_ms, fmt_ratio, fmt_spread, fmt_table
 
 # The zoo lives with the tests, which import it as the top-level module ``zoo_models``
 # (tests/conftest.py puts tests/ on sys.path); do the same, so it is one module either way.
@@ -160,8 +161,8 @@ def bench_zoo(models: Sequence[str], pairs: int, warmup: bool = True,
                                                 adapters, why[backend], pairs, m)
             r = per_model[backend][name]
             r["stock_program_unusable"] = zoo_models.STOCK_FAILS.get((name, backend))
-            log(f"  ... zoo {name} {backend}: stock {_ms(r['stock_cpu_s'])} ms, adapter "
-                f"{_ms(r['adapter_cpu_s'])} ms"
+            log(f"  ... zoo {name} {backend}: stock {fmt_ms(r['stock_cpu_s'])} ms, adapter "
+                f"{fmt_ms(r['adapter_cpu_s'])} ms"
                 + "".join(f"; {k} fails: {v}" for k, v in r["errors"].items() if v))
         for backend in BACKENDS:
             out["backends"][backend] = {"adapter": why[backend], "models": per_model[backend],
@@ -224,10 +225,10 @@ def _model_rows(per_model: dict[str, dict[str, Any]]) -> list[list[str]]:
         note = "; ".join(fails)
         if r["stock_program_unusable"] and not r["errors"]["stock"]:
             note = (note + "; " if note else "") + "stock's program is wrong at run time"
-        rows.append([name, str(len(r["pair_ratios"])), _ms(r["stock_cpu_s"]),
-                     _ms(r["adapter_cpu_s"]), _x(r["ratio"]),
-                     _spread(r["pair_ratios"]) if r["pair_ratios"] else "-",
-                     _x(r["end_to_end_ratio"]), note])
+        rows.append([name, str(len(r["pair_ratios"])), fmt_ms(r["stock_cpu_s"]),
+                     fmt_ms(r["adapter_cpu_s"]), fmt_ratio(r["ratio"]),
+                     fmt_spread(r["pair_ratios"]) if r["pair_ratios"] else "-",
+                     fmt_ratio(r["end_to_end_ratio"]), note])
     return rows
 
 
@@ -237,29 +238,29 @@ def report(out: dict[str, Any]) -> None:
     for backend, b in out["backends"].items():
         agg = b["aggregate"]
         print(f"\n  {backend} ({b['adapter']}):")
-        print(_table(_model_rows(b["models"]),
+        print(fmt_table(_model_rows(b["models"]),
                      ["model", "pairs", "stock ms", "adapter ms", "adapter/stock",
                       "per pair min-max", "export..pte ratio", "note"]))
         stage_rows = []
         for name, r in b["models"].items():
             for label, st in r["stages"].items():
                 lows = [x["lower"] for x in r["samples"][label]]
-                stage_rows.append([f"{name} {label}", *(_ms(st[k]) for k in STAGES),
-                                   _ms(st["total"]), f"{_ms(min(lows))}-{_ms(max(lows))}"])
+                stage_rows.append([f"{name} {label}", *(fmt_ms(st[k]) for k in STAGES),
+                                   fmt_ms(st["total"]), f"{fmt_ms(min(lows))}-{fmt_ms(max(lows))}"])
         for label, st in agg["stages"].items():
             stage_rows.append([f"sum of {len(agg['models'])} models {label}",
-                               *(_ms(st[k]) for k in STAGES), _ms(st["total"]), "-"])
+                               *(fmt_ms(st[k]) for k in STAGES), fmt_ms(st["total"]), "-"])
         print(f"\n  {backend}: where a lowering's time goes (CPU ms, medians per model):")
-        print(_table(stage_rows, ["model path", *STAGES, "total", "lowering min-max"]))
+        print(fmt_table(stage_rows, ["model path", *STAGES, "total", "lowering min-max"]))
         if agg["sum_ratio"] is None:
             print(f"  {backend} aggregate: no model lowered by both paths")
             continue
         print(f"  {backend} aggregate over {len(agg['models'])} of {n_zoo} zoo models "
-              f"(both paths lower them): sum(adapter)/sum(stock) = {_x(agg['sum_ratio'])} "
-              f"({_ms(agg['adapter_sum_s'])} / {_ms(agg['stock_sum_s'])} ms); per-model ratios: "
-              f"median {_x(agg['median_ratio'])}, geometric mean {_x(agg['gmean_ratio'])}, "
+              f"(both paths lower them): sum(adapter)/sum(stock) = {fmt_ratio(agg['sum_ratio'])} "
+              f"({fmt_ms(agg['adapter_sum_s'])} / {fmt_ms(agg['stock_sum_s'])} ms); per-model ratios: "
+              f"median {fmt_ratio(agg['median_ratio'])}, geometric mean {fmt_ratio(agg['gmean_ratio'])}, "
               f"min-max {agg['ratio_min']:.2f}-{agg['ratio_max']:.2f}; "
-              f"export..pte {_x(agg['end_to_end_sum_ratio'])}")
+              f"export..pte {fmt_ratio(agg['end_to_end_sum_ratio'])}")
     print("  Each model exported from its module and lowered with to_edge_transform_and_lower "
           "then serialized, stock partitioner vs the fusionkit adapter (transform_passes() + "
           "its partitioner), in interleaved pairs alternating which runs first, after one "
@@ -348,7 +349,7 @@ def markdown(out: dict[str, Any]) -> str:
         if r["ratio"] is None:
             fails = "; ".join(f"{k} fails" for k, v in r["errors"].items() if v)
             return [_s(r["stock_cpu_s"]), _s(r["adapter_cpu_s"]), fails or "-"]
-        spread = f" ({_spread(r['pair_ratios'])})" if len(r["pair_ratios"]) > 1 else ""
+        spread = f" ({fmt_spread(r['pair_ratios'])})" if len(r["pair_ratios"]) > 1 else ""
         return [_s(r["stock_cpu_s"]), _s(r["adapter_cpu_s"]), f"{r['ratio']:.2f}x{spread}"]
 
     b = out["backends"]

@@ -267,3 +267,20 @@ def test_the_core_is_grouped_by_phase() -> None:
     """Only the facade, the rule, the pass, its report and strict mode sit on top."""
     top = {p.stem for p in (ROOT / "fusionkit").glob("*.py")}
     assert top == {"__init__", "_compat", "_facade", "rule", "fusion_pass", "report", "strict"}
+
+
+def test_benchmarks_have_no_import_circle_and_use_no_private_names() -> None:
+    graph: dict[str, set[str]] = {}
+    private: list[tuple[str, str]] = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        name = f"benchmarks.{path.stem}"
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks"):
+                module = node.module or ""
+                deps.add(module)
+                private += [(name, f"{module}.{a.name}") for a in node.names
+                            if a.name.startswith("_")]
+        graph[name] = deps - {name}
+    assert import_cycles(graph) == []
+    assert private == []

@@ -22,7 +22,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import zoo_e2e  # noqa: E402
-from benchmarks.run import STAGES, Targets  # noqa: E402
+from benchmarks.harness import STAGES  # noqa: E402
+from benchmarks.output import Targets  # noqa: E402
 
 #: the cheapest zoo model to lower four ways (one linear + a norm)
 SMALL = "adaln_rms"

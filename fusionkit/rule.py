@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fusionkit.check.capture_parameters import CaptureParameters
 from fusionkit.check.constraints import Constraint
 from fusionkit.match.pattern import Capture, Pattern
 from fusionkit.match.targets import OpTarget, op_key, resolve_op
@@ -117,16 +118,41 @@ class CallOp(Replacement):
 
 @dataclass(frozen=True)
 class PythonReplacement(Replacement):
-    """A replacement that cannot be data: ``fn(rw, captures) -> Node``."""
+    """A replacement that cannot be data: ``fn(rw, x, weight, bias=None) -> Node``.
 
-    fn: Callable[[Rewriter, Mapping[str, Any]], Node | tuple[Node | None, ...]]
-    reads: frozenset[str] = frozenset()
+    ``PythonReplacement(fn)``: the captures it reads are ``fn``'s parameters
+    after the :class:`~fusionkit.apply.builder.Rewriter` (a default makes one
+    optional), and ``reads`` is derived from them. ``PythonReplacement(fn, reads)``
+    is the older form: ``fn(rw, captures)`` gets the mapping, ``reads`` listed by hand.
+    """
+
+    fn: Callable[..., Node | tuple[Node | None, ...]]
+    #: None: derived from the parameters of ``fn``
+    reads: frozenset[str] | None = None
+    #: the capture parameters of ``fn`` (None for the ``fn(rw, captures)`` form)
+    parameters: CaptureParameters | None = field(init=False, repr=False, compare=False,
+                                                 default=None)
+
+    def __post_init__(self) -> None:
+        if self.reads is None:
+            params = CaptureParameters.of(self.fn, "the Rewriter")
+            object.__setattr__(self, "parameters", params)
+            object.__setattr__(self, "reads", frozenset(params.names))
+        else:
+            object.__setattr__(self, "reads", frozenset(self.reads))
 
     def captures(self) -> set[str]:
-        return set(self.reads)
+        return set(self.reads or ())
 
     def build(self, rw: Rewriter, captures: Mapping[str, Any]) -> Node | tuple[Node | None, ...]:
-        return self.fn(rw, captures)
+        if self.parameters is None:
+            return self.fn(rw, captures)
+        return self.fn(rw, **self.parameters.arguments(captures))
+
+
+def _parameters_of(part: Any) -> CaptureParameters | None:
+    params = getattr(part, "parameters", None)
+    return params if isinstance(params, CaptureParameters) else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,15 +180,33 @@ class Rule:
             raise RuleError(f"rule {self.name!r}: the pattern's root must be an op, "
                             f"not {self.pattern!r}")
         bound = self.pattern.captures()
+        always = self.pattern.always_captures()
         for c in self.constraints:
-            missing = c.captures() - bound
-            if missing:
-                raise RuleError(f"rule {self.name!r}: constraint {c.kind} reads "
-                                f"{sorted(missing)}, which the pattern never binds")
-        missing = self.replacement.captures() - bound
+            label = getattr(c, "name", None)
+            what = f"check {label!r}" if isinstance(label, str) else f"constraint {c.kind}"
+            self._validate_reads(what, c.captures(), _parameters_of(c), bound, always)
+        self._validate_reads("the replacement", self.replacement.captures(),
+                             _parameters_of(self.replacement), bound, always)
+
+    def _validate_reads(self, what: str, reads: set[str], params: CaptureParameters | None,
+                        bound: set[str], always: set[str]) -> None:
+        """Every capture a part reads is bound; a required parameter is bound on every match."""
+        if params is not None:
+            for n in params.names:
+                if n not in bound:
+                    raise RuleError(f"rule {self.name!r}: {what} ({params.owner}) has the "
+                                    f"parameter {n!r}, a capture the pattern never binds")
+            for n in params.required:
+                if n not in always:
+                    raise RuleError(f"rule {self.name!r}: {what} ({params.owner}) requires the "
+                                    f"parameter {n!r}, a capture only some alternatives of the "
+                                    "pattern bind; give it a default")
+            return
+        missing = reads - bound
         if missing:
-            raise RuleError(f"rule {self.name!r}: the replacement uses {sorted(missing)}, "
-                            "which the pattern never binds")
+            uses = "uses" if what == "the replacement" else "reads"
+            raise RuleError(f"rule {self.name!r}: {what} {uses} {sorted(missing)}, which the "
+                            "pattern never binds")
 
     @property
     def root_keys(self) -> frozenset[str]:

@@ -119,6 +119,9 @@ def constraint_term(key: str, *, reads: tuple[str, ...], cls: type | None = None
 
     ``reads``: the parameters naming captures. ``dump``: how an object gives back
     the builder's arguments (default: its dataclass fields, for a class builder).
+    The registration is the one place a constraint states its kind and its reads:
+    the class gets ``kind = key`` and ``capture_fields = reads`` from here (its
+    ``captures()`` reads those fields), and may not state either again.
     """
 
     def register(builder: T) -> T:
@@ -127,6 +130,13 @@ def constraint_term(key: str, *, reads: tuple[str, ...], cls: type | None = None
             raise TypeError(f"constraint {key!r}: pass cls= for a builder function")
         if key in CONSTRAINTS:
             raise ValueError(f"constraint {key!r} is registered twice")
+        for attr in ("kind", "capture_fields"):
+            if attr in vars(target):
+                raise TypeError(f"constraint {key!r}: {target.__name__} states its {attr} "
+                                "itself; the registration gives it (kind = key, "
+                                "capture_fields = reads)")
+        target.kind = key  # type: ignore[attr-defined]
+        target.capture_fields = tuple(reads)  # type: ignore[attr-defined]
         term = Term(key, "constraint", builder, target, reads, dump,  # type: ignore[arg-type]
                     _first_line(builder))
         CONSTRAINTS[key] = term

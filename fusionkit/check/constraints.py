@@ -19,6 +19,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from fusionkit.authoring.vocabulary import constraint_term
+from fusionkit.check.capture_parameters import CaptureParameters, DeclaredCaptures
 from fusionkit.check.folding import FoldError, constant_fold_sources, evaluate_constant
 from fusionkit.check.program_inputs import ProgramInputs
 
@@ -81,14 +82,24 @@ class CheckContext:
     def plan_fold(self, name: str, node: Node) -> None:
         self.folds[name] = node
 
-    def blame(self, at: str | Node, reason: str) -> Blame:
-        """A failure that names its node at fault: a capture name or a node of the graph.
+    def fail(self, reason: str, at: str | Node) -> Blame:
+        """A check's reason together with what it is about: a capture or a node of the graph.
 
-        A :class:`Custom` check returns it instead of a bare sentence when the
-        culprit is not the first capture it reads (a cache's other reader, an update).
+        ``return ctx.fail("bias must be constant", at="bias")``. ``at`` is a capture
+        name or a node — a capture parameter's value names that capture. A bare
+        sentence is about the check's first capture parameter; say ``at=`` when
+        the culprit is another one.
         """
-        node = self.node(at) if isinstance(at, str) else at
-        return Blame(reason, at if isinstance(at, str) else None, node)
+        if isinstance(at, str):
+            return Blame(reason, at, self.node(at))
+        for name, v in self.captures.items():
+            if v is at:
+                return Blame(reason, name, at)
+        return Blame(reason, None, at)
+
+    def blame(self, at: str | Node, reason: str) -> Blame:
+        """The same as :meth:`fail` with the arguments the other way round (kept for old checks)."""
+        return self.fail(reason, at)
 
 
 @dataclass(frozen=True)
@@ -105,14 +116,25 @@ def _label(name: str, v: Any) -> str:
 
 
 class Constraint(ABC):
-    """One requirement on the captures of a match."""
+    """One requirement on the captures of a match.
 
-    #: stable identifier used in reports and YAML specs
+    A registered constraint (:func:`~fusionkit.authoring.vocabulary.constraint_term`)
+    gets its ``kind`` (its YAML key) and the fields naming the captures it reads
+    (``capture_fields``) from its registration: each is stated once.
+    """
+
+    #: stable identifier used in reports and YAML specs (set by ``constraint_term``)
     kind: str = "constraint"
+    #: the fields holding capture names (a name or a sequence of names; set by ``constraint_term``)
+    capture_fields: tuple[str, ...] = ()
 
-    @abstractmethod
     def captures(self) -> set[str]:
         """Capture names this constraint reads (validated against the pattern)."""
+        out: set[str] = set()
+        for f in self.capture_fields:
+            v = getattr(self, f)
+            out |= {v} if isinstance(v, str) else set(v)
+        return out
 
     @abstractmethod
     def check(self, ctx: CheckContext) -> Failure | None:
@@ -140,10 +162,7 @@ class PrepackableConstant(Constraint):
     capture: str
     fold: bool = False
     role: str = "the fused op prepacks it"
-    kind = "prepackable_constant"
 
-    def captures(self) -> set[str]:
-        return {self.capture}
 
     def check(self, ctx: CheckContext) -> Failure | None:
         v = ctx.captures.get(self.capture)
@@ -180,10 +199,7 @@ class GraphLeaf(Constraint):
     """The capture must be a placeholder (a graph input of any kind)."""
 
     capture: str
-    kind = "graph_leaf"
 
-    def captures(self) -> set[str]:
-        return {self.capture}
 
     def check(self, ctx: CheckContext) -> Failure | None:
         v = ctx.captures.get(self.capture)
@@ -199,10 +215,7 @@ class UserInput(Constraint):
     """The capture must be one of the program's user inputs."""
 
     capture: str
-    kind = "user_input"
 
-    def captures(self) -> set[str]:
-        return {self.capture}
 
     def check(self, ctx: CheckContext) -> Failure | None:
         v = ctx.captures.get(self.capture)
@@ -224,13 +237,10 @@ class DtypeIn(Constraint):
 
     capture: str
     dtypes: frozenset[torch.dtype]
-    kind = "dtype"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtypes", frozenset(self.dtypes))
 
-    def captures(self) -> set[str]:
-        return {self.capture}
 
     def check(self, ctx: CheckContext) -> Failure | None:
         t = _tensor_val(ctx, self.capture)
@@ -250,13 +260,10 @@ class Rank(Constraint):
 
     capture: str
     ranks: frozenset[int]
-    kind = "rank"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", frozenset(self.ranks))
 
-    def captures(self) -> set[str]:
-        return {self.capture}
 
     def check(self, ctx: CheckContext) -> Failure | None:
         t = _tensor_val(ctx, self.capture)
@@ -274,10 +281,7 @@ class StaticShape(Constraint):
     """The capture is a tensor whose shape has no symbolic dims."""
 
     capture: str
-    kind = "static_shape"
 
-    def captures(self) -> set[str]:
-        return {self.capture}
 
     def check(self, ctx: CheckContext) -> Failure | None:
         t = _tensor_val(ctx, self.capture)
@@ -295,10 +299,7 @@ class SameDtype(Constraint):
 
     a: str
     b: str
-    kind = "same_dtype"
 
-    def captures(self) -> set[str]:
-        return {self.a, self.b}
 
     def check(self, ctx: CheckContext) -> Failure | None:
         ta, tb = _tensor_val(ctx, self.a), _tensor_val(ctx, self.b)
@@ -321,10 +322,7 @@ class ShapeRelation(Constraint):
     description: str
     #: key in :data:`SHAPE_RELATIONS` when the relation is a named built-in
     relation_name: str | None = None
-    kind = "shape_relation"
 
-    def captures(self) -> set[str]:
-        return {self.a, self.b}
 
     def check(self, ctx: CheckContext) -> Failure | None:
         ta, tb = _tensor_val(ctx, self.a), _tensor_val(ctx, self.b)
@@ -389,10 +387,7 @@ class ReducesLastDim(Constraint):
 
     dim: str
     x: str
-    kind = "reduces_last_dim"
 
-    def captures(self) -> set[str]:
-        return {self.dim, self.x}
 
     def check(self, ctx: CheckContext) -> Failure | None:
         t = _tensor_val(ctx, self.x)
@@ -416,10 +411,7 @@ class ScalarRange(Constraint):
     capture: str
     lo: float | None = None
     hi: float | None = None
-    kind = "scalar_range"
 
-    def captures(self) -> set[str]:
-        return {self.capture}
 
     def check(self, ctx: CheckContext) -> Failure | None:
         v = ctx.captures.get(self.capture)
@@ -431,28 +423,58 @@ class ScalarRange(Constraint):
         return self._fail(self.capture, v, f"{_label(self.capture, v)} is not a number in [{lo}, {hi}]")
 
 
-@constraint_term("custom", reads=("reads",))
+def _custom_arguments(c: Custom) -> dict[str, Any]:
+    # a check that declares its captures as parameters dumps without them: the signature is the list
+    if c.parameters is not None:
+        return {"fn": c.fn, "name": c.name, "reads": ()}
+    return {"fn": c.fn, "name": c.name, "reads": c.reads}
+
+
+@constraint_term("custom", reads=("reads",), dump=_custom_arguments)
 @dataclass(frozen=True)
 class Custom(Constraint):
-    """A user-defined check: ``fn(ctx)`` returns None, or a sentence saying why not."""
+    """A user-defined check: ``fn(ctx, *captures)`` returns None, or why not.
 
-    fn: Callable[[CheckContext], str | Blame | None]
+    The captures it reads are its parameters after the :class:`CheckContext`
+    (``def fn(ctx, x, weight, bias=None)``; a default makes one optional) and it
+    sees no other. It returns None, a sentence (about its first capture), or
+    ``ctx.fail(reason, at=...)`` naming the capture at fault. ``reads`` is
+    derived from the signature; an older check ``fn(ctx)`` that reads
+    ``ctx.captures`` lists its captures in ``reads`` by hand.
+    """
+
+    fn: Callable[..., str | Blame | None]
     name: str
     reads: tuple[str, ...] = ()
-    kind = "custom"
+    #: the capture parameters of ``fn`` (None: an ``fn(ctx)`` with hand-listed ``reads``)
+    parameters: CaptureParameters | None = field(init=False, repr=False, compare=False,
+                                                 default=None)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "reads", tuple(self.reads))
-
-    def captures(self) -> set[str]:
-        return set(self.reads)
+        params = CaptureParameters.of(self.fn, "the CheckContext")
+        listed = tuple(self.reads)
+        if params.names:
+            if listed and set(listed) != set(params.names):
+                raise ValueError(f"check {self.name!r}: reads {sorted(listed)} differ from the "
+                                 f"parameters of {params.owner} {list(params.names)}; the "
+                                 "signature is the list (leave reads out)")
+            object.__setattr__(self, "parameters", params)
+            listed = params.names
+        object.__setattr__(self, "reads", listed)
 
     def check(self, ctx: CheckContext) -> Failure | None:
-        reason = self.fn(ctx)
+        params = self.parameters
+        if params is None:
+            reason = self.fn(ctx)
+        else:
+            view = DeclaredCaptures(ctx.captures, params.names, f"check {self.name!r}")
+            seen = CheckContext(ctx.ep, ctx.inputs, ctx.root, view, ctx.folds, ctx.allow_folding)
+            reason = self.fn(seen, **params.arguments(ctx.captures))
         if reason is None:
             return None
         if isinstance(reason, Blame):  # the check named its node at fault
             return Failure(f"custom:{self.name}", reason.capture, reason.node, reason.reason)
-        node = ctx.captures.get(self.reads[0]) if self.reads else None
-        return Failure(f"custom:{self.name}", self.reads[0] if self.reads else None,
-                       node if isinstance(node, Node) else None, reason)
+        first = self.reads[0] if self.reads else None
+        node = ctx.captures.get(first) if first is not None else None
+        return Failure(f"custom:{self.name}", first, node if isinstance(node, Node) else None,
+                       reason)

@@ -16,6 +16,7 @@ Python replacement) is imported only when the caller consented
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,9 @@ def _unresolved(ref: str) -> Callable[..., Any]:
         raise RuntimeError(f"{ref} was validated but not imported (no consent to run it)")
 
     not_imported.__qualname__ = not_imported.__name__ = f"<not imported: {ref}>"
+    # unimported, its capture parameters are unknown: it reads none (validation only)
+    not_imported.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("context", inspect.Parameter.POSITIONAL_ONLY)])
     return not_imported
 
 
@@ -348,9 +352,14 @@ class _RuleCompiler:
             args = tuple(self._arg(a, (*loc, "args", i)) for i, a in enumerate(r.args))
             kwargs = {k: self._arg(v, (*loc, "kwargs", k)) for k, v in r.kwargs.items()}
             return CallOp(key, args, kwargs)
-        for i, name in enumerate(r.reads):
+        for i, name in enumerate(r.reads or ()):
             self._read(name, (*loc, "reads", i), "the replacement uses")
         fn = self.refs.resolve(self.src, (*loc, "fn"), r.fn)
+        if r.reads is None:  # the captures are fn's parameters
+            try:
+                return PythonReplacement(fn)
+            except TypeError as e:
+                raise self.src.error((*loc, "fn"), str(e)) from None
         return PythonReplacement(fn, frozenset(r.reads))
 
     def rule(self) -> Rule:

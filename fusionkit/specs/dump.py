@@ -236,7 +236,9 @@ def rule_to_data(rule: Rule, hoist: bool = True) -> dict[str, Any]:
         if rep.kwargs:
             r["kwargs"] = {k: _arg(v) for k, v in rep.kwargs.items()}
     elif isinstance(rep, PythonReplacement):
-        r = {"fn": python_ref(rep.fn), "reads": sorted(rep.reads)}
+        r = {"fn": python_ref(rep.fn)}
+        if rep.parameters is None:  # the older fn(rw, captures): its reads are listed
+            r["reads"] = sorted(rep.reads or ())
     else:
         raise DumpError(f"replacement {type(rep).__name__} has no spec form")
     out["replacement"] = r

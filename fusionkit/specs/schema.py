@@ -287,10 +287,13 @@ class ReplaceOp(_Strict):
 
 
 class ReplacePython(_Strict):
-    """``PythonReplacement(fn, reads)``: ``fn(rewriter, captures)`` builds the replacement."""
+    """``PythonReplacement(fn)``: ``fn(rewriter, x, weight, ...)`` builds the replacement.
+
+    Its captures are its parameters; ``reads`` is for the older ``fn(rewriter, captures)``.
+    """
 
     fn: PyRef
-    reads: list[Name] = Field(default_factory=list)
+    reads: list[Name] | None = None
 
 
 def replacement_tag(v: Any) -> str:

@@ -102,8 +102,11 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "ExampleError": ("fusionkit.authoring.from_example", "example code that cannot become a rule as asked"),
     "to_python": ("fusionkit.authoring.python_source", "a rule or pattern printed as the DSL code that builds it"),
     "NotPrintable": ("fusionkit.authoring.python_source", "a rule part that is Python code, not data (cannot be printed)"),
+    "MatchResult": ("fusionkit.result", "the one reasoned result: rule, node, status, step, node at fault, reason"),
+    "Status": ("fusionkit.result", "a result's verdict: fused, inside, declined, error, not_root"),
+    "Step": ("fusionkit.result", "the step that decided a result (or a constraint's kind)"),
     "why_not": ("fusionkit.authoring.near_miss", "what one rule made of one node: fused, declined (why) or how far it got"),
-    "WhyNot": ("fusionkit.authoring.near_miss", "the verdict of :func:`why_not`: outcome, step, node at fault, reason"),
+    "WhyNot": ("fusionkit.authoring.near_miss", "former name of :class:`MatchResult` (the verdict of :func:`why_not`)"),
 }
 
 #: former public names, kept for one release: name -> (module, attribute there, advice)
@@ -202,6 +205,9 @@ if TYPE_CHECKING:
     from fusionkit.match.pattern import where as where
     from fusionkit.match.targets import op_key as op_key
     from fusionkit.report import FusionReport as FusionReport
+    from fusionkit.result import MatchResult as MatchResult
+    from fusionkit.result import Status as Status
+    from fusionkit.result import Step as Step
     from fusionkit.rule import CallOp as CallOp
     from fusionkit.rule import PythonReplacement as PythonReplacement
     from fusionkit.rule import Ref as Ref

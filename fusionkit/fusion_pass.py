@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 from torch.export import ExportedProgram
 
-from fusionkit.apply.rewrite import ApplyFailure, apply_matches
-from fusionkit.match.finder import Decline, MatchSet, RuleIndex, find_matches
+from fusionkit.apply.rewrite import apply_matches
+from fusionkit.match.finder import MatchSet, RuleIndex, find_matches
 from fusionkit.report import FusionReport, RuleReport
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
@@ -50,7 +50,7 @@ class FusionPass(ExportedProgramPassBase):
             applied = apply_matches(exported_program, ms.accepted, strict=strict)
             if applied.failed:
                 ms = MatchSet(applied.applied,
-                              [*ms.declined, *(_error_decline(f) for f in applied.failed)])
+                              [*ms.declined, *(f.result() for f in applied.failed)])
         self.report = FusionReport.from_matches([r.name for r in self.rules], ms)
         self.history.append(self.report)
         return ExportedProgramPassResult(exported_program, bool(ms.accepted))
@@ -58,9 +58,3 @@ class FusionPass(ExportedProgramPassBase):
     def __repr__(self) -> str:
         return f"FusionPass({self.name!r}, rules={[r.name for r in self.rules]})"
 
-
-def _error_decline(f: ApplyFailure) -> Decline:
-    """A match whose replacement (or the pass-wide step ``during``) raised."""
-    m = f.match
-    during = "the replacement" if f.during == "replacement" else f"applying the pass ({f.during})"
-    return Decline.from_exception(m.rule.name, m.root, during, f.error)

@@ -19,19 +19,17 @@ __all__ = ["FusionReport", "RuleReport", "decline_record", "match_record", "text
 
 
 def match_record(m: Match) -> dict[str, Any]:
-    """The one JSON shape of an accepted match (reports, ``explain --json``)."""
-    return {"rule": m.rule.name, "root": m.root.name, "nodes": [n.name for n in m.claimed],
+    """An accepted match in the one JSON shape of a result (:meth:`MatchResult.record`),
+    plus the constants it folds."""
+    return {"rule": m.rule.name, "root": m.root.name, "status": "fused", "step": "fused",
+            "node": None, "reason": f"fused: {len(m.claimed)} nodes replaced",
+            "nodes": [n.name for n in m.claimed],
             "folded": {k: v.name for k, v in m.folds.items()}}
 
 
 def decline_record(d: Decline) -> dict[str, Any]:
-    """The one JSON shape of a declined match (``error_type`` only for step ``error``)."""
-    out: dict[str, Any] = {"rule": d.rule, "root": d.root.name, "step": d.step,
-                           "node": d.node.name if d.node is not None else None,
-                           "reason": d.reason}
-    if d.error_type is not None:
-        out["error_type"] = d.error_type
-    return out
+    """A declined match in the one JSON shape of a result (:meth:`MatchResult.record`)."""
+    return d.record()
 
 
 def text_table(headers: Sequence[str], rows: Sequence[Sequence[object]],

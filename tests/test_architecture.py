@@ -264,9 +264,11 @@ def test_every_package_folder_is_installed() -> None:
 
 
 def test_the_core_is_grouped_by_phase() -> None:
-    """Only the facade, the rule, the pass, its report and strict mode sit on top."""
+    """Only the facade, program-argument handling, the result type, the rule, the pass, its
+    report and strict mode sit on top."""
     top = {p.stem for p in (ROOT / "fusionkit").glob("*.py")}
-    assert top == {"__init__", "_compat", "_facade", "rule", "fusion_pass", "report", "strict"}
+    assert top == {"__init__", "_compat", "_facade", "program", "result", "rule", "fusion_pass", "report",
+                   "strict"}
 
 
 def test_benchmarks_have_no_import_circle_and_use_no_private_names() -> None:

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from torch.fx import Node
 
-from fusionkit.authoring.near_miss import WhyNot
 from fusionkit.match.finder import Decline, Match, MatchSet
 from fusionkit.match.targets import op_key
+from fusionkit.result import MatchResult, Status
 
 __all__ = ["GraphvizMissing", "Item", "render_html", "render_svg", "write_html"]
 
@@ -53,19 +53,17 @@ class Item:
     matched: tuple[Node, ...]
 
     @staticmethod
-    def of(x: Match | Decline | WhyNot) -> Item:
-        if isinstance(x, WhyNot):
-            verdict = "fused" if x.outcome == "fused" else "declined"
-            return Item(x.rule, x.at, verdict, x.step, x.node, x.reason,
-                        x.matched if x.matched else (x.at,))
+    def of(x: Match | MatchResult) -> Item:
         if isinstance(x, Match):
             folded = ", ".join(f"{k} folded from `{v.name}`" for k, v in x.folds.items())
             return Item(x.rule.name, x.root, "fused", "fused", None,
                         folded or f"{len(x.claimed)} nodes replaced", tuple(x.claimed))
-        matched = tuple(getattr(x, "claimed", ()) or ())
-        verdict = "error" if x.step == "error" else "declined"  # the rule's own code raised
-        return Item(x.rule, x.root, verdict, x.step, x.node, x.reason,
-                    matched if x.root in matched else (x.root, *matched))
+        verdict = {Status.FUSED: "fused", Status.ERROR: "error"}.get(x.status, "declined")
+        if isinstance(x, Decline):  # the finder's: the root is always drawn
+            matched = x.matched if x.at in x.matched else (x.at, *x.matched)
+        else:  # why_not's verdict: what it matched, or the node asked about
+            matched = x.matched or (x.at,)
+        return Item(x.rule, x.at, verdict, x.step, x.node, x.reason, matched)
 
 
 def _label(n: Node) -> str:

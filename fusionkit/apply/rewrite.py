@@ -33,7 +33,7 @@ from fusionkit.apply.builder import FusionError, ProgramConstants, Rewriter
 from fusionkit.apply.journal import Journal
 from fusionkit.check.folding import evaluate_constant
 from fusionkit.check.program_inputs import ConstantKind
-from fusionkit.match.finder import Match
+from fusionkit.match.finder import Decline, Match
 from fusionkit.match.pattern import output_names
 from fusionkit.match.targets import is_assertion, resolve_op
 from fusionkit.strict import strict_mode
@@ -52,6 +52,13 @@ class ApplyFailure:
     match: Match
     during: str
     error: BaseException
+
+    def result(self) -> Decline:
+        """This failure as the one result type: a decline with status ``error``."""
+        m = self.match
+        during = ("the replacement" if self.during == "replacement"
+                  else f"applying the pass ({self.during})")
+        return Decline.from_exception(m.rule.name, m.root, during, self.error)
 
 
 @dataclass

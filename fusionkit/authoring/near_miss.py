@@ -11,47 +11,19 @@ failed, expecting what and finding what.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
 
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from fusionkit.match.finder import Decline, Match, MatchSet, find_matches
+from fusionkit.match.finder import MatchSet, find_matches
 from fusionkit.match.targets import op_key
+from fusionkit.result import MatchResult
 from fusionkit.rule import Rule
 
-__all__ = ["WhyNot", "why_not"]
+__all__ = ["MatchResult", "WhyNot", "why_not"]
 
-Outcome = Literal["fused", "inside", "declined", "not_root"]
-
-
-@dataclass(frozen=True)
-class WhyNot:
-    """The verdict of one rule at one node, and the evidence for it."""
-
-    rule: str
-    at: Node
-    outcome: Outcome
-    #: "fused", "structure", "escape", "overlap", a constraint kind, or "root"
-    step: str
-    #: the node at fault (None when the verdict names none)
-    node: Node | None
-    reason: str
-    #: the nodes the rule had matched (the whole match when fused)
-    matched: tuple[Node, ...] = ()
-    #: the match or decline this verdict comes from, when there is one
-    source: Match | Decline | None = None
-
-    def __str__(self) -> str:
-        at = f" [{self.node.name}]" if self.node is not None else ""
-        return f"{self.rule} at `{self.at.name}`: {self.outcome} ({self.step}){at}: {self.reason}"
-
-    def record(self) -> dict[str, Any]:
-        """A JSON-ready record."""
-        return {"rule": self.rule, "at": self.at.name, "outcome": self.outcome,
-                "step": self.step, "node": self.node.name if self.node is not None else None,
-                "reason": self.reason, "matched": [n.name for n in self.matched]}
+#: the verdict of :func:`why_not` is the one result type (``WhyNot`` is its former name)
+WhyNot = MatchResult
 
 
 def _node_named(ep: ExportedProgram, name: str) -> Node:

@@ -24,6 +24,7 @@ from fusionkit.match.gates import GATE_DEPTH, Gate, GateLike, gate_of, graph_op_
 from fusionkit.match.matcher import Binding, CompiledPattern, PredicateError, compile_pattern
 from fusionkit.match.pattern import output_names
 from fusionkit.match.targets import is_assertion, op_key, schema_of
+from fusionkit.result import MatchResult, Status, Step
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
 
@@ -72,27 +73,41 @@ class Match:
 DECLINE_STEPS: tuple[str, ...] = ("structure", "overlap", "escape", "placement", "error")
 
 
-@dataclass(frozen=True)
-class Decline:
-    """A near miss: the rule, where, which step failed, the node at fault, why.
+@dataclass(frozen=True, init=False, eq=False)
+class Decline(MatchResult):
+    """A refused match: a :class:`~fusionkit.result.MatchResult` the finder made.
 
-    ``step == "error"`` means the rule's own code raised (a constraint, a value
-    predicate, a custom check, a replacement): ``error_type`` names the
-    exception and ``reason`` says where it was raised and its message.
+    Built as ``Decline(rule, root, step, node, reason, claimed, error_type)``;
+    ``step == "error"`` (status ``error``) means the rule's own code raised (a
+    constraint, a value predicate, a custom check, a replacement): ``error_type``
+    names the exception and ``reason`` says where it was raised and its message.
     """
 
-    rule: str
-    root: Node
-    step: str  # "structure", "overlap", "escape", "placement", "error", or a constraint kind
-    node: Node | None
-    reason: str
-    #: the nodes the rule had matched when it was declined (for pictures)
-    claimed: tuple[Node, ...] = field(default=(), compare=False, repr=False)
-    error_type: str | None = None
+    def __init__(self, rule: str, root: Node, step: str, node: Node | None, reason: str,
+                 claimed: tuple[Node, ...] = (), error_type: str | None = None) -> None:
+        status = Status.ERROR if step == Step.ERROR else Status.DECLINED
+        super().__init__(rule, root, status, step, node, reason, tuple(claimed),
+                         None, error_type)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MatchResult):
+            return NotImplemented
+        return (self.rule, self.at, self.status, self.step, self.node, self.reason,
+                self.error_type) == (other.rule, other.at, other.status, other.step,
+                                     other.node, other.reason, other.error_type)
+
+    def __hash__(self) -> int:
+        return hash((self.rule, self.at, self.step, self.node, self.reason))
 
     @property
-    def is_error(self) -> bool:
-        return self.step == "error"
+    def root(self) -> Node:
+        """The node the rule was tried at (:attr:`at`)."""
+        return self.at
+
+    @property
+    def claimed(self) -> tuple[Node, ...]:
+        """The nodes the rule had matched when it was declined (:attr:`matched`)."""
+        return self.matched
 
     @classmethod
     def from_exception(cls, rule: str, root: Node, during: str, exc: BaseException,

@@ -1,0 +1,109 @@
+"""One reasoned result: what a rule made of one place in a program, and why.
+
+Every layer that says "why not" speaks this type: the finder's declines, ``why_not``'s
+verdicts, the pass report, ``fusionkit explain`` and its JSON. A result has a
+:class:`Status` (fused, part of another match, declined, the rule's own code raised,
+never tried), the :class:`Step` that decided it (or the ``kind`` of the constraint that
+refused it), the node at fault and a sentence saying why. One class with one JSON shape
+(:meth:`MatchResult.record`) means a reason reads the same wherever it is shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from torch.fx import Node
+
+__all__ = ["MatchResult", "Status", "Step"]
+
+
+class Status(StrEnum):
+    """The verdict of a result."""
+
+    #: accepted (a pass applies every accepted match)
+    FUSED = "fused"
+    #: the node belongs to another rule's accepted match
+    INSIDE = "inside"
+    #: matched structurally, or nearly, and refused with a reason
+    DECLINED = "declined"
+    #: the rule's own code (a constraint, a predicate, a replacement) raised
+    ERROR = "error"
+    #: the node is not an op the rule's pattern is rooted at
+    NOT_ROOT = "not_root"
+
+
+class Step(StrEnum):
+    """Which step decided a result. A constraint's refusal names its ``kind`` instead
+    (``dtype``, ``prepackable_constant``, ``custom:NAME``): those are open-ended."""
+
+    FUSED = "fused"
+    #: the pattern's op tree did not match (a near miss: how far it got)
+    STRUCTURE = "structure"
+    #: the nodes are claimed by an earlier match
+    OVERLAP = "overlap"
+    #: an intermediate the replacement would remove is used outside the match
+    ESCAPE = "escape"
+    #: a multi-output match has no single point for its replacement
+    PLACEMENT = "placement"
+    #: the replacement creates an op the target could not run
+    EXECUTABLE = "executable"
+    #: the rule's own code raised
+    ERROR = "error"
+    #: the node is not the rule's root op
+    ROOT = "root"
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """What rule ``rule`` made of node ``at``: status, deciding step, node at fault, reason."""
+
+    rule: str
+    at: Node
+    status: Status
+    #: a :class:`Step`, or the kind of the constraint that refused the match
+    step: str
+    #: the node at fault (None when the result names none)
+    node: Node | None
+    reason: str
+    #: the nodes the rule had matched (the whole match when fused; for pictures)
+    matched: tuple[Node, ...] = field(default=(), compare=False, repr=False)
+    #: the accepted match or finder result this one was derived from, if any
+    source: Any = field(default=None, compare=False, repr=False)
+    #: for status ``error``: the exception's type name
+    error_type: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.status, Status):
+            object.__setattr__(self, "status", Status(self.status))
+
+    @property
+    def outcome(self) -> Status:
+        """Former name of :attr:`status` (``WhyNot.outcome``)."""
+        return self.status
+
+    @property
+    def is_error(self) -> bool:
+        return self.status is Status.ERROR
+
+    @classmethod
+    def fail(cls, rule: str, at: Node, step: str, reason: str, node: Node | None = None,
+             matched: tuple[Node, ...] = ()) -> MatchResult:
+        """A declined result (``error`` when ``step`` is ``error``)."""
+        status = Status.ERROR if step == Step.ERROR else Status.DECLINED
+        return cls(rule, at, status, step, node, reason, matched)
+
+    def record(self) -> dict[str, Any]:
+        """The one JSON shape of a result (``error_type`` only for status ``error``)."""
+        out: dict[str, Any] = {
+            "rule": self.rule, "root": self.at.name, "status": str(self.status),
+            "step": str(self.step), "node": self.node.name if self.node is not None else None,
+            "reason": self.reason, "nodes": [n.name for n in self.matched]}
+        if self.error_type is not None:
+            out["error_type"] = self.error_type
+        return out
+
+    def __str__(self) -> str:
+        at = f" [{self.node.name}]" if self.node is not None else ""
+        return f"{self.rule} at `{self.at.name}`: {self.status} ({self.step}){at}: {self.reason}"

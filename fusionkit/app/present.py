@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusionkit.authoring.near_miss import WhyNot
 from fusionkit.match.finder import MatchSet
 from fusionkit.report import FusionReport, decline_record, match_record, text_table
+from fusionkit.result import MatchResult
 
 __all__ = ["explain_json", "explain_rows", "report_text", "why_not_text"]
 
@@ -55,15 +55,16 @@ def report_text(report: FusionReport) -> str:
     return "\n".join(lines)
 
 
-def why_not_text(w: WhyNot) -> str:
+def why_not_text(w: MatchResult) -> str:
     """``fusionkit explain --rule R --at NODE``: the verdict, then the evidence, one per line."""
     head = {"fused": "fused here", "inside": "not here: the node belongs to another match",
-            "declined": "declined here", "not_root": "never tried here"}[w.outcome]
+            "declined": "declined here", "error": "declined here: the rule's own code raised",
+            "not_root": "never tried here"}[w.status]
     lines = [f"{w.rule} at `{w.at.name}`: {head}", f"  step:   {w.step}"]
     if w.node is not None:
         lines.append(f"  node:   `{w.node.name}`")
     lines.append(f"  reason: {w.reason}")
-    if w.matched and w.outcome != "fused":
+    if w.matched and w.status != "fused":
         what = "matched before it stopped" if w.step == "structure" else "matched"
         lines.append(f"  {what}: {', '.join(f'`{n.name}`' for n in w.matched)}")
     return "\n".join(lines)

@@ -31,3 +31,21 @@ def vulkan_ops() -> None:
     """Registers ``et_vk.*`` (with CPU reference kernels) for tests that run them."""
     pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")
 
+
+
+@pytest.fixture(scope="session")
+def vulkan_runtime() -> object:
+    """The real Vulkan runtime's library path (``bash scripts/vulkan-runtime`` gets it).
+
+    Missing, it *fails* the test under CI (``CI=true`` or ``FUSIONKIT_REQUIRE_VULKAN_RUNTIME=1``,
+    which ``.ci/run`` sets) and skips it elsewhere.
+    """
+    from fusionkit.backends.vulkan_adapter.runtime import find_runtime
+
+    path = find_runtime()
+    if path is None:
+        why = "no real Vulkan runtime: run `bash scripts/vulkan-runtime`"
+        if os.environ.get("CI") == "true" or os.environ.get("FUSIONKIT_REQUIRE_VULKAN_RUNTIME") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    return path

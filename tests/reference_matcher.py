@@ -15,6 +15,7 @@ from torch.fx import Node
 
 from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.match.pattern import (
+    CASTS,
     Also,
     Alt,
     Capture,
@@ -150,25 +151,46 @@ def _arg_value(node: Node, index: int | None, name: str | None) -> Any:
     return _MISSING
 
 
+def _constant_scalar(value: Node, inputs: ProgramInputs) -> tuple[Any, torch.dtype] | None:
+    """A 0-d constant placeholder, or up to 4 dtype casts of one: its number and dtype."""
+    casts: list[Node] = []
+    n = value
+    while (len(casts) < 4 and n.op == "call_function" and n.args
+           and isinstance(n.args[0], Node) and op_key(n.target) in CASTS):
+        casts.append(n)
+        n = n.args[0]
+    ref = inputs.constant(n)
+    if ref is None or ref.tensor.dim() != 0:
+        return None
+    t = ref.tensor
+    for c in reversed(casts):
+        dtype = _dtype_of(c)
+        if not isinstance(dtype, torch.dtype):
+            return None
+        t = t.to(dtype)
+    return t.item(), t.dtype
+
+
 def _match_value(p: Value, value: Any, b: Binding, s: _Search, where: str) -> Iterator[Binding]:
-    got = value
+    got, dtype = value, None
     if isinstance(value, Node):
-        if not p.tensor_ok:
+        if not (p.tensor_ok or p.in_dtype is not None):
             s.fail(b, value, f"{where}: expected {p.description}, got node `{value.name}`")
             return
-        ref = s.inputs.constant(value)
-        if ref is None or ref.tensor.dim() != 0:
+        met = _constant_scalar(value, s.inputs)
+        if met is None:
             s.fail(b, value, f"{where}: expected {p.description}, got `{value.name}`, "
                    "which is not a 0-d constant tensor")
             return
-        got = ref.tensor.item()
+        got, dtype = met
     try:
-        ok = bool(p.predicate(got))
+        ok = p.in_dtype(got, dtype) if p.in_dtype is not None else bool(p.predicate(got))
     except Exception as e:  # a bug in the rule: the finder declines with step "error"
         raise PredicateError(where, p.description, e) from e
     if not ok:
+        note = f" (a {str(dtype).removeprefix('torch.')} constant)" if dtype is not None else ""
         s.fail(b, value if isinstance(value, Node) else None,
-               f"{where}: expected {p.description}, got {_fmt(got)}")
+               f"{where}: expected {p.description}, got {_fmt(got)}{note}")
         return
     if p.name is None:
         yield b

@@ -28,6 +28,7 @@ from torch.fx import Node
 from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.match.memo import PerObject
 from fusionkit.match.pattern import (
+    CASTS,
     Alt,
     Capture,
     Named,
@@ -45,6 +46,7 @@ __all__ = ["Binding", "CompiledPattern", "PredicateError", "StructuralFailure", 
            "match_pattern"]
 
 _MISSING = object()
+_CAST_KEYS = frozenset(CASTS)
 
 
 class PredicateError(Exception):
@@ -239,27 +241,60 @@ def _compile_capture(p: Capture) -> _M:
     return m
 
 
+#: the most dtype casts looked through to the 0-d constant a literal stands for
+_MAX_CONSTANT_CASTS = 4
+
+
+def _constant_scalar(value: Node, inputs: ProgramInputs) -> tuple[Any, torch.dtype] | None:
+    """The number a node stands for, and its dtype, when it is a 0-d constant tensor
+    or dtype casts of one (``to_edge`` lifts ``x * 0.5`` into a float32 constant and,
+    in an fp16/bf16 program, casts it to the activations' dtype); else None."""
+    casts: list[Node] = []
+    n = value
+    while (len(casts) < _MAX_CONSTANT_CASTS and n.op == "call_function" and n.args
+           and isinstance(n.args[0], Node) and op_key(n.target) in _CAST_KEYS):
+        casts.append(n)
+        n = n.args[0]
+    ref = inputs.constant(n)
+    if ref is None or ref.tensor.dim() != 0:
+        return None
+    t = ref.tensor
+    for c in reversed(casts):
+        dtype = _dtype_of(c)
+        if not isinstance(dtype, torch.dtype):
+            return None
+        t = t.to(dtype)
+    return t.item(), t.dtype
+
+
+def _constant_note(dtype: torch.dtype | None) -> str:
+    return f" (a {str(dtype).removeprefix('torch.')} constant)" if dtype is not None else ""
+
+
 def _compile_value(p: Value) -> _M:
+    constants_ok = p.constants_ok
+
     def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
-        got = value
+        got, dtype = value, None
         if isinstance(value, Node):
-            if not p.tensor_ok:
+            if not constants_ok:
                 s.fail(b, value, lambda: f"{_where(where)}: expected {p.description}, got node "
                        f"`{value.name}`")
                 return None
-            ref = s.inputs.constant(value)
-            if ref is None or ref.tensor.dim() != 0:
+            met = _constant_scalar(value, s.inputs)
+            if met is None:
                 s.fail(b, value, lambda: f"{_where(where)}: expected {p.description}, got "
                        f"`{value.name}`, which is not a 0-d constant tensor")
                 return None
-            got = ref.tensor.item()
+            got, dtype = met
         try:
-            ok = bool(p.predicate(got))
+            ok = p.accepts(got, dtype)
         except Exception as e:  # a bug in the rule: the finder declines with step "error"
             raise PredicateError(_where(where), p.description, e) from e
         if not ok:
             s.fail(b, value if isinstance(value, Node) else None,
-                   lambda: f"{_where(where)}: expected {p.description}, got {_fmt(got)}")
+                   lambda: f"{_where(where)}: expected {p.description}, got {_fmt(got)}"
+                   f"{_constant_note(dtype)}")
             return None
         if p.name is None:
             return k(b)

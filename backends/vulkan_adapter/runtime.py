@@ -1,0 +1,415 @@
+"""ExecuTorch's real Vulkan runtime: find it, load it once, run programs — safely in a child.
+
+The simulator (:mod:`.inspect.simulator`) is a model of the runtime; this module runs
+the runtime itself: ``libexecutorch_backend_vulkan.so`` (ExecuTorch's
+``backends/vulkan/runtime``, built against the wheel's ``libexecutorch.so``; get it with
+``bash scripts/vulkan-runtime``), loaded with ``RTLD_GLOBAL`` next to the wheel's
+``portable_lib`` so that ``VulkanBackend`` is registered, on Mesa's lavapipe (a CPU
+Vulkan driver) unless ``VK_ICD_FILENAMES`` names another.
+
+A program the runtime rejects often *aborts the process* (a failed ``VK_CHECK_COND``
+is an uncaught C++ exception), so :func:`run_in_child` / :func:`run_many_in_child`
+run programs in a child process and return either the outputs or the runtime's own
+message (``prepack_standard ... (graph.val_is_tref(tensor_data)) is false!``); the
+caller, a CLI or a test session, never dies. :func:`run` runs in this process, for
+programs already known to load.
+
+Where the library is looked for: ``$FUSIONKIT_VULKAN_RUNTIME`` (a path), then the cache
+that ``scripts/vulkan-runtime`` fills, ``${FUSIONKIT_CACHE:-~/.cache/fusionkit}/
+vulkan-runtime/executorch-<ver>_torch-<ver>_*/`` (its SHA256SUMS re-checked).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "LAVAPIPE_ICD",
+    "LIBRARY",
+    "Job",
+    "LoadedRuntime",
+    "RunResult",
+    "RuntimeNotFoundError",
+    "cache_dir",
+    "child_environment",
+    "device_name",
+    "find_runtime",
+    "load",
+    "run",
+    "run_in_child",
+    "run_many_in_child",
+]
+
+LIBRARY = "libexecutorch_backend_vulkan.so"
+LAVAPIPE_ICD = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json"
+RUNTIME_ENV = "FUSIONKIT_VULKAN_RUNTIME"
+#: what the child prints on stderr before each program, to cut its stderr per program
+_MARK = "@@fusionkit-vulkan-run "
+
+
+class RuntimeNotFoundError(RuntimeError):
+    """No usable real Vulkan runtime: the message says how to get one."""
+
+
+def cache_dir() -> Path:
+    """Where ``scripts/vulkan-runtime`` keeps runtimes."""
+    base = os.environ.get("FUSIONKIT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fusionkit")
+    return Path(base) / "vulkan-runtime"
+
+
+def _sha_ok(entry: Path) -> bool:
+    sums = entry / "SHA256SUMS"
+    lib = entry / LIBRARY
+    if not (sums.is_file() and lib.is_file()):
+        return False
+    want = {line.split()[-1].lstrip("*"): line.split()[0]
+            for line in sums.read_text().splitlines() if line.strip()}.get(LIBRARY)
+    return want == hashlib.sha256(lib.read_bytes()).hexdigest()
+
+
+def find_runtime() -> Path | None:
+    """The runtime library for the installed executorch/torch, or None."""
+    explicit = os.environ.get(RUNTIME_ENV)
+    if explicit:
+        return Path(explicit) if Path(explicit).is_file() else None
+    prefix = f"executorch-{version('executorch')}_torch-{version('torch').split('+')[0]}_"
+    root = cache_dir()
+    if not root.is_dir():
+        return None
+    entries = sorted((d for d in root.iterdir() if d.name.startswith(prefix) and d.is_dir()),
+                     key=lambda d: d.stat().st_mtime, reverse=True)
+    for entry in entries:
+        if _sha_ok(entry):
+            return entry / LIBRARY
+    return None
+
+
+def _require_runtime() -> Path:
+    path = find_runtime()
+    if path is None:
+        where = os.environ.get(RUNTIME_ENV) or str(cache_dir())
+        raise RuntimeNotFoundError(
+            f"no real Vulkan runtime for executorch {version('executorch')} (looked in {where}); "
+            "get one with `bash scripts/vulkan-runtime` (prebuilt or --source DIR). Without it, "
+            "`fusionkit simulate` and `check()` model the runtime on the CPU.")
+    return path
+
+
+def child_environment(path: Path | None = None) -> dict[str, str]:
+    """The environment a process needs to load the runtime: its path and a Vulkan driver
+    (lavapipe when ``VK_ICD_FILENAMES`` is unset)."""
+    env = dict(os.environ)
+    env[RUNTIME_ENV] = str(path or _require_runtime())
+    if "VK_ICD_FILENAMES" not in env and os.path.isfile(LAVAPIPE_ICD):
+        env["VK_ICD_FILENAMES"] = LAVAPIPE_ICD
+    return env
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedRuntime:
+    """The runtime loaded into this process."""
+
+    path: Path
+    #: the Vulkan device programs run on (``vulkaninfo --summary``), e.g. "llvmpipe (LLVM ...)"
+    device: str
+    backends: tuple[str, ...]
+
+
+@functools.cache
+def device_name() -> str:
+    """The Vulkan device the loader picks under this environment (``vulkaninfo --summary``)."""
+    exe = shutil.which("vulkaninfo")
+    if exe is None:
+        return "unknown (vulkaninfo not installed: apt-get install vulkan-tools)"
+    env = dict(os.environ)
+    if "VK_ICD_FILENAMES" not in env and os.path.isfile(LAVAPIPE_ICD):
+        env["VK_ICD_FILENAMES"] = LAVAPIPE_ICD
+    try:
+        out = subprocess.run([exe, "--summary"], capture_output=True, text=True, timeout=60,
+                             env=env).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown (vulkaninfo: {e})"
+    names = [line.split("=", 1)[1].strip() for line in out.splitlines()
+             if line.strip().startswith("deviceName")]
+    return names[0] if names else "none (vulkaninfo lists no device)"
+
+
+_LOADED: LoadedRuntime | None = None
+
+
+def load() -> LoadedRuntime:
+    """Load the runtime into this process, once; raises :class:`RuntimeNotFoundError` when
+    there is none or it does not register an available ``VulkanBackend``."""
+    global _LOADED
+    if _LOADED is not None:
+        return _LOADED
+    path = _require_runtime()
+    if "VK_ICD_FILENAMES" not in os.environ and os.path.isfile(LAVAPIPE_ICD):
+        os.environ["VK_ICD_FILENAMES"] = LAVAPIPE_ICD
+    from executorch.extension.pybindings import portable_lib  # loads libexecutorch.so first
+
+    ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    backends = tuple(portable_lib._get_registered_backend_names())
+    if "VulkanBackend" not in backends:
+        raise RuntimeNotFoundError(f"{path} loaded but registered no VulkanBackend ({backends})")
+    if not portable_lib._is_available("VulkanBackend"):
+        raise RuntimeNotFoundError(
+            f"{path}: VulkanBackend is registered but not available: no Vulkan device "
+            f"(VK_ICD_FILENAMES={os.environ.get('VK_ICD_FILENAMES')!r}; "
+            "apt-get install mesa-vulkan-drivers for lavapipe)")
+    _LOADED = LoadedRuntime(path, device_name(), backends)
+    return _LOADED
+
+
+def run(pte: bytes, inputs: Sequence[Any], method: str = "forward") -> list[Any]:
+    """Run ``method`` of ``pte`` in *this* process. A program the runtime aborts on kills
+    the process: use :func:`run_in_child` for anything not known to load."""
+    load()
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
+    module = _load_for_executorch_from_buffer(pte)  # ``pte`` stays alive while it runs
+    return list(module.run_method(method, tuple(inputs)))
+
+
+# ------------------------------------------------------------------------- child runs
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One program to run: its bytes, inputs (None: random ones from the method's meta)."""
+
+    pte: bytes
+    inputs: Sequence[Any] | None = None
+    method: str = "forward"
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What one program did on the real runtime."""
+
+    #: "ok", "error" (the runtime refused it: a load or execute error), "abort" (the
+    #: child process died on it), "timeout"
+    status: str
+    outputs: list[Any] | None = None
+    #: the inputs it ran on (the given ones, or the random ones drawn)
+    inputs: list[Any] | None = None
+    #: the runtime's own message (one line) when not ok
+    message: str | None = None
+    #: the runtime's stderr while this program ran (tail)
+    stderr: str = ""
+    seconds: float = 0.0
+    device: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+#: stderr lines that carry the runtime's reason, best first
+_REASON_KEYS = ("what():", "is false!", "Could not find ShaderInfo", "Missing operator",
+                "Exception", "Error", "error", "Aborted", "Segmentation")
+
+
+def _reason(stderr: str, fallback: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for key in _REASON_KEYS:
+        hits = [ln for ln in lines if key in ln]
+        if hits:
+            line = hits[0] if key != "what():" else hits[0].split("what():", 1)[1].strip()
+            return line[:500]
+    return (lines[-1] if lines else fallback)[:500]
+
+
+def run_in_child(pte_bytes: bytes, inputs: Sequence[Any] | None = None, method: str = "forward",
+                 *, timeout: float = 120.0) -> RunResult:
+    """Run one program on the real runtime in a child process (see :func:`run_many_in_child`)."""
+    return run_many_in_child([Job(pte_bytes, inputs, method)], timeout=timeout)[0]
+
+
+def run_many_in_child(jobs: Sequence[Job], *, timeout: float = 120.0,
+                      startup_timeout: float = 180.0) -> list[RunResult]:
+    """Run ``jobs`` in order in as few child processes as possible (one import of torch and
+    the runtime per child): a job that aborts its child is reported with the runtime's
+    message and the remaining jobs go on in a fresh child. ``timeout`` bounds each job,
+    ``startup_timeout`` the child's imports. Raises :class:`RuntimeNotFoundError` when
+    there is no runtime."""
+    import torch
+
+    env = child_environment()
+    results: list[RunResult | None] = [None] * len(jobs)
+    with tempfile.TemporaryDirectory(prefix="fusionkit-vkrun-") as tmp:
+        work = Path(tmp)
+        for i, job in enumerate(jobs):
+            (work / f"{i}.pte").write_bytes(job.pte)
+            torch.save({"inputs": None if job.inputs is None else list(job.inputs),
+                        "method": job.method}, work / f"{i}.job")
+        pending = list(range(len(jobs)))
+        while pending:
+            done = _one_child(work, pending, env, timeout, startup_timeout, results)
+            pending = [i for i in pending if results[i] is None]
+            if not done:  # the child made no progress at all: report the rest as it
+                break
+    return [r if r is not None else RunResult("abort", message="the child never started")
+            for r in results]
+
+
+def _one_child(work: Path, pending: list[int], env: dict[str, str], timeout: float,
+               startup_timeout: float, results: list[RunResult | None]) -> bool:
+    """Run ``pending`` in one child until it ends; fill ``results``; False if none started."""
+    import torch
+
+    (work / "todo").write_text(" ".join(map(str, pending)))
+    err_path = work / "stderr"
+    # the child runs this file on its own (stdlib + torch + executorch only): importing the
+    # fusionkit package there would cost time and tie the child to the whole tree
+    code = f"import runpy; runpy.run_path({__file__!r})['_child_main']({str(work)!r})"
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                                stdout=err, stderr=err, env=env)
+        t_start = time.monotonic()
+        current: int | None = None
+        t_current = t_start
+        timed_out = False
+        while proc.poll() is None:
+            time.sleep(0.05)
+            started = [i for i in pending if (work / f"{i}.started").exists()]
+            now = time.monotonic()
+            if started and started[-1] != current:
+                current, t_current = started[-1], now
+            limit = startup_timeout if current is None else timeout
+            if now - (t_start if current is None else t_current) > limit:
+                proc.kill()  # our own child, by its handle
+                proc.wait()
+                timed_out = True
+                break
+    stderr = err_path.read_text(errors="replace")
+    segments = _segments(stderr)
+    any_started = False
+    for i in pending:
+        res_path = work / f"{i}.result"
+        if res_path.exists():
+            any_started = True
+            rec = torch.load(res_path, weights_only=False)
+            results[i] = RunResult(rec["status"], rec.get("outputs"), rec.get("inputs"),
+                                   rec.get("message"), _tail(segments.get(i, "")),
+                                   rec.get("seconds", 0.0), rec.get("device", ""))
+        elif (work / f"{i}.started").exists():
+            any_started = True
+            seg = segments.get(i, "")
+            if timed_out:
+                results[i] = RunResult("timeout", message=f"no result within {timeout:g} s",
+                                       stderr=_tail(seg), seconds=timeout)
+            else:
+                rc = proc.returncode
+                how = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
+                results[i] = RunResult("abort", message=_reason(seg, f"the runtime died ({how})"),
+                                       stderr=_tail(seg))
+            break  # the jobs after it never ran: the caller starts a new child
+    if not any_started:
+        why = (f"the child did not start within {startup_timeout:g} s" if timed_out
+               else _reason(segments.get(-1, stderr), f"exit status {proc.returncode}"))
+        for i in pending:
+            results[i] = RunResult("abort", message=f"the runtime could not start: {why}",
+                                   stderr=_tail(stderr))
+    return any_started
+
+
+def _segments(stderr: str) -> dict[int, str]:
+    """stderr per job index (-1: before the first job)."""
+    out: dict[int, list[str]] = {-1: []}
+    key = -1
+    for line in stderr.splitlines():
+        if line.startswith(_MARK):
+            key = int(line[len(_MARK):].strip())
+            out[key] = []
+            continue
+        out.setdefault(key, []).append(line)
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _random_inputs(module: Any, method: str) -> list[Any]:
+    """Inputs drawn from the method's meta: normal floats, small non-negative integers."""
+    import torch
+
+    meta = module.method_meta(method)
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for k in range(meta.num_inputs()):
+        info = meta.input_tensor_meta(k)
+        dtype = _SCALAR_TYPES.get(int(info.dtype()), torch.float32)
+        shape = tuple(info.sizes())
+        if dtype.is_floating_point:
+            out.append(torch.randn(shape, generator=g).to(dtype))
+        elif dtype == torch.bool:
+            out.append(torch.randint(0, 2, shape, generator=g).bool())
+        else:
+            out.append(torch.randint(0, 4, shape, generator=g).to(dtype))
+    return out
+
+
+_SCALAR_TYPES: dict[int, Any] = {}
+
+
+def _child_main(work_dir: str) -> None:
+    """The child: load the runtime, run each job of ``todo``, write each result at once."""
+    import torch
+
+    global _SCALAR_TYPES
+    _SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32,
+                     4: torch.int64, 5: torch.float16, 6: torch.float32, 7: torch.float64,
+                     11: torch.bool, 15: torch.bfloat16}
+    work = Path(work_dir)
+    loaded = load()
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
+    for i in map(int, (work / "todo").read_text().split()):
+        if (work / f"{i}.result").exists():
+            continue
+        sys.stderr.write(f"\n{_MARK}{i}\n")
+        sys.stderr.flush()
+        (work / f"{i}.started").touch()
+        job = torch.load(work / f"{i}.job", weights_only=False)
+        t0 = time.perf_counter()
+        rec: dict[str, Any] = {"device": loaded.device}
+        inputs = job["inputs"]
+        try:
+            # the module reads the buffer when the method first loads: keep it alive
+            pte = (work / f"{i}.pte").read_bytes()
+            module = _load_for_executorch_from_buffer(pte)
+            if inputs is None:
+                inputs = _random_inputs(module, job["method"])
+            rec["inputs"] = list(inputs)
+            rec["outputs"] = list(module.run_method(job["method"], tuple(inputs)))
+            rec["status"] = "ok"
+        except Exception as e:  # the runtime refused it (load or execute error)
+            sys.stderr.flush()
+            rec["status"] = "error"
+            rec["python_error"] = f"{type(e).__name__}: {e}"
+        rec["seconds"] = time.perf_counter() - t0
+        if rec["status"] == "error":
+            err = (work / "stderr").read_text(errors="replace")
+            seg = _segments(err).get(i, "")
+            said = _reason(seg, "") if seg.strip() else ""
+            py = rec["python_error"].strip()
+            rec["message"] = (py if not said or said in py else f"{said} ({py[:300]})")[:800]
+        tmp = work / f".{i}.result"
+        torch.save(rec, tmp)
+        tmp.rename(work / f"{i}.result")

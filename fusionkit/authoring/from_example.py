@@ -65,6 +65,9 @@ from fusionkit.rule import CallOp, PythonReplacement, Ref, Replacement, Rule
 __all__ = ["ExampleError", "pattern_from_function", "rule_from_functions"]
 
 Dialect = Literal["edge", "aten"]
+#: what a trace is lowered to: a rule's dialect, or core ATen (``aten`` plus
+#: ``to_edge``'s decompositions, still an ATen program)
+TraceDialect = Literal["edge", "aten", "core"]
 ParamPolicy = Literal["constant", "foldable", "any"]
 
 
@@ -125,7 +128,7 @@ def _bind_inputs(fn: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, An
     return dict(bound.arguments)
 
 
-def _export(fn: Callable[..., Any], values: Mapping[str, Any], dialect: Dialect
+def _export(fn: Callable[..., Any], values: Mapping[str, Any], dialect: TraceDialect
             ) -> tuple[ExportedProgram, list[str]]:
     tensor_names = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
     fixed = {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
@@ -138,6 +141,10 @@ def _export(fn: Callable[..., Any], values: Mapping[str, Any], dialect: Dialect
 
             cfg = EdgeCompileConfig(_check_ir_validity=False)
             ep = to_edge(ep, compile_config=cfg).exported_program()
+        elif dialect == "core":
+            from executorch.exir.tracer import _default_decomposition_table
+
+            ep = ep.run_decompositions(_default_decomposition_table())
     except Exception as e:  # export's own error, with the example named
         raise ExampleError(f"cannot trace {getattr(fn, '__name__', type(fn).__name__)} "
                            f"({dialect} dialect): {type(e).__name__}: {e}") from e
@@ -150,7 +157,8 @@ def _capture_name(fqn: str) -> str:
     return name if name.isidentifier() else f"t_{name}"
 
 
-def _trace(fn: Callable[..., Any], values: Mapping[str, Any], dialect: Dialect) -> _Trace:
+def _trace(fn: Callable[..., Any], values: Mapping[str, Any], dialect: TraceDialect
+           ) -> _Trace:
     ep, tensor_names = _export(fn, values, dialect)
     module_fqns = set()
     if isinstance(fn, nn.Module):
@@ -300,7 +308,7 @@ def _example_value(fn: Callable[..., Any], values: Mapping[str, Any], name: str)
 
 
 def _wildcard_positions(fn: Callable[..., Any], values: Mapping[str, Any], name: str,
-                        dialect: Dialect, base: _Trace | None = None
+                        dialect: TraceDialect, base: _Trace | None = None
                         ) -> tuple[_Trace, set[Position], Any]:
     """Where the value of input or attribute ``name`` lands in the traced graph.
 
@@ -537,7 +545,7 @@ class _Traced:
 
 
 def _trace_with_wildcards(fn: Callable[..., Any], values: Mapping[str, Any],
-                          names_w: Mapping[str, str], dialect: Dialect
+                          names_w: Mapping[str, str], dialect: TraceDialect
                           ) -> tuple[_Trace, dict[Position, str], dict[str, Any]]:
     """One trace of the example, and which of its literals each wildcard is.
 
@@ -641,18 +649,20 @@ def pattern_from_function(fn: Callable[..., Any], example_inputs: Sequence[Any],
 
 # --------------------------------------------------------------------- replacement
 
+#: the dialect a replacement is traced in, per rule dialect: the ops ``to_edge``
+#: makes (core ATen: ``native_layer_norm`` for ``layer_norm``, ``silu`` decomposed),
+#: custom ops (``et_vk.*``) kept as they are
+_REPLACEMENT_DIALECT: dict[str, TraceDialect] = {"edge": "edge", "aten": "core"}
 
-def _replacement_from_function(fn: Callable[..., Any], examples: Mapping[str, Any],
-                               wild: set[str], outputs: int) -> Replacement:
-    sig = _signature_of(fn)
-    params = list(sig.parameters)
-    missing = [p for p in params if p not in examples]
-    if missing:
-        raise ExampleError(f"replacement parameter(s) {missing} name no capture of the pattern "
-                           f"(captures: {sorted(examples)})")
-    values = {p: examples[p] for p in params}
+Steps = tuple[tuple[Any, tuple[Any, ...], dict[str, Any]], ...]
+
+
+def _replacement_steps(fn: Callable[..., Any], values: Mapping[str, Any], wild: set[str],
+                       dialect: TraceDialect) -> tuple[Steps, tuple[Any, ...]]:
+    """The traced replacement as replayable steps and the outputs they return."""
+    params = list(values)
     tr, wild_at, _ = _trace_with_wildcards(fn, values, {p: p for p in params if p in wild},
-                                           "aten")
+                                           dialect)
     calls = _calls(tr.ep)
     env: dict[Node, Any] = {}
 
@@ -676,15 +686,49 @@ def _replacement_from_function(fn: Callable[..., Any], examples: Mapping[str, An
         kwargs = {k: lower(v, i, k) for k, v in n.kwargs.items()}
         env[n] = _Step(len(steps))
         steps.append((n.target, args, kwargs))
-    outs = [lower(o, None, None) for o in _output_nodes(tr.ep)]
+    return tuple(steps), tuple(lower(o, None, None) for o in _output_nodes(tr.ep))
+
+
+def _replacement_from_function(fn: Callable[..., Any], examples: Mapping[str, Any],
+                               wild: set[str], outputs: int, dialect: Dialect = "edge"
+                               ) -> Replacement:
+    sig = _signature_of(fn)
+    params = list(sig.parameters)
+    missing = [p for p in params if p not in examples]
+    if missing:
+        raise ExampleError(f"replacement parameter(s) {missing} name no capture of the pattern "
+                           f"(captures: {sorted(examples)})")
+    values = {p: examples[p] for p in params}
+    traced_in = _REPLACEMENT_DIALECT[dialect]
+    steps, outs = _replacement_steps(fn, values, wild, traced_in)
     if len(outs) != outputs:
         raise ExampleError(f"the replacement returns {len(outs)} values, the pattern has "
                            f"{outputs} outputs")
     if (len(steps) == 1 and outputs == 1 and isinstance(outs[0], _Step)
-            and not _has_steps(steps[0][1:]) and steps[0][0] is not operator.getitem):
-        target, args, kwargs = steps[0]
+            and not _has_steps(steps[0][1:]) and steps[0][0] is not operator.getitem
+            and not _has_ints(steps[0][1:]) and not _literal_params(values, wild)):
+        target, args, kwargs = steps[0]  # one call of captures and no int: data, not code
         return CallOp(op_key(target) or str(target), args, kwargs)
-    return _ReplayReplacement(tuple(steps), tuple(outs), frozenset(_refs(steps)))
+    return _TracedReplacement(fn, values, frozenset(wild), traced_in, steps, outs)
+
+
+def _has_ints(a: Any) -> bool:
+    """Whether an int literal (a size, a dim: possibly derived from a shape) is in ``a``."""
+    if isinstance(a, bool):
+        return False
+    if isinstance(a, int):
+        return True
+    if isinstance(a, (list, tuple)):
+        return any(_has_ints(x) for x in a)
+    if isinstance(a, dict):
+        return any(_has_ints(x) for x in a.values())
+    return False
+
+
+def _literal_params(values: Mapping[str, Any], wild: set[str]) -> list[str]:
+    """Replacement parameters bound to a literal capture that is no wildcard: traced as
+    that one value, so a match with another value needs another trace."""
+    return [p for p, v in values.items() if not isinstance(v, torch.Tensor) and p not in wild]
 
 
 @dataclass(frozen=True)
@@ -718,36 +762,122 @@ def _refs(a: Any) -> Iterable[str]:
             yield from _refs(x)
 
 
-class _ReplayReplacement(PythonReplacement):
-    """A traced replacement graph, replayed node by node through the Rewriter."""
+def _replay(rw: Any, captures: Mapping[str, Any], steps: Steps, outs: tuple[Any, ...]) -> Any:
+    """Replay traced steps through the Rewriter: the same ops, on the match's captures."""
+    made: list[Any] = []
 
-    def __init__(self, steps: tuple[Any, ...], outs: tuple[Any, ...], reads: frozenset[str]
-                 ) -> None:
+    def res(a: Any) -> Any:
+        if isinstance(a, Ref):
+            return captures[a.name]
+        if isinstance(a, _Step):
+            return made[a.index]
+        if isinstance(a, _ConstTensor):
+            return rw.constant(f"from_example_{id(a.tensor)}", a.tensor)
+        if isinstance(a, (list, tuple)):
+            return type(a)(res(x) for x in a)
+        return a
+
+    for target, args, kwargs in steps:
+        if target is operator.getitem:
+            made.append(rw.getitem(res(args[0]), args[1]))
+        else:
+            made.append(rw.call(target, *res(args), **{k: res(v) for k, v in kwargs.items()}))
+    got = [res(o) for o in outs]
+    return got[0] if len(got) == 1 else tuple(got)
+
+
+def _signature(values: Mapping[str, Any], wild: frozenset[str]) -> tuple[Any, ...] | None:
+    """What a trace of the replacement depends on: each tensor's shape and dtype, each
+    literal that is no wildcard. None when a shape is symbolic (no concrete retrace)."""
+    out: list[Any] = []
+    for p, v in values.items():
+        if isinstance(v, Node):
+            v = v.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            if not all(type(d) is int for d in v.shape):
+                return None
+            out.append((p, "T", tuple(v.shape), v.dtype))
+        elif p in wild:
+            out.append((p, "W"))
+        else:
+            try:
+                hash(v)
+            except TypeError:
+                v = repr(v)
+            out.append((p, "V", v))
+    return tuple(out)
+
+
+def _example_like(v: Any, example: Any) -> Any:
+    """A value to trace the replacement with in place of the match's capture ``v``."""
+    if isinstance(v, Node):
+        v = v.meta.get("val")
+    if isinstance(v, torch.Tensor):
+        return torch.ones(tuple(int(d) for d in v.shape), dtype=v.dtype)
+    if isinstance(v, Node) or v is None:
+        return example
+    return v
+
+
+class _TracedReplacement(PythonReplacement):
+    """A traced replacement, replayed node by node through the Rewriter.
+
+    The trace of the example is what a match of the example's shapes replays; a
+    match with other shapes (or another literal capture) replays a trace of the
+    replacement at *its* captures' shapes and dtypes, made once per such
+    signature — so ``F.layer_norm(x, (x.shape[-1],))`` traced at width 16 builds
+    ``[32]`` at width 32. A trace that fails at a match's shapes raises
+    :class:`ExampleError` naming them, which the finder reports as the match's
+    decline (step ``error``) before anything changes.
+    """
+
+    def __init__(self, fn: Callable[..., Any], values: Mapping[str, Any], wild: frozenset[str],
+                 dialect: TraceDialect, steps: Steps, outs: tuple[Any, ...]) -> None:
+        example_key = _signature(values, wild)
+        traces: dict[Any, tuple[Steps, tuple[Any, ...]] | ExampleError] = {
+            example_key: (steps, outs)}
+        name = getattr(fn, "__name__", type(fn).__name__)
+
+        def trace_for(captures: Mapping[str, Any]) -> tuple[Steps, tuple[Any, ...]]:
+            now = {p: captures.get(p) for p in values}
+            key = _signature(now, wild)
+            if key is None:  # symbolic shapes: the example's trace is the best there is
+                key = example_key
+            found = traces.get(key)
+            if found is None:
+                at = {p: values[p] if p in wild else _example_like(now[p], values[p])
+                      for p in values}
+                try:
+                    found = _replacement_steps(fn, at, set(wild), dialect)
+                    if len(found[1]) != len(outs):
+                        raise ExampleError(f"returns {len(found[1])} values, not {len(outs)}")
+                except ExampleError as e:
+                    found = ExampleError(
+                        f"the replacement {name} cannot be traced at this match's "
+                        f"{_describe_signature(key)}: {e}")
+                traces[key] = found
+            if isinstance(found, ExampleError):
+                raise found
+            return found
+
         def build(rw: Any, captures: Mapping[str, Any]) -> Any:
-            made: list[Any] = []
+            steps_now, outs_now = trace_for(captures)
+            return _replay(rw, captures, steps_now, outs_now)
 
-            def res(a: Any) -> Any:
-                if isinstance(a, Ref):
-                    return captures[a.name]
-                if isinstance(a, _Step):
-                    return made[a.index]
-                if isinstance(a, _ConstTensor):
-                    return rw.constant(f"from_example_{id(a.tensor)}", a.tensor)
-                if isinstance(a, (list, tuple)):
-                    return type(a)(res(x) for x in a)
-                return a
-
-            for target, args, kwargs in steps:
-                if target is operator.getitem:
-                    made.append(rw.getitem(res(args[0]), args[1]))
-                else:
-                    made.append(rw.call(target, *res(args), **{k: res(v) for k, v in kwargs.items()}))
-            got = [res(o) for o in outs]
-            return got[0] if len(got) == 1 else tuple(got)
-
-        super().__init__(build, reads)
+        super().__init__(build, frozenset(_refs(steps)) | frozenset(values))
         object.__setattr__(self, "steps", steps)
         object.__setattr__(self, "outs", outs)
+        object.__setattr__(self, "traces", traces)
+
+
+def _describe_signature(key: tuple[Any, ...]) -> str:
+    parts = []
+    for item in key:
+        if item[1] == "T":
+            parts.append(f"{item[0]}: {str(item[3]).removeprefix('torch.')}{list(item[2])}")
+        elif item[1] == "V":
+            parts.append(f"{item[0]}={item[2]!r}")
+    return ", ".join(parts) or "captures"
 
 
 # ----------------------------------------------------------------------- the rule
@@ -835,7 +965,7 @@ def rule_from_functions(
                 else Ref(wild[p]) if p in wild else values[p] for p in params]
         rep = CallOp(replacement, tuple(args))
     elif callable(replacement):
-        rep = _replacement_from_function(replacement, examples, wild_names, n_out)
+        rep = _replacement_from_function(replacement, examples, wild_names, n_out, dialect)
     else:
         raise ExampleError(f"replacement must be an op name, a function or a Replacement, "
                            f"not {type(replacement).__name__}")

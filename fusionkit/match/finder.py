@@ -19,6 +19,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from fusionkit.check.constraints import CheckContext, Failure
+from fusionkit.check.executable import ExecutionTarget, ReplacementCheck
 from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.match.gates import GATE_DEPTH, Gate, GateLike, gate_of, graph_op_keys, specialize
 from fusionkit.match.matcher import Binding, CompiledPattern, PredicateError, compile_pattern
@@ -69,8 +70,10 @@ class Match:
 #: the steps a decline can name besides a constraint's ``kind`` (``custom:NAME``
 #: for a :class:`~fusionkit.check.constraints.Custom`): ``error`` is a rule's own code
 #: raising (counted apart from the other declines), ``placement`` a multi-output
-#: match with no single point for its replacement
-DECLINE_STEPS: tuple[str, ...] = ("structure", "overlap", "escape", "placement", "error")
+#: match with no single point for its replacement, ``executable`` a replacement
+#: creating an op the program could not run (:mod:`fusionkit.check.executable`)
+DECLINE_STEPS: tuple[str, ...] = ("structure", "overlap", "escape", "placement", "executable",
+                                  "error")
 
 
 @dataclass(frozen=True, init=False, eq=False)
@@ -168,6 +171,7 @@ class RuleIndex:
         self._plans_generic: dict[Any, Plan] = {}
         #: gated plans per target, for graphs with these op keys (the last few graphs)
         self._plans_in: OrderedDict[frozenset[str], dict[Any, Plan]] = OrderedDict()
+        self._replacement_checks: dict[tuple[Rule, ExecutionTarget | None], ReplacementCheck] = {}
 
     def compiled(self, rule: Rule) -> CompiledPattern:
         """The rule's pattern compiled for searching (once per pattern object, process-wide)."""
@@ -239,6 +243,16 @@ class RuleIndex:
         if t is None:
             t = self._thresholds[rule] = _near_miss_threshold(rule)
         return t
+
+    def replacement_check(self, rule: Rule, target: ExecutionTarget | None = None
+                          ) -> ReplacementCheck:
+        """The check that the rule's replacement builds and runs on ``target``, one per
+        rule and target (its verdicts are memoised across the graphs searched)."""
+        key = (rule, target)
+        check = self._replacement_checks.get(key)
+        if check is None:
+            check = self._replacement_checks[key] = ReplacementCheck(rule, target)
+        return check
 
     def gate(self, rule: Rule) -> GateLike | None:
         """The rule's gate, if skipping on it can never hide a reportable near miss."""
@@ -351,7 +365,9 @@ def _place(rule: Rule, root: Node, b: Binding, outputs: tuple[str, ...],
 def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: ProgramInputs,
             claimed_by: Mapping[Node, Match], allow_folding: bool = True,
             positions: Callable[[], _Positions] | None = None,
-            strict: bool = False, any_moved: bool = False) -> Match | Decline:
+            strict: bool = False, any_moved: bool = False,
+            replacement_check: Callable[[Rule], ReplacementCheck] | None = None
+            ) -> Match | Decline:
     for n in b.claimed:
         owner = claimed_by.get(n)
         if owner is not None:
@@ -388,6 +404,12 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
         if failure is not None:
             return Decline(rule.name, root, failure.constraint, failure.node, failure.reason,
                            b.claimed)
+    if replacement_check is not None:  # last: it builds the replacement (memoised)
+        olds = (root, *(b.captures[name] for name in outputs))
+        bad = replacement_check(rule).verdict(ctx, olds, strict)
+        if bad is not None:
+            return Decline(rule.name, root, bad.step, bad.node, bad.reason, b.claimed,
+                           error_type=bad.error_type)
     return Match(rule, root, dict(b.captures), b.claimed, dict(ctx.folds), place)
 
 
@@ -423,7 +445,9 @@ class _Decider:
 
 def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
                  *, structural_declines: bool = True, allow_folding: bool = True,
-                 all_near_misses: bool = False, strict: bool | None = None) -> MatchSet:
+                 all_near_misses: bool = False, strict: bool | None = None,
+                 target: ExecutionTarget | None = None, check_replacements: bool = True
+                 ) -> MatchSet:
     """Accepted and declined matches of ``rules`` in ``ep``, in graph order.
 
     A node belongs to at most one accepted match. Near misses are reported:
@@ -437,12 +461,26 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
     reported (``fusionkit explain --all-near-misses``).
 
     A rule whose own code raises (a constraint, a value predicate, a custom
-    check) is declined at that node with step ``error``, and the search goes
-    on; with ``strict`` (default: the ``FUSIONKIT_STRICT`` environment variable)
-    the exception propagates instead.
+    check, the replacement) is declined at that node with step ``error``, and
+    the search goes on; with ``strict`` (default: the ``FUSIONKIT_STRICT``
+    environment variable) the exception propagates instead.
+
+    Once its constraints hold, a match's replacement is built in a scratch graph
+    (:class:`~fusionkit.check.executable.ReplacementCheck`, memoised by the
+    captures' metadata): one that raises or returns the wrong thing is declined
+    with step ``error``, one creating an op that could not run on ``target``
+    (default: ExecuTorch's CPU runtime, see
+    :class:`~fusionkit.check.executable.ExecutionTarget`) with step
+    ``executable``. ``check_replacements=False`` skips this (for callers that
+    know every node is delegated already).
     """
     strict = strict_mode(strict)
     index = rules if isinstance(rules, RuleIndex) else RuleIndex(rules)
+
+    def replacement_check(rule: Rule) -> ReplacementCheck:
+        return index.replacement_check(rule, target)
+
+    checker = replacement_check if check_replacements else None
     inputs = ProgramInputs(ep)
     result = MatchSet()
     claimed_by: dict[Node, Match] = {}
@@ -472,7 +510,7 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
                     continue  # the search below would fail before any reportable progress
                 during = "matching the pattern"
                 decided = _Decider(rule, node, ep, inputs, claimed_by, allow_folding, positions,
-                                   strict, any_moved)
+                                   strict, any_moved, checker)
                 accepted, failure = pattern.search(node, inputs, decided)
                 first_decline = decided.first_decline
                 if accepted is _ENOUGH:

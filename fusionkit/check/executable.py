@@ -1,0 +1,410 @@
+"""Will the rewritten program still run? Every op a replacement creates, judged before any change.
+
+ExecuTorch runs an op on the CPU only when three things hold: ``to_edge``'s
+verifier admits it (the core ATen opset, a ``view_copy``, ExecuTorch's own
+ops), it has an out variant (``to_executorch`` rewrites every call into its
+``out=`` form to plan memory: "Missing out variants" otherwise), and the
+runtime has a kernel registered for that out variant ("Missing operator:
+aten::silu.out" when the program is loaded otherwise). An op a backend
+delegates needs none of this: the backend's partitioner takes it.
+
+:class:`ExecutionTarget` says whether one node will run where the program runs
+(the CPU runtime's kernel libraries, plus the delegates that take ops off it).
+:class:`ReplacementCheck` builds a match's replacement in a scratch graph
+(:mod:`fusionkit.apply.probe`) and asks that about every op it made; having
+built it, it also knows when the replacement raises or returns the wrong thing
+(step ``error``). The finder runs it after a match's constraints, so a match
+whose replacement could not run or could not be built is declined with the
+reason, before the program changes — never accepted and then dropped.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit.apply.builder import FusionError
+from fusionkit.apply.meta_cache import metadata_key
+from fusionkit.apply.probe import build_in_scratch
+from fusionkit.match.targets import is_assertion, is_edge_target, op_key, resolve_op
+
+if TYPE_CHECKING:
+    from fusionkit.check.constraints import CheckContext
+    from fusionkit.rule import Rule
+
+__all__ = ["DELEGATE_ONLY_NAMESPACES", "Delegate", "ExecutionTarget", "NotRunnable",
+           "ReplacementCheck", "cpu_refusal", "program_exceptions", "registered_kernels"]
+
+#: op namespaces that exist only inside a delegate (no CPU kernel by design): assumed
+#: delegated unless the target names that delegate's real check (the Vulkan adapter does)
+DELEGATE_ONLY_NAMESPACES: Mapping[str, str] = {"et_vk": "Vulkan"}
+
+#: namespaces whose ops ``to_executorch`` handles itself (symbolic ints, prims)
+_RUNTIME_NAMESPACES = frozenset({"executorch_prim"})
+
+
+# ------------------------------------------------------------------- one op, on the CPU
+
+
+_KERNELS: list[frozenset[str]] = []
+
+
+def registered_kernels(refresh: bool = False) -> frozenset[str] | None:
+    """``ns::op.overload`` of every kernel the ExecuTorch runtime in this process has
+    (portable, and any kernel library loaded since); None without the runtime."""
+    if refresh or not _KERNELS:
+        try:
+            from executorch.extension.pybindings import portable_lib
+        except Exception:  # pragma: no cover - a wheel without the runtime
+            return None
+        _KERNELS[:] = [frozenset(portable_lib._get_operator_names())]
+    return _KERNELS[0]
+
+
+def _has_kernel(name: str) -> bool | None:
+    kernels = registered_kernels()
+    if kernels is None:
+        return None
+    if name in kernels:
+        return True
+    kernels = registered_kernels(refresh=True)  # a kernel library may have been loaded since
+    return kernels is not None and name in kernels
+
+
+_VERIFIER: list[Any] = []
+
+
+def _edge_verifier_refusal(op: Any) -> str | None:
+    """What ``to_edge``'s own verifier says of an edge op (None: admitted)."""
+    if not _VERIFIER:
+        from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
+
+        _VERIFIER.append(EXIREdgeDialectVerifier())
+    try:
+        _VERIFIER[0].check_valid_edge_op(op)
+    except Exception as e:
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        return first
+    return None
+
+
+def _decomposed_by_to_edge(overload: Any) -> bool:
+    if not _DECOMPOSITIONS:
+        from executorch.exir.tracer import _default_decomposition_table
+
+        _DECOMPOSITIONS.append(frozenset(_default_decomposition_table()))
+    return overload in _DECOMPOSITIONS[0]
+
+
+_DECOMPOSITIONS: list[frozenset[Any]] = []
+
+#: (target, edge program?) -> the verdict that does not depend on loaded kernel libraries
+_STATIC: dict[tuple[Any, bool], tuple[str | None, str | None]] = {}
+
+
+def _static_verdict(target: Any, edge: bool) -> tuple[str | None, str | None]:
+    """(why the op cannot be serialized or None, the out-variant kernel name it needs or None)."""
+    key = op_key(target) or str(target)
+    overload = resolve_op(target)
+    ns = key.split(".", 1)[0]
+    if ns in _RUNTIME_NAMESPACES:
+        return None, None
+    schema = getattr(overload, "_schema", None)
+    if schema is None:
+        return None, None
+    if edge and ns == "aten":
+        why = _edge_verifier_refusal(target if is_edge_target(target) else _edge_op(overload))
+        if why is not None:
+            from executorch.exir.verification.verifier import _EXECUTORCH_SYM_OPS
+
+            if overload not in _EXECUTORCH_SYM_OPS:
+                if _out_variant(overload) is None:
+                    return (f"{key} has no out variant; the program could not be serialized "
+                            f"(it is not in the core ATen opset either)"), None
+                return (f"{key} is not in the core ATen opset; to_edge's verifier rejects it "
+                        "and the program could not be serialized"), None
+    elif ns == "aten":
+        # an ATen program: to_edge decomposes what it can and judges the rest
+        if torch.Tag.core in overload.tags or torch.Tag.view_copy in overload.tags \
+                or _decomposed_by_to_edge(overload):
+            return None, None
+        return (f"{key} is not in the core ATen opset and to_edge has no decomposition for "
+                "it; the program could not be lowered"), None
+    from executorch.exir.verification.verifier import _EXECUTORCH_SYM_OPS
+
+    if overload in _EXECUTORCH_SYM_OPS:
+        return None, None
+    out = _out_variant(overload)
+    if out is None:
+        return f"{key} has no out variant; the program could not be serialized", None
+    return None, out
+
+
+def _edge_op(overload: Any) -> Any:
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    ns, name = overload._schema.name.split("::", 1)
+    return getattr(getattr(getattr(exir_ops.edge, ns), name), overload._overloadname)
+
+
+def _out_variant(overload: Any) -> str | None:
+    """``ns::op.out`` of the op's out variant, None when it has none."""
+    from executorch.exir.operator.convert import to_out_variant
+
+    try:
+        out, _ = to_out_variant(overload)
+    except Exception:
+        return None
+    return f"{out._schema.name}.{out._overloadname}"
+
+
+def cpu_refusal(target: Any, edge: bool = True) -> str | None:
+    """Why ExecuTorch's CPU runtime could not run a call of ``target`` (None: it can).
+
+    ``edge``: the call sits in an edge program (else an ATen program, which
+    ``to_edge`` decomposes first: a decomposable op is fine there, and kernels
+    are judged after lowering).
+    """
+    k = (target, edge)
+    try:
+        static = _STATIC[k]
+    except KeyError:
+        static = _STATIC[k] = _static_verdict(target, edge)
+    except TypeError:  # an unhashable target
+        static = _static_verdict(target, edge)
+    why, kernel = static
+    if why is not None or kernel is None:
+        return why
+    if edge or (op_key(target) or "").split(".", 1)[0] != "aten":
+        found = _has_kernel(kernel)
+        if found is False:
+            return (f"{op_key(target)} has no kernel in the ExecuTorch runtime ({kernel} is not "
+                    "registered by its kernel libraries); the program would fail to load")
+    return None
+
+
+# ------------------------------------------------------------- delegates and the target
+
+
+@dataclass(frozen=True)
+class Delegate:
+    """A backend that takes ops off the CPU runtime.
+
+    ``refusal(node)``: None when the backend will take ``node``, else why not.
+    ``namespaces``: the op namespaces it is asked about (None: every op).
+    """
+
+    name: str
+    refusal: Callable[[Node], str | None]
+    namespaces: frozenset[str] | None = None
+
+    def asked_about(self, node: Node) -> bool:
+        return self.namespaces is None or (op_key(node.target) or "").split(".", 1)[0] \
+            in self.namespaces
+
+
+def _registry_keys() -> frozenset[str]:
+    """``ns.op`` (and ``ns.op.overload``) of every op a shipped backend's registry lists."""
+    if not _REGISTRY:
+        keys: set[str] = set()
+        try:
+            from executorch.backends.vulkan.op_registry import vulkan_supported_ops
+        except Exception:  # pragma: no cover - a wheel without the Vulkan backend
+            vulkan_supported_ops = {}
+        for k in vulkan_supported_ops:
+            if isinstance(k, str):
+                keys.add(k.replace("::", "."))
+            else:
+                key = op_key(k)
+                if key:
+                    keys.add(key)
+                    keys.add(key.rsplit(".", 1)[0])
+        _REGISTRY.append(frozenset(keys))
+    return _REGISTRY[0]
+
+
+_REGISTRY: list[frozenset[str]] = []
+
+
+def _known_backend_op(node: Node) -> str | None:
+    key = op_key(node.target) or ""
+    ns = key.split(".", 1)[0]
+    if ns in DELEGATE_ONLY_NAMESPACES:
+        return None
+    keys = _registry_keys()
+    if key in keys or key.rsplit(".", 1)[0] in keys:
+        return None
+    return "no backend's operator registry lists it"
+
+
+class ExecutionTarget:
+    """Where the rewritten program will run: the CPU runtime, and ``delegates`` that take ops off it.
+
+    A node is runnable when the CPU runtime can run it (:func:`cpu_refusal`) or a
+    delegate asked about it takes it. The default (no delegates named) also
+    accepts an op outside ATen that a shipped backend's operator registry lists
+    or whose namespace exists only inside a delegate (``et_vk``): without a
+    partitioner at hand nothing better is known, and the backend adapters check
+    those for real. An ATen op is never assumed delegated: it must run on the CPU
+    unless a named delegate takes it.
+    """
+
+    def __init__(self, delegates: Iterable[Delegate] = (), *,
+                 assume_registered_backend_ops: bool = True) -> None:
+        self.delegates: tuple[Delegate, ...] = tuple(delegates)
+        self.assume_registered_backend_ops = assume_registered_backend_ops
+
+    def refusal(self, node: Node, edge: bool, trusted: frozenset[Any] = frozenset()
+                ) -> str | None:
+        """None when ``node`` will run, else why not (a sentence).
+
+        ``trusted``: ATen ops the program's author listed in ``to_edge``'s
+        ``_core_aten_ops_exception_list`` (:func:`program_exceptions`), vouching
+        that their runtime has kernels for them.
+        """
+        if node.op != "call_function" or node.target is operator.getitem or is_assertion(node):
+            return None
+        key = op_key(node.target)
+        if key is None:  # a Python callable (symbolic-int arithmetic)
+            return None
+        if trusted and resolve_op(node.target) in trusted:
+            return None
+        why = cpu_refusal(node.target, edge)
+        if why is None:
+            return None
+        refusals = []
+        for d in self.delegates:
+            if d.asked_about(node):
+                no = d.refusal(node)
+                if no is None:
+                    return None
+                refusals.append(f"{d.name}: {no}")
+        if (not refusals and self.assume_registered_backend_ops
+                and key.split(".", 1)[0] != "aten" and _known_backend_op(node) is None):
+            return None
+        if refusals:
+            return f"{why}, and no delegate takes it ({'; '.join(refusals)})"
+        return why
+
+
+DEFAULT_TARGET = ExecutionTarget()
+
+
+def program_exceptions(ep: Any) -> frozenset[Any]:
+    """The ATen ops an edge program's verifier was told to admit although not core
+    (``EdgeCompileConfig._core_aten_ops_exception_list``): the author vouches for them."""
+    try:
+        verifier = ep.verifiers[0]()
+        return frozenset(getattr(verifier, "_core_aten_ops_exception_list", None) or ())
+    except Exception:
+        return frozenset()
+
+
+# ----------------------------------------------------------------- one match's replacement
+
+
+@dataclass(frozen=True)
+class NotRunnable:
+    """Why a match's replacement must not be applied: ``step`` is ``executable`` (an op it
+    creates could not run) or ``error`` (building it raised, or it returned the wrong thing)."""
+
+    step: str
+    reason: str
+    node: Node | None = None
+    error_type: str | None = None
+    error: BaseException | None = None
+
+
+def _same_signature(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape)
+    return type(a) is type(b)
+
+
+def _describe(v: Any) -> str:
+    return f"{getattr(v, 'dtype', type(v).__name__)}{tuple(getattr(v, 'shape', ()))}"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+class ReplacementCheck:
+    """One rule's replacement, built for each match in a scratch graph and judged there.
+
+    Verdicts are memoised by the metadata of the match's captures, folds and
+    outputs: a transformer asks the same question for every layer, and a
+    replacement's ops and their metadata are functions of that metadata (never
+    of weight values), as for the Vulkan delegation check.
+    """
+
+    def __init__(self, rule: Rule, target: ExecutionTarget | None = None) -> None:
+        self.rule = rule
+        self.target = target if target is not None else DEFAULT_TARGET
+        self.memo: dict[Any, NotRunnable | None] = {}
+
+    def _memo_key(self, ctx: CheckContext, outputs: tuple[Node, ...]) -> Any:
+        names = sorted(ctx.captures)
+        key = metadata_key((tuple(ctx.captures[n] for n in names),
+                            tuple(ctx.folds[n] for n in sorted(ctx.folds)), outputs))
+        if key is None:
+            return None
+        return (tuple(names), tuple(sorted(ctx.folds)), key, program_exceptions(ctx.ep))
+
+    def verdict(self, ctx: CheckContext, outputs: tuple[Node, ...], strict: bool = False
+                ) -> NotRunnable | None:
+        """None when the replacement builds and everything it creates will run."""
+        key = self._memo_key(ctx, outputs)
+        if key is not None and key in self.memo:
+            return self.memo[key]
+        found = self._verdict(ctx, outputs, strict)
+        if key is not None and (found is None or found.error is None):
+            self.memo[key] = found
+        return found
+
+    def _verdict(self, ctx: CheckContext, outputs: tuple[Node, ...], strict: bool
+                 ) -> NotRunnable | None:
+        try:
+            rw, built = build_in_scratch(self.rule.replacement, ctx, self.rule.name)
+            self._check_outputs(built, outputs, ctx.root)
+        except Exception as e:
+            if strict:
+                e.add_note(f"fusionkit: building the replacement of rule {self.rule.name!r} at "
+                           f"`{ctx.root.name}` (strict mode)")
+                raise
+            return NotRunnable("error", f"the replacement raised {type(e).__name__}: "
+                               f"{_first_line(e)}", ctx.root, type(e).__name__, e)
+        edge = is_edge_target(ctx.root.target)
+        trusted = program_exceptions(ctx.ep) if edge else frozenset()
+        for n in rw.ops():
+            why = self.target.refusal(n, edge, trusted)
+            if why is not None:
+                return NotRunnable("executable", why, ctx.root)
+        return None
+
+    def _check_outputs(self, built: Any, outputs: tuple[Node, ...], root: Node) -> None:
+        """Raise the :class:`FusionError` :mod:`fusionkit.apply.rewrite` would raise on
+        what the replacement returned (the same checks, before anything changed)."""
+        name = self.rule.name
+        news = list(built) if isinstance(built, (tuple, list)) else [built]
+        if len(news) != len(outputs) or not isinstance(news[0], Node):
+            raise FusionError(f"rule {name!r} at `{root.name}` returned {len(news)} node(s) for "
+                              f"a match with {len(outputs)} output(s)")
+        for old, new in zip(outputs, news, strict=True):
+            if new is None:
+                continue  # an output the fused op subsumes: judged when applied
+            if not isinstance(new, Node):
+                raise FusionError(f"rule {name!r} returned {type(new).__name__} for output "
+                                  f"`{old.name}`, not a graph node")
+            old_val, new_val = old.meta.get("val"), new.meta.get("val")
+            if old_val is not None and not _same_signature(new_val, old_val):
+                raise FusionError(
+                    f"rule {name!r} at `{old.name}` built `{new.name}` with "
+                    f"{_describe(new_val)}, but the output is {_describe(old_val)}: "
+                    "add a constraint so such matches are declined")

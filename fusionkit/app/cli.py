@@ -234,6 +234,31 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.model.endswith(".pte") and not Path(args.model).is_file():
+        raise UserError(f"{args.model}: no such file")
+    _quiet_imports()
+    from fusionkit.app.run_job import print_report, run_file, run_model
+    from fusionkit.backends.vulkan_adapter.runtime import RuntimeNotFoundError
+
+    try:
+        if args.model.endswith(".pte"):
+            report = run_file(Path(args.model).read_bytes(), args.model, method=args.method,
+                              timeout=args.timeout)
+        else:
+            model = _load_model(args.model)
+            report = run_model(model.exported, model.module, model.example_inputs,
+                               rules=_load_rules(args.spec, args), stock=args.stock,
+                               seed=args.seed, timeout=args.timeout, progress=_progress)
+    except RuntimeNotFoundError as e:
+        raise UserError(str(e)) from None
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_report(report)
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
 def cmd_specs_validate(args: argparse.Namespace) -> int:
     for p in args.files:
         if not Path(p).is_file():
@@ -321,6 +346,21 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     si.add_argument("--json", action="store_true")
     si.set_defaults(fn=cmd_simulate)
+
+    ru = sub.add_parser("run", help="run a .pte (or lower MODEL and run it) on ExecuTorch's "
+                        "real Vulkan runtime, beside check() and the simulator")
+    ru.add_argument("model", help=".pte file, or .pt2 / package.module:factory to lower first")
+    ru.add_argument("--backend", choices=["vulkan"], default="vulkan")
+    ru.add_argument("--method", default="forward", help="method of a .pte to run")
+    ru.add_argument("--stock", action="store_true",
+                    help="(MODEL) lower with stock ExecuTorch's VulkanPartitioner")
+    ru.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
+    _spec_consent(ru)
+    ru.add_argument("--seed", type=int, default=0, help="(MODEL) seed of the random inputs")
+    ru.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is "
+                    "stopped")
+    ru.add_argument("--json", action="store_true")
+    ru.set_defaults(fn=cmd_run)
 
     sp = sub.add_parser("specs", help="work with YAML fusion specs")
     spsub = sp.add_subparsers(dest="specs_command", required=True)

@@ -3,8 +3,9 @@
 ExecuTorch registers its Vulkan detectors with a decorator; fusionkit does the
 same for its rule factories, so a rule set is never listed by hand. A factory
 says which sets it belongs to (``"builtin"``: every rule fusionkit ships;
-``"vulkan"``: the Vulkan adapter's set) and which stock ExecuTorch pattern it
-takes over. Sets keep registration order (the order the rule modules import).
+``"vulkan"``: the Vulkan adapter's set; ``"xnnpack"``: the rewrites of XNNPACK's
+preprocess) and which stock ExecuTorch pattern or pass it takes over. Sets keep
+registration order (the order the rule modules import).
 A backend author registers a factory of their own the same way.
 """
 
@@ -22,7 +23,8 @@ __all__ = ["RuleFactory", "register_rules", "registered", "rule_set", "rule_set_
            "taken_over_patterns"]
 
 #: the modules whose import registers every rule fusionkit ships
-SHIPPED_RULE_MODULES: tuple[str, ...] = ("fusionkit.passes.rms_norm", "fusionkit.passes.vulkan")
+SHIPPED_RULE_MODULES: tuple[str, ...] = ("fusionkit.passes.rms_norm", "fusionkit.passes.vulkan",
+                                         "fusionkit.passes.xnnpack")
 
 F = TypeVar("F", bound=Callable[[], "Rule | list[Rule]"])
 

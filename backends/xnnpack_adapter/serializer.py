@@ -42,7 +42,7 @@ from fusionkit.integration.tensor_bytes import (
     tensor_bytes,
 )
 
-from . import pass_gates
+from . import pass_gates, preprocess_rules
 
 __all__ = [
     "PATCHES",
@@ -256,8 +256,9 @@ def _patches() -> list[tuple[Any, str, Any]]:
 PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter", _patches,
                     before_install=acquire_named_data_fix,
                     after_uninstall=release_named_data_fix,
-                    # preprocess skips XNNPACK passes with nothing to do (same bytes)
-                    includes=(pass_gates.PATCHES,))
+                    # preprocess runs fusionkit's rules in place of the stock pattern
+                    # passes, and skips the other passes with nothing to do (same bytes)
+                    includes=(preprocess_rules.TAKEOVER, pass_gates.PATCHES))
 
 
 def is_installed() -> bool:

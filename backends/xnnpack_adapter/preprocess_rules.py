@@ -1,0 +1,218 @@
+"""XNNPACK's preprocess with fusionkit rules in place of its pattern-rewrite passes.
+
+``XnnpackBackend.preprocess`` (ExecuTorch 1.5.1) runs ``XNNPACKPassManager``'s
+default pass list on each partition. :data:`TAKEN_OVER_PASSES` names the stock
+passes whose rewrites are fusionkit rules (:mod:`fusionkit.passes.xnnpack`, the
+``"xnnpack"`` rule set); :func:`transform` is the pass manager's ``transform``
+with each of those classes replaced, at its place in the list, by a
+:class:`RulePass` running its rules (until nothing more matches: a rewrite can
+make the next one possible, as the stock loops do when they visit nodes they
+created). Every other pass (layout, constant propagation, the rest) runs as
+ExecuTorch wrote it, through the module's ``_transform`` (so gated by
+:mod:`.pass_gates` when that is installed too).
+
+:data:`TAKEOVER` is the reversible patch of ``XNNPACKPassManager.transform``;
+the adapter includes it in the patch set its scoped preprocess installs, so only
+the partitions a fusionkit partitioner made are rewritten by rules.
+:func:`disabled` runs the stock passes instead, in this thread (the op-test
+twins compare both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from executorch.exir.pass_base import ExportedProgramPassResult
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from fusionkit import FusionPass, Rule
+from fusionkit.apply.rewrite import apply_matches
+from fusionkit.check.executable import Delegate, ExecutionTarget
+from fusionkit.integration.hooks import PatchSet, UnsupportedExecuTorchError
+from fusionkit.match.finder import Decline, MatchSet, find_matches
+from fusionkit.passes.registry import registered, taken_over_patterns
+from fusionkit.report import FusionReport
+
+__all__ = ["MAX_ROUNDS", "TAKEN_OVER_PASSES", "TAKEOVER", "RulePass", "counts", "disabled",
+           "is_enabled", "reset_counts", "rules_for", "transform"]
+
+_PASSES_MODULE = "executorch.backends.xnnpack._passes"
+
+#: stock pass class name (in ``executorch.backends.xnnpack._passes``) -> the factory
+#: whose rules replace it. A stock pass not listed here runs as ExecuTorch wrote it.
+TAKEN_OVER_PASSES: dict[str, str] = taken_over_patterns("xnnpack")
+
+#: rounds of one rule pass at most (each round: find every match, apply the accepted)
+MAX_ROUNDS = 8
+
+_BUILT: dict[str, tuple[Rule, ...]] = {}
+_state = threading.local()
+_lock = threading.Lock()
+#: stock pass name -> {"rounds": n, "fused": n} since :func:`reset_counts`
+_counts: dict[str, dict[str, int]] = {}
+
+
+def rules_for(stock_pass: str) -> tuple[Rule, ...]:
+    """The rules replacing one stock pass (built once per process)."""
+    rules = _BUILT.get(stock_pass)
+    if rules is None:
+        rules = _BUILT[stock_pass] = tuple(
+            r for f in registered("xnnpack") if f.takes_over == stock_pass for r in f.rules())
+    return rules
+
+
+def is_enabled() -> bool:
+    return getattr(_state, "enabled", True)  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """The stock passes run (in this thread) while the block runs, takeover installed or not."""
+    before = is_enabled()
+    _state.enabled = False
+    try:
+        yield
+    finally:
+        _state.enabled = before
+
+
+def counts() -> dict[str, dict[str, int]]:
+    with _lock:
+        return {k: dict(v) for k, v in _counts.items()}
+
+
+def reset_counts() -> None:
+    with _lock:
+        _counts.clear()
+
+
+def _visitor_refusal(node: Node) -> str | None:
+    """None when XNNPACK's serializer has a node visitor for ``node``'s op."""
+    import executorch.backends.xnnpack.operators  # noqa: F401  (registers the visitors)
+    from executorch.backends.xnnpack.operators.node_visitor import _node_visitor_dict
+
+    name = getattr(node.target, "__name__", None)
+    if name in _node_visitor_dict:
+        return None
+    return f"XNNPACK's preprocess has no node visitor for {name}"
+
+
+#: inside ``preprocess`` every node is XNNPACK's already: what a rule creates must be
+#: an op XNNPACK's serializer writes (it never reaches the CPU runtime)
+XNNPACK_TARGET = ExecutionTarget([Delegate("XNNPACK", _visitor_refusal)],
+                                 assume_registered_backend_ops=False)
+
+
+class RulePass(FusionPass):
+    """The rules of one stock pass, applied until a round fuses nothing (at most
+    :data:`MAX_ROUNDS`). Never raises for a rule: a replacement that fails is undone
+    and reported (non-strict), and the stock program goes on as the stock pass
+    would have left it without that rewrite."""
+
+    def __init__(self, stock_pass: str, rules: tuple[Rule, ...]) -> None:
+        super().__init__(rules, name=f"fusionkit_xnnpack:{stock_pass}", strict=False)
+        self.stock_pass = stock_pass
+
+    def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
+        modified, fused = False, 0
+        rounds = 0
+        for rounds in range(1, MAX_ROUNDS + 1):  # noqa: B007
+            if not self.rules or not self._round(exported_program):
+                break
+            modified = True
+            fused += sum(r.fused for r in self.report.rules.values())
+        with _lock:
+            c = _counts.setdefault(self.stock_pass, {"runs": 0, "fused": 0})
+            c["runs"] += 1
+            c["fused"] += fused
+        return ExportedProgramPassResult(exported_program, modified)
+
+
+    def _round(self, ep: ExportedProgram) -> bool:
+        """One find-and-apply over the program; whether anything was applied."""
+        ms = find_matches(ep, self.index, strict=False, structural_declines=False,
+                          target=XNNPACK_TARGET)
+        if ms.accepted:
+            applied = apply_matches(ep, ms.accepted, strict=False)
+            if applied.failed:
+                ms = MatchSet(applied.applied, [*ms.declined, *(
+                    Decline.from_exception(f.match.rule.name, f.match.root, f.during, f.error)
+                    for f in applied.failed)])
+        self.report = FusionReport.from_matches([r.name for r in self.rules], ms)
+        self.history.append(self.report)
+        return bool(ms.accepted)
+
+
+def _stock_classes() -> dict[type, str]:
+    """The stock pass classes taken over, by exact class (a subclass is another pass)."""
+    module = importlib.import_module(_PASSES_MODULE)
+    classes: dict[type, str] = {}
+    for name in TAKEN_OVER_PASSES:
+        cls = getattr(module, name, None)
+        if not isinstance(cls, type):
+            raise UnsupportedExecuTorchError(
+                f"{_PASSES_MODULE} has no pass class {name}; this ExecuTorch build does not "
+                "look like the one the XNNPACK rules were written against")
+        classes[cls] = name
+    return classes
+
+
+def _retraces(pass_obj: Any) -> bool:
+    """Whether a stock pass that changed the program re-traced it (exact metadata after it)."""
+    from . import pass_gates
+
+    gate = pass_gates.PASS_GATES.get(f"{type(pass_obj).__module__}.{type(pass_obj).__qualname__}")
+    return gate is not None and gate.retraces
+
+
+def transform(self: Any) -> ExportedProgram:
+    """``XNNPACKPassManager.transform`` with the taken-over passes run as rules.
+
+    The stock passes taken over each end with an ExportPass re-trace, which also
+    refreshes metadata that an earlier change left stale (a constant given new
+    strides before partitioning, an in-place pass). A rule pass re-traces once in
+    their stead where the metadata is not known to be exact yet -- before its rules,
+    so that their constraints read exact values -- and not again: the nodes the rules
+    create carry exact metadata of their own.
+    """
+    module = importlib.import_module(_PASSES_MODULE)
+    classes = _stock_classes() if is_enabled() else {}
+    ep = self.exported_program
+    exact = False  # metadata re-derived since preprocess began, no in-place change since
+    for pass_ in self.passes:
+        name = classes.get(pass_)
+        if name is not None:
+            if not exact:
+                ep = module._transform(ep, module.ExportPass())
+                exact = True
+            ep = module._transform(ep, RulePass(name, rules_for(name)))
+            continue
+        if issubclass(pass_, module.XNNPACKPass):
+            transform_pass: Any = pass_(ep)
+        elif issubclass(pass_, module.ExportPass):
+            transform_pass = pass_()
+        else:
+            raise RuntimeError(
+                f"Expecting ExportPass or ExportPass(), but got pass: {pass_} with type: "
+                f"{type(pass_)}")
+        before = ep
+        ep = module._transform(ep, transform_pass)
+        if ep is not before:  # it changed the program: exact if it re-traced
+            exact = _retraces(transform_pass)
+    return ep  # type: ignore[no-any-return]
+
+
+def _patches() -> list[tuple[Any, str, Any]]:
+    module = importlib.import_module(_PASSES_MODULE)
+    _stock_classes()  # refuse an ExecuTorch without the passes taken over
+    return [(module.XNNPACKPassManager, "transform", transform)]
+
+
+TAKEOVER = PatchSet(
+    f"fusionkit.backends.xnnpack_adapter.preprocess_rules (takes over "
+    f"{sorted(TAKEN_OVER_PASSES)} in {_PASSES_MODULE}.XNNPACKPassManager)", _patches)

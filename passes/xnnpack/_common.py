@@ -1,0 +1,54 @@
+"""What the XNNPACK rules share: the op names and metadata ExecuTorch 1.5.1's serializer reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import CheckContext, Custom
+
+#: ``FuseActivationPass.FUSED_ACTIVATION_TAG``: the node meta key XNNPACK's conv, linear,
+#: add, sub and mul visitors read their ``output_min``/``output_max`` from
+FUSED_ACTIVATION_TAG = "XNN_FUSED_ACTIVATION"
+
+CONV = "aten.convolution.default"
+LINEAR = "aten.linear.default"
+Q_PER_TENSOR = "quantized_decomposed.quantize_per_tensor.default"
+DQ_PER_TENSOR = "quantized_decomposed.dequantize_per_tensor.default"
+
+
+def constraint(name: str, *reads: str) -> Callable[[Callable[[CheckContext], Any]], Custom]:
+    """Decorator: a :class:`~fusionkit.Custom` constraint from ``fn(ctx) -> reason | None``."""
+
+    def wrap(fn: Callable[[CheckContext], Any]) -> Custom:
+        return Custom(fn, name, tuple(reads))
+
+    return wrap
+
+
+def constant_tensor(ctx: CheckContext, name: str) -> torch.Tensor | None:
+    """The real tensor of a captured constant placeholder, else None."""
+    v = ctx.captures.get(name)
+    if not isinstance(v, Node):
+        return None
+    ref = ctx.inputs.constant(v)
+    return None if ref is None else ref.tensor
+
+
+def rank_of(v: Any) -> int | None:
+    val = v.meta.get("val") if isinstance(v, Node) else None
+    return val.dim() if isinstance(val, torch.Tensor) else None
+
+
+def keep_provenance(new: Node, old: Node) -> None:
+    """``new`` takes ``old``'s metadata (debug handle, stack trace, ...) but its own value.
+
+    A stock pass that rewrites a node in place keeps that node's metadata; the
+    serializer writes its debug handle into the payload.
+    """
+    for key, value in old.meta.items():
+        if key not in ("val", "tensor_meta"):
+            new.meta[key] = value

@@ -1,0 +1,113 @@
+"""ReLU / hardtanh after conv, linear, add, sub or mul -> that op's ``output_min/max``.
+
+Takes over ``FuseActivationPass`` (``_passes/fuse_activation_pass.py``, ExecuTorch 1.5.1):
+XNNPACK's conv, linear and binary nodes clamp their own output, so an activation
+right after one is deleted and its range stored in the op's metadata
+(``XNN_FUSED_ACTIVATION``), which the serializer writes as ``output_min/max``.
+
+Constraints: the op's only user is the activation (the match's escape check; the
+stock pass counts users too); hardtanh's bounds are numbers with ``min <= max``,
+read by schema (defaults included). What the stock pass forgets: an op that already carries a fused activation. Its loop
+visits ``relu`` then ``hardtanh`` of ``conv -> relu -> hardtanh`` and *overwrites*
+the first range with the second, so the delegate computes ``clamp(conv, -1, 1)``
+instead of ``clamp(conv, 0, 1)``. Here the ranges are intersected (and the match
+declined when they do not overlap: the result would be a constant).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from torch.fx import Node
+
+from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit.passes.registry import register_rules
+
+from ._common import CONV, FUSED_ACTIVATION_TAG, LINEAR, constraint, keep_provenance
+
+#: ``FuseActivationPass.FUSEABLE_OPS``
+FUSEABLE_OPS: tuple[str, ...] = (CONV, "aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor",
+                                 LINEAR)
+
+RELU = "aten.relu.default"
+HARDTANH = "aten.hardtanh.default"
+
+
+def _bounds(c: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The activation's range as the stock pass writes it (relu: ``0, "+inf"``)."""
+    if "lo" not in c:
+        return 0, "+inf"
+    return c["lo"], c["hi"]
+
+
+def _as_float(v: Any) -> float:
+    return math.inf if v == "+inf" else -math.inf if v == "-inf" else float(v)
+
+
+def _combined(old: Any, lo: Any, hi: Any) -> tuple[Any, Any] | None:
+    """``clamp(clamp(x, old), lo, hi)`` as one range, None when it is a constant."""
+    if old is None:
+        return lo, hi
+    new_lo = max((old.output_min, lo), key=_as_float)
+    new_hi = min((old.output_max, hi), key=_as_float)
+    if _as_float(new_lo) > _as_float(new_hi):
+        return None
+    return new_lo, new_hi
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _fusable_range(ctx: CheckContext) -> str | None:
+    c = ctx.captures
+    lo, hi = _bounds(c)
+    if "lo" in c:
+        if not (_is_number(lo) and _is_number(hi)):
+            return f"hardtanh bounds ({lo!r}, {hi!r}) are not numbers"
+        if lo > hi:
+            return f"hardtanh min_val {lo} > max_val {hi}: not a clamp range"
+    pre: Node = c["pre"]
+    old = pre.meta.get(FUSED_ACTIVATION_TAG)
+    if old is not None and _combined(old, lo, hi) is None:
+        return (f"`{pre.name}` already clamps to [{old.output_min}, {old.output_max}], which "
+                f"does not overlap [{lo}, {hi}]: the result is a constant")
+    return None
+
+
+def _fused(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    """The same op with the activation's range (combined with one it already has)."""
+    from executorch.backends.xnnpack.serialization.xnnpack_graph_schema import OutputMinMax
+
+    pre: Node = c["pre"]
+    rng = _combined(pre.meta.get(FUSED_ACTIVATION_TAG), *_bounds(c))
+    assert rng is not None  # _fusable_range declined the rest
+    if pre.graph is rw.graph:  # (a probe builds into a scratch graph)
+        # where the stock pass leaves the op: ops computed between it and the
+        # activation keep their place (the payload lists nodes in graph order)
+        rw.insert_before = pre
+    node = rw.call(pre.target, *pre.args, **pre.kwargs)
+    keep_provenance(node, pre)
+    node.meta[FUSED_ACTIVATION_TAG] = OutputMinMax(*rng)
+    return node
+
+
+@register_rules("xnnpack", takes_over="FuseActivationPass")
+def fuse_activation_rules() -> list[Rule]:
+    """One rule per activation: ``relu(op(...))`` and ``hardtanh(op(...), lo, hi)``."""
+    pre = op(FUSEABLE_OPS, capture("pre_input"), commutative=False,
+             strict_defaults=False).bind("pre")
+    replacement = PythonReplacement(_fused, frozenset({"pre"}))
+    fusable_range = constraint("fusable_range", "pre")(_fusable_range)
+    return [
+        Rule(name="xnnpack_fuse_relu", pattern=op(RELU, pre), replacement=replacement,
+             constraints=[fusable_range],
+             description="relu after conv/linear/add/sub/mul into its output_min/max"),
+        Rule(name="xnnpack_fuse_hardtanh",
+             pattern=op(HARDTANH, pre, capture("lo"), capture("hi")),
+             replacement=PythonReplacement(_fused, frozenset({"pre", "lo", "hi"})),
+             constraints=[fusable_range],
+             description="hardtanh after conv/linear/add/sub/mul into its output_min/max"),
+    ]

@@ -1,0 +1,235 @@
+"""XNNPACK preprocess rewrites as fusionkit rules: the adapter's delegate vs stock ExecuTorch's.
+
+Each model is lowered twice, once each (module-scoped): through fusionkit's
+``XnnpackPartitioner`` (its partitions are preprocessed with
+:mod:`fusionkit.backends.xnnpack_adapter.preprocess_rules` in place of the stock
+pattern passes) and through ExecuTorch 1.5.1's own partitioner (fusionkit
+uninstalled). The delegate payloads must be byte-identical -- except where a test
+below shows a stock bug the rules fix -- and both ``.pte`` run (portable_lib) equal
+to eager PyTorch. The mixed model is written for this file (not one of ExecuTorch's op
+tests, not the issue's model): conv + relu, ReLU6 (hardtanh) after a conv, a residual
+add + relu, mul + hardtanh, a 7-way concatenation, 1-D convolutions, a bilinear
+upsample, PReLU and linear + relu.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+    XnnpackPartitioner as StockXnnpackPartitioner,
+)
+from executorch.exir import to_edge_transform_and_lower
+from executorch.exir.lowered_backend_module import get_lowered_submodules
+from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
+import fusionkit.backends.xnnpack_adapter as xa
+from fusionkit.backends.xnnpack_adapter import XnnpackPartitioner
+from fusionkit.backends.xnnpack_adapter import preprocess_rules as pr
+from fusionkit.passes.registry import registered
+
+pytestmark = pytest.mark.slow
+
+TOL = 1e-4
+
+
+@dataclass
+class Lowered:
+    out: torch.Tensor | None = None
+    payloads: list[bytes] = field(default_factory=list)
+    named: list[dict[str, bytes]] = field(default_factory=list)
+    error: str | None = None
+    rule_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    stock_calls: dict[str, int] = field(default_factory=dict)
+
+    def err(self, ref: torch.Tensor) -> float:
+        assert self.out is not None, self.error
+        return float((self.out - ref).abs().max())
+
+
+def _counting_stock_passes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count calls of every stock pass the rules take over (the takeover must make none)."""
+    import importlib
+
+    module = importlib.import_module("executorch.backends.xnnpack._passes")
+    calls: dict[str, int] = {}
+    for name in pr.TAKEN_OVER_PASSES:
+        cls = getattr(module, name)
+        original = cls.call
+
+        def call(self: Any, gm: Any, _orig: Callable[..., Any] = original,
+                 _name: str = name) -> Any:
+            calls[_name] = calls.get(_name, 0) + 1
+            return _orig(self, gm)
+
+        monkeypatch.setattr(cls, "call", call)
+    return calls
+
+
+def lower(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], mode: str) -> Lowered:
+    """``mode``: "rules" (fusionkit's partitioner) or "stock" (ExecuTorch's, uninstalled)."""
+    result = Lowered()
+    with pytest.MonkeyPatch.context() as mp:
+        result.stock_calls = _counting_stock_passes(mp)
+        pr.reset_counts()
+        xa.uninstall()
+        part: Any = XnnpackPartitioner() if mode == "rules" else StockXnnpackPartitioner()
+        ep = torch.export.export(model.eval(), inputs)
+        try:
+            epm = to_edge_transform_and_lower(ep, partitioner=[part])
+        except Exception as e:  # a stock failure is a finding; ours would fail the test
+            result.error = f"{type(e).__name__}: {e}"
+            from fusionkit.backends.xnnpack_adapter.partitioner import PREPROCESS_SCOPE
+
+            PREPROCESS_SCOPE.reset()
+            return result
+        result.rule_counts = pr.counts()
+    for _, lbm, _ in get_lowered_submodules(epm.exported_program().graph_module):
+        result.payloads.append(bytes(lbm.processed_bytes))
+        nds = lbm.named_data_store_output
+        result.named.append({k: bytes(nds.buffers[e.buffer_index])
+                             for k, e in nds.pte_data.items()})
+    et = epm.to_executorch()
+    result.out = _load_for_executorch_from_buffer(et.buffer).forward(inputs)[0]
+    return result
+
+
+# ----------------------------------------------------------------------------- models
+
+
+class MixedNet(torch.nn.Module):
+    """A small vision-and-sequence block mixing the patterns the XNNPACK passes rewrite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.branch = torch.nn.Conv2d(8, 8, 1)
+        self.prelu = torch.nn.PReLU(8)
+        self.seq = torch.nn.Conv1d(8, 6, 3, padding=1)
+        self.seq2 = torch.nn.Conv1d(6, 6, 1, groups=2, bias=False)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.relu(self.stem(x))                       # conv + relu
+        b = F.relu6(self.branch(a))                        # conv + hardtanh(0, 6)
+        c = torch.relu(a + b)                              # add + relu
+        d = F.hardtanh(c * 0.5, -0.5, 0.5)                 # mul + hardtanh
+        e = self.prelu(d)
+        cat = torch.cat([a, b, c, d, e, a - e, b * c], 1)  # 7 inputs: > 5
+        up = F.interpolate(cat, scale_factor=2, mode="bilinear", align_corners=False)
+        s = up.mean(dim=(1,)).reshape(1, 8, 32)[:, :, :16]  # [1, 8, 16]
+        t = torch.relu(self.seq2(torch.relu(self.seq(s))))  # conv1d + relu, twice
+        return torch.relu(self.head(t))                   # linear + relu
+
+
+class ReluThenHardtanh(torch.nn.Module):
+    """conv -> relu -> hardtanh(-1, 1): clamp(conv, 0, 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.hardtanh(torch.relu(self.conv(x)), -1.0, 1.0)
+
+
+class SharedConv1d(torch.nn.Module):
+    """One Conv1d applied twice: two convolutions reading the same weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(torch.relu(self.conv(x)))
+
+
+CASES: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...]]] = {
+    "mixed": (MixedNet, (1, 3, 8, 8)),
+    "relu_then_hardtanh": (ReluThenHardtanh, (1, 3, 8, 8)),
+    "shared_conv1d": (SharedConv1d, (1, 4, 16)),
+}
+
+
+@pytest.fixture(scope="module")
+def lowered() -> dict[str, tuple[torch.Tensor, Lowered, Lowered]]:
+    out = {}
+    for name, (make, shape) in CASES.items():
+        torch.manual_seed(0)
+        model = make().eval()
+        inputs = (torch.randn(*shape),)
+        with torch.no_grad():
+            ref = model(*inputs)
+        out[name] = (ref, lower(model, inputs, "rules"), lower(model, inputs, "stock"))
+    return out
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_every_taken_over_pass_is_a_stock_pass_of_the_default_list() -> None:
+    import importlib
+
+    module = importlib.import_module("executorch.backends.xnnpack._passes")
+    stock = module.XNNPACKPassManager(None).passes  # the default list
+    names = {p.__name__ for p in stock}
+    assert set(pr.TAKEN_OVER_PASSES) <= names
+    # layout and generic passes stay ExecuTorch's
+    assert not {"ChannelsLastTaggedReshapePass", "ConstPropPass"} & set(pr.TAKEN_OVER_PASSES)
+    # every factory of the set says which pass it takes over
+    assert all(f.takes_over for f in registered("xnnpack"))
+
+
+def test_mixed_model_delegate_is_byte_identical_to_stock(lowered: Any) -> None:
+    ref, ours, stock = lowered["mixed"]
+    assert ours.error is None and stock.error is None, (ours.error, stock.error)
+    assert ours.payloads and ours.payloads == stock.payloads
+    assert ours.named == stock.named
+    assert ours.err(ref) < TOL and stock.err(ref) < TOL
+
+
+def test_mixed_model_rules_ran_in_place_of_the_stock_passes(lowered: Any) -> None:
+    _, ours, stock = lowered["mixed"]
+    assert ours.stock_calls == {}, ours.stock_calls  # not one taken-over stock pass ran
+    fused = {name: c["fused"] for name, c in ours.rule_counts.items()}
+    # conv+relu, conv+hardtanh, add+relu, mul+hardtanh, two conv1d+relu, linear+relu
+    assert fused["FuseActivationPass"] == 7, fused
+    assert fused["DecomposeConcatenate"] == 1, fused
+    assert fused["Conv1dUnsqueezePass"] == 2, fused
+    # the stock lowering ran them (the counter sees a stock run)
+    assert stock.stock_calls.get("FuseActivationPass", 0) >= 1
+    assert stock.stock_calls.get("DecomposeConcatenate", 0) >= 1
+
+
+def test_stock_overwrites_a_fused_activation_the_rule_intersects_ranges(lowered: Any) -> None:
+    """Stock FuseActivationPass fuses relu into the conv, then hardtanh into the same conv,
+    replacing [0, inf) by [-1, 1]: the delegate lets negative values through."""
+    ref, ours, stock = lowered["relu_then_hardtanh"]
+    assert stock.error is None
+    assert stock.err(ref) > 0.1  # the stock bug, on the real runtime
+    assert ours.err(ref) < TOL
+    assert ours.payloads != stock.payloads
+
+
+def test_stock_fails_on_a_shared_conv1d_weight_the_rule_lowers_it(lowered: Any) -> None:
+    """Stock Conv1dUnsqueezePass rewrites the shared weight in place: the second
+    convolution then sees a 4-D weight and the pass fails; the rule adds the 4-D weight
+    as a new constant (once, for both)."""
+    ref, ours, stock = lowered["shared_conv1d"]
+    assert stock.error is not None and "Conv1dUnsqueezePass" in stock.error
+    assert ours.error is None
+    assert ours.err(ref) < TOL
+    assert ours.rule_counts["Conv1dUnsqueezePass"]["fused"] == 2
+
+
+def test_rules_disabled_run_the_stock_passes() -> None:
+    """``preprocess_rules.disabled()`` is the switch the op-test twins use."""
+    assert pr.is_enabled()
+    with pr.disabled():
+        assert not pr.is_enabled()
+    assert pr.is_enabled()

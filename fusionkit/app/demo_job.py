@@ -44,6 +44,30 @@ def _stock_lower(ep: Any, backend: str) -> Any:
     return to_edge_transform_and_lower(ep, partitioner=[_stock_partitioner(backend)])
 
 
+def _real_runtime(stock_pte: bytes, ours_pte: bytes, inputs: Any, eager: Any
+                  ) -> tuple[str, str, str, bool] | None:
+    """Both programs on the real Vulkan runtime (one child process), when there is one."""
+    from fusionkit.app.runtime import max_abs_error
+    from fusionkit.backends.vulkan_adapter.runtime import Job, find_runtime, run_many_in_child
+
+    if find_runtime() is None:
+        print("(no real Vulkan runtime here: `bash scripts/vulkan-runtime` gets one; the "
+              "simulator stands in for it)")
+        return None
+    print("… running both on the real Vulkan runtime (child process)", file=sys.stderr, flush=True)
+    flat = list(inputs)
+    stock, ours = run_many_in_child([Job(stock_pte, flat), Job(ours_pte, flat)])
+
+    def verdict(r: Any) -> tuple[str, bool]:
+        if not r.ok:
+            return f"the runtime stopped: {r.message}", False
+        err = max_abs_error(r.outputs, eager)
+        return f"max |error| vs eager {err:.2e}", err <= TOLERANCE
+
+    (stock_text, _), (ours_text, ours_ok) = verdict(stock), verdict(ours)
+    return ours.device or stock.device, stock_text, ours_text, ours_ok
+
+
 def run_demo(model_spec: str | None = None, out_dir: Path | None = None) -> int:
     from fusionkit.app.lowering import adapter, explain, lower
     from fusionkit.app.model_loader import load_model
@@ -103,6 +127,13 @@ def run_demo(model_spec: str | None = None, out_dir: Path | None = None) -> int:
     mark = st.green("✓") if sim_err <= TOLERANCE else st.red("✗")
     print(f"  fusionkit: max |error| vs eager {sim_err:.2e} {mark}")
     ok &= sim_err <= TOLERANCE
+    real = _real_runtime(bytes(stock_vk.buffer), ours_vk.pte, inputs, eager)
+    if real is not None:
+        device, stock_real, ours_real, real_ok = real
+        print(f"on ExecuTorch's real Vulkan runtime ({device}; fusionkit run):")
+        print(f"  stock:     {stock_real}")
+        print(f"  fusionkit: {ours_real} {st.green('✓') if real_ok else st.red('✗')}")
+        ok &= real_ok
     print("fusion report:")
     print("\n".join("  " + line for line in str(ours_vk.report).splitlines()))
 

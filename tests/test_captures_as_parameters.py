@@ -264,3 +264,106 @@ def test_a_constraint_class_stating_its_kind_again_is_refused() -> None:
 
             def check(self, ctx: CheckContext) -> Failure | None:
                 return None
+
+
+# ------------------------------------------------------------ every shipped rule
+
+
+def _shipped_rules() -> list[Rule]:
+    from fusionkit.passes.registry import registered
+
+    return [r for f in registered() for r in f.rules()]
+
+
+SHIPPED = _shipped_rules()
+
+
+def _capture_parameters(fn: Any) -> list[str]:
+    import inspect
+
+    return list(inspect.signature(fn).parameters)[1:]
+
+
+@pytest.mark.parametrize("rule", SHIPPED, ids=[r.name for r in SHIPPED])
+def test_every_shipped_rule_reads_exactly_its_signatures(rule: Rule) -> None:
+    """Each custom check and Python replacement of a shipped rule declares its captures as
+    parameters: its reads are its signature (no hand-listed reads left to drift)."""
+    for c in rule.constraints:
+        if isinstance(c, Custom):
+            params = _capture_parameters(c.fn)
+            assert c.parameters is not None or (not params and not c.reads), (
+                f"{rule.name}: check {c.name!r} lists its reads by hand")
+            assert list(c.reads) == params, f"{rule.name}: check {c.name!r}"
+    rep = rule.replacement
+    if isinstance(rep, PythonReplacement):
+        assert rep.parameters is not None, f"{rule.name}: the replacement lists its reads by hand"
+        assert rep.reads == frozenset(_capture_parameters(rep.fn)), rule.name
+    assert rep.captures() <= rule.pattern.captures()
+
+
+# ------------------------------------------- a Vulkan rule: blame on the bad bias
+
+
+class Q4LinearInputBias(nn.Module):
+    """A torchao 4-bit weight-only linear whose bias is a user input (not prepackable)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(2)
+        self.register_buffer("w", torch.randint(-8, 8, (16, 64), dtype=torch.int8, generator=gen))
+        self.register_buffer("s", torch.rand(16, 2, generator=gen) * 0.1 + 0.01)
+        self.register_buffer("z", torch.zeros(16, 2, dtype=torch.int8))
+
+    def forward(self, x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        w = torch.ops.torchao.dequantize_affine(self.w, [1, 32], self.s, self.z, torch.int8, -8, 7)
+        return torch.nn.functional.linear(x, w, b)
+
+
+def test_a_bad_quantized_linear_bias_is_blamed_on_the_bias_not_the_weight() -> None:
+    from vulkan_pattern_helpers import edge
+
+    from fusionkit.passes.vulkan.quantized_linear import q4gsw_linear_rule
+
+    ep = edge(Q4LinearInputBias(), (torch.randn(3, 64), torch.randn(16)))
+    ms = find_matches(ep, [q4gsw_linear_rule()])
+    assert not ms.accepted
+    (d,) = ms.declined
+    assert d.step == "custom:bias_is_constant_vector"
+    assert "is not a constant tensor" in d.reason
+    assert d.node is not None and d.node.op == "placeholder" and d.node.name == "b"
+
+
+# ------------------------------------------------------------------ a rule class
+
+
+def test_a_rule_class_builds_a_rule_whose_reads_are_its_method_signatures(ep: Any) -> None:
+    from fusionkit.authoring.rule_class import RuleClass
+
+    class MatmulConstantBias(RuleClass):
+        """mm + a constant bias into addmm."""
+
+        pattern = PATTERN
+        constraints = (DtypeIn("x", frozenset({torch.float32})),)
+
+        def check(self, ctx: CheckContext, bias: Any) -> Any:
+            return None if ctx.inputs.constant(bias) else ctx.fail("bias not constant", at="bias")
+
+        def rewrite(self, rw: Any, x: Any, w: Any, bias: Any) -> Any:
+            return rw.call("aten.addmm.default", bias, x, w)
+
+    rule = MatmulConstantBias.rule()
+    assert rule.name == "matmul_constant_bias"
+    assert rule.description == "mm + a constant bias into addmm."
+    assert rule.constraints[-1].captures() == {"bias"}
+    assert rule.replacement.captures() == {"x", "w", "bias"}
+    ms = find_matches(ep, [rule])
+    assert [m.root.name for m in ms.accepted] == ["add"]
+    (d,) = ms.declined
+    assert d.node is node_named(ep, "y") and d.reason == "bias not constant"
+
+    class Unbound(MatmulConstantBias):
+        def rewrite(self, rw: Any, x: Any, scale: Any) -> Any:
+            raise AssertionError
+
+    with pytest.raises(RuleError, match=r"'unbound'.*the replacement.*'scale'"):
+        Unbound.rule()

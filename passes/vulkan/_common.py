@@ -18,6 +18,7 @@ import torch
 from torch.fx import Node
 
 from fusionkit import (
+    Blame,
     CheckContext,
     Custom,
     DtypeIn,
@@ -65,24 +66,51 @@ def int8_q(x: Pattern | Any, prefix: str) -> Pattern:
               -128, 127, torch.int8)
 
 
-def constant_tensor(ctx: CheckContext, name: str) -> torch.Tensor | None:
-    """The real tensor of a captured constant placeholder, else None."""
-    v = ctx.captures.get(name)
+class _Absent:
+    """The default of a capture parameter that must tell "not bound" from a bound ``None``."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+#: ``def check(ctx, x, rd=ABSENT)``: ``rd is ABSENT`` when the match did not bind ``rd``
+ABSENT: Any = _Absent()
+
+
+def _value(ctx: CheckContext, v: Any) -> Any:
+    """A capture's value: ``v`` itself, or (older checks) the capture named ``v``."""
+    return ctx.captures.get(v) if isinstance(v, str) else v
+
+
+def constant_tensor(ctx: CheckContext, v: Any) -> torch.Tensor | None:
+    """The real tensor of a constant placeholder (a capture's value), else None."""
+    v = _value(ctx, v)
     if not isinstance(v, Node):
         return None
     ref = ctx.inputs.constant(v)
     return None if ref is None else ref.tensor
 
 
-def shape_of(ctx: CheckContext, name: str) -> tuple[Any, ...] | None:
-    t = ctx.val(name)
+def shape(v: Any) -> tuple[Any, ...] | None:
+    """The shape of a captured node's example value, else None."""
+    t = v.meta.get("val") if isinstance(v, Node) else v
     return tuple(t.shape) if isinstance(t, torch.Tensor) else None
 
 
-def constraint(name: str, *reads: str) -> Callable[[Callable[[CheckContext], str | None]], Custom]:
-    """Decorator: a :class:`~fusionkit.Custom` constraint from ``fn(ctx) -> reason | None``."""
+def shape_of(ctx: CheckContext, name: str) -> tuple[Any, ...] | None:
+    """The shape of the capture named ``name`` (older checks; a parameter's value: :func:`shape`)."""
+    return shape(ctx.captures.get(name))
 
-    def wrap(fn: Callable[[CheckContext], str | None]) -> Custom:
+
+def constraint(name: str, *reads: str) -> Callable[[Callable[..., str | Blame | None]], Custom]:
+    """Decorator: a :class:`~fusionkit.Custom` check ``fn(ctx, *captures) -> reason | None``.
+
+    The captures it reads are its parameters after ``ctx``
+    (``constraint("bias_is_constant")(fn)``); ``reads`` is only for an older
+    ``fn(ctx)`` that reads ``ctx.captures`` (given with parameters, they must agree).
+    """
+
+    def wrap(fn: Callable[..., str | Blame | None]) -> Custom:
         return Custom(fn, name, tuple(reads))
 
     return wrap
@@ -95,13 +123,14 @@ def et_vk(name: str) -> str:
     return f"et_vk.{name}.default"
 
 
-def zero_points_are_zero(ctx: CheckContext, name: str) -> str | None:
-    """None when capture ``name`` is absent/None, a literal 0 (or list of 0s), or an all-zero constant."""
-    v = ctx.captures.get(name)
+def zero_points_are_zero(ctx: CheckContext, zp: Any) -> str | None:
+    """None when the zero point (a capture's value) is None, a literal 0 (or list of 0s), or an
+    all-zero constant."""
+    v = _value(ctx, zp)
     if v is None:
         return None
     if isinstance(v, Node):
-        t = constant_tensor(ctx, name)
+        t = constant_tensor(ctx, v)
         if t is None:
             return f"zero point `{v.name}` is not a constant, so it cannot be shown to be 0"
         if bool((t == 0).all()):
@@ -113,15 +142,20 @@ def zero_points_are_zero(ctx: CheckContext, name: str) -> str | None:
     return f"zero point {v!r} is not 0 (the kernel assumes symmetric quantization)"
 
 
-def in_int_range(ctx: CheckContext, name: str, lo: int, hi: int) -> str | None:
-    """None when capture ``name`` is an int8/uint8 constant with every value in [lo, hi]."""
-    t = constant_tensor(ctx, name)
+def in_int_range(ctx: CheckContext, v: Any, lo: int, hi: int, label: str | None = None
+                 ) -> str | None:
+    """None when ``v`` (a capture's value, ``label`` in messages) is an int8/uint8 constant with
+    every value in [lo, hi]."""
+    if isinstance(v, str):
+        label = label or v
+    label = label or "the tensor"
+    t = constant_tensor(ctx, v)
     if t is None:
-        return f"`{name}` is not a constant tensor"
+        return f"`{label}` is not a constant tensor"
     if t.dtype not in (torch.int8, torch.uint8):
-        return f"`{name}` has dtype {t.dtype}, not int8"
+        return f"`{label}` has dtype {t.dtype}, not int8"
     if t.numel() and (int(t.min()) < lo or int(t.max()) > hi):
-        return f"`{name}` holds values in [{int(t.min())}, {int(t.max())}], outside [{lo}, {hi}]"
+        return f"`{label}` holds values in [{int(t.min())}, {int(t.max())}], outside [{lo}, {hi}]"
     return None
 
 
@@ -136,6 +170,6 @@ def qk_rope_rule(name: str, pattern: Pattern, geometry: Custom,
         pattern=pattern,
         constraints=[Rank("xq", frozenset({4})), Rank("xk", frozenset({4})),
                      *(DtypeIn(n, frozenset({torch.float32})) for n in ROPE_READS), geometry],
-        replacement=PythonReplacement(build, frozenset(ROPE_READS)),
+        replacement=PythonReplacement(build),
         description=description,
     )

@@ -19,7 +19,6 @@ fails ("... is not a buffer"); a normalized-shape vector per norm is cheap.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -43,8 +42,7 @@ from ._common import FP_T, constraint
 LAYER_NORM = "aten.native_layer_norm.default"
 
 
-def _static_shape(ctx: CheckContext) -> str | None:
-    shape = ctx.captures["shape"]
+def _static_shape(ctx: CheckContext, shape: Any) -> str | None:
     if not all(isinstance(d, int) and d > 0 for d in shape):
         return f"normalized_shape {list(shape)} is not a list of positive ints"
     return None
@@ -54,16 +52,15 @@ def _affine_name(rw: Rewriter, kind: str) -> str:
     return f"fusionkit_{rw.root.name}_{kind}"
 
 
-def _build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    shape = tuple(int(d) for d in c["shape"])
-    dtype = c["x"].meta["val"].dtype
-    weight: Any = c.get("weight")
-    bias: Any = c.get("bias")
+def _build(rw: Rewriter, x: Node, shape: Any, eps: Any, weight: Any = None,
+           bias: Any = None) -> Node:
+    shape = tuple(int(d) for d in shape)
+    dtype = x.meta["val"].dtype
     if weight is None:
         weight = rw.constant(_affine_name(rw, "ones"), torch.ones(shape, dtype=dtype))
     if bias is None:
         bias = rw.constant(_affine_name(rw, "zeros"), torch.zeros(shape, dtype=dtype))
-    return rw.call(LAYER_NORM, c["x"], list(shape), weight, bias, c["eps"])
+    return rw.call(LAYER_NORM, x, list(shape), weight, bias, eps)
 
 
 @register_rules("vulkan")
@@ -78,10 +75,10 @@ def layer_norm_affine_rule(name: str = "layer_norm_affine") -> Rule:
         name=name,
         pattern=pattern,
         constraints=[
-            constraint("static_normalized_shape", "shape")(_static_shape),
+            constraint("static_normalized_shape")(_static_shape),
             DtypeIn("x", FP_T),
         ],
-        replacement=PythonReplacement(_build, frozenset({"x", "shape", "weight", "bias", "eps"})),
+        replacement=PythonReplacement(_build),
         description="a layer norm without weight/bias gets ones/zeros, which the Vulkan kernel "
         "requires (it throws on None)",
     )

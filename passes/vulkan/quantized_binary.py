@@ -15,6 +15,7 @@ a relu between the add and the quantize — the stock detector accepts it, but
 from __future__ import annotations
 
 import torch
+from torch.fx import Node
 
 from fusionkit import CheckContext, DtypeIn, Rule, capture, op, ref, replace_with, scalar
 from fusionkit.passes.registry import register_rules
@@ -22,8 +23,8 @@ from fusionkit.passes.registry import register_rules
 from ._common import constraint, et_vk, int8_dq, int8_q
 
 
-def _qbinary_no_relu(ctx: CheckContext) -> str | None:
-    if "relu" in ctx.captures:
+def _qbinary_no_relu(ctx: CheckContext, relu: Node | None = None) -> str | None:
+    if relu is not None:
         return ("a relu sits between the add and the quantize, but et_vk.q8ta_add has no "
                 "activation argument: fusing would drop the relu")
     return None
@@ -35,7 +36,7 @@ def quantized_binary_rule(name: str = "quantized_binary") -> Rule:
              alpha=scalar("alpha", tensor_ok=False), commutative=False).bind("add")
     relu = op("aten.relu.default", add).bind("relu")
 
-    no_relu = constraint("no_activation", "add")(_qbinary_no_relu)
+    no_relu = constraint("no_activation")(_qbinary_no_relu)
 
     return Rule(
         name=name,

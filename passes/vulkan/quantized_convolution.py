@@ -32,13 +32,13 @@ dilation are pairs of ints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch.fx import Node
 
 from fusionkit import (
+    Blame,
     CheckContext,
     DtypeIn,
     Pattern,
@@ -60,7 +60,7 @@ from ._common import (
     et_vk,
     int8_dq,
     int8_q,
-    shape_of,
+    shape,
     zero_points_are_zero,
 )
 from .quantized_linear import pad_to, padded
@@ -87,44 +87,45 @@ def _pair(v: Any) -> list[int] | None:
     return None
 
 
-def _geometry(c: Mapping[str, Any], w: tuple[int, ...]) -> dict[str, Any]:
+def _geometry(w: tuple[int, ...], groups: int, stride: Any, padding: Any, dilation: Any,
+              transposed: Any = False, output_padding: Any = (0, 0)) -> dict[str, Any]:
     """OC, IC per group, kernel size and the op variant of a match (weight shape ``w``)."""
-    transposed = bool(c.get("transposed", False))
-    groups = c["groups"]
+    transposed = bool(transposed)
     if transposed:
         ic, ocg, kh, kw = w
         oc, icg = ocg * groups, ic // groups
     else:
         oc, icg, kh, kw = w
-    stride, padding, dilation = _pair(c["stride"]), _pair(c["padding"]), _pair(c["dilation"])
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     depthwise = not transposed and icg == 1 and groups == oc
     pointwise = (kh == 1 and kw == 1 and stride == [1, 1] and dilation == [1, 1]
                  and padding == [0, 0])
     kind = ("transposed" if transposed else "dw" if depthwise else "pw" if pointwise else "im2col")
     return {"oc": oc, "icg": icg, "kh": kh, "kw": kw, "kind": kind, "transposed": transposed,
             "stride": stride, "padding": padding, "dilation": dilation,
-            "output_padding": _pair(c.get("output_padding", [0, 0]))}
+            "output_padding": _pair(output_padding)}
 
 
 #: why the quantized convolution's weight, scales and bias must be constants (in declines)
 CONV_ROLE = "the quantized convolution prepacks it"
 
 
-def _conv_geometry(ctx: CheckContext) -> str | None:
-    c = ctx.captures
-    w = shape_of(ctx, "weight")
+def _conv_geometry(ctx: CheckContext, weight: Node, w_scales: Node, axis: Any, w_qmin: Any,
+                   stride: Any, padding: Any, dilation: Any, groups: Any,
+                   # bound by aten.convolution only (aten.conv2d has neither)
+                   transposed: Any = False, output_padding: Any = (0, 0)
+                   ) -> str | Blame | None:
+    w = shape(weight)
     if w is None or len(w) != 4:
         return f"weight {w} is not a 2-D convolution weight"
-    if c.get("transposed", False) not in (True, False):
-        return f"transposed flag {c.get('transposed')!r} is not a bool"
-    groups = c["groups"]
+    if transposed not in (True, False):
+        return f"transposed flag {transposed!r} is not a bool"
     if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
         return f"groups {groups!r} is not a positive int"
-    if None in (_pair(c["stride"]), _pair(c["padding"]), _pair(c["dilation"]),
-                _pair(c.get("output_padding", [0, 0]))):
-        return (f"stride {c['stride']!r}, padding {c['padding']!r} or dilation "
-                f"{c['dilation']!r} is not a pair of ints")
-    g = _geometry(c, w)
+    if None in (_pair(stride), _pair(padding), _pair(dilation), _pair(output_padding)):
+        return (f"stride {stride!r}, padding {padding!r} or dilation "
+                f"{dilation!r} is not a pair of ints")
+    g = _geometry(w, groups, stride, padding, dilation, transposed, output_padding)
     oc = g["oc"]
     if g["transposed"]:
         if g["dilation"] != [1, 1]:
@@ -132,13 +133,14 @@ def _conv_geometry(ctx: CheckContext) -> str | None:
         if groups != 1:
             return ("grouped transposed conv: its per-channel scales cover OC/groups "
                     "channels, not the OC the kernel indexes")
-    if c["axis"] != (1 if g["transposed"] else 0):
-        return (f"weight quantized along axis {c['axis']}, not the output-channel axis "
+    if axis != (1 if g["transposed"] else 0):
+        return (f"weight quantized along axis {axis}, not the output-channel axis "
                 f"{1 if g['transposed'] else 0}")
-    if c["w_qmin"] not in (-127, -128):
-        return f"weight quant_min {c['w_qmin']} is not that of int8"
-    if shape_of(ctx, "w_scales") != (oc,):
-        return f"weight scales of shape {shape_of(ctx, 'w_scales')} are not per output channel [{oc}]"
+    if w_qmin not in (-127, -128):
+        return f"weight quant_min {w_qmin} is not that of int8"
+    if shape(w_scales) != (oc,):
+        return ctx.fail(f"weight scales of shape {shape(w_scales)} are not per output channel "
+                        f"[{oc}]", at=w_scales)
     if 1 < groups < oc and (oc // groups) % 4:
         return (f"{oc // groups} output channels per group is not a multiple of 4 "
                 "(a group may not cross a texel)")
@@ -150,40 +152,43 @@ def _conv_geometry(ctx: CheckContext) -> str | None:
     return None
 
 
-def _conv_batch_1(ctx: CheckContext) -> str | None:
-    x = shape_of(ctx, "x")
-    if x is not None and x[0] == 1:
+def _conv_batch_1(ctx: CheckContext, x: Node) -> str | None:
+    xs = shape(x)
+    if xs is not None and xs[0] == 1:
         return None
-    return (f"input of shape {x}: the q8ta conv kernels take batch 1 only (the runtime's "
+    return (f"input of shape {xs}: the q8ta conv kernels take batch 1 only (the runtime's "
             "packed int8 layouts have no batch dimension)")
 
 
-def _conv_zp(ctx: CheckContext) -> str | None:
-    return zero_points_are_zero(ctx, "w_zp")
+def _conv_zp(ctx: CheckContext, w_zp: Any) -> str | None:
+    return zero_points_are_zero(ctx, w_zp)
 
 
-def _conv_bias(ctx: CheckContext) -> str | None:
-    b = ctx.captures.get("bias")
-    if b is None:
+def _conv_bias(ctx: CheckContext, bias: Any, weight: Node, groups: Any, stride: Any,
+               padding: Any, dilation: Any, transposed: Any = False) -> str | None:
+    if bias is None:
         return None
-    if not isinstance(b, Node) or ctx.inputs.constant(b) is None:
-        return f"bias {getattr(b, 'name', b)!r} is not a constant tensor: {CONV_ROLE}"
-    bv, w = ctx.val("bias"), shape_of(ctx, "weight")
-    oc = _geometry(ctx.captures, w)["oc"] if w is not None and len(w) == 4 else None
+    if not isinstance(bias, Node) or ctx.inputs.constant(bias) is None:
+        return f"bias {getattr(bias, 'name', bias)!r} is not a constant tensor: {CONV_ROLE}"
+    bv, w = bias.meta.get("val"), shape(weight)
+    oc = (_geometry(w, groups, stride, padding, dilation, transposed)["oc"]
+          if w is not None and len(w) == 4 else None)
     if not isinstance(bv, torch.Tensor) or bv.dtype != torch.float32 or tuple(bv.shape) != (oc,):
         got = (getattr(bv, "dtype", None), tuple(getattr(bv, "shape", ())))
         return f"bias {got} is not a float32 vector [{oc}]"
     return None
 
 
-def _conv_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    w_node: Node = c["weight"]
-    w = rw.tensor(w_node)
-    g = _geometry(c, tuple(w.shape))
+def _conv_build(rw: Rewriter, x: Node, in_scale: float, in_zp: int, weight: Node,
+                w_scales: Node, out_scale: float, out_zp: int, bias: Node | None,
+                stride: Any, padding: Any, dilation: Any, groups: int,
+                transposed: Any = False, output_padding: Any = (0, 0),
+                relu: Node | None = None) -> Node:
+    w = rw.tensor(weight)
+    g = _geometry(tuple(w.shape), groups, stride, padding, dilation, transposed, output_padding)
     oc, icg, kh, kw, kind = g["oc"], g["icg"], g["kh"], g["kw"], g["kind"]
     if kind == "transposed":
         ic, ocg = w.shape[0], w.shape[1]
-        groups = c["groups"]
         mat = (w.reshape(groups, ic // groups, ocg, kh, kw).permute(0, 2, 3, 4, 1)
                .reshape(oc, kh * kw * icg).contiguous())
         sums = mat.sum(dim=1)
@@ -193,17 +198,16 @@ def _conv_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
     else:
         mat = w.permute(0, 2, 3, 1).contiguous().view(oc, kh * kw * icg).contiguous()
         sums = mat.sum(dim=1)
-    weight = rw.constant(f"{w_node.name}_fk_q8ta_conv_{kind}_pad4", pad_to(mat, 4))
-    sums_n = rw.constant(f"{w_node.name}_fk_q8ta_conv_{kind}_sums_pad4",
+    packed = rw.constant(f"{weight.name}_fk_q8ta_conv_{kind}_pad4", pad_to(mat, 4))
+    sums_n = rw.constant(f"{weight.name}_fk_q8ta_conv_{kind}_sums_pad4",
                          pad_to(sums.to(torch.int32), 4))
     target = {"transposed": "q8ta_conv2d_transposed", "dw": "q8ta_conv2d_dw",
               "pw": "q8ta_conv2d_pw", "im2col": "q8ta_conv2d"}[kind]
-    args: list[Any] = [c["x"], c["in_scale"], c["in_zp"], weight, sums_n,
-                       padded(rw, c["w_scales"]), c["out_scale"], c["out_zp"],
-                       padded(rw, c.get("bias")), [kh, kw], g["stride"], g["padding"]]
+    args: list[Any] = [x, in_scale, in_zp, packed, sums_n, padded(rw, w_scales), out_scale,
+                       out_zp, padded(rw, bias), [kh, kw], g["stride"], g["padding"]]
     if kind == "transposed":
         args.append(g["output_padding"])
-    args += [g["dilation"], c["groups"], "relu" if "relu" in c else "none"]
+    args += [g["dilation"], groups, "relu" if relu is not None else "none"]
     return rw.call(et_vk(target), *args)
 
 
@@ -212,9 +216,9 @@ def quantized_convolution_rule(name: str = "quantized_convolution") -> Rule:
     role = CONV_ROLE
     act = _conv() | op("aten.relu.default", _conv()).bind("relu")
 
-    geometry = constraint("conv_geometry", "weight", "w_scales", "stride", "padding", "dilation", "groups")(_conv_geometry)
-    zp = constraint("weight_zero_points_zero", "w_zp")(_conv_zp)
-    bias = constraint("bias_is_constant_vector", "weight", "bias")(_conv_bias)
+    geometry = constraint("conv_geometry")(_conv_geometry)
+    zp = constraint("weight_zero_points_zero")(_conv_zp)
+    bias = constraint("bias_is_constant_vector")(_conv_bias)
     build = _conv_build
 
     return Rule(
@@ -224,10 +228,8 @@ def quantized_convolution_rule(name: str = "quantized_convolution") -> Rule:
                      PrepackableConstant("weight", role=role),
                      PrepackableConstant("w_scales", role=role),
                      DtypeIn("weight", frozenset({torch.int8})), Rank("weight", frozenset({4})),
-                     constraint("batch_1", "x")(_conv_batch_1), geometry, zp, bias],
-        replacement=PythonReplacement(build, frozenset({
-            "x", "in_scale", "in_zp", "weight", "w_scales", "out_scale", "out_zp", "bias",
-            "stride", "padding", "dilation", "groups"})),
+                     constraint("batch_1")(_conv_batch_1), geometry, zp, bias],
+        replacement=PythonReplacement(build),
         description="int8 static conv2d (+relu) with int8 output into et_vk.q8ta_conv2d(_pw/_dw/"
                     "_transposed)",
     )

@@ -25,13 +25,13 @@ constant named after its source, so two lookups of one table share it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch.fx import Node
 
 from fusionkit import (
+    Blame,
     CheckContext,
     DtypeIn,
     PrepackableConstant,
@@ -47,7 +47,7 @@ from fusionkit import (
 )
 from fusionkit.passes.registry import register_rules
 
-from ._common import constraint, et_vk, in_int_range, shape_of, zero_points_are_zero
+from ._common import constraint, et_vk, in_int_range, shape, zero_points_are_zero
 
 EMBED_DIM_MULTIPLE = 32
 
@@ -66,7 +66,8 @@ def pack_linear_q4(unpacked: torch.Tensor) -> torch.Tensor:
     return pack_4bit_weight_tensor(unpacked)
 
 
-def _geometry(ctx: CheckContext, embed_dim: int, group: int) -> str | None:
+def _geometry(ctx: CheckContext, weight: Node, scales: Node, embed_dim: int, group: int
+              ) -> str | Blame | None:
     if group <= 0 or embed_dim % group:
         return f"group size {group} does not tile embed_dim {embed_dim}"
     if group % 4:
@@ -75,31 +76,31 @@ def _geometry(ctx: CheckContext, embed_dim: int, group: int) -> str | None:
     if embed_dim % EMBED_DIM_MULTIPLE:
         return (f"embed_dim {embed_dim} is not a multiple of {EMBED_DIM_MULTIPLE} "
                 "(the embedding_q4gsw shader's load granularity)")
-    w, s = shape_of(ctx, "weight"), shape_of(ctx, "scales")
+    w, s = shape(weight), shape(scales)
     if s is None or w is None or s != (w[0], embed_dim // group):
-        return f"scales of shape {s} are not [vocab, embed_dim / group] = [{w and w[0]}, " \
-               f"{embed_dim // group}]"
+        return ctx.fail(f"scales of shape {s} are not [vocab, embed_dim / group] = "
+                        f"[{w and w[0]}, {embed_dim // group}]", at=scales)
     return None
 
 
-def _torchao_embedding_zp(ctx: CheckContext) -> str | None:
-    return zero_points_are_zero(ctx, "zero_point")
+def _torchao_embedding_zp(ctx: CheckContext, zero_point: Any) -> str | None:
+    return zero_points_are_zero(ctx, zero_point)
 
 
-def _torchao_embedding_int4(ctx: CheckContext) -> str | None:
-    return in_int_range(ctx, "weight", -8, 7)
+def _torchao_embedding_int4(ctx: CheckContext, weight: Node) -> str | None:
+    return in_int_range(ctx, weight, -8, 7, "weight")
 
 
-def _torchao_embedding_geometry(ctx: CheckContext) -> str | None:
-    w = shape_of(ctx, "weight")
-    return _geometry(ctx, int(w[1]) if w else 0, int(ctx.captures["block_size"][1]))
+def _torchao_embedding_geometry(ctx: CheckContext, weight: Node, scales: Node,
+                                block_size: Any) -> str | Blame | None:
+    w = shape(weight)
+    return _geometry(ctx, weight, scales, int(w[1]) if w else 0, int(block_size[1]))
 
 
-def _torchao_embedding_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    w: Node = c["weight"]
-    packed = rw.constant(f"{w.name}_fk_q4_linear", pack_linear_q4(rw.tensor(w)))
-    return rw.call(et_vk("embedding_q4gsw"), packed, c["scales"], int(c["block_size"][1]),
-                   c["indices"], True)
+def _torchao_embedding_build(rw: Rewriter, weight: Node, scales: Node, block_size: Any,
+                             indices: Node) -> Node:
+    packed = rw.constant(f"{weight.name}_fk_q4_linear", pack_linear_q4(rw.tensor(weight)))
+    return rw.call(et_vk("embedding_q4gsw"), packed, scales, int(block_size[1]), indices, True)
 
 
 @register_rules("builtin", "vulkan", takes_over="torchao_quantized_embedding")
@@ -110,9 +111,9 @@ def torchao_quantized_embedding_rule(name: str = "torchao_quantized_embedding") 
             capture("zero_point"), lit(torch.int8), -8, 7)
     root = op("aten.embedding.default", dq, capture("indices"))
 
-    zp = constraint("zero_point_is_zero", "zero_point")(_torchao_embedding_zp)
-    int4 = constraint("int4_values", "weight")(_torchao_embedding_int4)
-    geometry = constraint("embedding_geometry", "weight", "scales", "block_size")(_torchao_embedding_geometry)
+    zp = constraint("zero_point_is_zero")(_torchao_embedding_zp)
+    int4 = constraint("int4_values")(_torchao_embedding_int4)
+    geometry = constraint("embedding_geometry")(_torchao_embedding_geometry)
     build = _torchao_embedding_build
 
     return Rule(
@@ -124,37 +125,37 @@ def torchao_quantized_embedding_rule(name: str = "torchao_quantized_embedding") 
             DtypeIn("weight", frozenset({torch.int8})), Rank("weight", frozenset({2})),
             zp, geometry, int4,
         ],
-        replacement=PythonReplacement(build, frozenset({"weight", "scales", "block_size",
-                                                         "indices"})),
+        replacement=PythonReplacement(build),
         description="torchao 4-bit weight-only embedding into et_vk.embedding_q4gsw",
     )
 
 
-def _embedding_4bit_zp(ctx: CheckContext) -> str | None:
-    return zero_points_are_zero(ctx, "zero_point")
+def _embedding_4bit_zp(ctx: CheckContext, zero_point: Any) -> str | None:
+    return zero_points_are_zero(ctx, zero_point)
 
 
-def _embedding_4bit_geometry(ctx: CheckContext) -> str | None:
-    w, s = shape_of(ctx, "weight"), shape_of(ctx, "scales")
+def _embedding_4bit_geometry(ctx: CheckContext, weight: Node, scales: Node
+                             ) -> str | Blame | None:
+    w, s = shape(weight), shape(scales)
     if w is None or s is None:
         return "weight or scales has no shape"
     groups = s[1] if len(s) == 2 else 1
     embed_dim = int(w[1]) * 2  # packed: two values per byte
-    return _geometry(ctx, embed_dim, embed_dim // groups if groups else 0)
+    return _geometry(ctx, weight, scales, embed_dim, embed_dim // groups if groups else 0)
 
 
-def _embedding_4bit_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    w: Node = c["weight"]
+def _embedding_4bit_build(rw: Rewriter, weight: Node, scales: Node, indices: Node) -> Node:
+    w = weight
     packed = rw.tensor(w)
     vocab = packed.shape[0]
     high = (packed >> 4).to(torch.int8) - 8
     low = (packed & 0xF).to(torch.int8) - 8
     unpacked = torch.stack([high, low], dim=-1).reshape(vocab, -1)
     new = rw.constant(f"{w.name}_fk_q4_linear_from_e4", pack_linear_q4(unpacked))
-    scales = constant_tensor_shape(c["scales"])
+    s = constant_tensor_shape(scales)
     embed_dim = packed.shape[1] * 2
-    group = embed_dim // (scales[1] if len(scales) == 2 else 1)
-    return rw.call(et_vk("embedding_q4gsw"), new, c["scales"], group, c["indices"], True)
+    group = embed_dim // (s[1] if len(s) == 2 else 1)
+    return rw.call(et_vk("embedding_q4gsw"), new, scales, group, indices, True)
 
 
 @register_rules("builtin", "vulkan", takes_over="quantized_embedding")
@@ -164,8 +165,8 @@ def quantized_embedding_rule(name: str = "quantized_embedding") -> Rule:
               capture("zero_point"), -8, 7, capture("indices"),
               dtype=one_of([None, torch.float32]))
 
-    zp = constraint("zero_point_is_zero", "zero_point")(_embedding_4bit_zp)
-    geometry = constraint("embedding_geometry", "weight", "scales")(_embedding_4bit_geometry)
+    zp = constraint("zero_point_is_zero")(_embedding_4bit_zp)
+    geometry = constraint("embedding_geometry")(_embedding_4bit_geometry)
     build = _embedding_4bit_build
 
     return Rule(
@@ -177,7 +178,7 @@ def quantized_embedding_rule(name: str = "quantized_embedding") -> Rule:
             DtypeIn("weight", frozenset({torch.uint8})), Rank("weight", frozenset({2})),
             Rank("scales", frozenset({2})), zp, geometry,
         ],
-        replacement=PythonReplacement(build, frozenset({"weight", "scales", "indices"})),
+        replacement=PythonReplacement(build),
         description="quantized_decomposed.embedding_4bit into et_vk.embedding_q4gsw",
     )
 

@@ -47,7 +47,6 @@ router only accepted for M == 1; such graphs stay unfused (still correct).
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -55,6 +54,7 @@ import torch.nn.functional as F
 from torch.fx import Node
 
 from fusionkit import (
+    Blame,
     CheckContext,
     Constraint,
     DtypeIn,
@@ -83,7 +83,7 @@ from ._common import (
     in_int_range,
     int8_dq,
     int8_q,
-    shape_of,
+    shape,
     zero_points_are_zero,
 )
 from .quantized_embedding import pack_linear_q4
@@ -105,16 +105,18 @@ def _linear(inp: Pattern, wdq: Pattern) -> Pattern:
             | op("aten.bmm.default", inp, w_b).bind("bmm"))
 
 
-def _bmm_ok(ctx: CheckContext) -> str | None:
+def _bmm_ok(ctx: CheckContext, weight: Node, bmm: Node | None = None,
+            bmm_weight: Node | None = None) -> str | Blame | None:
     """A bmm anchor: batch 1 (as the stock detector requires) and the weight operand W^T[None]."""
-    if "bmm" not in ctx.captures:
+    if bmm is None:
         return None
-    out, w = shape_of(ctx, "bmm"), shape_of(ctx, "weight")
+    out, w = shape(bmm), shape(weight)
     if out is None or out[0] != 1:
-        return f"bmm with batch {out and out[0]}: only batch 1 is a linear"
-    got = shape_of(ctx, "bmm_weight")
+        return ctx.fail(f"bmm with batch {out and out[0]}: only batch 1 is a linear", at=bmm)
+    got = shape(bmm_weight)
     if w is None or got != (1, w[1], w[0]):
-        return f"the bmm weight operand {got} is not the transposed weight [1, K, N]"
+        return ctx.fail(f"the bmm weight operand {got} is not the transposed weight [1, K, N]",
+                        at="bmm_weight")
     return None
 
 
@@ -128,76 +130,87 @@ def _w4() -> Pattern:
               per_row_block("block_size"), capture("w_scales"), capture("w_zp"), lit(torch.int8), -8, 7)
 
 
-def _linear_zp(ctx: CheckContext) -> str | None:
-    return zero_points_are_zero(ctx, "w_zp")
+def _linear_zp(ctx: CheckContext, w_zp: Any) -> str | None:
+    return zero_points_are_zero(ctx, w_zp)
 
 
-def _linear_int4_values(ctx: CheckContext) -> str | None:
-    return in_int_range(ctx, "weight", -8, 7)
+def _linear_int4_values(ctx: CheckContext, weight: Node) -> str | None:
+    return in_int_range(ctx, weight, -8, 7, "weight")
 
 
-def _linear_int8_values(ctx: CheckContext) -> str | None:
-    return in_int_range(ctx, "weight", -127, 127)
+def _linear_int8_values(ctx: CheckContext, weight: Node) -> str | None:
+    return in_int_range(ctx, weight, -127, 127, "weight")
 
 
-def _linear_bias(ctx: CheckContext) -> str | None:
-    b = ctx.captures.get("bias")
-    if b is None:
+def _linear_bias(ctx: CheckContext, weight: Node, bias: Any = None) -> str | Blame | None:
+    if bias is None:
         return None
-    if not isinstance(b, Node) or ctx.inputs.constant(b) is None:
-        return f"bias {b!r} is not a constant tensor: {LINEAR_ROLE}"
-    w = shape_of(ctx, "weight")
-    if shape_of(ctx, "bias") != (w[0] if w else None,):
-        return f"bias of shape {shape_of(ctx, 'bias')} is not [N] for weight {w}"
+    if not isinstance(bias, Node) or ctx.inputs.constant(bias) is None:
+        return ctx.fail(f"bias {bias!r} is not a constant tensor: {LINEAR_ROLE}", at="bias")
+    w = shape(weight)
+    if shape(bias) != (w[0] if w else None,):
+        return ctx.fail(f"bias of shape {shape(bias)} is not [N] for weight {w}", at="bias")
     return None
 
 
-def _linear_k4(ctx: CheckContext) -> str | None:
-    s = shape_of(ctx, "x")
+def _linear_k4(ctx: CheckContext, x: Node) -> str | None:
+    s = shape(x)
     if s and isinstance(s[-1], int) and s[-1] % 4 == 0:
         return None
     return f"in_channels of input {s} is not a multiple of 4 (texel-aligned loads)"
 
 
-def _linear_out_shape(ctx: CheckContext) -> str | None:
-    # a dynamically quantized input viewed to 2-D is fed to the fused op in its viewed shape
-    x = shape_of(ctx, "in_view") if "in_view" in ctx.captures else shape_of(ctx, "x")
-    w, root = shape_of(ctx, "weight"), ctx.root.meta.get("val")
+def _out_shape(ctx: CheckContext, x: tuple[Any, ...] | None, weight: Node) -> str | None:
+    w, root = shape(weight), ctx.root.meta.get("val")
     want = (*x[:-1], w[0]) if x and w else None
     got = tuple(root.shape) if isinstance(root, torch.Tensor) else None
     return None if want == got else f"the fused op would produce {want}, the graph has {got}"
+
+
+def _linear_out_shape(ctx: CheckContext, x: Node, weight: Node) -> str | None:
+    return _out_shape(ctx, shape(x), weight)
+
+
+def _viewed_linear_out_shape(ctx: CheckContext, x: Node, weight: Node,
+                             in_view: Node | None = None) -> str | None:
+    # a dynamically quantized input viewed to 2-D is fed to the fused op in its viewed shape
+    return _out_shape(ctx, shape(in_view) if in_view is not None else shape(x), weight)
 
 
 #: why the quantized linear's weight, scales and bias must be constants (in declines)
 LINEAR_ROLE = "the quantized linear prepacks it"
 
 
-def _common_constraints(bits: int) -> list[Constraint]:
+def _common_constraints(bits: int, viewed_input: bool = False) -> list[Constraint]:
+    """``viewed_input``: the route's pattern binds ``in_view`` (a 2-D view of the input)."""
     role = LINEAR_ROLE
 
-    zp = constraint("weight_zero_points_zero", "w_zp")(_linear_zp)
-    values = constraint("weight_values", "weight")(
+    zp = constraint("weight_zero_points_zero")(_linear_zp)
+    values = constraint("weight_values")(
         _linear_int4_values if bits == 4 else _linear_int8_values)
 
-    bias = constraint("bias_is_constant_vector", "weight")(_linear_bias)
-    k4 = constraint("in_channels_multiple_of_4", "x")(_linear_k4)
-    out_shape = constraint("output_shape", "x", "weight")(_linear_out_shape)
+    bias = constraint("bias_is_constant_vector")(_linear_bias)
+    k4 = constraint("in_channels_multiple_of_4")(_linear_k4)
+    out_shape = constraint("output_shape")(
+        _viewed_linear_out_shape if viewed_input else _linear_out_shape)
 
     return [
         PrepackableConstant("weight", role=role), PrepackableConstant("w_scales", role=role),
         DtypeIn("weight", frozenset({torch.int8})), Rank("weight", frozenset({2})),
-        zp, values, bias, constraint("bmm_is_batch_1_linear", "weight")(_bmm_ok), k4, out_shape,
+        zp, values, bias, constraint("bmm_is_batch_1_linear")(_bmm_ok), k4, out_shape,
     ]
 
 
-def _per_channel(ctx: CheckContext) -> str | None:
-    if ctx.captures.get("axis") != 0:
-        return f"weight quantized along axis {ctx.captures.get('axis')}, not 0 (output channels)"
-    if ctx.captures.get("w_qmin") not in (-127, -128):
-        return f"weight quant_min {ctx.captures.get('w_qmin')} is not that of int8"
-    w, s = shape_of(ctx, "weight"), shape_of(ctx, "w_scales")
+def _per_channel(ctx: CheckContext, weight: Node, w_scales: Node, axis: Any, w_qmin: Any
+                 ) -> str | Blame | None:
+    if axis != 0:
+        return f"weight quantized along axis {axis}, not 0 (output channels)"
+    if w_qmin not in (-127, -128):
+        return f"weight quant_min {w_qmin} is not that of int8"
+    w, s = shape(weight), shape(w_scales)
     if w is None or s != (w[0],):
-        return f"weight scales of shape {s} are not per output channel [{w and w[0]}]"
+        return ctx.fail(f"weight scales of shape {s} are not per output channel "
+                        f"[{w and w[0]}]", at=w_scales)
     return None
 
 
@@ -220,14 +233,14 @@ def _weight_sums(rw: Rewriter, w: Node) -> Node:
     return rw.constant(f"{w.name}_fk_sums_pad4", pad_to(sums, 4))
 
 
-def _q8ta_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    x: Node = c["x"]
-    shape = x.meta["val"].shape
-    gemv = len(shape) >= 2 and shape[-2] == 1
-    return rw.call(et_vk("q8ta_linear_gemv" if gemv else "q8ta_linear"), x, c["in_scale"],
-                   c["in_zp"], c["weight"], _weight_sums(rw, c["weight"]),
-                   padded(rw, c["w_scales"]), c["out_scale"], c["out_zp"],
-                   padded(rw, c.get("bias")), "relu" if "relu" in c else "none")
+def _q8ta_build(rw: Rewriter, x: Node, in_scale: float, in_zp: int, weight: Node,
+                w_scales: Node, out_scale: float, out_zp: int, bias: Node | None = None,
+                relu: Node | None = None) -> Node:
+    rows = x.meta["val"].shape
+    gemv = len(rows) >= 2 and rows[-2] == 1
+    return rw.call(et_vk("q8ta_linear_gemv" if gemv else "q8ta_linear"), x, in_scale, in_zp,
+                   weight, _weight_sums(rw, weight), padded(rw, w_scales), out_scale, out_zp,
+                   padded(rw, bias), "relu" if relu is not None else "none")
 
 
 def q8ta_linear_rule(name: str = "quantized_linear_q8ta") -> Rule:
@@ -241,10 +254,9 @@ def q8ta_linear_rule(name: str = "quantized_linear_q8ta") -> Rule:
     return Rule(
         name=name,
         pattern=int8_q(act, "out"),
-        constraints=[DtypeIn("x", frozenset({torch.int8})), constraint("per_channel_weight",
-                     "weight", "w_scales")(_per_channel), *_common_constraints(8)],
-        replacement=PythonReplacement(build, frozenset({"x", "in_scale", "in_zp", "weight",
-                                                         "w_scales", "out_scale", "out_zp"})),
+        constraints=[DtypeIn("x", frozenset({torch.int8})),
+                     constraint("per_channel_weight")(_per_channel), *_common_constraints(8)],
+        replacement=PythonReplacement(build),
         description="int8 static linear with int8 output into et_vk.q8ta_linear(_gemv)",
     )
 
@@ -265,17 +277,17 @@ def _requantized(n: Node) -> bool:
     return False
 
 
-def _q8csw_not_requantized(ctx: CheckContext) -> str | None:
-    if _requantized(ctx.root):
-        return ("the output is re-quantized: that is the q8ta_linear route "
-                "(quantized_linear_q8ta), not linear_q8ta_q8csw")
+def _q8csw_not_requantized(ctx: CheckContext) -> str | Blame | None:
+    if _requantized(ctx.root):  # about the root's output: it reads no capture
+        return ctx.fail("the output is re-quantized: that is the q8ta_linear route "
+                        "(quantized_linear_q8ta), not linear_q8ta_q8csw", at=ctx.root)
     return None
 
 
-def _q8csw_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    node = rw.call(et_vk("linear_q8ta_q8csw"), c["x"], c["in_scale"], c["in_zp"],
-                   c["weight"], _weight_sums(rw, c["weight"]), padded(rw, c["w_scales"]),
-                   padded(rw, c.get("bias")))
+def _q8csw_build(rw: Rewriter, x: Node, in_scale: float, in_zp: int, weight: Node,
+                 w_scales: Node, bias: Node | None = None) -> Node:
+    node = rw.call(et_vk("linear_q8ta_q8csw"), x, in_scale, in_zp, weight,
+                   _weight_sums(rw, weight), padded(rw, w_scales), padded(rw, bias))
     # ExecuTorch 1.5.1's CPU reference of this op ignores the input quantization
     # (linear of the raw int8 tensor), so its fake result is int8; the Vulkan
     # kernel returns the float output of the node it replaces (as the stock pass
@@ -287,25 +299,27 @@ def _q8csw_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
 def q8csw_linear_rule(name: str = "quantized_linear_q8csw") -> Rule:
     root = _linear(int8_dq(capture("x"), "in"), _w8())
 
-    not_requantized = constraint("float_output", "x")(_q8csw_not_requantized)
+    not_requantized = constraint("float_output")(_q8csw_not_requantized)
     build = _q8csw_build
 
     return Rule(
         name=name,
         pattern=root,
         constraints=[not_requantized, DtypeIn("x", frozenset({torch.int8})),
-                     constraint("per_channel_weight", "weight", "w_scales")(_per_channel),
-                     *_common_constraints(8)],
-        replacement=PythonReplacement(build, frozenset({"x", "in_scale", "in_zp", "weight",
-                                                         "w_scales"})),
+                     constraint("per_channel_weight")(_per_channel), *_common_constraints(8)],
+        replacement=PythonReplacement(build),
         description="int8 static linear with float output into et_vk.linear_q8ta_q8csw",
     )
 
 
-def _per_group(ctx: CheckContext) -> str | None:
-    w, s, g = shape_of(ctx, "weight"), shape_of(ctx, "w_scales"), ctx.captures["block_size"][1]
-    if w is None or w[1] % g or s != (w[0], w[1] // g):
+def _per_group(ctx: CheckContext, weight: Node, w_scales: Node, block_size: Any
+               ) -> str | Blame | None:
+    w, s, g = shape(weight), shape(w_scales), block_size[1]
+    if w is None or w[1] % g:
         return f"weight {w} with group size {g} needs scales [N, K/G], got {s}"
+    if s != (w[0], w[1] // g):
+        return ctx.fail(f"weight {w} with group size {g} needs scales [N, K/G], got {s}",
+                        at=w_scales)
     return None
 
 
@@ -322,13 +336,12 @@ def _q4_geometry(weight_only: bool) -> Constraint:
     """
     # module-level checks (not a closure): a spec refers to them by their importable name
     check = _q4gsw_geometry if weight_only else _dq8ca_q4gsw_geometry
-    return constraint("q4_kernel_geometry", "weight", "x", "block_size")(check)
+    return constraint("q4_kernel_geometry")(check)
 
 
-def _q4_kernel_geometry(ctx: CheckContext, weight_only: bool) -> str | None:
+def _q4_kernel_geometry(w: tuple[Any, ...] | None, x: tuple[Any, ...] | None, g: Any,
+                        weight_only: bool) -> str | None:
     op_name = "linear_q4gsw" if weight_only else "linear_dq8ca_q4gsw"
-    w, g = shape_of(ctx, "weight"), ctx.captures["block_size"][1]
-    x = shape_of(ctx, "in_view") if "in_view" in ctx.captures else shape_of(ctx, "x")
     if w is None or x is None:
         return "the weight or the input has no static shape"
     n, k = w
@@ -347,19 +360,19 @@ def _q4_kernel_geometry(ctx: CheckContext, weight_only: bool) -> str | None:
     return None
 
 
-def _q4gsw_geometry(ctx: CheckContext) -> str | None:
-    return _q4_kernel_geometry(ctx, weight_only=True)
+def _q4gsw_geometry(ctx: CheckContext, weight: Node, x: Node, block_size: Any) -> str | None:
+    return _q4_kernel_geometry(shape(weight), shape(x), block_size[1], weight_only=True)
 
 
-def _dq8ca_q4gsw_geometry(ctx: CheckContext) -> str | None:
-    return _q4_kernel_geometry(ctx, weight_only=False)
+def _dq8ca_q4gsw_geometry(ctx: CheckContext, weight: Node, x: Node, block_size: Any,
+                          in_view: Node | None = None) -> str | None:
+    rows = shape(in_view) if in_view is not None else shape(x)  # the input as the op sees it
+    return _q4_kernel_geometry(shape(weight), rows, block_size[1], weight_only=False)
 
 
-def _q4_constants(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
+def _q4_constants(rw: Rewriter, w: Node, s: Node) -> tuple[Node, Node]:
     """The packed 4-bit weight and the transposed [K/G, N] scales (padded to 4), as new constants."""
-    w: Node = c["weight"]
     packed = rw.constant(f"{w.name}_fk_q4_linear", pack_linear_q4(rw.tensor(w)))
-    s: Node = c["w_scales"]
     scales_t = rw.constant(f"{s.name}_fk_q4gsw_t_pad4",
                            pad_to(rw.tensor(s).transpose(0, 1).contiguous(), 4))
     return packed, scales_t
@@ -389,36 +402,38 @@ def _choose_qparams_item(v: Any, index: int) -> Node | None:
     return None
 
 
-def _dynamic_per_token(ctx: CheckContext) -> str | None:
-    x, block = shape_of(ctx, "x"), ctx.captures["in_block"]
-    if x is None or list(block) != [1] * (len(x) - 1) + [x[-1]]:
-        return f"input block size {block} is not per token (one group per row of {x})"
-    cq_s = _choose_qparams_item(ctx.captures["in_scale"], 0)
-    cq_z = _choose_qparams_item(ctx.captures["in_zp"], 1)
+def _dynamic_per_token(ctx: CheckContext, x: Node, in_scale: Any, in_zp: Any, in_block: Any
+                       ) -> str | Blame | None:
+    xs, block = shape(x), in_block
+    if xs is None or list(block) != [1] * (len(xs) - 1) + [xs[-1]]:
+        return f"input block size {block} is not per token (one group per row of {xs})"
+    cq_s = _choose_qparams_item(in_scale, 0)
+    cq_z = _choose_qparams_item(in_zp, 1)
     if cq_s is None or cq_s is not cq_z:
         return ("the input scale and zero point are not the outputs of one "
                 "torchao.choose_qparams_affine: not a dynamically quantized activation")
     a: list[Any] = [*cq_s.args, *([None] * 6)]
-    if a[0] is not ctx.captures["x"] or not isinstance(a[2], (list, tuple)) \
+    if a[0] is not x or not isinstance(a[2], (list, tuple)) \
             or list(a[2]) != list(block) or a[3] != torch.int8 \
             or (a[4], a[5]) != (-128, 127):
         return (f"`{cq_s.name}` does not choose int8 [-128, 127] per-token parameters of the "
                 "quantized input")
-    if shape_of(ctx, "in_scale") != x[:-1]:
-        return f"input scales {shape_of(ctx, 'in_scale')} are not one per row of {x}"
+    if shape(in_scale) != xs[:-1]:
+        return ctx.fail(f"input scales {shape(in_scale)} are not one per row of {xs}",
+                        at="in_scale")
     return None
 
 
-def _dq8ca_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    packed, scales_t = _q4_constants(rw, c)
-    w: Node = c["weight"]
-    g = int(c["block_size"][1])
-    sums = rw.constant(f"{w.name}_fk_group_sums_g{g}", per_group_sums(rw.tensor(w), g))
-    x: Node = c["x"]
-    if "in_view" in c:  # [B, M, K] quantized per row, then viewed to [B*M, K]: view x alike
-        x = rw.call(VIEW, x, list(c["in_view"].meta["val"].shape))
-    return rw.call(et_vk("linear_dq8ca_q4gsw"), x, c["in_scale"], c["in_zp"], packed,
-                   sums, scales_t, g, padded(rw, c.get("bias")))
+def _dq8ca_build(rw: Rewriter, x: Node, in_scale: Node, in_zp: Node, weight: Node,
+                 w_scales: Node, block_size: Any, bias: Node | None = None,
+                 in_view: Node | None = None) -> Node:
+    packed, scales_t = _q4_constants(rw, weight, w_scales)
+    g = int(block_size[1])
+    sums = rw.constant(f"{weight.name}_fk_group_sums_g{g}", per_group_sums(rw.tensor(weight), g))
+    if in_view is not None:  # [B, M, K] quantized per row, then viewed to [B*M, K]: view x alike
+        x = rw.call(VIEW, x, list(in_view.meta["val"].shape))
+    return rw.call(et_vk("linear_dq8ca_q4gsw"), x, in_scale, in_zp, packed, sums, scales_t, g,
+                   padded(rw, bias))
 
 
 def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
@@ -434,12 +449,10 @@ def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
         name=name,
         pattern=root,
         constraints=[DtypeIn("x", frozenset({torch.float32})),
-                     constraint("dynamic_per_token_input", "x", "in_scale", "in_zp", "in_block")(
-                         _dynamic_per_token),
-                     constraint("per_group_weight", "weight", "w_scales", "block_size")(_per_group),
-                     *_common_constraints(4), _q4_geometry(weight_only=False)],
-        replacement=PythonReplacement(build, frozenset({"x", "in_scale", "in_zp", "weight",
-                                                         "w_scales", "block_size"})),
+                     constraint("dynamic_per_token_input")(_dynamic_per_token),
+                     constraint("per_group_weight")(_per_group),
+                     *_common_constraints(4, viewed_input=True), _q4_geometry(weight_only=False)],
+        replacement=PythonReplacement(build),
         # at a root both routes match (a dynamically quantized input is also a float
         # tensor), the dynamic route is the one stock ExecuTorch takes
         priority=1,
@@ -448,35 +461,35 @@ def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
     )
 
 
-def _q4gsw_float_input(ctx: CheckContext) -> str | None:
-    x = ctx.captures["x"]
-    while isinstance(x, Node) and x.op == "call_function" and op_key(x.target) == VIEW:
-        x = x.args[0]  # a 3-D linear's input is viewed to 2-D first
-    if isinstance(x, Node) and x.op == "call_function" and "dequantize" in (op_key(x.target) or ""):
+def _q4gsw_float_input(ctx: CheckContext, x: Node) -> str | None:
+    v: Any = x
+    while isinstance(v, Node) and v.op == "call_function" and op_key(v.target) == VIEW:
+        v = v.args[0]  # a 3-D linear's input is viewed to 2-D first
+    if isinstance(v, Node) and v.op == "call_function" and "dequantize" in (op_key(v.target) or ""):
         return "the input is dequantized: not the weight-only route"
     return None
 
 
-def _q4gsw_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    packed, scales_t = _q4_constants(rw, c)
-    return rw.call(et_vk("linear_q4gsw"), c["x"], packed, scales_t,
-                   int(c["block_size"][1]), padded(rw, c.get("bias")))
+def _q4gsw_build(rw: Rewriter, x: Node, weight: Node, w_scales: Node, block_size: Any,
+                 bias: Node | None = None) -> Node:
+    packed, scales_t = _q4_constants(rw, weight, w_scales)
+    return rw.call(et_vk("linear_q4gsw"), x, packed, scales_t, int(block_size[1]),
+                   padded(rw, bias))
 
 
 def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
     root = _linear(capture("x"), _w4())
 
-    float_input = constraint("float_input", "x")(_q4gsw_float_input)
+    float_input = constraint("float_input")(_q4gsw_float_input)
     build = _q4gsw_build
 
     return Rule(
         name=name,
         pattern=root,
         constraints=[float_input, DtypeIn("x", FP_T),
-                     constraint("per_group_weight", "weight", "w_scales", "block_size")(_per_group),
+                     constraint("per_group_weight")(_per_group),
                      *_common_constraints(4), _q4_geometry(weight_only=True)],
-        replacement=PythonReplacement(build, frozenset({"x", "weight", "w_scales",
-                                                         "block_size"})),
+        replacement=PythonReplacement(build),
         description="torchao 4-bit weight-only linear into et_vk.linear_q4gsw",
     )
 

@@ -13,9 +13,6 @@ channels divide by r*r; every intermediate has one user (no-escape rule).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 from torch.fx import Node
 
@@ -33,11 +30,11 @@ from fusionkit import (
 )
 from fusionkit.passes.registry import register_rules
 
-from ._common import CLONES, constraint, et_vk, int8_dq, int8_q, shape_of
+from ._common import CLONES, constraint, et_vk, int8_dq, int8_q, shape
 
 
-def _pixel_shuffle_channels(ctx: CheckContext) -> str | None:
-    s, r = shape_of(ctx, "xq"), ctx.captures["r"]
+def _pixel_shuffle_channels(ctx: CheckContext, xq: Node, r: int) -> str | None:
+    s = shape(xq)
     if r != 2:
         return (f"upscale factor {r}: the q8ta_pixel_shuffle kernel supports 2 only (the "
                 "runtime aborts: r == 2)")
@@ -46,9 +43,10 @@ def _pixel_shuffle_channels(ctx: CheckContext) -> str | None:
     return f"input of shape {s} has no channel count divisible by r*r = {r * r}"
 
 
-def _pixel_shuffle_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    return rw.call(et_vk("q8ta_pixel_shuffle"), c["xq"], c["in_scale"], c["in_zp"],
-                   1.0 / float(c["out_scale"]), c["out_zp"], c["r"])
+def _pixel_shuffle_build(rw: Rewriter, xq: Node, in_scale: float, in_zp: int,
+                         out_scale: float, out_zp: int, r: int) -> Node:
+    return rw.call(et_vk("q8ta_pixel_shuffle"), xq, in_scale, in_zp, 1.0 / float(out_scale),
+                   out_zp, r)
 
 
 @register_rules("builtin", "vulkan", takes_over="quantized_pixel_shuffle")
@@ -57,7 +55,7 @@ def quantized_pixel_shuffle_rule(name: str = "quantized_pixel_shuffle") -> Rule:
     shuffle = op("aten.pixel_shuffle.default", through(CLONES, int8_dq(capture("xq"), "in")),
                  factor)
 
-    channels = constraint("channels_divisible", "xq", "r")(_pixel_shuffle_channels)
+    channels = constraint("channels_divisible")(_pixel_shuffle_channels)
     build = _pixel_shuffle_build
 
     return Rule(
@@ -65,7 +63,6 @@ def quantized_pixel_shuffle_rule(name: str = "quantized_pixel_shuffle") -> Rule:
         pattern=int8_q(through(CLONES, shuffle), "out"),
         constraints=[DtypeIn("xq", frozenset({torch.int8})), Rank("xq", frozenset({4})),
                      channels],
-        replacement=PythonReplacement(build, frozenset({"xq", "in_scale", "in_zp", "out_scale",
-                                                         "out_zp", "r"})),
+        replacement=PythonReplacement(build),
         description="int8 dequantize -> pixel_shuffle -> quantize into et_vk.q8ta_pixel_shuffle",
     )

@@ -20,7 +20,6 @@ kernel indexes) and the same for both; every intermediate used only inside.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from torch.fx import Node
@@ -28,7 +27,7 @@ from torch.fx import Node
 from fusionkit import CheckContext, Pattern, Rewriter, Rule, also, any_value, capture, op, outputs
 from fusionkit.passes.registry import register_rules
 
-from ._common import constraint, et_vk, is_last_dim, qk_rope_rule, shape_of
+from ._common import constraint, et_vk, is_last_dim, qk_rope_rule, shape
 
 VIEW = "aten.view_copy.default"
 
@@ -52,30 +51,36 @@ def _rotary(x: str, p: str) -> Pattern:
     return op(VIEW, cat, any_value())
 
 
-def _rope_geometry(ctx: CheckContext) -> str | None:
-    q, k = shape_of(ctx, "xq"), shape_of(ctx, "xk")
-    c, s = shape_of(ctx, "freqs_cos"), shape_of(ctx, "freqs_sin")
+def _rope_geometry(ctx: CheckContext, xq: Node, xk: Node, freqs_cos: Node, freqs_sin: Node,
+                   xq_out: Node, xk_out: Node,
+                   qr_sdim: Any, qr_qdim: Any, qi_sdim: Any, qi_qdim: Any,
+                   qu0: Any, qu1: Any, qcat_dim: Any,
+                   kr_sdim: Any, kr_qdim: Any, ki_sdim: Any, ki_qdim: Any,
+                   ku0: Any, ku1: Any, kcat_dim: Any) -> str | None:
+    q, k = shape(xq), shape(xk)
+    c, s = shape(freqs_cos), shape(freqs_sin)
     if q is None or k is None or q[-1] != k[-1] or q[-1] % 2:
         return f"xq {q} and xk {k} do not share an even head_dim"
-    if shape_of(ctx, "xq_out") != q or shape_of(ctx, "xk_out") != k:
+    if shape(xq_out) != q or shape(xk_out) != k:
         return "the outputs do not have the inputs' shapes"
     if c != s or c is None or len(c) != 2 or c[0] != q[1] or c[1] != q[-1] // 2:
         return (f"freqs_cos {c} / freqs_sin {s} are not [seq_len, head_dim / 2] = "
                 f"[{q[1]}, {q[-1] // 2}]")
-    for p in ("q", "k"):
+    heads = {"q": ([qr_sdim, qr_qdim, qi_sdim, qi_qdim], [qu0, qu1, qcat_dim]),
+             "k": ([kr_sdim, kr_qdim, ki_sdim, ki_qdim], [ku0, ku1, kcat_dim])}
+    for p, (dims, joins) in heads.items():
         rank = 5  # the [..., head_dim / 2, 2] view
-        dims = [ctx.captures[f"{p}{h}_{d}"] for h in "ri" for d in ("sdim", "qdim")]
         flat = [d[0] if isinstance(d, (list, tuple)) and len(d) == 1 else d for d in dims]
         if not all(is_last_dim(d, rank) for d in flat):
             return f"the {p} halves are not slices of the last dim (dims {dims})"
-        if not all(is_last_dim(ctx.captures[f"{p}{u}"], rank) for u in ("u0", "u1", "cat_dim")):
+        if not all(is_last_dim(d, rank) for d in joins):
             return f"the {p} halves are not re-interleaved along the last dim"
     return None
 
 
-def _rope_build(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
-    fused = rw.call(et_vk("apply_rotary_emb"), c["xq"], c["xk"], c["freqs_cos"],
-                    c["freqs_sin"])
+def _rope_build(rw: Rewriter, xq: Node, xk: Node, freqs_cos: Node, freqs_sin: Node
+                ) -> tuple[Node, Node]:
+    fused = rw.call(et_vk("apply_rotary_emb"), xq, xk, freqs_cos, freqs_sin)
     return rw.getitem(fused, 0), rw.getitem(fused, 1)
 
 
@@ -84,7 +89,7 @@ def rope_rule(name: str = "export_llama_rope") -> Rule:
     pattern = outputs(_rotary("xq", "q").bind("xq_out"),
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
 
-    geometry = constraint("rope_geometry", "xq", "xk", "freqs_cos", "freqs_sin", "xq_out", "xk_out")(_rope_geometry)
+    geometry = constraint("rope_geometry")(_rope_geometry)
     build = _rope_build
 
     return qk_rope_rule(name, pattern, geometry, build,

@@ -27,7 +27,6 @@ same start for cos and sin and ``seq_len`` rows (what the kernel reads).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -47,7 +46,7 @@ from fusionkit import (
 )
 from fusionkit.passes.registry import register_rules
 
-from ._common import constraint, et_vk, is_last_dim, qk_rope_rule, shape_of
+from ._common import ABSENT, constraint, et_vk, is_last_dim, qk_rope_rule, shape
 
 SLICE = "aten.slice_copy.Tensor"
 
@@ -80,37 +79,50 @@ def _freqs_source(n: Any) -> tuple[Any, Any, Node | None]:
     return n, 0, None
 
 
-def _hf_rope_geometry(ctx: CheckContext) -> str | None:
-    q, k = shape_of(ctx, "xq"), shape_of(ctx, "xk")
+def _hf_rope_geometry(ctx: CheckContext, xq: Node, xk: Node, xq_out: Node, xk_out: Node,
+                      freqs_cos: Node, freqs_sin: Node, cos_udim: Any, sin_udim: Any,
+                      q_x1_dim: Any, q_x2_dim: Any, q_rh_dim: Any, q_cat_dim: Any,
+                      q_half: Any, q_x2_end: Any,
+                      k_x1_dim: Any, k_x2_dim: Any, k_rh_dim: Any, k_cat_dim: Any,
+                      k_half: Any, k_x2_end: Any,
+                      # bound by the partial-rotation alternative only
+                      q_rot_dim: Any = None, q_pass_dim: Any = None, q_rd: Any = ABSENT,
+                      q_pass_end: Any = ABSENT,
+                      k_rot_dim: Any = None, k_pass_dim: Any = None, k_rd: Any = ABSENT,
+                      k_pass_end: Any = ABSENT) -> str | None:
+    q, k = shape(xq), shape(xk)
     if q is None or k is None or q[:2] != k[:2] or q[-1] != k[-1]:
         return f"xq {q} and xk {k} do not share batch, seq_len and head_dim"
-    if shape_of(ctx, "xq_out") != q or shape_of(ctx, "xk_out") != k:
+    if shape(xq_out) != q or shape(xk_out) != k:
         return "the outputs do not have the inputs' shapes"
-    c, s = shape_of(ctx, "freqs_cos"), shape_of(ctx, "freqs_sin")
+    c, s = shape(freqs_cos), shape(freqs_sin)
     if c is None or c != s or len(c) != 2 or c[0] != q[1]:
         return f"freqs_cos {c} / freqs_sin {s} are not both [seq_len={q[1]}, rotary_dim]"
     rd = c[1]
     if not isinstance(rd, int) or rd % 2 or rd > q[-1] or rd <= 0:
         return f"rotary_dim {rd} is not an even size <= head_dim {q[-1]}"
-    if ctx.captures["cos_udim"] != 1 or ctx.captures["sin_udim"] != 1:
+    if cos_udim != 1 or sin_udim != 1:
         return "the freqs are not unsqueezed at dim 1 (broadcast over heads)"
-    for p in ("q", "k"):
-        dims = [ctx.captures.get(f"{p}_{d}_dim") for d in ("rot", "x1", "x2", "rh", "pass", "cat")]
+    heads = {
+        "q": ([q_rot_dim, q_x1_dim, q_x2_dim, q_rh_dim, q_pass_dim, q_cat_dim], q_half,
+              q_x2_end, q_rd, q_pass_end),
+        "k": ([k_rot_dim, k_x1_dim, k_x2_dim, k_rh_dim, k_pass_dim, k_cat_dim], k_half,
+              k_x2_end, k_rd, k_pass_end),
+    }
+    for p, (dims, half, x2_end, p_rd, pass_end) in heads.items():
         if not all(is_last_dim(d, 4) for d in dims if d is not None):
             return f"the {p} slices/cats are not all on the last dim (dims {dims})"
-        half = ctx.captures[f"{p}_half"]
-        if half * 2 != rd or ctx.captures[f"{p}_x2_end"] < rd:
+        if half * 2 != rd or x2_end < rd:
             return f"rotate_half of {p} splits at {half}, not at rotary_dim / 2 = {rd // 2}"
-        if f"{p}_rd" in ctx.captures:  # partial rotation
-            if ctx.captures[f"{p}_rd"] != rd or ctx.captures[f"{p}_pass_end"] < q[-1]:
-                return (f"the {p} rotated part [0:{ctx.captures[f'{p}_rd']}] and pass-through "
+        if p_rd is not ABSENT:  # partial rotation
+            if p_rd != rd or pass_end < q[-1]:
+                return (f"the {p} rotated part [0:{p_rd}] and pass-through "
                         f"part do not split head_dim at rotary_dim {rd}")
             if rd >= q[-1]:
                 return f"partial rotation of {p} with rotary_dim {rd} == head_dim"
         elif rd != q[-1]:
             return f"{p} is rotated whole, but rotary_dim {rd} != head_dim {q[-1]}"
-    (_, cstart, cs), (_, sstart, ss) = (_freqs_source(ctx.captures["freqs_cos"]),
-                                        _freqs_source(ctx.captures["freqs_sin"]))
+    (_, cstart, cs), (_, sstart, ss) = _freqs_source(freqs_cos), _freqs_source(freqs_sin)
     if (cs is None) != (ss is None):
         return "only one of freqs_cos/freqs_sin is a slice of a table"
     if cs is not None and ss is not None:
@@ -127,10 +139,11 @@ def _hf_rope_geometry(ctx: CheckContext) -> str | None:
     return None
 
 
-def _hf_rope_build(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, Node]:
-    cos, start, _ = _freqs_source(c["freqs_cos"])
-    sin, _, _ = _freqs_source(c["freqs_sin"])
-    fused = rw.call(et_vk("apply_rotary_emb_hf"), c["xq"], c["xk"], cos, sin, start)
+def _hf_rope_build(rw: Rewriter, xq: Node, xk: Node, freqs_cos: Node, freqs_sin: Node
+                   ) -> tuple[Node, Node]:
+    cos, start, _ = _freqs_source(freqs_cos)
+    sin, _, _ = _freqs_source(freqs_sin)
+    fused = rw.call(et_vk("apply_rotary_emb_hf"), xq, xk, cos, sin, start)
     return rw.getitem(fused, 0), rw.getitem(fused, 1)
 
 
@@ -139,7 +152,7 @@ def hf_rope_rule(name: str = "hf_rope") -> Rule:
     pattern = outputs(_rotary("xq", "q").bind("xq_out"),
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
 
-    geometry = constraint("hf_rope_geometry", "xq", "xk", "freqs_cos", "freqs_sin", "xq_out", "xk_out")(_hf_rope_geometry)
+    geometry = constraint("hf_rope_geometry")(_hf_rope_geometry)
     build = _hf_rope_build
 
     return qk_rope_rule(name, pattern, geometry, build,

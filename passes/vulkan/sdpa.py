@@ -28,12 +28,12 @@ projections' seq_len equal to q's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from torch.fx import Node
 
 from fusionkit import (
+    Blame,
     CheckContext,
     DtypeIn,
     GraphLeaf,
@@ -49,7 +49,7 @@ from fusionkit import (
 )
 from fusionkit.passes.registry import register_rules
 
-from ._common import FP_T, constraint, shape_of
+from ._common import FP_T, constraint, shape
 
 UPDATE = "llama.update_cache.default"
 
@@ -58,44 +58,47 @@ def _same(a: Any, b: Any) -> bool:
     return a is b if isinstance(a, Node) or isinstance(b, Node) else bool(a == b)
 
 
-def _sdpa_updates(ctx: CheckContext) -> str | None:
+def _sdpa_updates(ctx: CheckContext, k_update: Node, v_update: Node, k_cache: Node,
+                  v_cache: Node, k_pos: Any, v_pos: Any, start_pos: Any) -> str | Blame | None:
     order = {n: i for i, n in enumerate(ctx.root.graph.nodes)}
-    for p in ("k", "v"):
-        upd: Node = ctx.captures[f"{p}_update"]
+    for p, upd, cache, pos in (("k", k_update, k_cache, k_pos), ("v", v_update, v_cache, v_pos)):
         if upd.users:
-            return f"the result of `{upd.name}` is used; the fused op does not produce it"
+            return ctx.fail(f"the result of `{upd.name}` is used; the fused op does not "
+                            "produce it", at=upd)
         if order[upd] > order[ctx.root]:
-            return f"`{upd.name}` runs after the sdpa: the sdpa reads the cache before the update"
-        if not _same(ctx.captures[f"{p}_pos"], ctx.captures["start_pos"]):
-            return (f"`{upd.name}` writes at {ctx.captures[f'{p}_pos']}, the sdpa reads at "
-                    f"{ctx.captures['start_pos']}")
-        cache: Node = ctx.captures[f"{p}_cache"]
+            return ctx.fail(f"`{upd.name}` runs after the sdpa: the sdpa reads the cache before "
+                            "the update", at=upd)
+        if not _same(pos, start_pos):
+            return ctx.fail(f"`{upd.name}` writes at {pos}, the sdpa reads at {start_pos}",
+                            at=upd)
         others = [u.name for u in cache.users if u not in (upd, ctx.root) and u.op != "output"]
         if others:
-            return (f"{p}_cache `{cache.name}` is also used by {others}; moving its update "
-                    "into the sdpa would change what they read")
-    if ctx.captures["k_cache"] is ctx.captures["v_cache"]:
-        return "k_cache and v_cache are the same tensor"
+            return ctx.fail(f"{p}_cache `{cache.name}` is also used by {others}; moving its "
+                            "update into the sdpa would change what they read", at=cache)
+    if k_cache is v_cache:
+        return ctx.fail("k_cache and v_cache are the same tensor", at=v_cache)
     return None
 
 
-def _sdpa_shapes(ctx: CheckContext) -> str | None:
-    q, kp, vp = shape_of(ctx, "q"), shape_of(ctx, "k_proj"), shape_of(ctx, "v_proj")
-    kc, vc = shape_of(ctx, "k_cache"), shape_of(ctx, "v_cache")
-    if None in (q, kp, vp, kc, vc) or kc != vc or kp != vp:
+def _sdpa_shapes(ctx: CheckContext, q: Node, k_proj: Node, v_proj: Node, k_cache: Node,
+                 v_cache: Node) -> str | None:
+    qs, kp, vp = shape(q), shape(k_proj), shape(v_proj)
+    kc, vc = shape(k_cache), shape(v_cache)
+    if None in (qs, kp, vp, kc, vc) or kc != vc or kp != vp:
         return f"k/v caches {kc}/{vc} or projections {kp}/{vp} differ"
-    assert q is not None and kp is not None and kc is not None
-    if kp[0] != kc[0] or kp[2:] != kc[2:] or q[0] != kc[0] or q[3] != kc[3]:
-        return f"projections {kp} and q {q} do not fit the cache {kc} ([B, max_seq, H_kv, D])"
-    if kp[1] != q[1]:
-        return f"the projections' seq_len {kp[1]} is not q's {q[1]}"
+    assert qs is not None and kp is not None and kc is not None
+    if kp[0] != kc[0] or kp[2:] != kc[2:] or qs[0] != kc[0] or qs[3] != kc[3]:
+        return f"projections {kp} and q {qs} do not fit the cache {kc} ([B, max_seq, H_kv, D])"
+    if kp[1] != qs[1]:
+        return f"the projections' seq_len {kp[1]} is not q's {qs[1]}"
     return None
 
 
-def _sdpa_build(rw: Rewriter, c: Mapping[str, Any]) -> tuple[Node, None, None]:
-    fused = rw.call("llama.sdpa_with_kv_cache.default", c["q"], c["k_proj"], c["v_proj"],
-                    c["k_cache"], c["v_cache"], c["start_pos"], 1, c["attn_mask"],
-                    c["dropout_p"], c["is_causal"], c["scale"])
+def _sdpa_build(rw: Rewriter, q: Node, k_proj: Node, v_proj: Node, k_cache: Node,
+                v_cache: Node, start_pos: Any, attn_mask: Any, dropout_p: Any, is_causal: Any,
+                scale: Any) -> tuple[Node, None, None]:
+    fused = rw.call("llama.sdpa_with_kv_cache.default", q, k_proj, v_proj, k_cache, v_cache,
+                    start_pos, 1, attn_mask, dropout_p, is_causal, scale)
     return fused, None, None
 
 
@@ -113,8 +116,8 @@ def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
              near="v_cache", max_depth=1),
     )
 
-    updates = constraint("cache_updates_fused", "k_update", "v_update", "k_cache", "v_cache", "start_pos")(_sdpa_updates)
-    shapes = constraint("sdpa_shapes", "q", "k_proj", "v_proj", "k_cache", "v_cache")(_sdpa_shapes)
+    updates = constraint("cache_updates_fused")(_sdpa_updates)
+    shapes = constraint("sdpa_shapes")(_sdpa_shapes)
     build = _sdpa_build
 
     tensors = ("q", "k_proj", "v_proj", "k_cache", "v_cache")
@@ -123,8 +126,7 @@ def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
         pattern=pattern,
         constraints=[*(DtypeIn(n, FP_T) for n in tensors), *(Rank(n, frozenset({4})) for n in tensors),
                      GraphLeaf("k_cache"), GraphLeaf("v_cache"), updates, shapes],
-        replacement=PythonReplacement(build, frozenset({*tensors, "start_pos", "attn_mask",
-                                                         "dropout_p", "is_causal", "scale"})),
+        replacement=PythonReplacement(build),
         description="llama.update_cache x2 + llama.custom_sdpa into llama.sdpa_with_kv_cache",
     )
 

@@ -10,9 +10,6 @@ The ``select_copy`` node is only claimed when nothing else uses it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 from torch.fx import Node
 
@@ -28,11 +25,11 @@ from fusionkit import (
 )
 from fusionkit.passes.registry import register_rules
 
-from ._common import constraint, et_vk, shape_of
+from ._common import constraint, et_vk, shape
 
 
-def _select_as_symint_in_range(ctx: CheckContext) -> str | None:
-    s, d, i = shape_of(ctx, "x"), ctx.captures["dim"], ctx.captures["index"]
+def _select_as_symint_in_range(ctx: CheckContext, x: Node, dim: int, index: int) -> str | None:
+    s, d, i = shape(x), dim, index
     if s is None or not -len(s) <= d < len(s):
         return f"dim {d} is out of range for a tensor of shape {s}"
     size = s[d]
@@ -41,8 +38,8 @@ def _select_as_symint_in_range(ctx: CheckContext) -> str | None:
     return None
 
 
-def _select_as_symint_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    node = rw.call(et_vk("select_as_symint"), c["x"], c["dim"], c["index"])
+def _select_as_symint_build(rw: Rewriter, x: Node, dim: int, index: int) -> Node:
+    node = rw.call(et_vk("select_as_symint"), x, dim, index)
     node.meta["val"] = rw.root.meta["val"]  # keep the program's symbol (as the stock pass)
     return node
 
@@ -51,13 +48,13 @@ def _select_as_symint_build(rw: Rewriter, c: Mapping[str, Any]) -> Node:
 def select_as_symint_rule(name: str = "select_as_symint") -> Rule:
     select = op("aten.select_copy.int", capture("x"), integer("dim"), integer("index"))
 
-    in_range = constraint("index_in_range", "x", "dim", "index")(_select_as_symint_in_range)
+    in_range = constraint("index_in_range")(_select_as_symint_in_range)
     build = _select_as_symint_build
 
     return Rule(
         name=name,
         pattern=op("aten._local_scalar_dense.default", select),
         constraints=[in_range, DtypeIn("x", frozenset({torch.int32, torch.int64}))],
-        replacement=PythonReplacement(build, frozenset({"x", "dim", "index"})),
+        replacement=PythonReplacement(build),
         description="an int read from one element of a tensor into et_vk.select_as_symint",
     )

@@ -1,0 +1,179 @@
+"""Programs for the real Vulkan runtime: lowered both ways, judged by the runtime and by
+the static tools (``check()``, the simulator), so tests and the fidelity table
+(docs/vulkan-runtime-fidelity.md, ``python3 tests/vulkan_real_programs.py``) share them.
+
+A :class:`Program` carries what the static tools predicted; :func:`run_all` runs every
+program on the real runtime in one child process (a child per abort) and
+:func:`outcome` names what happened: ``ok`` (equal to eager), ``wrong`` (ran, differs),
+``refused`` (the runtime stopped). The simulator agrees when its outcome is the
+runtime's; ``check()`` agrees when it reports problems exactly for programs that are not ok.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from fusionkit.backends.vulkan_adapter import runtime as rt
+
+TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-2, 2e-2),
+             torch.bfloat16: (6e-2, 6e-2)}
+
+
+@dataclass
+class Program:
+    name: str
+    family: str
+    path: str  # "fusionkit" | "stock"
+    inputs: tuple[Any, ...]
+    eager: list[Any]
+    pte: bytes | None = None
+    lower_error: str | None = None
+    check_problems: list[str] = field(default_factory=list)
+    #: "ok" | "wrong" | "stopped: <reason>"
+    simulator: str = ""
+    real: rt.RunResult | None = None
+    atol: float = 1e-4
+    rtol: float = 1e-4
+    seconds: float = 0.0
+
+    def close(self, got: Sequence[Any] | None) -> bool:
+        if got is None or len(got) != len(self.eager):
+            return False
+        for g, w in zip(got, self.eager, strict=True):
+            if not isinstance(w, torch.Tensor):
+                continue
+            if not isinstance(g, torch.Tensor) or g.shape != w.shape:
+                return False
+            if not torch.allclose(g.double(), w.double(), atol=self.atol, rtol=self.rtol):
+                return False
+        return True
+
+    @property
+    def outcome(self) -> str:
+        """What the real runtime did: ok / wrong / refused."""
+        assert self.real is not None, f"{self.name} ({self.path}) was not run"
+        if not self.real.ok:
+            return "refused"
+        return "ok" if self.close(self.real.outputs) else "wrong"
+
+    @property
+    def simulator_outcome(self) -> str:
+        return "refused" if self.simulator.startswith("stopped") else self.simulator
+
+    @property
+    def simulator_agrees(self) -> bool:
+        return self.simulator_outcome == self.outcome
+
+    @property
+    def check_agrees(self) -> bool:
+        return bool(self.check_problems) == (self.outcome != "ok")
+
+    def describe(self) -> str:
+        real = self.real
+        msg = "" if real is None or real.ok else f": {real.message}"
+        return (f"{self.name} [{self.path}] real={self.outcome if real else '-'}{msg}; "
+                f"simulator={self.simulator}; check={len(self.check_problems)} problem(s)")
+
+
+def _one_line(e: BaseException) -> str:
+    text = [ln for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {text[0][:300] if text else ''}"
+
+
+def stock_partitioner(**kwargs: Any) -> Any:
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+
+    return VulkanPartitioner(**kwargs)
+
+
+def lower(name: str, family: str, path: str, exported: Any, inputs: tuple[Any, ...],
+          eager: Any, *, dtype: torch.dtype = torch.float32,
+          partitioner: Callable[[], Any] | None = None) -> Program:
+    """Lower ``exported`` along ``path``, serialize it, record check() and the simulator.
+
+    A stock lowering runs with the adapter uninstalled, as ExecuTorch alone would;
+    ``partitioner`` overrides the partitioner (e.g. with ExecuTorch's arguments).
+    """
+    from executorch.exir import to_edge_transform_and_lower
+
+    import fusionkit.backends.vulkan_adapter as va
+    from fusionkit.backends.vulkan_adapter.inspect.simulator import SimulationError
+
+    atol, rtol = TOLERANCE.get(dtype, (1e-4, 1e-4))
+    prog = Program(name, family, path, inputs, pytree.tree_leaves(eager), atol=atol, rtol=rtol)
+    t0 = time.perf_counter()
+    try:
+        if path == "stock":
+            va.uninstall()
+            part = partitioner() if partitioner else stock_partitioner()
+            edge = to_edge_transform_and_lower(copy.deepcopy(exported), partitioner=[part])
+        else:
+            part = partitioner() if partitioner else va.VulkanPartitioner()
+            edge = to_edge_transform_and_lower(
+                copy.deepcopy(exported), transform_passes=va.transform_passes(partitioner=part),
+                partitioner=[part])
+        et = edge.to_executorch()
+    except Exception as e:  # a lowering failure is data for stock; ours fails its test
+        prog.lower_error = _one_line(e)
+        return prog
+    prog.pte = bytes(et.buffer)
+    prog.check_problems = [str(p) for p in va.check(et)]
+    try:
+        sim = pytree.tree_leaves(va.simulate(et, *inputs))
+        prog.simulator = "ok" if prog.close(sim) else "wrong"
+    except SimulationError as e:
+        prog.simulator = "stopped: " + str(e).splitlines()[0][:300]
+    prog.seconds = time.perf_counter() - t0
+    return prog
+
+
+def run_all(programs: Sequence[Program], timeout: float = 300.0) -> None:
+    """Run every lowered program on the real runtime (one child, a new one per abort)."""
+    todo = [p for p in programs if p.pte is not None]
+    results = rt.run_many_in_child([rt.Job(p.pte, list(p.inputs)) for p in todo  # type: ignore[arg-type]
+                                    ], timeout=timeout)
+    for p, r in zip(todo, results, strict=True):
+        p.real = r
+
+
+# --------------------------------------------------------------- the fidelity table
+
+
+def fidelity_markdown(programs: Sequence[Program]) -> str:
+    """Per program and per family: real runtime vs simulator vs check()."""
+    ran = [p for p in programs if p.real is not None]
+    lines = ["| family | program | path | real runtime | simulator | check() |",
+             "|---|---|---|---|---|---|"]
+    for p in ran:
+        real = p.outcome
+        if real == "refused":
+            real = f"refused: `{_short(p.real.message if p.real else '', 90)}`"
+        sim = p.simulator_outcome + ("" if p.simulator_agrees else " **(disagrees)**")
+        chk = (f"{len(p.check_problems)} problem(s)" if p.check_problems else "no problems") + (
+            "" if p.check_agrees else " **(disagrees)**")
+        lines.append(f"| {p.family} | {p.name} | {p.path} | {real} | {sim} | {chk} |")
+    fams = sorted({p.family for p in ran})
+    summary = ["| family | programs | fusionkit's equal to eager | stock's not ok on the runtime "
+               "| simulator agrees | check() agrees |", "|---|---|---|---|---|---|"]
+    for f in [*fams, "all"]:
+        ps = [p for p in ran if f in ("all", p.family)]
+        ours = [p for p in ps if p.path == "fusionkit"]
+        stock = [p for p in ps if p.path == "stock"]
+        summary.append(
+            f"| {f} | {len(ps)} | {sum(p.outcome == 'ok' for p in ours)}/{len(ours)} | "
+            f"{sum(p.outcome != 'ok' for p in stock)}/{len(stock)} | "
+            f"{sum(p.simulator_agrees for p in ps)}/{len(ps)} | "
+            f"{sum(p.check_agrees for p in ps)}/{len(ps)} |")
+    return "\n".join(summary) + "\n\n" + "\n".join(lines) + "\n"
+
+
+def _short(text: str, n: int) -> str:
+    text = text.replace("|", "/").replace("`", "'")
+    return text if len(text) <= n else text[: n - 1] + "…"

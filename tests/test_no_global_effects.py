@@ -52,7 +52,8 @@ def _patchable_objects() -> dict[str, Any]:
     objects["registry order"] = tuple(fusable_patterns)
     takeover = importlib.import_module("fusionkit.backends.vulkan_adapter.install").TAKEOVER
     for patches in (takeover, vk.constant_serializer.PATCHES, xa.serializer.PATCHES,
-                    vulkan_gates.PATCHES, xnnpack_gates.PATCHES):
+                    vulkan_gates.PATCHES, xnnpack_gates.PATCHES,
+                    vk.preprocess_rules.PATCHES):
         for owner, name, _ in patches._patches():
             if not isinstance(owner, dict):
                 objects[f"{getattr(owner, '__name__', owner)}.{name}"] = vars(owner).get(

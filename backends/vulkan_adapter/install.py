@@ -32,7 +32,7 @@ from fusionkit.integration import hooks
 from fusionkit.integration.hooks import REMOVE, Installation, PatchSet, UnsupportedExecuTorchError
 from fusionkit.passes.registry import taken_over_patterns
 
-from . import constant_serializer, pass_gates
+from . import constant_serializer, pass_gates, preprocess_rules
 from .delegation import with_delegation_check
 from .rules import built_rules
 
@@ -125,7 +125,7 @@ def _patches() -> list[tuple[Any, str, Any]]:
 TAKEOVER = PatchSet(
     f"fusionkit.backends.vulkan_adapter (takes over {sorted(TAKEN_OVER_PATTERNS)} in "
     f"{_REGISTRY_MODULE}.fusable_patterns)",
-    _patches, includes=(constant_serializer.PATCHES, pass_gates.PATCHES))
+    _patches, includes=(constant_serializer.PATCHES, pass_gates.PATCHES, preprocess_rules.PATCHES))
 
 
 def is_installed() -> bool:

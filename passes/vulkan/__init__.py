@@ -29,7 +29,11 @@ RULE_MODULES: tuple[str, ...] = (
     "quantized_embedding", "rope", "rope_hf", "sdpa", "quantized_linear",
     "quantized_convolution", "layer_norm_affine",
 )
-for _module in RULE_MODULES:
+#: rules replacing rewrite passes of ``VulkanBackend.preprocess`` (set ``"vulkan_preprocess"``,
+#: run by the adapter inside preprocess, not by ``transform_passes()``)
+PREPROCESS_RULE_MODULES: tuple[str, ...] = ("addmm_to_linear", "batch_norm", "conv_clamp",
+                                             "redundant_ops")
+for _module in (*RULE_MODULES, *PREPROCESS_RULE_MODULES):
     importlib.import_module(f"{__name__}.{_module}")
 
 
@@ -38,4 +42,4 @@ def vulkan_rules() -> list[Rule]:
     return [r for f in registered("vulkan") if f.takes_over != "rms_norm" for r in f.rules()]
 
 
-__all__ = ["RULE_MODULES", "vulkan_rms_norm_rule", "vulkan_rules"]
+__all__ = ["PREPROCESS_RULE_MODULES", "RULE_MODULES", "vulkan_rms_norm_rule", "vulkan_rules"]

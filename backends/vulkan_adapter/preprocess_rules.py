@@ -1,0 +1,210 @@
+"""``VulkanBackend.preprocess`` with fusionkit rules in place of stock rewrite passes.
+
+ExecuTorch 1.5.1's ``VulkanBackend.preprocess`` hands ``vulkan_preprocess.apply_passes``
+a list of pass objects. :data:`TAKEN_OVER_PASSES` names the stock passes whose rewrites
+are fusionkit rules (the ``"vulkan_preprocess"`` rule set: a factory registered with
+``takes_over=<stock pass class name>``); the patched ``apply_passes`` puts a
+:class:`RulePass` running those rules in each one's place in the list. Every other pass
+runs as ExecuTorch wrote it (through the module's ``_transform``, so gated by
+:mod:`.pass_gates`).
+
+A :class:`RulePass` is a plain callable, which ``apply_passes`` calls with the program
+(``program = p(program)``): every match is decided first (constraints, and the Vulkan
+runtime's conditions on any ``et_vk`` node it would create), then the accepted ones are
+applied in place, all or nothing, and constants left unused are removed (as the stock
+passes delete theirs). No retrace: each new node's metadata comes from fake-tensor
+propagation.
+
+:data:`PATCHES` is the reversible patch of ``apply_passes``; the takeover includes it,
+so only partitions a fusionkit partitioner made are rewritten by rules. :func:`disabled`
+runs the stock passes instead (in this thread), for comparisons.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from fusionkit import Rule, find_matches, op_key
+from fusionkit.apply.rewrite import apply_matches
+from fusionkit.integration.hooks import PatchSet
+from fusionkit.passes.registry import registered, taken_over_patterns
+from fusionkit.passes.vulkan.addmm_to_linear import FALLBACK_OPS as ADDMM_FALLBACK_OPS
+
+from .delegation import with_delegation_check
+
+__all__ = ["MAX_ROUNDS", "PATCHES", "STOCK_PASSES", "TAKEN_OVER_PASSES", "RulePass", "StockPass",
+           "counts", "disabled", "is_enabled", "reset_counts", "rules_for"]
+
+_PREPROCESS_MODULE = "executorch.backends.vulkan.vulkan_preprocess"
+
+#: stock pass class name -> the factory whose rules replace it
+TAKEN_OVER_PASSES: dict[str, str] = taken_over_patterns("vulkan_preprocess")
+
+@dataclass(frozen=True)
+class StockPass:
+    """What the adapter must know of one replaced stock pass to leave what it leaves."""
+
+    #: its exact ``module.QualName`` in ExecuTorch 1.5.1 (a subclass, or a same-named
+    #: class elsewhere, is a different pass and keeps running)
+    qualname: str
+    #: the stock pass deletes the constants its rewrite left unused
+    drop_dead_constants: bool = True
+    #: the stock pass ends with FX dead-code elimination, found something or not
+    dead_code_elimination: bool = False
+    #: op keys on which the stock pass runs instead (a rewrite not written as a rule)
+    fallback_ops: frozenset[str] = frozenset()
+
+
+#: stock pass class name -> what it does besides its rewrites
+STOCK_PASSES: dict[str, StockPass] = {
+    "FuseBatchNormPass": StockPass(
+        "executorch.backends.xnnpack._passes.fuse_batch_norm.FuseBatchNormPass"),
+    "FuseClampPass": StockPass(
+        "executorch.backends.transforms.fuse_conv_with_clamp.FuseClampPass"),
+    "AddmmToLinearTransform": StockPass(
+        "executorch.backends.transforms.addmm_mm_to_linear.AddmmToLinearTransform",
+        drop_dead_constants=False, dead_code_elimination=True,
+        fallback_ops=ADDMM_FALLBACK_OPS),
+    "RemoveRedundantOpsTransform": StockPass(
+        "executorch.backends.vulkan._passes.remove_redundant_ops.RemoveRedundantOpsTransform",
+        drop_dead_constants=False, dead_code_elimination=True),
+}
+
+#: rounds of one rule pass at most (a rewrite can make the next one possible: the linear
+#: an mm became may be followed by an identity view)
+MAX_ROUNDS = 8
+
+_BUILT: dict[str, tuple[Rule, ...]] = {}
+_state = threading.local()
+_lock = threading.Lock()
+_counts: dict[str, dict[str, int]] = {}
+
+
+def rules_for(stock_pass: str) -> tuple[Rule, ...]:
+    """The rules replacing one stock pass, with the runtime's conditions (built once)."""
+    rules = _BUILT.get(stock_pass)
+    if rules is None:
+        made = [r for f in registered("vulkan_preprocess") if f.takes_over == stock_pass
+                for r in f.rules()]
+        rules = _BUILT[stock_pass] = tuple(with_delegation_check(r, None) for r in made)
+    return rules
+
+
+def is_enabled() -> bool:
+    return getattr(_state, "enabled", True)  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """The stock passes run (in this thread) while the block runs."""
+    before = is_enabled()
+    _state.enabled = False
+    try:
+        yield
+    finally:
+        _state.enabled = before
+
+
+def counts() -> dict[str, dict[str, int]]:
+    """Stock pass name -> {"runs", "fused", "declined", "stock_runs"} since :func:`reset_counts`."""
+    with _lock:
+        return {k: dict(v) for k, v in _counts.items()}
+
+
+def reset_counts() -> None:
+    with _lock:
+        _counts.clear()
+
+
+class RulePass:
+    """Runs the rules replacing one stock pass on a whole ``ExportedProgram``, in place.
+
+    ``stock``: the stock pass object, run instead (through ``_transform``, as
+    ``apply_passes`` would) on a graph holding one of its :attr:`StockPass.fallback_ops`.
+    """
+
+    def __init__(self, stock_pass: str, stock: Any = None) -> None:
+        self.stock_pass = stock_pass
+        self.stock = stock
+        self.spec = STOCK_PASSES[stock_pass]
+
+    def __repr__(self) -> str:
+        return f"RulePass({self.stock_pass!r})"
+
+    def _falls_back(self, program: Any) -> bool:
+        if self.stock is None or not self.spec.fallback_ops:
+            return False
+        return any(op_key(n.target) in self.spec.fallback_ops
+                   for n in program.graph_module.graph.nodes if n.op == "call_function")
+
+    def __call__(self, program: Any) -> Any:
+        if self._falls_back(program):
+            module = importlib.import_module(_PREPROCESS_MODULE)
+            self._count("stock_runs", 1)
+            return module._transform(program, self.stock, override_verifiers=[module._any_op])
+        rules = list(rules_for(self.stock_pass))
+        fused = declined = 0
+        for _ in range(MAX_ROUNDS):
+            ms = find_matches(program, rules, structural_declines=False, allow_folding=False,
+                              # every node is delegated already (preprocess of a partition)
+                              check_replacements=False)
+            declined += len(ms.declined)
+            if not ms.accepted:
+                break
+            applied = apply_matches(program, ms.accepted,
+                                    drop_dead_constants=self.spec.drop_dead_constants).applied
+            fused += len(applied)
+            if len(applied) < len(ms.accepted):
+                break  # a replacement failed (undone alone): do not try it again
+        if self.spec.dead_code_elimination:
+            program.graph_module.graph.eliminate_dead_code()
+            program.graph_module.recompile()
+        self._count("runs", 1)
+        self._count("fused", fused)
+        self._count("declined", declined)
+        return program
+
+    def _count(self, key: str, n: int) -> None:
+        with _lock:
+            c = _counts.setdefault(self.stock_pass, {"runs": 0, "fused": 0, "declined": 0,
+                                                     "stock_runs": 0})
+            c[key] += n
+
+
+def _stock_name(pass_obj: Any) -> str | None:
+    cls = type(pass_obj)
+    name = cls.__name__
+    spec = STOCK_PASSES.get(name)
+    if name in TAKEN_OVER_PASSES and spec is not None and \
+            spec.qualname == f"{cls.__module__}.{cls.__qualname__}":
+        return name
+    return None
+
+
+def _replaced(passes: list[Any]) -> list[Any]:
+    out = []
+    for p in passes:
+        name = _stock_name(p) if is_enabled() else None
+        out.append(RulePass(name, p) if name is not None else p)
+    return out
+
+
+def _patches() -> list[tuple[Any, str, Any]]:
+    module = importlib.import_module(_PREPROCESS_MODULE)
+    stock = module.apply_passes
+
+    def apply_passes(program: Any, passes: Any) -> Any:
+        return stock(program, _replaced(list(passes)))
+
+    apply_passes.__wrapped__ = stock  # type: ignore[attr-defined]
+    return [(module, "apply_passes", apply_passes)]
+
+
+#: rules in place of :data:`TAKEN_OVER_PASSES` inside ``vulkan_preprocess.apply_passes``
+PATCHES = PatchSet("fusionkit.backends.vulkan_adapter.preprocess_rules (Vulkan preprocess "
+                   f"passes {sorted(TAKEN_OVER_PASSES)} as rules)", _patches)

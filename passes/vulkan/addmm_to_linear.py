@@ -1,0 +1,116 @@
+"""``mm`` / ``addmm`` of a transposed weight -> ``linear``; an identity view after a linear goes.
+
+Replaces ``AddmmToLinearTransform`` (``executorch/backends/transforms/addmm_mm_to_linear.py``,
+run twice by ``VulkanBackend.preprocess`` of ExecuTorch 1.5.1) for float graphs:
+
+* ``addmm(b, x, t(w))`` -> ``linear(x, w, b)`` and ``mm(x, t(w))`` -> ``linear(x, w)``,
+  where ``t`` is ``t_copy`` or ``permute_copy`` (the stock pass's check, stated as a
+  constraint on the captured weight; the transpose itself is left to the dead-code
+  sweep, so one shared by several matmuls is fine, as in the stock pass);
+* ``view_copy(linear(...), shape)`` where the view's shape is the linear's own output
+  shape (``replace_linear_view_copy_input_output``'s second half) -> the linear.
+
+What the stock pass forgets, declined here: a ``permute_copy`` that is not a transpose
+(dims ``[0, 1]``: ``mm(x, w)`` is not ``linear(x, w)``) and ``addmm`` with ``beta`` or
+``alpha`` other than 1 (the pattern's schema defaults), both of which the stock pass
+rewrites into a different computation.
+
+The first half of ``replace_linear_view_copy_input_output`` -- a linear reading a
+``view_copy`` chain from ``dequantize_per_tensor.tensor`` reads the dequantize instead --
+is a quantized-graph rewrite not written as a rule: on a graph holding that op the
+adapter runs the stock pass (:data:`FALLBACK_OPS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, int_list, op
+from fusionkit.passes.registry import register_rules
+
+from ._common import constraint
+
+MM = "aten.mm.default"
+ADDMM = "aten.addmm.default"
+LINEAR = "aten.linear.default"
+VIEW = "aten.view_copy.default"
+T_COPY = "aten.t_copy.default"
+PERMUTE = "aten.permute_copy.default"
+
+STOCK_PASS = "AddmmToLinearTransform"
+#: ops on which the adapter runs the stock pass instead (the dequantize-chain bypass)
+FALLBACK_OPS: frozenset[str] = frozenset({"quantized_decomposed.dequantize_per_tensor.tensor"})
+
+
+def _transposed_weight(ctx: CheckContext) -> str | None:
+    """``wt`` is ``t_copy(w)`` or ``permute_copy(w, [1, 0])`` of a 2-D ``w``."""
+    wt = ctx.captures["wt"]
+    key = getattr(wt.target, "__name__", "") if isinstance(wt, Node) else ""
+    if not isinstance(wt, Node) or wt.op != "call_function" or key not in (
+            "aten.t_copy.default", "aten.permute_copy.default"):
+        return f"the matmul's weight `{getattr(wt, 'name', wt)}` is not a transpose of a weight"
+    dims: Any = wt.args[1] if key == "aten.permute_copy.default" else [1, 0]
+    if [int(d) % 2 for d in dims] != [1, 0]:
+        return (f"`{wt.name}` permutes dims {list(dims)}: not a transpose, so the matmul "
+                "is not a linear of its input")
+    w = wt.args[0]
+    if not isinstance(w, Node) or not isinstance(w.meta.get("val"), torch.Tensor) \
+            or w.meta["val"].dim() != 2:
+        return f"`{wt.name}` does not transpose a 2-D tensor"
+    return None
+
+
+def _to_linear(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    w = c["wt"].args[0]
+    if "b" in c:
+        return rw.call(LINEAR, c["x"], w, c["b"])
+    return rw.call(LINEAR, c["x"], w)
+
+
+def _identity_view(ctx: CheckContext) -> str | None:
+    """The view's shape is the linear's output shape: it changes nothing."""
+    lin, view = ctx.captures["linear"], ctx.root
+    a, b = lin.meta.get("val"), view.meta.get("val")
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) \
+            or list(a.shape) != list(b.shape):
+        return f"`{view.name}` reshapes the linear's output (not an identity view)"
+    return None
+
+
+def _keep_linear(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    lin: Node = c["linear"]
+    if lin.graph is rw.graph:  # (a probe builds into a scratch graph)
+        rw.insert_before = lin  # the stock pass keeps the linear where it was
+    return rw.call(LINEAR, *(c[n] for n in ("x", "w", "b") if n in c))
+
+
+@register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
+def addmm_to_linear_rules() -> list[Rule]:
+    """addmm / mm of a transposed weight -> linear; an identity view after a linear goes."""
+    transposed = constraint("transposed_weight", "wt")(_transposed_weight)
+    linear = (op(LINEAR, capture("x"), capture("w"))
+              | op(LINEAR, capture("x"), capture("w"), capture("b"))).bind("linear")
+    return [
+        Rule(name="addmm_to_linear",
+             pattern=op(ADDMM, capture("b"), capture("x"), capture("wt")),
+             constraints=[transposed],
+             replacement=PythonReplacement(_to_linear, frozenset({"b", "x", "wt"})),
+             description="addmm(b, x, t(w)) -> linear(x, w, b)"),
+        Rule(name="mm_to_linear",
+             pattern=op(MM, capture("x"), capture("wt")),
+             constraints=[transposed],
+             replacement=PythonReplacement(_to_linear, frozenset({"x", "wt"})),
+             description="mm(x, t(w)) -> linear(x, w)"),
+        Rule(name="linear_identity_view",
+             pattern=op(VIEW, linear, int_list(name="shape")),
+             constraints=[constraint("identity_view", "linear")(_identity_view)],
+             replacement=PythonReplacement(_keep_linear, frozenset({"linear", "x", "w", "b"})),
+             description="a view_copy to the linear's own output shape is dropped"),
+    ]
+
+
+__all__ = ["FALLBACK_OPS", "STOCK_PASS", "addmm_to_linear_rules"]

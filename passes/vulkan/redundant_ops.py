@@ -1,0 +1,67 @@
+"""Copies that change neither dtype nor shape are removed: their users read the source.
+
+Replaces ``RemoveRedundantOpsTransform`` (``executorch/backends/vulkan/_passes/
+remove_redundant_ops.py``, run by ``VulkanBackend.preprocess`` of ExecuTorch 1.5.1):
+``clone``, ``alias``, ``alias_copy``, ``lift_fresh_copy``, ``_to_dim_order_copy``,
+``_clone_dim_order``, ``expand_copy`` and ``copy(self, src)`` (whose source is ``src``)
+are replaced by their source when the source has the node's dtype and shape -- the
+stock pass's own test (``_should_remove``), stated as a constraint. Nothing the stock
+pass forgets was found: a dtype or shape change is kept, whatever the op's other
+arguments say (memory format and dim order are the Vulkan layout passes' business).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit.passes.registry import register_rules
+
+from ._common import constraint
+
+STOCK_PASS = "RemoveRedundantOpsTransform"
+
+#: ops whose source is their first argument
+FIRST_ARG_OPS: tuple[str, ...] = (
+    "aten.clone.default", "aten.alias.default", "aten.alias_copy.default",
+    "aten.lift_fresh_copy.default", "dim_order_ops._to_dim_order_copy.default",
+    "dim_order_ops._clone_dim_order.default", "aten.expand_copy.default",
+)
+COPY = "aten.copy.default"  # copy(self, src): the source is src
+
+
+def _same_dtype_and_shape(ctx: CheckContext) -> str | None:
+    src, node = ctx.captures["src"], ctx.root
+    a, b = getattr(src, "meta", {}).get("val"), node.meta.get("val")
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return f"`{node.name}` or its source has no tensor value"
+    if a.dtype != b.dtype:
+        return f"`{node.name}` converts {a.dtype} to {b.dtype}"
+    if a.shape != b.shape:
+        return f"`{node.name}` changes the shape {list(a.shape)} to {list(b.shape)}"
+    return None
+
+
+def _source(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    return c["src"]  # type: ignore[no-any-return]
+
+
+@register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
+def redundant_ops_rules() -> list[Rule]:
+    """A copy-like op that changes neither dtype nor shape -> its source."""
+    check = constraint("same_dtype_and_shape", "src")(_same_dtype_and_shape)
+    return [
+        Rule(name="redundant_copy",
+             pattern=(op(FIRST_ARG_OPS, capture("src"), strict_defaults=False)
+                      | op(COPY, capture("self"), capture("src"), strict_defaults=False)),
+             constraints=[check],
+             replacement=PythonReplacement(_source, frozenset({"src"})),
+             description="a clone / alias / copy keeping dtype and shape is its source"),
+    ]
+
+
+__all__ = ["STOCK_PASS", "redundant_ops_rules"]

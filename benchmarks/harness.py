@@ -82,28 +82,10 @@ def count_recompiles_and_retraces() -> Iterator[CallCounts]:
 
 
 def builtin_rules() -> tuple[list[Any], str]:
-    """Every rule fusionkit ships, and where the list came from.
+    """Every rule fusionkit ships (fresh objects), and where the list came from."""
+    from fusionkit.passes import rule_set
 
-    Uses a registry in ``fusionkit.passes`` when one exists (a function or a
-    list under one of the usual names); otherwise falls back to the rules the
-    benchmark knows about.
-    """
-    for mod_name in ("fusionkit.passes", "fusionkit.passes.vulkan"):
-        try:
-            fp = importlib.import_module(mod_name)
-        except ImportError:
-            continue
-        for name in ("builtin_rules", "all_rules", "default_rules", "BUILTIN_RULES", "ALL_RULES",
-                     "rules"):
-            obj = getattr(fp, name, None)
-            if obj is None:
-                continue
-            rules = list(obj() if callable(obj) else obj)
-            if rules:
-                return rules, f"{mod_name}.{name}"
-    from fusionkit.passes.rms_norm import rms_norm_rule
-
-    return [rms_norm_rule()], "no registry in fusionkit.passes: [rms_norm_rule()]"
+    return rule_set("builtin"), 'fusionkit.passes.rule_set("builtin")'
 
 
 # ----------------------------------------------------------------------------- stock

@@ -174,7 +174,7 @@ PUBLIC_API = {
         "compact_tensor", "tensor_bytes", "pack_int4", "Failure", "op_key",
     ],
     "fusionkit.specs": ["load_specs", "load_spec_text", "rules_to_yaml"],
-    "fusionkit.passes": ["builtin_rules"],
+    "fusionkit.passes": ["builtin_rules", "rule_set", "rule_set_names"],
     "fusionkit.passes.registry": ["register_rules", "rule_set", "rule_set_names"],
     "fusionkit.backends.vulkan_adapter": [
         "VulkanPartitioner", "transform_passes", "check", "simulate", "install", "uninstall",

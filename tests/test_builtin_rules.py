@@ -6,11 +6,11 @@ import subprocess
 import sys
 
 from fusionkit import RuleIndex
-from fusionkit.passes import builtin_rules
+from fusionkit.passes import rule_set
 
 
 def test_builtin_rules_have_unique_names_and_index() -> None:
-    rules = builtin_rules()
+    rules = rule_set("builtin")
     names = [r.name for r in rules]
     assert len(set(names)) == len(names) and "rms_norm" in names
     index = RuleIndex(rules)  # raises on duplicate names
@@ -24,7 +24,18 @@ def test_builtin_rules_have_unique_names_and_index() -> None:
 def test_builtin_rules_build_in_a_fresh_interpreter() -> None:
     # op names such as dim_order_ops._to_dim_order_copy only exist once the
     # library registering them is imported; building the rules must do that
-    code = "from fusionkit.passes import builtin_rules; print(len(builtin_rules()))"
+    code = "from fusionkit.passes import rule_set; print(len(rule_set('builtin')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert int(out.stdout.strip().splitlines()[-1]) == len(builtin_rules())
+    assert int(out.stdout.strip().splitlines()[-1]) == len(rule_set("builtin"))
+
+
+def test_one_way_to_get_a_rule_set_the_former_one_warns() -> None:
+    import pytest
+
+    import fusionkit.passes as passes
+
+    assert "builtin" in passes.rule_set_names()
+    with pytest.warns(DeprecationWarning, match='rule_set\\("builtin"\\)'):
+        old = passes.builtin_rules()
+    assert [r.name for r in old] == [r.name for r in rule_set("builtin")]

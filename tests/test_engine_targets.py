@@ -39,7 +39,7 @@ from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.match.finder import DECLINE_STEPS
 from fusionkit.match.pattern import also, outputs
 from fusionkit.match.targets import is_assertion, is_edge_target, op_key, schema_of, target_name
-from fusionkit.passes import builtin_rules
+from fusionkit.passes import rule_set
 
 
 class Cond(nn.Module):
@@ -262,7 +262,7 @@ def test_folding_answers_or_refuses_with_a_reason(program: tuple[str, ExportedPr
 
 def test_finder_never_raises_on_any_target(program: tuple[str, ExportedProgram]) -> None:
     kind, ep = program
-    rules = [*builtin_rules(), *_probe_rules(ep)]
+    rules = [*rule_set("builtin"), *_probe_rules(ep)]
     # strict: any exception would propagate. The probe rules' replacements are wrong on
     # purpose (relu for any op): building them, as find_matches does by default, would
     # rightly refuse them; the matching is what is under test here
@@ -291,7 +291,7 @@ def test_seen_failure_1_adaln_rms_norm_lowers_for_vulkan() -> None:
                                        partitioner=[VulkanPartitioner()])
     assert prog.exported_program().graph_module is not None
     ep = _edge(model, *ADALN_INPUTS)
-    ms = find_matches(ep, builtin_rules(), strict=True)
+    ms = find_matches(ep, rule_set("builtin"), strict=True)
     (d,) = [d for d in ms.declined if d.rule == "rms_norm"]
     assert d.step == "prepackable_constant" and "user input" in d.reason, str(d)
 

@@ -9,7 +9,7 @@ from rmsnorm_models import ROWS, D, HFLlamaRMSNorm, QwenAttention, TwoUsers
 
 import fusionkit.match.finder as finder
 from fusionkit import RuleIndex, find_matches
-from fusionkit.passes import builtin_rules
+from fusionkit.passes import rule_set
 
 
 def _summary(ms: finder.MatchSet) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
@@ -31,9 +31,9 @@ def test_gates_change_no_result(name: str, model: torch.nn.Module,
                                 inputs: tuple[torch.Tensor, ...],
                                 monkeypatch: pytest.MonkeyPatch) -> None:
     ep = export_edge(model, inputs)
-    gated = _summary(find_matches(ep, RuleIndex(builtin_rules())))
+    gated = _summary(find_matches(ep, RuleIndex(rule_set("builtin"))))
     monkeypatch.setattr(finder.RuleIndex, "gate", lambda self, rule: None)
-    ungated = _summary(find_matches(ep, RuleIndex(builtin_rules())))
+    ungated = _summary(find_matches(ep, RuleIndex(rule_set("builtin"))))
     assert gated == ungated
 
 
@@ -56,7 +56,7 @@ def test_deep_gates_through_list_operands_change_no_result(monkeypatch: pytest.M
     from benchmarks import graphs
 
     ep = graphs.build("mixed", 2)
-    index = RuleIndex(builtin_rules())
+    index = RuleIndex(rule_set("builtin"))
     by_name = {r.name: r for r in index.rules}
     deep = index.gate(by_name["export_llama_rope"])
     assert deep is not None and deep.depth > 2
@@ -68,7 +68,7 @@ def test_deep_gates_through_list_operands_change_no_result(monkeypatch: pytest.M
     assert roots and not any(deep.may_match(n) for n in roots)
     gated = _summary(find_matches(ep, index))
     monkeypatch.setattr(finder.RuleIndex, "gate", lambda self, rule: None)
-    assert _summary(find_matches(ep, RuleIndex(builtin_rules()))) == gated
+    assert _summary(find_matches(ep, RuleIndex(rule_set("builtin")))) == gated
 
 
 class _CastsBeforeANearMiss(torch.nn.Module):

@@ -87,9 +87,9 @@ def _both(pattern: Pattern, node: Node, inputs: ProgramInputs) -> tuple[Any, Any
 
 def _shipped_rules() -> list[Any]:
     from fusionkit.backends.vulkan_adapter.rules import fusion_rules
-    from fusionkit.passes import builtin_rules
+    from fusionkit.passes import rule_set
 
-    rules = {r.name: r for r in builtin_rules()}
+    rules = {r.name: r for r in rule_set("builtin")}
     for r in fusion_rules():
         rules.setdefault(r.name, r)
     return list(rules.values())

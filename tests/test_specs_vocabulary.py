@@ -56,8 +56,8 @@ def _round_trip(rule: fk.Rule, **consent: Any) -> tuple[fk.Rule, str]:
 
 def test_every_builtin_rule_is_among_the_checked_ones() -> None:
     names = {r.name for r in SHIPPED}
-    assert {r.name for r in fk.passes.builtin_rules()} <= names  # type: ignore[attr-defined]
-    assert len(fk.passes.builtin_rules()) >= 15  # type: ignore[attr-defined]
+    assert {r.name for r in fk.passes.rule_set("builtin")} <= names  # type: ignore[attr-defined]
+    assert len(fk.passes.rule_set("builtin")) >= 15  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("rule", SHIPPED, ids=[r.name for r in SHIPPED])

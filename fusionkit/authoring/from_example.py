@@ -674,7 +674,11 @@ def _replacement_steps(fn: Callable[..., Any], values: Mapping[str, Any], wild: 
                 if a.name in tr.names:
                     return Ref(tr.names[a.name])
                 t = tr.lifted[a.name]
-                return t.item() if t.dim() == 0 else _ConstTensor(t)
+                # a scalar to_edge lifted into a tensor argument stays a tensor there
+                # (``add.Tensor(x, 1e-5)`` is refused by the edge verifier)
+                tensor_arg = (i is not None and not path
+                              and _is_tensor_arg(calls[i].target, key))
+                return t.item() if t.dim() == 0 and not tensor_arg else _ConstTensor(t)
             return env[a]
         if isinstance(a, (list, tuple)):
             return type(a)(lower(x, i, key, (*path, j)) for j, x in enumerate(a))

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from fusionkit.rule import Rule
 
 __all__ = ["DELEGATE_ONLY_NAMESPACES", "Delegate", "ExecutionTarget", "NotRunnable",
-           "ReplacementCheck", "cpu_refusal", "program_exceptions", "registered_kernels"]
+           "ReplacementCheck", "cpu_refusal", "dtype_refusal", "program_exceptions",
+           "registered_kernels"]
 
 #: op namespaces that exist only inside a delegate (no CPU kernel by design): assumed
 #: delegated unless the target names that delegate's real check (the Vulkan adapter does)
@@ -186,6 +187,48 @@ def cpu_refusal(target: Any, edge: bool = True) -> str | None:
             return (f"{op_key(target)} has no kernel in the ExecuTorch runtime ({kernel} is not "
                     "registered by its kernel libraries); the program would fail to load")
     return None
+
+
+def dtype_refusal(node: Node) -> str | None:
+    """What ``to_edge``'s verifier says of the tensor dtypes an edge-op node takes and returns
+    (its per-op dtype table; a Python number where the schema wants a tensor is refused).
+
+    The check of ExecuTorch's ``EdgeOpArgValidator``, made on one node's metadata.
+    """
+    target = node.target
+    schema = getattr(target, "_schema", None)
+    constraint = getattr(schema, "dtype_constraint", None)
+    if not is_edge_target(target) or constraint is None:
+        return None
+    try:
+        types: dict[str, Any] = {}
+        for i, arg in enumerate(schema.arguments):
+            v = (node.kwargs[arg.name] if arg.name in node.kwargs
+                 else node.args[i] if not arg.kwarg_only and i < len(node.args)
+                 else arg.default_value)
+            v = v.meta.get("val") if isinstance(v, Node) else v
+            if isinstance(arg.type, torch.TensorType) or arg.type == torch.OptionalType.ofTensor():
+                if isinstance(v, torch.Tensor):
+                    types[arg.name] = v.dtype
+            elif arg.type == torch.ListType.ofTensors() and isinstance(v, (list, tuple)):
+                vals = [x.meta.get("val") if isinstance(x, Node) else x for x in v]
+                if all(isinstance(x, torch.Tensor) for x in vals):
+                    types[arg.name] = vals[0].dtype if vals else None
+        rets = node.meta.get("val")
+        rets = list(rets) if isinstance(rets, (list, tuple)) else [rets]
+        k = 0
+        for r, val in zip(schema.returns, rets, strict=False):
+            name = r.name or f"__ret_{k}"
+            if isinstance(r.type, torch.TensorType) and isinstance(val, torch.Tensor):
+                types[name] = val.dtype
+                k += 1
+        if constraint.validate(types):
+            return None
+    except Exception:  # the validator's own trouble is not the replacement's
+        return None
+    got = ", ".join(f"{k}: {str(v).removeprefix('torch.')}" for k, v in types.items())
+    return (f"{op_key(target)} does not take these dtypes ({got}; a tensor argument missing "
+            "here is a Python number); to_edge's verifier rejects the program")
 
 
 # ------------------------------------------------------------- delegates and the target
@@ -384,6 +427,8 @@ class ReplacementCheck:
         trusted = program_exceptions(ctx.ep) if edge else frozenset()
         for n in rw.ops():
             why = self.target.refusal(n, edge, trusted)
+            if why is None and edge:
+                why = dtype_refusal(n)
             if why is not None:
                 return NotRunnable("executable", why, ctx.root)
         return None

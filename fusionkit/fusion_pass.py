@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
-from torch.export import ExportedProgram
 
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.match.finder import MatchSet, RuleIndex, find_matches
+from fusionkit.program import ProgramLike, as_exported_program
 from fusionkit.report import FusionReport, RuleReport
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
@@ -43,7 +43,10 @@ class FusionPass(ExportedProgramPassBase):
     def rules(self) -> tuple[Rule, ...]:
         return self.index.rules
 
-    def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
+    def call(self, exported_program: ProgramLike) -> ExportedProgramPassResult:
+        """Apply the rules to ``exported_program`` in place (an ``ExportedProgram``, or the
+        program of an ``EdgeProgramManager``)."""
+        exported_program = as_exported_program(exported_program, who="FusionPass", rewrite=True)
         strict = strict_mode(self.strict)
         ms = find_matches(exported_program, self.index, strict=strict)
         if ms.accepted:

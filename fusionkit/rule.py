@@ -6,6 +6,7 @@ no way (and no reason) to decline: a counted replacement is a real one.
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -155,6 +156,19 @@ def _parameters_of(part: Any) -> CaptureParameters | None:
     return params if isinstance(params, CaptureParameters) else None
 
 
+#: the packages whose rules fusionkit ships (their Rule(...) calls make ``shipped`` rules)
+SHIPPED_RULE_PACKAGES: tuple[str, ...] = ("fusionkit.passes.", "fusionkit.backends.")
+
+
+def _built_by_fusionkit_rules() -> bool:
+    """Whether the code calling ``Rule(...)`` is in one of :data:`SHIPPED_RULE_PACKAGES`."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in (__name__, "dataclasses"):
+        frame = frame.f_back  # type: ignore[assignment]
+    module = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return isinstance(module, str) and module.startswith(SHIPPED_RULE_PACKAGES)
+
+
 @dataclass(frozen=True, eq=False)
 class Rule:
     """A named fusion: find ``pattern``, require ``constraints``, emit ``replacement``.
@@ -162,6 +176,11 @@ class Rule:
     ``priority``: at the same root, higher-priority rules are tried first.
     ``allow_escape``: by default a match whose inner nodes are used outside it
     is declined (fusing would compute them twice); set to keep such matches.
+    ``shipped``: a rule fusionkit ships; by default (None) decided by where it is
+    built: in fusionkit's rule packages (``fusionkit.passes``, ``fusionkit.backends``).
+    A rule of your own (built anywhere else: your code, a spec, ``rule_from_functions``)
+    has its structural near misses reported once its pattern matched its root op and
+    one more op — below the threshold that keeps the shipped rules' reports short.
     """
 
     name: str
@@ -171,10 +190,13 @@ class Rule:
     priority: int = 0
     allow_escape: bool = False
     description: str = ""
+    shipped: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise RuleError("a rule needs a name")
+        if self.shipped is None:
+            object.__setattr__(self, "shipped", _built_by_fusionkit_rules())
         object.__setattr__(self, "constraints", tuple(self.constraints))
         if self.pattern.root_keys() is None:
             raise RuleError(f"rule {self.name!r}: the pattern's root must be an op, "

@@ -156,8 +156,11 @@ def test_explain_all_near_misses_reports_the_two_op_miss(cli_runs: dict[str, Any
 def test_explain_usage_mistakes_exit_2_in_one_line(program: Any) -> None:
     from test_cli import fusionkit_cmd
 
-    r = fusionkit_cmd("explain", "fusionkit.app.demo_model:demo_factory", "--rule", "addmm")
-    assert r.returncode == 2 and "--rule and --at go together" in r.stderr
+    r = fusionkit_cmd("explain", "fusionkit.app.demo_model:demo_factory", "--at", "aten_mm_default")
+    assert r.returncode == 2 and "--at needs --rule" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = fusionkit_cmd("explain", "fusionkit.app.demo_model:demo_factory", "--rule", "rms_nrom")
+    assert r.returncode == 2 and "no such rule; did you mean rms_norm?" in r.stderr
     assert "Traceback" not in r.stderr
 
 

@@ -105,25 +105,27 @@ def _load_model(spec: str) -> Any:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    if bool(args.rule) != bool(args.at):
-        raise UserError("--rule and --at go together: which rule, at which node")
+    if args.at and not args.rule:
+        raise UserError("--at needs --rule: which rule to ask about at that node")
     rules = _load_rules(args.spec, args)
     model = _load_model(args.model)
-    from executorch.exir import to_edge
 
-    from fusionkit.app.lowering import adapter_rules
+    from fusionkit.app.lowering import adapter_rules, edge_program
     from fusionkit.app.present import explain_json, explain_rows, why_not_text
     from fusionkit.app.term import Style, table
     from fusionkit.authoring.near_miss import why_not
-    from fusionkit.match.finder import find_matches
+    from fusionkit.match.finder import MatchSet, find_matches
 
-    edge = to_edge(model.exported).exported_program()
+    edge = edge_program(model.exported)
     all_rules = [*adapter_rules(args.backend), *rules]
     if args.rule:
         names = [r.name for r in all_rules]
         if args.rule not in names:
-            raise UserError(f"--rule {args.rule}: no such rule (rules: {', '.join(names)})")
-        ms = find_matches(edge, all_rules, all_near_misses=True)
+            raise UserError(f"--rule {args.rule}: no such rule{_did_you_mean(args.rule, names)} "
+                            f"(rules: {', '.join(names)})")
+    # asked about one rule: every near miss of it, however early it failed
+    ms = find_matches(edge, all_rules, all_near_misses=args.all_near_misses or bool(args.rule))
+    if args.rule and args.at:
         try:
             verdict = why_not(edge, args.rule, args.at, rules=all_rules, matches=ms)
         except KeyError as e:
@@ -132,21 +134,32 @@ def cmd_explain(args: argparse.Namespace) -> int:
             _write_html(args.html, [verdict], f"{model.name}: {args.rule} at {args.at}")
         print(json.dumps(verdict.record(), indent=2) if args.json else why_not_text(verdict))
         return EXIT_OK
-    ms = find_matches(edge, all_rules, all_near_misses=args.all_near_misses)
+    if args.rule:  # the other rules still run (they may claim nodes first); only R is shown
+        ms = MatchSet([m for m in ms.accepted if m.rule.name == args.rule],
+                      [d for d in ms.declined if d.rule == args.rule])
     if args.html:
-        _write_html(args.html, ms, f"{model.name}: {args.backend} rules")
+        _write_html(args.html, ms, f"{model.name}: "
+                    + (args.rule if args.rule else f"{args.backend} rules"))
     if args.json:
         print(json.dumps(explain_json(ms), indent=2))
         return EXIT_OK
     st = Style()
     errors = len(ms.errors)
+    which = (f"rule {args.rule}" if args.rule else
+             f"{args.backend} rules{' + specs' if rules else ''}")
     print(st.bold(f"{model.name}: {len(ms.accepted)} fused, {len(ms.declined) - errors} declined, "
-                  f"{errors} rule error{'' if errors == 1 else 's'} "
-                  f"({args.backend} rules{' + specs' if rules else ''})"))
+                  f"{errors} rule error{'' if errors == 1 else 's'} ({which})"))
     rows = explain_rows(ms)
     if rows:
         print(table(["rule", "verdict", "root", "step", "node", "reason"], rows))
     return EXIT_OK
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 def _write_html(path: str, what: Any, title: str) -> None:
@@ -323,8 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
     _spec_consent(ex)
     ex.add_argument("--json", action="store_true")
-    ex.add_argument("--rule", help="why did this rule not fire ... (with --at)")
-    ex.add_argument("--at", metavar="NODE", help="... at this node (an edge-program node name)")
+    ex.add_argument("--rule", help="only this rule's matches and every near miss of it; "
+                    "with --at, why it did not fire at that node")
+    ex.add_argument("--at", metavar="NODE", help="with --rule: at this node (an edge-program "
+                    "node name)")
     ex.add_argument("--all-near-misses", action="store_true",
                     help="report every structural near miss, however early it failed")
     ex.add_argument("--html", metavar="FILE",

@@ -19,10 +19,12 @@ from torch.export import ExportedProgram
 
 from fusionkit.fusion_pass import FusionPass
 from fusionkit.match.finder import MatchSet, find_matches
+from fusionkit.program import ProgramLike, as_exported_program, is_edge_dialect
 from fusionkit.report import FusionReport
 from fusionkit.rule import Rule
 
-__all__ = ["BACKENDS", "LoweringResult", "adapter", "adapter_rules", "explain", "lower"]
+__all__ = ["BACKENDS", "LoweringResult", "adapter", "adapter_rules", "edge_program", "explain",
+           "lower"]
 
 #: backend name -> adapter module and its partitioner class name
 BACKENDS: dict[str, tuple[str, str]] = {
@@ -51,12 +53,25 @@ def adapter_rules(backend: str) -> list[Rule]:
     return rules
 
 
-def explain(ep: ExportedProgram, backend: str, extra_rules: Sequence[Rule] = ()) -> MatchSet:
-    """Every accepted and declined match on the edge program; nothing is changed."""
+def edge_program(program: ProgramLike, *, who: str = "explain()") -> ExportedProgram:
+    """The edge-dialect program of ``program``: ``to_edge`` of an ATen ``ExportedProgram``
+    (the original is not changed); the program itself when it is edge dialect already
+    (an ``EdgeProgramManager``'s, an ``ExecutorchProgramManager``'s)."""
+    ep = as_exported_program(program, who=who)
+    if is_edge_dialect(ep):
+        return ep
     from executorch.exir import to_edge
 
-    edge = to_edge(ep).exported_program()
-    return find_matches(edge, [*adapter_rules(backend), *extra_rules])
+    return to_edge(ep).exported_program()
+
+
+def explain(program: ProgramLike, backend: str, extra_rules: Sequence[Rule] = ()) -> MatchSet:
+    """Every accepted and declined match on the edge program; nothing is changed.
+
+    ``program``: an ``ExportedProgram`` (ATen or edge dialect), an
+    ``EdgeProgramManager`` or an ``ExecutorchProgramManager``.
+    """
+    return find_matches(edge_program(program), [*adapter_rules(backend), *extra_rules])
 
 
 @dataclass
@@ -73,10 +88,18 @@ class LoweringResult:
         return bytes(self.program.buffer)
 
 
-def lower(ep: ExportedProgram, backend: str, extra_rules: Sequence[Rule] = (), *,
+def lower(program: ProgramLike, backend: str, extra_rules: Sequence[Rule] = (), *,
           to_executorch: bool = True, progress: Progress | None = None) -> LoweringResult:
-    """Lower ``ep`` through the adapter of ``backend`` (plus ``extra_rules``)."""
-    from executorch.exir import to_edge_transform_and_lower
+    """Lower ``program`` through the adapter of ``backend`` (plus ``extra_rules``).
+
+    ``program``: an ATen ``ExportedProgram`` (``to_edge_transform_and_lower``), or an
+    ``EdgeProgramManager`` / edge-dialect ``ExportedProgram`` (the adapter's passes
+    and partitioner are applied to it: ``transform``, then ``to_backend``). An
+    ``ExecutorchProgramManager`` is lowered already: ``TypeError``.
+    """
+    from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
+
+    ep = as_exported_program(program, who="lower()", rewrite=True)
 
     say = progress or (lambda _msg: None)
     mod = adapter(backend)
@@ -87,7 +110,11 @@ def lower(ep: ExportedProgram, backend: str, extra_rules: Sequence[Rule] = (), *
     seconds: dict[str, float] = {}
     say(f"lowering to {backend} (export → edge → fusion → partition → preprocess)")
     t0 = time.perf_counter()
-    edge = to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[partitioner])
+    if isinstance(program, EdgeProgramManager) or is_edge_dialect(ep):
+        manager = program if isinstance(program, EdgeProgramManager) else EdgeProgramManager(ep)
+        edge = manager.transform(passes).to_backend(partitioner)
+    else:
+        edge = to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[partitioner])
     seconds["lower"] = time.perf_counter() - t0
     program = None
     if to_executorch:

@@ -39,11 +39,15 @@ def load_model(spec: str) -> LoadedModel:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ModelError(f"{spec!r}: expected a .pt2 file or package.module:factory")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ModelError(f"{spec}: cannot import ({e})") from None
-    made = factory()
+    from fusionkit.specs.trust import importable_here
+
+    with importable_here():  # a module next to the user, as `python -c "import m"` finds it
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ModelError(f"{spec}: cannot import ({e}; looked in the current directory "
+                             "and the installed packages)") from None
+        made = factory()
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
         raise ModelError(f"{spec}: the factory must return (module, example_inputs)")
     module, inputs = made

@@ -32,6 +32,7 @@ from fusionkit.backends.vulkan_adapter.inspect.simulator import (
     SimulationError,
     simulate,
 )
+from fusionkit.program import ProgramLike, as_exported_program
 
 __all__ = ["OP_FAMILIES", "TOLERANCES", "DelegateReport", "OutputError", "SimulationReport",
            "family_of", "random_inputs", "simulate_model"]
@@ -204,19 +205,47 @@ def _lower(exported: Any, rules: Sequence[Any], stock: bool) -> Any:
             install()
 
 
-def simulate_model(exported: Any, module: Any, example_inputs: Sequence[Any], *,
+def _lowered_already(program: Any) -> bool:
+    """An ``ExecutorchProgramManager``, or a program with delegate calls (lowered)."""
+    from executorch.exir import ExecutorchProgramManager
+    from executorch.exir.delegate import executorch_call_delegate
+
+    if isinstance(program, ExecutorchProgramManager):
+        return True
+    ep = as_exported_program(program, who="simulate_model()")
+    return any(n.target is executorch_call_delegate for n in ep.graph_module.graph.nodes)
+
+
+def simulate_model(exported: ProgramLike, module: Any, example_inputs: Sequence[Any], *,
                    rules: Sequence[Any] = (), stock: bool = False, seed: int = 0,
                    progress: Callable[[str], None] | None = None) -> SimulationReport:
     """Lower ``exported`` for Vulkan, simulate the .pte on random inputs, compare with
-    ``module`` (eager; ``exported.module()`` when None)."""
+    ``module`` (eager; ``exported.module()`` when None).
+
+    ``exported``: an ATen ``ExportedProgram`` or an ``EdgeProgramManager`` from
+    ``to_edge`` (lowered here), or a program lowered already (the
+    ``EdgeProgramManager`` of ``to_edge_transform_and_lower``, an
+    ``ExecutorchProgramManager``), simulated as it is; then ``rules`` and ``stock``
+    do not apply and ``module`` is required.
+    """
     say = progress or (lambda _msg: None)
     report = SimulationReport(stock=stock)
-    say("lowering to vulkan" + (" with stock ExecuTorch (adapter uninstalled)" if stock else ""))
     t0 = time.perf_counter()
-    program = _lower(exported, rules, stock)
+    if _lowered_already(exported):
+        if rules or stock:
+            raise ValueError("simulate_model(): the program is lowered already; rules and "
+                             "stock apply when lowering (pass the ExportedProgram)")
+        if module is None:
+            raise ValueError("simulate_model(): a lowered program needs the eager module to "
+                             "compare with (module=...)")
+        program: Any = exported
+    else:
+        say("lowering to vulkan" + (" with stock ExecuTorch (adapter uninstalled)"
+                                    if stock else ""))
+        program = _lower(exported, rules, stock)
     report.seconds["lower"] = time.perf_counter() - t0
     inputs = random_inputs(example_inputs, seed)
-    eager = module if module is not None else exported.module()
+    eager = module if module is not None else as_exported_program(exported).module()
     with torch.no_grad():
         want = pytree.tree_leaves(eager(*inputs))
     say("simulating the Vulkan program on the CPU")

@@ -17,6 +17,7 @@ from torch.fx import Node
 
 from fusionkit.match.finder import MatchSet, find_matches
 from fusionkit.match.targets import op_key
+from fusionkit.program import ProgramLike, as_exported_program
 from fusionkit.result import MatchResult
 from fusionkit.rule import Rule
 
@@ -36,14 +37,16 @@ def _node_named(ep: ExportedProgram, name: str) -> Node:
     raise KeyError(f"no node named {name!r} in the program{hint}")
 
 
-def why_not(ep: ExportedProgram, rule: Rule | str, at: str | Node, *,
+def why_not(ep: ProgramLike, rule: Rule | str, at: str | Node, *,
             rules: Sequence[Rule] | None = None, matches: MatchSet | None = None) -> WhyNot:
     """What ``rule`` made of node ``at`` (a node or its name) in ``ep``.
 
     ``rules`` is the whole rule set the rule runs with (other rules' matches can
     claim nodes first); by default the rule alone. ``matches``: the result of
     ``find_matches(ep, rules, all_near_misses=True)`` when the caller has it.
+    ``ep``: an ``ExportedProgram``, ``EdgeProgramManager`` or ``ExecutorchProgramManager``.
     """
+    ep = as_exported_program(ep, who="why_not()")
     rule_set = list(rules) if rules is not None else ([rule] if isinstance(rule, Rule) else [])
     name = rule if isinstance(rule, str) else rule.name
     the_rule = next((r for r in rule_set if r.name == name), None)

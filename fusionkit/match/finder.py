@@ -25,6 +25,7 @@ from fusionkit.match.gates import GATE_DEPTH, Gate, GateLike, gate_of, graph_op_
 from fusionkit.match.matcher import Binding, CompiledPattern, PredicateError, compile_pattern
 from fusionkit.match.pattern import output_names
 from fusionkit.match.targets import is_assertion, op_key, schema_of
+from fusionkit.program import ProgramLike, as_exported_program
 from fusionkit.result import MatchResult, Status, Step
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
@@ -33,12 +34,19 @@ __all__ = ["DECLINE_STEPS", "Decline", "Match", "MatchSet", "RuleIndex", "find_m
 
 #: how many structural bindings per root are checked before giving up
 MAX_BINDINGS_PER_ROOT = 32
-#: a structural failure is a near miss (and reported) only once it has matched at
-#: least this many of the pattern's ops (root included), and two thirds of them
+#: a structural failure of a shipped rule is a near miss (and reported) only once it has
+#: matched at least this many of the pattern's ops (root included), and two thirds of them
 MIN_STRUCTURAL_PROGRESS = 3
 
 
+#: a user's own rule (not ``shipped``) is reported once it matched this many ops (or all
+#: of a smaller pattern's): whatever failed after its root and one more op is a near miss
+USER_RULE_PROGRESS = 2
+
+
 def _near_miss_threshold(rule: Rule) -> int:
+    if not rule.shipped:
+        return min(USER_RULE_PROGRESS, rule.pattern.min_ops())
     return max(MIN_STRUCTURAL_PROGRESS, -(-2 * rule.pattern.min_ops() // 3))
 
 
@@ -443,18 +451,22 @@ class _Decider:
         return None
 
 
-def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
+def find_matches(ep: ProgramLike, rules: Sequence[Rule] | RuleIndex,
                  *, structural_declines: bool = True, allow_folding: bool = True,
                  all_near_misses: bool = False, strict: bool | None = None,
                  target: ExecutionTarget | None = None, check_replacements: bool = True
                  ) -> MatchSet:
     """Accepted and declined matches of ``rules`` in ``ep``, in graph order.
 
+    ``ep``: an ``ExportedProgram``, ``EdgeProgramManager`` or
+    ``ExecutorchProgramManager`` (its ``forward`` program).
+
     A node belongs to at most one accepted match. Near misses are reported:
     a constraint that failed, an intermediate used elsewhere, an overlap, a
     multi-output match with no single point for its replacement (``placement``),
     or (with ``structural_declines``) a structure that matched at least two thirds
-    of the pattern before it failed. ``allow_folding=False`` is for callers that
+    of the pattern before it failed — for a rule of the user's own (not
+    ``Rule.shipped``), its root op and one more op. ``allow_folding=False`` is for callers that
     cannot add constants to the program (a graph-module pass): a weight that
     would need folding is declined instead. ``all_near_misses`` lifts the
     progress threshold: every structural attempt that matched the root's op is
@@ -474,6 +486,7 @@ def find_matches(ep: ExportedProgram, rules: Sequence[Rule] | RuleIndex,
     ``executable``. ``check_replacements=False`` skips this (for callers that
     know every node is delegated already).
     """
+    ep = as_exported_program(ep, who="find_matches()")
     strict = strict_mode(strict)
     index = rules if isinstance(rules, RuleIndex) else RuleIndex(rules)
 

@@ -134,7 +134,29 @@ def _resolve_name(name: str) -> torch._ops.OpOverload:
         except (AttributeError, RuntimeError):
             if attempt == 0:
                 _import_op_libraries(ns)
-    raise UnknownOpError(f"op {name!r} does not resolve to a registered operator")
+    raise UnknownOpError(f"op {name!r} does not resolve to a registered operator"
+                         + _closest_ops(ns, op, overload))
+
+
+def _closest_ops(ns: str, op: str, overload: str) -> str:
+    """``; did you mean ...?`` with the registered ops nearest to ``ns.op.overload``
+    (the overloads of ``op`` when it exists; else the names in ``ns`` closest to it)."""
+    import difflib
+
+    registered: list[str] = []
+    for qualified in torch._C._dispatch_get_all_op_names():
+        space, _, rest = qualified.partition("::")
+        if space == ns:
+            name, _, ov = rest.partition(".")
+            registered.append(f"{ns}.{name}.{ov or 'default'}")
+    if not registered:
+        return f" (no operator is registered in namespace {ns!r})"
+    same_op = sorted(r for r in registered if r.split(".")[1] == op)
+    pool = same_op or registered
+    close = difflib.get_close_matches(f"{ns}.{op}.{overload}", pool, n=3, cutoff=0.6)
+    if not close and same_op:
+        close = same_op[:5]
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 def resolve_op(target: OpTarget) -> torch._ops.OpOverload:

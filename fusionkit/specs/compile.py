@@ -374,7 +374,8 @@ class _RuleCompiler:
 
 
 def _hint(err: Mapping[str, Any], data: Any, loc: Loc) -> str:
-    """Why an unknown key is unknown: an old spelling, or ``bind`` on a value matcher."""
+    """Why an unknown key is unknown: an old spelling, ``bind`` on a value matcher, or a
+    typo of a key that is valid there (``; did you mean `capture`?``)."""
     key = err["loc"][-1]
     if key in S.RENAMED:
         return f" (it is `{S.RENAMED[key]}`: YAML uses the Python names)"
@@ -382,7 +383,66 @@ def _hint(err: Mapping[str, Any], data: Any, loc: Loc) -> str:
         return " (it is `inner`, as in through(ops, inner))"
     if key == "bind" and any(k in VALUE_MATCHERS for k in err["loc"]):
         return " (a value matcher is named by its own `name` argument: {scalar: {name: eps}})"
-    return ""
+    parent = loc[:-1] if loc and loc[-1] == key else loc
+    return _suggest(str(key), _valid_keys(data, parent))
+
+
+def _suggest(word: str, valid: Iterable[str]) -> str:
+    """``; did you mean `x`?`` for the valid words closest to ``word`` (difflib), then
+    what is valid there; empty when nothing is known to be valid."""
+    import difflib
+
+    choices = sorted(set(valid))
+    if not choices:
+        return ""
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
+    mean = f"; did you mean {' or '.join(f'`{c}`' for c in close)}?" if close else ""
+    return f"{mean} (valid here: {', '.join(choices)})" if len(choices) <= 12 else mean
+
+
+def _fields(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def _valid_keys(data: Any, parent: Loc) -> list[str]:
+    """The keys a mapping at ``parent`` may have: the fields of the spec model it is."""
+    here = _at(data, parent)
+    if not isinstance(here, dict):
+        return []
+    if parent == ():
+        return _fields(S.SpecFile)
+    if len(parent) == 2 and parent[0] == "rules":
+        return _fields(S.RuleSpec)
+    if len(parent) == 3 and parent[0] == "rules" and parent[2] == "replacement":
+        return _fields(S.ReplacePython if "fn" in here else S.ReplaceOp)
+    if len(parent) >= 2 and parent[-2] == "also":
+        return _fields(S.AlsoSpec)
+    up, key = _at(data, parent[:-1]), parent[-1]
+    if isinstance(up, dict) and isinstance(key, str):  # the arguments of {key: {...}}
+        if "constraints" in parent and key in CONSTRAINTS and len(up) == 1:
+            return [p.name for p in CONSTRAINTS[key].parameters]
+        if key in VALUE_MATCHERS and S.pattern_tag(up) == key:
+            return [p.name for p in VALUE_MATCHERS[key].parameters]
+    tag = S.pattern_tag(here)
+    if tag in S.STRUCTURE:
+        return _fields(S.STRUCTURE[tag])
+    if tag in S.VALUE_NODES:
+        return [tag]
+    return []
+
+
+def _unknown_tag(data: Any, loc: Loc, valid: Iterable[str], what: str) -> str | None:
+    """``{captur: x}`` where a pattern node (or a constraint) goes: the key nearest a
+    valid one, named with the suggestion."""
+    here = _at(data, loc)
+    if not isinstance(here, dict) or not here:
+        return None
+    valid = list(valid)
+    unknown = [k for k in here if k not in valid and k not in ("bind",)]
+    if not unknown:
+        return None
+    key = str(unknown[0])
+    return f"`{key}` is not a {what}{_suggest(key, valid) or ''}"
 
 
 def _at(data: Any, loc: Loc) -> Any:
@@ -409,14 +469,30 @@ def _validate(src: _Source, data: Any) -> S.SpecFile:
             loc = (*loc, err["loc"][-1]) if loc and loc[-1] != err["loc"][-1] else loc
         elif err["type"] == "literal_error" and err["loc"][:1] == ("version",):
             msg = f"unsupported spec version {data.get('version')!r}; this fusionkit reads version {S.SPEC_VERSION}"
+        elif err["type"] in ("unknown_pattern_node", "unknown_constraint"):
+            pattern = err["type"] == "unknown_pattern_node"
+            named = _unknown_tag(data, loc, S.PATTERN_KEYS if pattern else S.CONSTRAINT_MODELS,
+                                 "pattern key" if pattern else "constraint")
+            if named is not None:
+                msg = f"{named}; {msg}" if len(msg) < 80 else named
         elif err["type"] == "missing":
             want = err["loc"][-1]
             msg = f"missing required field `{want}`"
-            here = _at(data, loc[:-1] if loc and loc[-1] == want else loc)
+            parent = loc[:-1] if loc and loc[-1] == want else loc
+            here = _at(data, parent)
             old = [k for k in here if S.RENAMED.get(k) == want] if isinstance(here, dict) else []
             if old:  # an old spelling of the missing field
                 msg = f"unknown key `{old[0]}` (it is `{want}`: YAML uses the Python names)"
-                loc = (*(loc[:-1] if loc and loc[-1] == want else loc), old[0])
+                loc = (*parent, old[0])
+            elif isinstance(here, dict):  # a typo of the missing field: name the typo
+                import difflib
+
+                valid = set(_valid_keys(data, parent))
+                typos = [k for k in here if isinstance(k, str) and k not in valid
+                         and difflib.get_close_matches(k, [str(want)], n=1, cutoff=0.6)]
+                if typos:
+                    msg = f"unknown key `{typos[0]}`; did you mean `{want}`?"
+                    loc = (*parent, typos[0])
         more = len(e.errors()) - 1
         if more:
             msg += f" (and {more} more problem{'s' if more > 1 else ''})"

@@ -10,13 +10,16 @@ and ``mypkg.*``, never ``mypkgx``).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from fusionkit.specs.codec import is_python_ref
 
-__all__ = ["ImportPolicy", "import_ref"]
+__all__ = ["ImportPolicy", "import_ref", "importable_here"]
 
 
 @dataclass(frozen=True)
@@ -50,10 +53,34 @@ class ImportPolicy:
                 f"(allow_modules=[{top!r}])")
 
 
+@contextmanager
+def importable_here() -> Iterator[None]:
+    """The current directory on ``sys.path`` for the block, as ``python -m`` would have it.
+
+    The ``fusionkit`` command runs from its installed script, whose directory (not the
+    user's) is ``sys.path[0]``: without this, ``mymodels:factory`` next to the user is
+    not found. The directory goes last, so it never shadows an installed package.
+    """
+    here = os.getcwd()
+    if here in sys.path or "" in sys.path:
+        yield
+        return
+    sys.path.append(here)
+    try:
+        yield
+    finally:
+        try:
+            sys.path.remove(here)
+        except ValueError:  # the block removed it itself
+            pass
+
+
 def import_ref(ref: str) -> Any:
-    """The object ``package.module:attr`` names (this imports the module)."""
+    """The object ``package.module:attr`` names (this imports the module; a module in
+    the current directory is found too)."""
     module, _, attr = ref.partition(":")
-    obj: Any = importlib.import_module(module)
+    with importable_here():
+        obj: Any = importlib.import_module(module)
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj

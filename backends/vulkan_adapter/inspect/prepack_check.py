@@ -231,11 +231,16 @@ def _named_sizes(nd: Any) -> dict[str, int] | None:
 
 
 def _from_edge(prog: Any) -> Iterator[VulkanDelegate]:
+    """The delegates of an ``EdgeProgramManager`` (every method) or of one lowered
+    ``ExportedProgram`` (reported as ``forward``)."""
     from executorch.exir.lowered_backend_module import get_lowered_submodules
+    from torch.export import ExportedProgram
 
     index = 0
-    for method in prog.methods:
-        gm = prog.exported_program(method).graph_module
+    programs = ([("forward", prog)] if isinstance(prog, ExportedProgram) else
+                [(m, prog.exported_program(m)) for m in sorted(prog.methods)])
+    for method, ep in programs:
+        gm = ep.graph_module
         for module in gm.modules():
             if not hasattr(module, "graph"):
                 continue
@@ -277,8 +282,9 @@ def _from_pte(pte: bytes) -> Iterator[VulkanDelegate]:
 def vulkan_delegates(program: Any) -> list[VulkanDelegate]:
     """Every Vulkan delegate payload of ``program`` (see :func:`check` for what it may be)."""
     from executorch.exir import EdgeProgramManager, ExecutorchProgramManager
+    from torch.export import ExportedProgram
 
-    if isinstance(program, EdgeProgramManager):
+    if isinstance(program, (EdgeProgramManager, ExportedProgram)):
         return list(_from_edge(program))
     if isinstance(program, ExecutorchProgramManager):
         return list(_from_pte(bytes(program.buffer)))
@@ -291,16 +297,17 @@ def vulkan_delegates(program: Any) -> list[VulkanDelegate]:
             return [VulkanDelegate(0, "forward", data)]
         return list(_from_pte(data))
     raise TypeError(
-        "check() takes an ExecutorchProgramManager, an EdgeProgramManager, .pte bytes or a "
-        f"path to a .pte file, not {type(program).__name__}"
+        "check() takes an ExecutorchProgramManager, an EdgeProgramManager, an ExportedProgram, "
+        f".pte bytes or a path to a .pte file, not {type(program).__name__}"
     )
 
 
 def check(program: Any) -> list[Problem]:
     """Problems the Vulkan runtime would abort on, in every Vulkan delegate of ``program``.
 
-    ``program``: an ``ExecutorchProgramManager``, an ``EdgeProgramManager``, the
-    bytes of a .pte (or of one delegate payload) or a path to a .pte file.
+    ``program``: an ``ExecutorchProgramManager``, an ``EdgeProgramManager``, a
+    lowered ``ExportedProgram`` (``edge.exported_program()``), the bytes of a .pte
+    (or of one delegate payload) or a path to a .pte file.
     Returns an empty list when there are none.
     """
     problems: list[Problem] = []

@@ -847,8 +847,9 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
              trace: list[DelegateRun] | None = None) -> Any:
     """Run ``program`` on the CPU, executing its Vulkan delegates from their payloads.
 
-    ``program``: the ``EdgeProgramManager`` of ``to_edge_transform_and_lower`` or the
-    ``ExecutorchProgramManager`` of ``.to_executorch()``. ``inputs``: the method's
+    ``program``: the ``EdgeProgramManager`` of ``to_edge_transform_and_lower``, its
+    ``ExportedProgram`` (``.exported_program()``), or the ``ExecutorchProgramManager``
+    of ``.to_executorch()`` (whose serialized payloads are run). ``inputs``: the method's
     user inputs. Returns the outputs structured as the exported module returns them.
 
     Raises :class:`NotConstantError` where the Vulkan runtime would abort on a
@@ -861,18 +862,17 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
     constants between calls (mutable state such as a KV cache carries over);
     :func:`unload` drops them.
     """
-    from executorch.exir import EdgeProgramManager, ExecutorchProgramManager
+    from executorch.exir import ExecutorchProgramManager
     from executorch.exir.lowered_backend_module import LoweredBackendModule
     from torch.export.graph_signature import InputKind, OutputKind
 
+    from fusionkit.program import as_exported_program
+
+    ep = as_exported_program(program, method, who="simulate()")  # TypeError for anything else
     if isinstance(program, ExecutorchProgramManager):
         source = _pte_source(bytes(program.buffer), method)
-    elif isinstance(program, EdgeProgramManager):
+    else:  # an EdgeProgramManager or an ExportedProgram: the lowered modules' own payloads
         source = _Source(None, None)
-    else:
-        raise TypeError("simulate() takes an EdgeProgramManager or an ExecutorchProgramManager, "
-                        f"not {type(program).__name__}")
-    ep = program.exported_program(method)
     gm = ep.graph_module
     sig = ep.graph_signature
     flat_inputs = pytree.tree_leaves(inputs)

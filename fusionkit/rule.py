@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fusionkit.check.capture_parameters import CaptureParameters
 from fusionkit.check.constraints import Constraint
-from fusionkit.match.pattern import Capture, Pattern
+from fusionkit.match.pattern import Pattern
 from fusionkit.match.targets import OpTarget, op_key, resolve_op
 
 if TYPE_CHECKING:
@@ -58,8 +58,9 @@ class Replacement(ABC):
 
 
 def _as_ref(a: Any) -> Any:
-    if isinstance(a, Capture):
-        return Ref(a.name)
+    name = a.capture_name() if isinstance(a, Pattern) else None
+    if name is not None:
+        return Ref(name)
     if isinstance(a, list):
         return [_as_ref(x) for x in a]
     if isinstance(a, tuple):

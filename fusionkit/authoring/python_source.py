@@ -24,6 +24,7 @@ from fusionkit.match.pattern import (
     Op,
     Outputs,
     Pattern,
+    PatternVisitor,
     Seq,
     Through,
     Value,
@@ -62,7 +63,7 @@ def _kw(**items: Any) -> str:
 
 
 @dataclass
-class _Printer:
+class _Printer(PatternVisitor[str]):
     casts: frozenset[str] = field(default_factory=_cast_keys)
     #: hoisted sub-pattern text -> variable name (text repeated in the pattern)
     hoisted: dict[str, str] = field(default_factory=dict)
@@ -133,10 +134,11 @@ class _Printer:
         raise NotPrintable(f"value matcher {p.description!r} ({kind}) has no printed form")
 
     def expr(self, p: Any) -> str:
-        if not isinstance(p, Pattern):
-            return _literal(p)
-        text = self._expr(p)
-        if isinstance(p, (Op, Named)) and self.counts.get(text, 0) > 1:
+        return p.accept(self) if isinstance(p, Pattern) else _literal(p)
+
+    def _hoisted(self, text: str) -> str:
+        """``text`` itself, or the variable it is hoisted into when the pattern repeats it."""
+        if self.counts.get(text, 0) > 1:
             var = self.hoisted.get(text)
             if var is None:
                 var = self.hoisted[text] = f"p{len(self.hoisted) + 1}"
@@ -144,46 +146,54 @@ class _Printer:
             return var
         return text
 
-    def _expr(self, p: Pattern) -> str:
-        if isinstance(p, Capture):
-            self.needs.add("capture")
-            return f"capture({p.name!r})"
-        if isinstance(p, Value):
-            return self.value(p)
-        if isinstance(p, Named):
-            return f"{self.expr(p.inner)}.bind({p.name!r})"
-        if isinstance(p, Alt):
-            return "(" + " | ".join(self.expr(o) for o in p.options) + ")"
-        if isinstance(p, Through):
-            self.needs.add("through")
-            if p.ops == self.casts:
-                self.needs.add("CASTS")
-                ops = "CASTS"
-            else:
-                ops = _literal(sorted(p.ops))
-            depth = f", max_depth={p.max_depth}" if p.max_depth != 8 else ""
-            if p.narrowing:
-                depth += ", narrowing=True"
-            return f"through({ops}, {self.expr(p.inner)}{depth})"
-        if isinstance(p, Seq):
-            self.needs.add("seq")
-            return f"seq({', '.join(self.expr(i) for i in p.items)})"
-        if isinstance(p, Op):
-            self.needs.add("op")
-            targets = sorted(p.targets)
-            head = repr(targets[0]) if len(targets) == 1 else _literal(targets)
-            parts = [head, *(self.expr(a) for a in p.args)]
-            parts += [f"{k}={self.expr(v)}" for k, v in p.kwargs.items()]
-            if p.commutative != (p.targets <= COMMUTATIVE):
-                parts.append(f"commutative={p.commutative}")
-            if not p.strict_defaults:
-                parts.append("strict_defaults=False")
-            return f"op({', '.join(parts)})"
-        if isinstance(p, Outputs):
-            self.needs.update(("outputs", "also"))
-            others = [self._also(o) for o in p.others]
-            return f"outputs({self.expr(p.primary)}, {', '.join(others)})"
+    def generic(self, p: Pattern) -> str:
         raise NotPrintable(f"pattern node {type(p).__name__} has no printed form")
+
+    def visit_capture(self, p: Capture) -> str:
+        self.needs.add("capture")
+        return f"capture({p.name!r})"
+
+    def visit_value(self, p: Value) -> str:
+        return self.value(p)
+
+    def visit_named(self, p: Named) -> str:
+        return self._hoisted(f"{self.expr(p.inner)}.bind({p.name!r})")
+
+    def visit_alt(self, p: Alt) -> str:
+        return "(" + " | ".join(self.expr(o) for o in p.options) + ")"
+
+    def visit_through(self, p: Through) -> str:
+        self.needs.add("through")
+        if p.ops == self.casts:
+            self.needs.add("CASTS")
+            ops = "CASTS"
+        else:
+            ops = _literal(sorted(p.ops))
+        depth = f", max_depth={p.max_depth}" if p.max_depth != 8 else ""
+        if p.narrowing:
+            depth += ", narrowing=True"
+        return f"through({ops}, {self.expr(p.inner)}{depth})"
+
+    def visit_seq(self, p: Seq) -> str:
+        self.needs.add("seq")
+        return f"seq({', '.join(self.expr(i) for i in p.items)})"
+
+    def visit_op(self, p: Op) -> str:
+        self.needs.add("op")
+        targets = sorted(p.targets)
+        head = repr(targets[0]) if len(targets) == 1 else _literal(targets)
+        parts = [head, *(self.expr(a) for a in p.args)]
+        parts += [f"{k}={self.expr(v)}" for k, v in p.kwargs.items()]
+        if p.commutative != (p.targets <= COMMUTATIVE):
+            parts.append(f"commutative={p.commutative}")
+        if not p.strict_defaults:
+            parts.append("strict_defaults=False")
+        return self._hoisted(f"op({', '.join(parts)})")
+
+    def visit_outputs(self, p: Outputs) -> str:
+        self.needs.update(("outputs", "also"))
+        others = [self._also(o) for o in p.others]
+        return f"outputs({self.expr(p.primary)}, {', '.join(others)})"
 
     def _also(self, o: Also) -> str:
         depth = f", max_depth={o.max_depth}" if o.max_depth != 12 else ""
@@ -191,26 +201,30 @@ class _Printer:
 
     def count(self, p: Any) -> None:
         """First pass: how often each sub-pattern's text occurs (to hoist repeats)."""
-        if not isinstance(p, Pattern):
-            return
-        children: list[Any] = []
-        if isinstance(p, Named):
-            children = [p.inner]
-        elif isinstance(p, Alt):
-            children = list(p.options)
-        elif isinstance(p, Through):
-            children = [p.inner]
-        elif isinstance(p, Seq):
-            children = list(p.items)
-        elif isinstance(p, Op):
-            children = [*p.args, *p.kwargs.values()]
-        elif isinstance(p, Outputs):
-            children = [p.primary, *(o.pattern for o in p.others)]
-        for c in children:
-            self.count(c)
-        if isinstance(p, (Op, Named)):
-            text = _Printer(self.casts)._expr(p)
-            self.counts[text] = self.counts.get(text, 0) + 1
+        if isinstance(p, Pattern):
+            p.accept(_Repeats(self))
+
+
+class _Repeats(PatternVisitor[None]):
+    """Counts the text of every op and bound sub-pattern (the ones a printer may hoist)."""
+
+    def __init__(self, printer: _Printer) -> None:
+        self.printer = printer
+
+    def generic(self, p: Pattern) -> None:
+        for c in p.children():
+            c.accept(self)
+
+    def _seen(self, p: Pattern) -> None:
+        self.generic(p)
+        text = p.accept(_Printer(self.printer.casts))
+        self.printer.counts[text] = self.printer.counts.get(text, 0) + 1
+
+    def visit_op(self, p: Op) -> None:
+        self._seen(p)
+
+    def visit_named(self, p: Named) -> None:
+        self._seen(p)
 
 
 def _ref_args(a: Any) -> str:
@@ -256,7 +270,7 @@ def _replacement(r: Replacement, needs: set[str]) -> tuple[list[str], str]:
             lines.append(f"    n{i} = rw.call({call})")
         ret = ", ".join(arg(o) for o in outs)
         lines.append(f"    return {ret}")
-        reads = sorted(r.reads)
+        reads = sorted(r.captures())
         return lines, f"PythonReplacement(build, frozenset({reads!r}))"
     if isinstance(r, PythonReplacement):
         fn = r.fn

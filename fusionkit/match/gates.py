@@ -26,7 +26,18 @@ from typing import Any, TypeAlias
 from torch.fx import Graph, Node
 
 from fusionkit.match.memo import PerObject
-from fusionkit.match.pattern import Alt, Capture, Named, Op, Outputs, Pattern, Seq, Through, Value
+from fusionkit.match.pattern import (
+    Alt,
+    Capture,
+    Named,
+    Op,
+    Outputs,
+    Pattern,
+    PatternVisitor,
+    Seq,
+    Through,
+    Value,
+)
 from fusionkit.match.targets import OP_KEY_MEMO, op_key
 
 __all__ = [
@@ -48,11 +59,46 @@ GATE_DEPTH = 6
 GateLike: TypeAlias = "Gate | AnyGate | ThroughGate"
 
 
+class _ClaimsNothing(PatternVisitor[bool]):
+    """A capture or a literal (possibly bound to a name) matches without claiming a node."""
+
+    def generic(self, p: Pattern) -> bool:
+        return False
+
+    def visit_named(self, p: Named) -> bool:
+        return p.inner.accept(self)
+
+    def visit_capture(self, p: Capture) -> bool:
+        return True
+
+    def visit_value(self, p: Value) -> bool:
+        return True
+
+
+class _ListItems(PatternVisitor["tuple[Pattern, ...] | None"]):
+    """The element patterns of a list operand (:func:`~fusionkit.match.pattern.seq`), else None."""
+
+    def generic(self, p: Pattern) -> tuple[Pattern, ...] | None:
+        return None
+
+    def visit_seq(self, p: Seq) -> tuple[Pattern, ...] | None:
+        return p.items
+
+
+class _FreePassThrough(PatternVisitor["frozenset[str] | None"]):
+    """The ops of a ``through(ops, <claims nothing>)`` operand: it claims no node unless its
+    value is one of them. None for any other operand."""
+
+    def generic(self, p: Pattern) -> frozenset[str] | None:
+        return None
+
+    def visit_through(self, p: Through) -> frozenset[str] | None:
+        return p.ops if claims_nothing(p.inner) else None
+
+
 def claims_nothing(p: Pattern) -> bool:
     """Whether ``p`` matches without claiming a node (a capture or a literal)."""
-    while isinstance(p, Named):
-        p = p.inner
-    return isinstance(p, (Capture, Value))
+    return p.accept(_ClaimsNothing())
 
 
 @dataclass(frozen=True)
@@ -90,44 +136,7 @@ class Gate:
 
     @staticmethod
     def of(pattern: Pattern, levels: int = GATE_DEPTH) -> GateLike | None:
-        p = pattern
-        while isinstance(p, (Named, Outputs)):
-            # a multi-output pattern fails where its primary (matched first) fails
-            p = p.inner if isinstance(p, Named) else p.primary
-        if isinstance(p, Alt):
-            # alternatives at the root: skippable only if every option fails at the root
-            gates = [Gate.of(o, levels) for o in p.options]
-            if any(g is None for g in gates):
-                return None
-            return AnyGate.build(tuple(g for g in gates if g is not None))
-        if isinstance(p, Through):
-            return ThroughGate.build(p, Gate.of(p.inner, levels))
-        if type(p) is not Op or levels < 1:
-            return None
-        free: list[tuple[int, frozenset[str]]] = []
-        for i, a in enumerate(p.args):
-            item: int | None = None
-            if type(a) is Seq:  # a list operand: gate on its first element that names ops
-                for j, element in enumerate(a.items):
-                    if element.root_keys() is not None:
-                        item = j
-                        break
-                    if not claims_nothing(element):
-                        return None
-                if item is None:
-                    return None
-            checked = a.items[item] if item is not None and type(a) is Seq else a
-            keys = checked.root_keys()
-            if keys is not None:
-                inner = Gate.of(checked, levels - 1) if levels > 1 else None
-                items = len(a.items) if type(a) is Seq else 0
-                return Gate(p.targets, i, keys, p.commutative, len(p.args), inner, item, items,
-                             tuple(free))
-            if isinstance(a, Through) and claims_nothing(a.inner):
-                free.append((i, a.ops))  # claims nothing unless its value is a pass-through op
-            elif not claims_nothing(a):
-                return None
-        return None
+        return pattern.accept(_GateOf(levels))
 
     def may_match(self, node: Node) -> bool:
         return self.check(node)
@@ -237,6 +246,64 @@ class ThroughGate:
                 key = op_key(node.target)
             return key in ops or inner(node)
         return check
+
+
+class _GateOf(PatternVisitor["GateLike | None"]):
+    """The gate of a pattern (see :meth:`Gate.of`), looking at most ``levels`` op levels down."""
+
+    def __init__(self, levels: int) -> None:
+        self.levels = levels
+
+    def generic(self, p: Pattern) -> GateLike | None:
+        return None
+
+    def visit_named(self, p: Named) -> GateLike | None:
+        return p.inner.accept(self)
+
+    def visit_outputs(self, p: Outputs) -> GateLike | None:
+        # a multi-output pattern fails where its primary (matched first) fails
+        return p.primary.accept(self)
+
+    def visit_alt(self, p: Alt) -> GateLike | None:
+        # alternatives at the root: skippable only if every option fails at the root
+        gates = [Gate.of(o, self.levels) for o in p.options]
+        if any(g is None for g in gates):
+            return None
+        return AnyGate.build(tuple(g for g in gates if g is not None))
+
+    def visit_through(self, p: Through) -> GateLike | None:
+        return ThroughGate.build(p, Gate.of(p.inner, self.levels))
+
+    def visit_op(self, p: Op) -> GateLike | None:
+        levels = self.levels
+        if levels < 1:
+            return None
+        free: list[tuple[int, frozenset[str]]] = []
+        for i, a in enumerate(p.args):
+            item: int | None = None
+            elements = a.accept(_ListItems())
+            if elements is not None:  # a list operand: gate on its first element that names ops
+                for j, element in enumerate(elements):
+                    if element.root_keys() is not None:
+                        item = j
+                        break
+                    if not claims_nothing(element):
+                        return None
+                if item is None:
+                    return None
+            checked = elements[item] if item is not None and elements is not None else a
+            keys = checked.root_keys()
+            if keys is not None:
+                inner = Gate.of(checked, levels - 1) if levels > 1 else None
+                items = len(elements) if elements is not None else 0
+                return Gate(p.targets, i, keys, p.commutative, len(p.args), inner, item, items,
+                            tuple(free))
+            ops = a.accept(_FreePassThrough())
+            if ops is not None:
+                free.append((i, ops))  # claims nothing unless its value is a pass-through op
+            elif not claims_nothing(a):
+                return None
+        return None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from fusionkit.authoring.vocabulary import value_matcher
 from fusionkit.match.targets import OpTarget, op_key, resolve_op
@@ -37,6 +37,7 @@ __all__ = [
     "Op",
     "Outputs",
     "Pattern",
+    "PatternVisitor",
     "Seq",
     "Through",
     "Value",
@@ -60,6 +61,8 @@ __all__ = [
     "where",
     "widens",
 ]
+
+T = TypeVar("T")
 
 #: ops that ExecuTorch graphs use for dtype casts (ATen and edge dialect)
 CASTS: tuple[str, ...] = (
@@ -126,6 +129,46 @@ COMMUTATIVE: frozenset[str] = frozenset(
 )
 
 
+class PatternVisitor(Generic[T]):
+    """One method per pattern node kind: ``p.accept(visitor)`` calls the one for ``p``.
+
+    The code that walks patterns (printing them as Python, dumping them as YAML)
+    subclasses this instead of testing node classes one by one, so a new node
+    kind is one new method here and one ``accept`` on its class. A kind a
+    visitor does not handle goes to :meth:`generic`.
+    """
+
+    def generic(self, p: Pattern) -> T:
+        raise NotImplementedError(f"{type(self).__name__} has no case for {type(p).__name__}")
+
+    def visit_capture(self, p: Capture) -> T:
+        return self.generic(p)
+
+    def visit_value(self, p: Value) -> T:
+        return self.generic(p)
+
+    def visit_named(self, p: Named) -> T:
+        return self.generic(p)
+
+    def visit_alt(self, p: Alt) -> T:
+        return self.generic(p)
+
+    def visit_through(self, p: Through) -> T:
+        return self.generic(p)
+
+    def visit_seq(self, p: Seq) -> T:
+        return self.generic(p)
+
+    def visit_also(self, p: Also) -> T:
+        return self.generic(p)
+
+    def visit_outputs(self, p: Outputs) -> T:
+        return self.generic(p)
+
+    def visit_op(self, p: Op) -> T:
+        return self.generic(p)
+
+
 class Pattern:
     """Base of every pattern node. Supports ``|`` for alternatives."""
 
@@ -146,6 +189,18 @@ class Pattern:
         """The capture names every match of this pattern binds (not only some alternatives)."""
         return self.captures()
 
+    def children(self) -> tuple[Pattern, ...]:
+        """The sub-patterns of this node (none for a leaf: a capture, a value matcher)."""
+        return ()
+
+    def capture_name(self) -> str | None:
+        """The name of a plain :func:`capture` (None for every other node)."""
+        return None
+
+    def accept(self, visitor: PatternVisitor[T]) -> T:
+        """``visitor``'s method for this node's kind."""
+        return visitor.generic(self)
+
     def root_keys(self) -> frozenset[str] | None:
         """Op keys the matched value's node can have, or None for 'any value'."""
         return None
@@ -164,6 +219,12 @@ class Capture(Pattern):
     def captures(self) -> set[str]:
         return {self.name}
 
+    def capture_name(self) -> str | None:
+        return self.name
+
+    def accept(self, visitor: PatternVisitor[T]) -> T:
+        return visitor.visit_capture(self)
+
     def __repr__(self) -> str:
         return f"capture({self.name!r})"
 
@@ -180,6 +241,12 @@ class Named(Pattern):
 
     def always_captures(self) -> set[str]:
         return {self.name} | self.inner.always_captures()
+
+    def children(self) -> tuple[Pattern, ...]:
+        return (self.inner,)
+
+    def accept(self, visitor: PatternVisitor[T]) -> T:
+        return visitor.visit_named(self)
 
     def root_keys(self) -> frozenset[str] | None:
         return self.inner.root_keys()
@@ -211,6 +278,9 @@ class Value(Pattern):
 
     def captures(self) -> set[str]:
         return {self.name} if self.name else set()
+
+    def accept(self, visitor: PatternVisitor[T]) -> T:
+        return visitor.visit_value(self)
 
     def _key(self) -> tuple[Any, ...]:
         # a named matcher is its arguments; a predicate is only equal to itself
@@ -253,6 +323,12 @@ class Alt(Pattern):
     def always_captures(self) -> set[str]:
         return set.intersection(*(o.always_captures() for o in self.options))
 
+    def children(self) -> tuple[Pattern, ...]:
+        return self.options
+
+    def accept(self, visitor: PatternVisitor[T]) -> T:
+        return visitor.visit_alt(self)
+
     def root_keys(self) -> frozenset[str] | None:
         keys: set[str] = set()
         for o in self.options:
@@ -292,6 +368,12 @@ class Through(Pattern):
     def always_captures(self) -> set[str]:
         return self.inner.always_captures()
 
+    def children(self) -> tuple[Pattern, ...]:
+        return (self.inner,)
+
+    def accept(self, visitor: PatternVisitor[T]) -> T:
+        return visitor.visit_through(self)
+
     def root_keys(self) -> frozenset[str] | None:
         inner = self.inner.root_keys()
         return None if inner is None else inner | self.ops
@@ -325,6 +407,12 @@ class Seq(Pattern):
     def always_captures(self) -> set[str]:
         return set().union(*(i.always_captures() for i in self.items))
 
+    def children(self) -> tuple[Pattern, ...]:
+        return self.items
+
+    def accept(self, visitor: PatternVisitor[T]) -> T:
+        return visitor.visit_seq(self)
+
     def min_ops(self) -> int:
         return sum(i.min_ops() for i in self.items)
 
@@ -353,6 +441,12 @@ class Also(Pattern):
     def always_captures(self) -> set[str]:
         return {self.name} | self.pattern.always_captures()
 
+    def children(self) -> tuple[Pattern, ...]:
+        return (self.pattern,)
+
+    def accept(self, visitor: PatternVisitor[T]) -> T:
+        return visitor.visit_also(self)
+
     def min_ops(self) -> int:
         return self.pattern.min_ops()
 
@@ -380,6 +474,12 @@ class Outputs(Pattern):
 
     def always_captures(self) -> set[str]:
         return self.primary.always_captures().union(*(o.always_captures() for o in self.others))
+
+    def children(self) -> tuple[Pattern, ...]:
+        return (self.primary, *self.others)
+
+    def accept(self, visitor: PatternVisitor[T]) -> T:
+        return visitor.visit_outputs(self)
 
     def root_keys(self) -> frozenset[str] | None:
         return self.primary.root_keys()
@@ -428,6 +528,12 @@ class Op(Pattern):
 
     def always_captures(self) -> set[str]:
         return set().union(*(a.always_captures() for a in (*self.args, *self.kwargs.values())))
+
+    def children(self) -> tuple[Pattern, ...]:
+        return (*self.args, *self.kwargs.values())
+
+    def accept(self, visitor: PatternVisitor[T]) -> T:
+        return visitor.visit_op(self)
 
     def root_keys(self) -> frozenset[str] | None:
         return self.targets

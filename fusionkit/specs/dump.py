@@ -73,7 +73,7 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-class _Dumper:
+class _Dumper(P.PatternVisitor[Any]):
     def __init__(self, rule: Rule, hoist: bool) -> None:
         self.rule = rule
         self.hoist = hoist
@@ -84,11 +84,11 @@ class _Dumper:
         self.shared = {i for i, n in counts.items() if n > 1} if hoist else set()
 
     def _count(self, p: P.Pattern, counts: Counter[int]) -> None:
-        if not isinstance(p, (P.Capture, P.Value)):
+        if not p.accept(_IsLeaf()):
             counts[id(p)] += 1
             if counts[id(p)] > 1:
                 return
-        for child in _children(p):
+        for child in p.children():
             self._count(child, counts)
 
     def pattern(self, p: P.Pattern, top: bool = False) -> Any:
@@ -99,51 +99,81 @@ class _Dumper:
                 self.lets[id(p)] = name
                 self.let_data[name] = self.pattern(p, top=True)
             return {"use": name}
-        if isinstance(p, P.Named):
-            inner = self.pattern(p.inner)
-            if isinstance(p.inner, P.Value) or not isinstance(inner, dict) or "bind" in inner:
-                raise DumpError(f"{p!r} has no spec form: name the value matcher instead "
-                                f"(name={p.name!r})" if isinstance(p.inner, P.Value)
-                                else f"{p!r} has no spec form (bound twice)")
-            return {**inner, "bind": p.name}
-        if isinstance(p, P.Capture):
-            return {"capture": p.name}
-        if isinstance(p, P.Alt):
-            # a bare literal is only an exact value as an op argument: spell it out here
-            return {"any_of": [d if isinstance(d, dict) else {"lit": d}
-                               for d in (self.pattern(o) for o in p.options)]}
-        if isinstance(p, P.Through):
-            out: dict[str, Any] = {"through": "casts" if p.ops == _CASTS else sorted(p.ops),
-                                   "inner": self.pattern(p.inner)}
-            if p.max_depth != 8:
-                out["max_depth"] = p.max_depth
-            if p.narrowing:
-                out["narrowing"] = True
-            return out
-        if isinstance(p, P.Seq):
-            return {"seq": [self.pattern(i) for i in p.items]}
-        if isinstance(p, P.Outputs):
-            also = []
-            for o in p.others:
-                a: dict[str, Any] = {"name": o.name, "pattern": self.pattern(o.pattern), "near": o.near}
-                if o.max_depth != 12:
-                    a["max_depth"] = o.max_depth
-                also.append(a)
-            return {"outputs": self.pattern(p.primary), "also": also}
-        if isinstance(p, P.Op):
-            out = {"op": next(iter(p.targets)) if len(p.targets) == 1 else sorted(p.targets)}
-            if p.args:
-                out["args"] = [self.pattern(a) for a in p.args]
-            if p.kwargs:
-                out["kwargs"] = {k: self.pattern(v) for k, v in p.kwargs.items()}
-            if p.commutative != (p.targets <= P.COMMUTATIVE):
-                out["commutative"] = p.commutative
-            if not p.strict_defaults:
-                out["strict_defaults"] = False
-            return out
-        if isinstance(p, P.Value):
-            return value_to_data(p)
+        return p.accept(self)
+
+    def generic(self, p: P.Pattern) -> Any:
         raise DumpError(f"no spec form for {p!r}")
+
+    def visit_named(self, p: P.Named) -> Any:
+        inner = self.pattern(p.inner)
+        if p.inner.accept(_IsValue()):
+            raise DumpError(f"{p!r} has no spec form: name the value matcher instead "
+                            f"(name={p.name!r})")
+        if not isinstance(inner, dict) or "bind" in inner:
+            raise DumpError(f"{p!r} has no spec form (bound twice)")
+        return {**inner, "bind": p.name}
+
+    def visit_capture(self, p: P.Capture) -> Any:
+        return {"capture": p.name}
+
+    def visit_alt(self, p: P.Alt) -> Any:
+        # a bare literal is only an exact value as an op argument: spell it out here
+        return {"any_of": [d if isinstance(d, dict) else {"lit": d}
+                           for d in (self.pattern(o) for o in p.options)]}
+
+    def visit_through(self, p: P.Through) -> Any:
+        out: dict[str, Any] = {"through": "casts" if p.ops == _CASTS else sorted(p.ops),
+                               "inner": self.pattern(p.inner)}
+        if p.max_depth != 8:
+            out["max_depth"] = p.max_depth
+        if p.narrowing:
+            out["narrowing"] = True
+        return out
+
+    def visit_seq(self, p: P.Seq) -> Any:
+        return {"seq": [self.pattern(i) for i in p.items]}
+
+    def visit_outputs(self, p: P.Outputs) -> Any:
+        also = []
+        for o in p.others:
+            a: dict[str, Any] = {"name": o.name, "pattern": self.pattern(o.pattern), "near": o.near}
+            if o.max_depth != 12:
+                a["max_depth"] = o.max_depth
+            also.append(a)
+        return {"outputs": self.pattern(p.primary), "also": also}
+
+    def visit_op(self, p: P.Op) -> Any:
+        out: dict[str, Any] = {"op": next(iter(p.targets)) if len(p.targets) == 1
+                               else sorted(p.targets)}
+        if p.args:
+            out["args"] = [self.pattern(a) for a in p.args]
+        if p.kwargs:
+            out["kwargs"] = {k: self.pattern(v) for k, v in p.kwargs.items()}
+        if p.commutative != (p.targets <= P.COMMUTATIVE):
+            out["commutative"] = p.commutative
+        if not p.strict_defaults:
+            out["strict_defaults"] = False
+        return out
+
+    def visit_value(self, p: P.Value) -> Any:
+        return value_to_data(p)
+
+
+class _IsValue(P.PatternVisitor[bool]):
+    """Whether a node is a value matcher."""
+
+    def generic(self, p: P.Pattern) -> bool:
+        return False
+
+    def visit_value(self, p: P.Value) -> bool:
+        return True
+
+
+class _IsLeaf(_IsValue):
+    """Whether a node is a leaf repeated freely in a dump (a capture or a value matcher)."""
+
+    def visit_capture(self, p: P.Capture) -> bool:
+        return True
 
 
 def value_to_data(v: P.Value) -> Any:
@@ -171,22 +201,6 @@ def _value_keys() -> list[str]:
     from fusionkit.authoring.vocabulary import VALUE_MATCHERS
 
     return list(VALUE_MATCHERS)
-
-
-def _children(p: P.Pattern) -> list[P.Pattern]:
-    if isinstance(p, P.Named):
-        return [p.inner]
-    if isinstance(p, P.Alt):
-        return list(p.options)
-    if isinstance(p, P.Through):
-        return [p.inner]
-    if isinstance(p, P.Seq):
-        return list(p.items)
-    if isinstance(p, P.Outputs):
-        return [p.primary, *(o.pattern for o in p.others)]
-    if isinstance(p, P.Op):
-        return [*p.args, *p.kwargs.values()]
-    return []
 
 
 def constraint_to_data(c: C.Constraint) -> dict[str, Any]:

@@ -184,3 +184,9 @@ def test_simulate_model_takes_a_lowered_program(vulkan: dict[str, Any]) -> None:
         assert [sum(d.ops.values()) > 0 for d in report.delegates] == [True]
     with pytest.raises(ValueError, match="needs the eager module"):
         simulate_model(vulkan["edge"], None, (X,))
+
+
+def test_why_not_at_an_unknown_node_suggests_the_closest_names(programs: dict[str, Any]) -> None:
+    with pytest.raises(KeyError, match=r"no node named 'aten_sigmoid_defalt'.*did you mean "
+                                       r"aten_sigmoid_default"):
+        why_not(programs["edge"], _silu_rule(), "aten_sigmoid_defalt")

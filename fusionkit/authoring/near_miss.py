@@ -31,9 +31,12 @@ def _node_named(ep: ExportedProgram, name: str) -> Node:
     for n in ep.graph_module.graph.nodes:
         if n.name == name:
             return n
+    import difflib
+
     names = [n.name for n in ep.graph_module.graph.nodes if n.op == "call_function"]
-    close = [n for n in names if name in n or n in name][:5]
-    hint = f"; similar: {', '.join(close)}" if close else ""
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
+    close += [n for n in names if (name in n or n in name) and n not in close]
+    hint = f"; did you mean {', '.join(close[:5])}?" if close else ""
     raise KeyError(f"no node named {name!r} in the program{hint}")
 
 

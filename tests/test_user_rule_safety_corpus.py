@@ -168,3 +168,19 @@ def test_a_delegate_only_op_is_judged_by_the_named_delegate(edge: Any, vulkan_op
     take = Delegate("Vulkan", lambda n: None, frozenset({"et_vk"}))
     assert len(find_matches(ep, [_rule("aten.silu.default")],
                             target=ExecutionTarget([take])).declined) == 1  # not asked: aten
+
+
+def test_an_error_decline_is_logged_and_fails_the_cli_under_strict(
+        edge: Any, caplog: pytest.LogCaptureFixture) -> None:
+    import argparse
+    import logging
+
+    from fusionkit.app.cli import EXIT_OK, EXIT_PROBLEMS, _exit_status
+
+    p = FusionPass([_rule("aten.isfinite.default")], strict=False)
+    with caplog.at_level(logging.WARNING, logger="fusionkit"):
+        p(edge.exported_program())
+    (d,) = p.report.errors
+    assert any(str(d) in r.getMessage() for r in caplog.records), caplog.text
+    assert _exit_status(argparse.Namespace(strict=True), p.report) == EXIT_PROBLEMS
+    assert _exit_status(argparse.Namespace(strict=False), p.report) == EXIT_OK

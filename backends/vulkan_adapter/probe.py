@@ -1,134 +1,20 @@
-"""Build a match's replacement in a scratch graph, to examine the fused node before it exists.
+"""Build a match's replacement in a scratch graph (the core's :mod:`fusionkit.apply.probe`).
 
-A constraint that must judge the *fused* op (will the partitioner take it? will
-the runtime accept its arguments?) needs that op's exact arguments: packed
-weights, padded scales, literals. Restating them beside the replacement would be
-a second source of truth that can drift; :func:`probe` runs the rule's own
-replacement instead, through a :class:`ProbeRewriter`: the same code, the same
-values and fake-tensor results, written into a throwaway graph. The program,
-its graph and its state dict are never touched.
+The Vulkan delegation check (:mod:`.delegation`) asks the partitioner about the
+fused nodes before they exist; the scratch build is the core's, which the
+finder also uses to judge every replacement (:mod:`fusionkit.check.executable`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
-import torch
-from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx import Graph, Node
-
-from fusionkit import CheckContext, Replacement, Rewriter, op_key
-from fusionkit.check.folding import evaluate_constant
+from fusionkit import CheckContext, Replacement
+from fusionkit.apply.probe import ProbeRewriter, build_in_scratch, schema_arguments
 
 __all__ = ["ProbeRewriter", "probe", "schema_arguments"]
-
-
-def _fake_mode(node: Node) -> FakeTensorMode:
-    val = node.meta.get("val")
-    vals = list(val) if isinstance(val, (list, tuple)) else [val]
-    found = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-    return found if found is not None else FakeTensorMode(allow_non_fake_inputs=True)
-
-
-class ProbeRewriter(Rewriter):
-    """A :class:`~fusionkit.Rewriter` whose nodes go into a scratch graph.
-
-    A program node handed to an op is stood in for by a placeholder carrying a
-    copy of that node's metadata (``val``, module stack, ...); a new constant is
-    a placeholder whose ``val`` is the fake tensor of the computed value (which
-    :meth:`tensor` returns); a fold the match planned reads the value the fold
-    will produce.
-    """
-
-    def __init__(self, ctx: CheckContext, rule_name: str) -> None:
-        scratch = Graph()
-        target: Any = ctx.root.target
-        anchor = scratch.call_function(target, ())  # where new nodes are inserted
-        anchor.meta = dict(ctx.root.meta)
-        super().__init__(anchor, rule_name, ctx.ep)
-        self._ctx = ctx
-        self._fake = _fake_mode(ctx.root)
-        self._probe_standins: dict[Node, Node] = {}
-        self._probe_values: dict[Node, torch.Tensor] = {}
-        self._probe_constants: dict[str, Node] = {}
-
-    def captures(self) -> dict[str, Any]:
-        """The captures as the replacement will see them (planned folds as constants)."""
-        out = dict(self._ctx.captures)
-        order: dict[Node, int] | None = None
-        for name, source in self._ctx.folds.items():
-            if order is None:
-                order = {n: i for i, n in enumerate(source.graph.nodes)}
-            out[name] = self.constant(f"fk_folded_{source.name}",
-                                      evaluate_constant(source, self._ctx.inputs, order))
-        return out
-
-    def _standin(self, a: Any) -> Any:
-        if isinstance(a, Node):
-            if a.graph is self.graph:
-                return a
-            if a not in self._probe_standins:
-                p = self.graph.placeholder(a.name)
-                p.meta = dict(a.meta)
-                self._probe_standins[a] = p
-            return self._probe_standins[a]
-        if isinstance(a, (list, tuple)):
-            return type(a)(self._standin(x) for x in a)
-        return a
-
-    def tensor(self, node: Node) -> torch.Tensor:
-        if node in self._probe_values:
-            return self._probe_values[node]
-        return super().tensor(node)
-
-    def constant(self, name: str, value: torch.Tensor) -> Node:
-        if name not in self._probe_constants:
-            p = self.graph.placeholder(name)
-            value = value.detach()
-            p.meta["val"] = self._fake.from_tensor(value, static_shapes=True)
-            self._probe_values[p] = value
-            self._probe_constants[name] = p
-        return self._probe_constants[name]
-
-    def call(self, target: Any, *args: Any, **kwargs: Any) -> Node:
-        return super().call(target, *self._standin(args),
-                            **{k: self._standin(v) for k, v in kwargs.items()})
-
-    def ops(self) -> Iterator[Node]:
-        """The op calls the replacement created (not the getitems)."""
-        return (n for n in self.created if n.op == "call_function" and op_key(n.target))
 
 
 def probe(replacement: Replacement, ctx: CheckContext, rule_name: str = "") -> ProbeRewriter:
     """Run ``replacement`` for the match in ``ctx`` into a scratch graph; its nodes are in
     ``.created``. Raises whatever the replacement raises."""
-    rw = ProbeRewriter(ctx, rule_name)
-    replacement.build(rw, rw.captures())
+    rw, _ = build_in_scratch(replacement, ctx, rule_name)
     return rw
-
-
-def schema_arguments(node: Node) -> dict[str, Any]:
-    """The node's arguments by schema name, each node replaced by its ``meta['val']``."""
-    target: Any = getattr(node.target, "_op", node.target)
-    schema = getattr(target, "_schema", None)
-    if schema is None:
-        return {}
-
-    def val(a: Any) -> Any:
-        if isinstance(a, Node):
-            return a.meta.get("val")
-        if isinstance(a, (list, tuple)):
-            return type(a)(val(x) for x in a)
-        return a
-
-    out: dict[str, Any] = {}
-    for i, arg in enumerate(schema.arguments):
-        if i < len(node.args):
-            out[arg.name] = val(node.args[i])
-        elif arg.name in node.kwargs:
-            out[arg.name] = val(node.kwargs[arg.name])
-        elif arg.has_default_value():
-            out[arg.name] = arg.default_value
-    return out

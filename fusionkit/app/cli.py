@@ -104,6 +104,12 @@ def _load_model(spec: str) -> Any:
 # ---------------------------------------------------------------------------- commands
 
 
+def _exit_status(args: argparse.Namespace, found: Any) -> int:
+    """``--strict``: exit 1 when a rule's own code raised (a decline with step ``error``:
+    a constraint, a check or the replacement raised), else 0."""
+    return EXIT_PROBLEMS if getattr(args, "strict", False) and found.errors else EXIT_OK
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     if args.at and not args.rule:
         raise UserError("--at needs --rule: which rule to ask about at that node")
@@ -133,7 +139,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if args.html:
             _write_html(args.html, [verdict], f"{model.name}: {args.rule} at {args.at}")
         print(json.dumps(verdict.record(), indent=2) if args.json else why_not_text(verdict))
-        return EXIT_OK
+        return _exit_status(args, ms)
     if args.rule:  # the other rules still run (they may claim nodes first); only R is shown
         ms = MatchSet([m for m in ms.accepted if m.rule.name == args.rule],
                       [d for d in ms.declined if d.rule == args.rule])
@@ -142,7 +148,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
                     + (args.rule if args.rule else f"{args.backend} rules"))
     if args.json:
         print(json.dumps(explain_json(ms), indent=2))
-        return EXIT_OK
+        return _exit_status(args, ms)
     st = Style()
     errors = len(ms.errors)
     which = (f"rule {args.rule}" if args.rule else
@@ -152,7 +158,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     rows = explain_rows(ms)
     if rows:
         print(table(["rule", "verdict", "root", "step", "node", "reason"], rows))
-    return EXIT_OK
+    return _exit_status(args, ms)
 
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -186,11 +192,11 @@ def cmd_lower(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"output": args.output, "bytes": len(result.pte),
                           "seconds": result.seconds, **result.report.to_dict()}, indent=2))
-        return EXIT_OK
+        return _exit_status(args, result.report)
     print(report_text(result.report))
     print(f"wrote {args.output} ({len(result.pte):,} bytes) in "
           f"{sum(result.seconds.values()):.1f} s")
-    return EXIT_OK
+    return _exit_status(args, result.report)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -328,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_consent(lo)
     lo.add_argument("-o", "--output", required=True, help="where to write the .pte")
     lo.add_argument("--json", action="store_true", help="print the report as JSON")
+    lo.add_argument("--strict", action="store_true",
+                    help="exit 1 when a rule's own code raised (a decline with step error)")
     lo.set_defaults(fn=cmd_lower)
 
     ex = sub.add_parser("explain", help="every accepted and declined match, without lowering")
@@ -336,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
     _spec_consent(ex)
     ex.add_argument("--json", action="store_true")
+    ex.add_argument("--strict", action="store_true",
+                    help="exit 1 when a rule's own code raised (a decline with step error)")
     ex.add_argument("--rule", help="only this rule's matches and every near miss of it; "
                     "with --at, why it did not fire at that node")
     ex.add_argument("--at", metavar="NODE", help="with --rule: at this node (an edge-program "

@@ -342,10 +342,25 @@ def program_exceptions(ep: Any) -> frozenset[Any]:
     """The ATen ops an edge program's verifier was told to admit although not core
     (``EdgeCompileConfig._core_aten_ops_exception_list``): the author vouches for them."""
     try:
-        verifier = ep.verifiers[0]()
-        return frozenset(getattr(verifier, "_core_aten_ops_exception_list", None) or ())
+        verifier = ep.verifiers[0]
     except Exception:
         return frozenset()
+    try:
+        return _EXCEPTIONS[verifier]
+    except (KeyError, TypeError):
+        pass
+    try:
+        found = frozenset(getattr(verifier(), "_core_aten_ops_exception_list", None) or ())
+    except Exception:
+        found = frozenset()
+    try:
+        _EXCEPTIONS[verifier] = found  # one verifier class per to_edge config
+    except TypeError:
+        pass
+    return found
+
+
+_EXCEPTIONS: dict[Any, frozenset[Any]] = {}
 
 
 # ----------------------------------------------------------------- one match's replacement

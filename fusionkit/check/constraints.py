@@ -9,6 +9,7 @@ the rewrite carries out after every match has been decided.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -468,7 +469,7 @@ class Custom(Constraint):
             reason = self.fn(ctx)
         else:
             view = DeclaredCaptures(ctx.captures, params.names, f"check {self.name!r}")
-            seen = CheckContext(ctx.ep, ctx.inputs, ctx.root, view, ctx.folds, ctx.allow_folding)
+            seen = dataclasses.replace(ctx, captures=view)  # the same folds dict: plans are kept
             reason = self.fn(seen, **params.arguments(ctx.captures))
         if reason is None:
             return None

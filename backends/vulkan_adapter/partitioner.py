@@ -54,12 +54,54 @@ class VulkanPartitioner(_StockVulkanPartitioner):
 
     After partitioning it verifies that every ``et_vk`` node that fusionkit's
     ``transform_passes()`` created was delegated (:class:`FusedOpNotDelegatedError`
-    otherwise, e.g. when the op is in ``operator_blocklist``).
+    otherwise, e.g. when the op is in ``operator_blocklist``). Ops the probed real
+    runtime lacks are kept off the delegate, each with its reason in :attr:`kept_off`
+    (``runtime=``, see :meth:`_keep_off_missing`).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, runtime: Any = "auto", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         PREPROCESS_SCOPE.mark(self.delegation_spec)
+        #: op name -> why it is kept off the delegate (the probed runtime lacks it)
+        self.kept_off: dict[str, str] = {}
+        self._keep_off_missing(runtime)
+
+    def _keep_off_missing(self, runtime: Any) -> None:
+        """Ops the real runtime lacks go to the CPU instead (``operator_blocklist``).
+
+        ``runtime``: a :class:`~.runtime_probe.RuntimeInventory`, None (trust the 1.5.1
+        registry), or "auto": the inventory of the runtime ``scripts/vulkan-runtime``
+        installed, when it was already probed (``python3 -m
+        fusionkit.backends.vulkan_adapter.runtime_probe``). Kept off are the missing ops
+        the CPU runtime can run and the Vulkan preprocess does not remove itself
+        (``RemoveRedundantOpsTransform.redundant_ops``); any other missing op stays, and
+        ``check(program, runtime=...)`` reports it if it reaches the payload.
+        """
+        if isinstance(runtime, str):
+            from .runtime_probe import cached_inventory
+
+            runtime = cached_inventory()
+        if runtime is None:
+            return
+        from executorch.backends.vulkan._passes.remove_redundant_ops import (
+            RemoveRedundantOpsTransform,
+        )
+        from executorch.backends.vulkan.op_registry import vulkan_supported_ops
+        from executorch.extension.pybindings.portable_lib import _get_operator_names
+
+        cpu = {n.split(".")[0] for n in _get_operator_names()}  # "aten::logical_not"
+        removed = RemoveRedundantOpsTransform.redundant_ops
+        for op in vulkan_supported_ops:
+            name = getattr(op, "__name__", "")
+            if runtime.has_operator(name) or op in removed:
+                continue
+            ns, _, rest = name.partition(".")
+            if f"{ns}::{rest.split('.')[0]}" not in cpu:
+                continue
+            self.operator_blocklist.add(op)
+            self.kept_off[name] = (f"the Vulkan runtime (probed, library sha256 "
+                                   f"{runtime.library_sha256[:12]}) has no {name}: it runs on "
+                                   "the CPU")
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         with TAKEOVER.install():

@@ -1,0 +1,190 @@
+"""What the loaded Vulkan runtime actually has: operators and shader variants, probed.
+
+The 1.5.1 partitioner delegates what *its* Python registry lists; a device runtime
+built from another tree may lack some of it (the public tree has no
+``aten.logical_not.default``), and then the program is refused at load
+(``Missing operator: ...``). Nothing here is a hand-made list:
+
+* :func:`operators` asks the runtime about every operator the partitioner can
+  delegate whose name the library does not contain (a registered operator's name is
+  in it: ``VK_REGISTER_OP`` stringifies it): one tiny program per operator (the same
+  one-op Vulkan graph with the operator's name in it), all run in a child process;
+  the runtime answers ``Missing operator: NAME`` for an operator it lacks and goes on
+  to the operator's own argument checks for one it has.
+* :func:`shader_names` reads the runtime's shader registry: the names its
+  ``spv.cpp`` registers, as stored in the library.
+
+Both are cached next to the runtime (``probe.json``, keyed by the library's sha256),
+so a process pays for the probe once per runtime.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from . import runtime as rt
+
+__all__ = ["PROBE_VERSION", "RuntimeInventory", "cached_inventory", "candidate_operators", "inventory",
+           "operators", "shader_names"]
+
+PROBE_VERSION = 2
+_MISSING = re.compile(r"Missing operator: (\S+)")
+_SHADER = re.compile(rb"[a-z][a-z0-9_]{2,80}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeInventory:
+    """The operators and shaders a runtime library has."""
+
+    library_sha256: str
+    #: operator name -> present, for every operator the partitioner can delegate
+    operators: dict[str, bool]
+    shaders: frozenset[str]
+
+    def missing_operators(self) -> list[str]:
+        return sorted(k for k, v in self.operators.items() if not v)
+
+    def has_operator(self, name: str) -> bool:
+        """Unprobed names count as present (the probe covers the partitioner's registry)."""
+        return self.operators.get(name, True)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def candidate_operators() -> list[str]:
+    """The serialized names of every operator the 1.5.1 partitioner can delegate."""
+    from executorch.backends.vulkan.op_registry import vulkan_supported_ops
+
+    names = {getattr(k, "__name__", str(k)) for k in vulkan_supported_ops}
+    return sorted(n for n in names if n.count(".") >= 1)
+
+
+def shader_names(path: Path) -> frozenset[str]:
+    """Shader names in the library's registry: NUL-terminated identifiers that look like
+    the generated variants (``<op>_<...>`` with a storage or dtype part)."""
+    data = path.read_bytes()
+    found = set()
+    for chunk in data.split(b"\0"):
+        if _SHADER.fullmatch(chunk) and (b"texture" in chunk or b"buffer" in chunk):
+            found.add(chunk.decode())
+    return frozenset(found)
+
+
+def _probe_programs(names: list[str]) -> list[bytes]:
+    """One .pte per name: a one-op Vulkan graph (``abs`` lowered by stock ExecuTorch) whose
+    operator is renamed."""
+    import torch
+    from executorch.backends.vulkan import vulkan_preprocess as vp
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir.lowered_backend_module import get_lowered_submodules
+
+    class Abs(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.abs()
+
+    captured: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+    original = vp.serialize_vulkan_graph
+
+    def capture(graph: Any, *args: Any, **kwargs: Any) -> bytes:
+        captured.append((graph, args, kwargs))
+        return original(graph, *args, **kwargs)
+
+    vp.serialize_vulkan_graph = capture  # scoped to this one lowering, restored below
+    try:
+        edge = to_edge_transform_and_lower(torch.export.export(Abs(), (torch.randn(4, 4),)),
+                                           partitioner=[VulkanPartitioner()])
+    finally:
+        vp.serialize_vulkan_graph = original
+    (graph, args, kwargs), = captured
+    (_, lowered, _), = get_lowered_submodules(edge.exported_program().graph_module)
+    out = []
+    for name in names:
+        g = copy.deepcopy(graph)
+        g.chain[0] = dataclasses.replace(g.chain[0], name=name)
+        lowered._processed_bytes = original(g, *args, **kwargs)
+        out.append(bytes(edge.to_executorch().buffer))
+    return out
+
+
+def operators(path: Path | None = None, *, timeout: float = 60.0) -> dict[str, bool]:
+    """Operator name -> whether the runtime at ``path`` has it (probed, see the module)."""
+    path = path or rt.find_runtime()
+    if path is None:
+        raise rt.RuntimeNotFoundError("no real Vulkan runtime to probe: bash scripts/vulkan-runtime")
+    # an operator is registered under its name (VK_REGISTER_OP stringifies it): a name
+    # the library does not contain at all is asked about; the others are present
+    data = path.read_bytes()
+    every = candidate_operators()
+    present = {n: True for n in every if n.encode() in data}
+    names = [n for n in every if n not in present]
+    results = rt.run_many_in_child([rt.Job(p, None) for p in _probe_programs(names)],
+                                   timeout=timeout)
+    for name, res in zip(names, results, strict=True):
+        said = _MISSING.search(res.stderr or "") or _MISSING.search(res.message or "")
+        present[name] = not (said and said.group(1) == name)
+    return present
+
+
+def _cache_file(path: Path) -> Path:
+    return path.parent / "probe.json"
+
+
+@cache
+def _inventory(path: Path, sha: str) -> RuntimeInventory:
+    cache_file = _cache_file(path)
+    try:
+        rec = json.loads(cache_file.read_text())
+        if rec.get("version") == PROBE_VERSION and rec.get("sha256") == sha:
+            return RuntimeInventory(sha, rec["operators"], frozenset(rec["shaders"]))
+    except (OSError, ValueError, KeyError):
+        pass
+    inv = RuntimeInventory(sha, operators(path), shader_names(path))
+    try:
+        tmp = cache_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"version": PROBE_VERSION, "sha256": sha,
+                                   "operators": inv.operators, "shaders": sorted(inv.shaders)},
+                                  indent=1))
+        tmp.replace(cache_file)
+    except OSError:  # a read-only cache: the probe is redone next process
+        pass
+    return inv
+
+
+def cached_inventory(path: Path | None = None) -> RuntimeInventory | None:
+    """The inventory if this runtime was already probed (never probes: cheap)."""
+    path = path or rt.find_runtime()
+    if path is None:
+        return None
+    try:
+        rec = json.loads(_cache_file(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if rec.get("version") != PROBE_VERSION or rec.get("sha256") != _sha(path):
+        return None
+    return RuntimeInventory(rec["sha256"], rec["operators"], frozenset(rec["shaders"]))
+
+
+def inventory(path: Path | None = None) -> RuntimeInventory | None:
+    """The inventory of the runtime found (None: there is none); probed once per runtime."""
+    path = path or rt.find_runtime()
+    if path is None:
+        return None
+    return _inventory(path, _sha(path))
+
+
+if __name__ == "__main__":  # python3 -m fusionkit.backends.vulkan_adapter.runtime_probe
+    inv = inventory()
+    if inv is None:
+        raise SystemExit("no real Vulkan runtime: bash scripts/vulkan-runtime")
+    print(f"{len(inv.operators)} operators probed, missing: {', '.join(inv.missing_operators())}")
+    print(f"{len(inv.shaders)} shader variants")

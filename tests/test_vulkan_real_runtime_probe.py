@@ -1,0 +1,59 @@
+"""Runtime-aware lowering: what the real runtime has is probed, and the partitioner keeps
+what it lacks off the delegate (a program stock ExecuTorch lowers is refused at load)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from vulkan_real_programs import lower, run_all
+
+from fusionkit.backends.vulkan_adapter import VulkanPartitioner
+from fusionkit.backends.vulkan_adapter.runtime_probe import RuntimeInventory, inventory
+
+
+@pytest.fixture(scope="module")
+def probed(vulkan_runtime: Any) -> RuntimeInventory:
+    inv = inventory(vulkan_runtime)  # probes once per runtime, cached beside it
+    assert inv is not None
+    return inv
+
+
+def test_the_probe_finds_what_the_runtime_lacks_and_has(probed: RuntimeInventory) -> None:
+    assert len(probed.operators) > 100
+    missing = probed.missing_operators()
+    assert "aten.logical_not.default" in missing  # the public tree's gap
+    assert probed.has_operator("aten.add.Tensor") and probed.has_operator("aten.logical_and.default")
+    assert len(missing) < len(probed.operators) / 4
+    # the int32 eq shader exists under one name only (BinaryOp.cpp composes the other)
+    assert "binary_eq_int32_texture3d" in probed.shaders
+    assert "binary_eq_texture3d_int32" not in probed.shaders
+    assert "binary_add_texture3d_float" in probed.shaders
+
+
+class MaskedFill(torch.nn.Module):
+    """An attention-mask shape of code: logical_not of a comparison, then where."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = torch.logical_not(x > 0.5)
+        return torch.where(keep, x * 2.0, torch.zeros_like(x)) + 1.0
+
+
+def test_ops_the_runtime_lacks_are_kept_off_with_a_reason(probed: RuntimeInventory) -> None:
+    part = VulkanPartitioner(runtime=probed)
+    assert "aten.logical_not.default" in part.kept_off
+    assert "has no aten.logical_not.default" in part.kept_off["aten.logical_not.default"]
+    assert VulkanPartitioner(runtime=None).kept_off == {}
+
+    x = torch.randn(4, 8)
+    model = MaskedFill().eval()
+    ep = torch.export.export(model, (x,))
+    eager = model(x)
+    ours = lower("masked_fill", "runtime ops", "fusionkit", ep, (x,), eager,
+                 partitioner=lambda: VulkanPartitioner(runtime=probed))
+    stock = lower("masked_fill", "runtime ops", "stock", ep, (x,), eager)
+    run_all([ours, stock])
+    assert ours.outcome == "ok", ours.describe()
+    assert stock.outcome == "refused", stock.describe()
+    assert "Missing operator: aten.logical_not.default" in (stock.real.message or "")

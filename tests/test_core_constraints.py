@@ -413,10 +413,15 @@ def test_structural_near_miss_is_declined_with_step_structure():
     assert find_matches(ep, [rms_norm_rule()], structural_declines=False).declined == []
 
 
-def test_shallow_structural_misses_are_not_reported():
+def test_shallow_structural_misses_are_reported_for_a_users_rule_only():
+    import dataclasses
+
     from models import MulSigmoidOther
 
-    # x * sigmoid(y) fails after two pattern ops: too shallow to be a near miss
+    # x * sigmoid(y) fails after two pattern ops: too shallow for a shipped rule's report,
+    # a near miss of a user's own rule (issue 23)
     ep = export_aten(MulSigmoidOther(), rand_inputs((2, 8), (2, 8)))
     ms = find_matches(ep, [silu_rule()])
+    assert ms.accepted == [] and [d.step for d in ms.declined] == ["structure"]
+    ms = find_matches(ep, [dataclasses.replace(silu_rule(), shipped=True)])
     assert ms.accepted == [] and ms.declined == []

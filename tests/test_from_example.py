@@ -9,6 +9,7 @@ traced replacement computes what eager PyTorch computes.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -130,7 +131,8 @@ def _verdicts(ep: Any, rule: Any) -> tuple[list[str], list[tuple[str, str]]]:
 def test_rmsnorm_from_model_code_matches_what_the_hand_written_rule_matches(rms: Any,
                                                                            zoo: Any) -> None:
     hand_acc, hand_dec = _verdicts(zoo, rms_norm_rule())
-    acc, dec = _verdicts(zoo, rms)
+    # reported with the shipped rule's threshold (a user's own rule reports shallower misses)
+    acc, dec = _verdicts(zoo, dataclasses.replace(rms, shipped=True))
     assert acc == hand_acc
     assert dec == hand_dec
     # the zoo holds fusable and non-fusable norms: the comparison is not vacuous

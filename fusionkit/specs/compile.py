@@ -397,7 +397,9 @@ def _suggest(word: str, valid: Iterable[str]) -> str:
         return ""
     close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
     mean = f"; did you mean {' or '.join(f'`{c}`' for c in close)}?" if close else ""
-    return f"{mean} (valid here: {', '.join(choices)})" if len(choices) <= 12 else mean
+    if close and len(choices) > 12:
+        return mean
+    return f"{mean} (valid here: {', '.join(choices)})"
 
 
 def _fields(model: type[BaseModel]) -> list[str]:
@@ -442,7 +444,7 @@ def _unknown_tag(data: Any, loc: Loc, valid: Iterable[str], what: str) -> str | 
     if not unknown:
         return None
     key = str(unknown[0])
-    return f"`{key}` is not a {what}{_suggest(key, valid) or ''}"
+    return f"{what} `{key}`{_suggest(key, valid)}"
 
 
 def _at(data: Any, loc: Loc) -> Any:
@@ -472,9 +474,10 @@ def _validate(src: _Source, data: Any) -> S.SpecFile:
         elif err["type"] in ("unknown_pattern_node", "unknown_constraint"):
             pattern = err["type"] == "unknown_pattern_node"
             named = _unknown_tag(data, loc, S.PATTERN_KEYS if pattern else S.CONSTRAINT_MODELS,
-                                 "pattern key" if pattern else "constraint")
+                                 "not a pattern node: unknown key" if pattern
+                                 else "unknown constraint")
             if named is not None:
-                msg = f"{named}; {msg}" if len(msg) < 80 else named
+                msg = named
         elif err["type"] == "missing":
             want = err["loc"][-1]
             msg = f"missing required field `{want}`"

@@ -407,3 +407,18 @@ def test_a_rule_class_builds_a_rule_whose_reads_are_its_method_signatures(ep: An
 
     with pytest.raises(RuleError, match=r"'unbound'.*the replacement.*'scale'"):
         Unbound.rule()
+
+
+def test_a_spec_whose_check_names_an_unbound_capture_is_refused_with_its_location() -> None:
+    from fusionkit.specs import SpecError
+
+    text = ("version: 1\nrules:\n- name: r\n"
+            "  pattern: {op: aten.add.Tensor, args: [{capture: x}, {capture: w}]}\n"
+            "  constraints:\n"
+            "  - custom: {fn: 'test_captures_as_parameters:bias_is_a_parameter', name: c}\n"
+            "  replacement: {op: aten.add.Tensor, args: [{ref: x}, {ref: w}]}\n")
+    with pytest.raises(SpecError) as e:
+        load_spec_text(text, "bad.yaml", allow_modules=["test_captures_as_parameters"])
+    assert e.value.file == "bad.yaml" and e.value.line is not None
+    assert "'c'" in e.value.message and "'bias'" in e.value.message
+    assert "never binds" in e.value.message

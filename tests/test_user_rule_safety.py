@@ -170,3 +170,15 @@ def test_a_shape_specialized_replacement_is_declined_with_the_shape_it_cannot_ta
     assert len(errors) == 2 and all("x: float32[3, 32]" in d.reason for d in errors), \
         str(p.report)
     torch.testing.assert_close(_load_and_run(et.buffer, x, y), model(x, y))
+
+
+def test_the_rule_says_at_build_time_which_argument_is_shape_specialized(
+        traced_rules: dict[str, Any]) -> None:
+    from fusionkit.authoring.from_example import ShapeSpecializedWarning
+
+    with pytest.warns(ShapeSpecializedWarning, match=r"'x' is shape-specialized \(dim 1 must "
+                                                     r"be 16"):
+        rule_from_functions(_ln_search, TRACED["layer_norm_fixed_width"][1],
+                            (torch.randn(2, 16),), name="fixed")
+    # x.shape[-1] follows the match: nothing fixed, nothing said
+    assert traced_rules["layer_norm_no_affine"].replacement.specialized == {}

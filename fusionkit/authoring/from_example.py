@@ -30,6 +30,7 @@ import inspect
 import math
 import operator
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -62,7 +63,8 @@ from fusionkit.match.pattern import (
 from fusionkit.match.targets import is_assertion, op_key, resolve_op, schema_of
 from fusionkit.rule import CallOp, PythonReplacement, Ref, Replacement, Rule
 
-__all__ = ["ExampleError", "pattern_from_function", "rule_from_functions"]
+__all__ = ["ExampleError", "ShapeSpecializedWarning", "pattern_from_function",
+           "rule_from_functions"]
 
 Dialect = Literal["edge", "aten"]
 #: what a trace is lowered to: a rule's dialect, or core ATen (``aten`` plus
@@ -73,6 +75,11 @@ ParamPolicy = Literal["constant", "foldable", "any"]
 
 class ExampleError(ValueError):
     """Example code that cannot become a rule as asked (says what to change)."""
+
+
+class ShapeSpecializedWarning(UserWarning):
+    """A traced replacement whose code fixes the size of one of its arguments: matches of
+    other sizes are declined (step ``error``) rather than fused."""
 
 
 # ------------------------------------------------------------------------ tracing
@@ -713,7 +720,45 @@ def _replacement_from_function(fn: Callable[..., Any], examples: Mapping[str, An
             and not _has_ints(steps[0][1:]) and not _literal_params(values, wild)):
         target, args, kwargs = steps[0]  # one call of captures and no int: data, not code
         return CallOp(op_key(target) or str(target), args, kwargs)
-    return _TracedReplacement(fn, values, frozenset(wild), traced_in, steps, outs)
+    rep = _TracedReplacement(fn, values, frozenset(wild), traced_in, steps, outs)
+    if _has_ints(steps):  # a literal that may come from a shape: which sizes are fixed?
+        object.__setattr__(rep, "specialized", _specialized_dims(fn, values))
+    return rep
+
+
+def _specialized_dims(fn: Callable[..., Any], values: Mapping[str, Any]
+                      ) -> dict[str, dict[int, int]]:
+    """Tensor arguments whose size the replacement's code fixes: ``{name: {dim: size}}``.
+
+    The replacement is exported once more with every dimension symbolic; a
+    dimension export had to make a constant (``F.layer_norm(x, (16,))``, a
+    ``view(2, 16)``) is one the code fixes. Size-0/1 dimensions are not judged
+    (export always fixes those). Empty when nothing is fixed or export cannot say.
+    """
+    from torch.export import Dim
+
+    names = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    fixed = {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
+    args = tuple(values[k] for k in names)
+    dims = (tuple({i: Dim.AUTO for i in range(t.dim())} for t in args),)
+    try:
+        ep = torch.export.export(_Call(fn, names, fixed).eval(), args, dynamic_shapes=dims,
+                                 strict=False)
+    except Exception:
+        return {}
+    out: dict[str, dict[int, int]] = {}
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    user = [spec.arg.name for spec in ep.graph_signature.input_specs
+            if spec.kind == InputKind.USER_INPUT]
+    by_name = {n.name: n for n in placeholders}
+    for name, ph_name, example in zip(names, user, args, strict=False):
+        val = by_name[ph_name].meta.get("val")
+        for i, (d, size) in enumerate(zip(getattr(val, "shape", ()), example.shape,
+                                          strict=False)):
+            if size > 1 and (type(d) is int or (isinstance(d, torch.SymInt)
+                                                and d.node.expr.is_number)):
+                out.setdefault(name, {})[i] = int(size)
+    return out
 
 
 def _has_ints(a: Any) -> bool:
@@ -858,7 +903,7 @@ class _TracedReplacement(PythonReplacement):
                 except ExampleError as e:
                     found = ExampleError(
                         f"the replacement {name} cannot be traced at this match's "
-                        f"{_describe_signature(key)}: {e}")
+                        f"{_describe_signature(key or ())}: {e}")
                 traces[key] = found
             if isinstance(found, ExampleError):
                 raise found
@@ -970,6 +1015,12 @@ def rule_from_functions(
         rep = CallOp(replacement, tuple(args))
     elif callable(replacement):
         rep = _replacement_from_function(replacement, examples, wild_names, n_out, dialect)
+        for arg, dims in (getattr(rep, "specialized", None) or {}).items():
+            fixed = ", ".join(f"dim {d} must be {n}" for d, n in sorted(dims.items()))
+            warnings.warn(ShapeSpecializedWarning(
+                f"rule {name!r}: the replacement's argument {arg!r} is shape-specialized "
+                f"({fixed}: its code fixes that size); a match of another size is declined "
+                "(step error), not fused"), stacklevel=2)
     else:
         raise ExampleError(f"replacement must be an op name, a function or a Replacement, "
                            f"not {type(replacement).__name__}")

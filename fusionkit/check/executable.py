@@ -196,7 +196,7 @@ def dtype_refusal(node: Node) -> str | None:
     The check of ExecuTorch's ``EdgeOpArgValidator``, made on one node's metadata.
     """
     target = node.target
-    schema = getattr(target, "_schema", None)
+    schema: Any = getattr(target, "_schema", None)
     constraint = getattr(schema, "dtype_constraint", None)
     if not is_edge_target(target) or constraint is None:
         return None
@@ -211,7 +211,7 @@ def dtype_refusal(node: Node) -> str | None:
                 if isinstance(v, torch.Tensor):
                     types[arg.name] = v.dtype
             elif arg.type == torch.ListType.ofTensors() and isinstance(v, (list, tuple)):
-                vals = [x.meta.get("val") if isinstance(x, Node) else x for x in v]
+                vals: list[Any] = [x.meta.get("val") if isinstance(x, Node) else x for x in v]
                 if all(isinstance(x, torch.Tensor) for x in vals):
                     types[arg.name] = vals[0].dtype if vals else None
         rets = node.meta.get("val")

@@ -38,6 +38,8 @@ class Program:
     check_problems: list[str] = field(default_factory=list)
     #: "ok" | "wrong" | "stopped: <reason>"
     simulator: str = ""
+    #: the same, the simulator given the probed runtime's inventory (missing ops, shaders)
+    simulator_probed: str = ""
     real: rt.RunResult | None = None
     atol: float = 1e-4
     rtol: float = 1e-4
@@ -72,6 +74,11 @@ class Program:
         return self.simulator_outcome == self.outcome
 
     @property
+    def simulator_probed_agrees(self) -> bool:
+        out = "refused" if self.simulator_probed.startswith("stopped") else self.simulator_probed
+        return out == self.outcome
+
+    @property
     def check_agrees(self) -> bool:
         return bool(self.check_problems) == (self.outcome != "ok")
 
@@ -104,7 +111,7 @@ def lower(name: str, family: str, path: str, exported: Any, inputs: tuple[Any, .
     from executorch.exir import to_edge_transform_and_lower
 
     import fusionkit.backends.vulkan_adapter as va
-    from fusionkit.backends.vulkan_adapter.inspect.simulator import SimulationError
+    from fusionkit.backends.vulkan_adapter.inspect.simulator import SimulationError, unload
 
     atol, rtol = TOLERANCE.get(dtype, (1e-4, 1e-4))
     prog = Program(name, family, path, inputs, pytree.tree_leaves(eager), atol=atol, rtol=rtol)
@@ -125,11 +132,17 @@ def lower(name: str, family: str, path: str, exported: Any, inputs: tuple[Any, .
         return prog
     prog.pte = bytes(et.buffer)
     prog.check_problems = [str(p) for p in va.check(et)]
-    try:
-        sim = pytree.tree_leaves(va.simulate(et, *inputs))
-        prog.simulator = "ok" if prog.close(sim) else "wrong"
-    except SimulationError as e:
-        prog.simulator = "stopped: " + str(e).splitlines()[0][:300]
+    from fusionkit.backends.vulkan_adapter.runtime_probe import cached_inventory
+
+    inv = cached_inventory()
+    for attr, given in (("simulator", None), ("simulator_probed", inv)):
+        try:
+            sim = pytree.tree_leaves(va.simulate(et, *inputs, runtime=given))
+            setattr(prog, attr, "ok" if prog.close(sim) else "wrong")
+        except SimulationError as e:
+            setattr(prog, attr, "stopped: " + str(e).splitlines()[0][:300])
+        finally:
+            unload(et)
     prog.seconds = time.perf_counter() - t0
     return prog
 
@@ -149,19 +162,22 @@ def run_all(programs: Sequence[Program], timeout: float = 300.0) -> None:
 def fidelity_markdown(programs: Sequence[Program]) -> str:
     """Per program and per family: real runtime vs simulator vs check()."""
     ran = [p for p in programs if p.real is not None]
-    lines = ["| family | program | path | real runtime | simulator | check() |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| family | program | path | real runtime | simulator | simulator + probe | check() |",
+             "|---|---|---|---|---|---|---|"]
     for p in ran:
         real = p.outcome
         if real == "refused":
             real = f"refused: `{_short(p.real.message if p.real else '', 90)}`"
         sim = p.simulator_outcome + ("" if p.simulator_agrees else " **(disagrees)**")
+        probed = ("refused" if p.simulator_probed.startswith("stopped") else p.simulator_probed
+                  ) + ("" if p.simulator_probed_agrees else " **(disagrees)**")
         chk = (f"{len(p.check_problems)} problem(s)" if p.check_problems else "no problems") + (
             "" if p.check_agrees else " **(disagrees)**")
-        lines.append(f"| {p.family} | {p.name} | {p.path} | {real} | {sim} | {chk} |")
+        lines.append(f"| {p.family} | {p.name} | {p.path} | {real} | {sim} | {probed} | {chk} |")
     fams = sorted({p.family for p in ran})
     summary = ["| family | programs | fusionkit's equal to eager | stock's not ok on the runtime "
-               "| simulator agrees | check() agrees |", "|---|---|---|---|---|---|"]
+               "| simulator agrees | simulator + probe agrees | check() agrees |",
+               "|---|---|---|---|---|---|---|"]
     for f in [*fams, "all"]:
         ps = [p for p in ran if f in ("all", p.family)]
         ours = [p for p in ps if p.path == "fusionkit"]
@@ -170,6 +186,7 @@ def fidelity_markdown(programs: Sequence[Program]) -> str:
             f"| {f} | {len(ps)} | {sum(p.outcome == 'ok' for p in ours)}/{len(ours)} | "
             f"{sum(p.outcome != 'ok' for p in stock)}/{len(stock)} | "
             f"{sum(p.simulator_agrees for p in ps)}/{len(ps)} | "
+            f"{sum(p.simulator_probed_agrees for p in ps)}/{len(ps)} | "
             f"{sum(p.check_agrees for p in ps)}/{len(ps)} |")
     return "\n".join(summary) + "\n\n" + "\n".join(lines) + "\n"
 
@@ -177,3 +194,75 @@ def fidelity_markdown(programs: Sequence[Program]) -> str:
 def _short(text: str, n: int) -> str:
     text = text.replace("|", "/").replace("`", "'")
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# ------------------------------------------------------------------- program sets
+
+#: zoo models run on the real runtime by the tests (a handful: each lowering costs seconds)
+ZOO_REAL = ("llama", "gemma", "resnet", "flux_single_block")
+
+
+def zoo_programs(names: Sequence[str] = ZOO_REAL) -> list[Program]:
+    """The zoo models lowered by fusionkit (runtime-aware partitioner) and by stock 1.5.1."""
+    from zoo_models import build
+
+    out = []
+    for name in names:
+        case = build(name)
+        for path in ("fusionkit", "stock"):
+            out.append(lower(name, "zoo", path, case.exported, case.inputs, case.eager))
+    return out
+
+
+def rmsnorm_programs() -> list[Program]:
+    """The seed table: six multiplier rows x fp32/fp16, both paths."""
+    from rmsnorm_models import ROWS, row_case
+
+    out = []
+    for row in ROWS:
+        for dtype in (torch.float32, torch.float16):
+            model, args = row_case(row, dtype)
+            with torch.no_grad():
+                eager = model(*args)
+            ep = torch.export.export(model, args)
+            name = f"{row.name}/{str(dtype).removeprefix('torch.')}"
+            for path in ("fusionkit", "stock"):
+                out.append(lower(name, "rmsnorm", path, ep, args, eager, dtype=dtype))
+    return out
+
+
+def write_fidelity(path: str, programs: Sequence[Program], seconds: float) -> None:
+    """docs/vulkan-runtime-fidelity.md from a run of ``programs``."""
+    device = next((p.real.device for p in programs if p.real and p.real.device), "unknown")
+    text = (
+        "# The simulator and `check()` against ExecuTorch's real Vulkan runtime\n\n"
+        "Written by `python3 tests/vulkan_real_programs.py docs/vulkan-runtime-fidelity.md` "
+        f"(programs of tests/test_vulkan_real_runtime_*.py; device: {device}; "
+        f"{seconds:.0f} s). Each program is lowered by fusionkit (runtime-aware "
+        "`VulkanPartitioner`) and by stock ExecuTorch 1.5.1, run on the real runtime in a "
+        "child process, and judged: **ok** equal to eager, **wrong** ran but differs, "
+        "**refused** the runtime stopped (its own message). The simulator *agrees* when it "
+        "predicts the same outcome; `check()` agrees when it reports problems exactly for "
+        "the programs that are not ok.\n\n" + fidelity_markdown(programs))
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main(argv: list[str]) -> int:
+    import sys
+
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    t0 = time.perf_counter()
+    programs = rmsnorm_programs() + zoo_programs()
+    run_all(programs)
+    write_fidelity(argv[0] if argv else "docs/vulkan-runtime-fidelity.md", programs,
+                   time.perf_counter() - t0)
+    for p in programs:
+        print(p.describe())
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -396,6 +396,47 @@ CONDITIONS: tuple[RuntimeCondition, ...] = (
         lambda a: _size(a["key"], -2) == _size(a["value"], -2)),
 )
 
+def _rotary_conditions(op: str) -> list[RuntimeCondition]:
+    """RotaryEmbedding.cpp: add_rotary_embedding_node / add_rotary_embedding_hf_node. With
+    q and k laid out [B, H, S, D] (transformers), dim -3 is the heads: a GQA model, whose
+    k has fewer heads than q, aborts here (found on the real runtime)."""
+    fn = "add_rotary_embedding_hf_node" if op.endswith("_hf.default") else "add_rotary_embedding_node"
+    conds = [
+        RuntimeCondition(op, "head_dim", ("xq", "xk"),
+                         "graph.size_at<int>(-1, xq) == graph.size_at<int>(-1, xk)",
+                         f"RotaryEmbedding.cpp: {fn}", "abort",
+                         lambda a: _size(a["xq"], -1) == _size(a["xk"], -1)),
+        RuntimeCondition(op, "same_dim_3", ("xk", "xq"),
+                         "graph.size_at<int>(-3, xq) == graph.size_at<int>(-3, xk)",
+                         f"RotaryEmbedding.cpp: {fn}", "abort",
+                         lambda a: _size(a["xq"], -3) == _size(a["xk"], -3),
+                         "q and k must agree in dim -3 (the heads in [B, H, S, D]: no GQA)"),
+    ]
+    if op.endswith("_hf.default"):
+        conds += [
+            RuntimeCondition(op, "rotary_dim", ("freqs_cos",),
+                             "graph.size_at<int>(-1, freqs_cos) <= graph.size_at<int>(-1, xq)"
+                             " && graph.size_at<int>(-1, freqs_cos) % 8 == 0",
+                             f"RotaryEmbedding.cpp: {fn}", "abort",
+                             lambda a: _size(a["freqs_cos"], -1) <= _size(a["xq"], -1)
+                             and _size(a["freqs_cos"], -1) % 8 == 0),
+            RuntimeCondition(op, "freqs_shapes", ("freqs_sin",),
+                             "graph.sizes_of(freqs_cos) == graph.sizes_of(freqs_sin)",
+                             f"RotaryEmbedding.cpp: {fn}", "abort",
+                             lambda a: _shape(a["freqs_cos"]) == _shape(a["freqs_sin"])),
+        ]
+    else:
+        conds.append(RuntimeCondition(
+            op, "freqs_half", ("freqs_cos",),
+            "graph.size_at<int>(-1, xq) == graph.size_at<int>(-1, freqs_cos) * 2",
+            f"RotaryEmbedding.cpp: {fn}", "abort",
+            lambda a: _size(a["xq"], -1) == 2 * _size(a["freqs_cos"], -1)))
+    return conds
+
+
+CONDITIONS = (*CONDITIONS, *_rotary_conditions("et_vk.apply_rotary_emb.default"),
+              *_rotary_conditions("et_vk.apply_rotary_emb_hf.default"))
+
 _BY_OP: dict[str, tuple[RuntimeCondition, ...]] = {}
 for _c in CONDITIONS:
     _BY_OP[_c.op] = (*_BY_OP.get(_c.op, ()), _c)

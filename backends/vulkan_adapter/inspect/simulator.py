@@ -184,7 +184,13 @@ from torch.utils import _pytree as pytree
 from .payload import VkGraph, VkTensor, VkValue, VulkanPayload, decode_payload
 from .prepack_check import ABORT, BACKEND_ID, PREPACKED_ARGS, describe_value
 from .quantized_ops import RUNTIME_OPS
-from .runtime_conditions import CONDITIONS, PREPACKED, RuntimeCondition, violated
+from .runtime_conditions import (
+    CONDITIONS,
+    PREPACKED,
+    RuntimeCondition,
+    conditions_for,
+    violated,
+)
 
 __all__ = [
     "RUNTIME_OP_NAMES",
@@ -370,6 +376,42 @@ def _vk_dtype(t: VkTensor, what: str) -> torch.dtype:
     return dt
 
 
+#: BinaryOp.cpp: serialized op -> the op_name its shader name is composed from
+_BINARY_SHADER_OPS: dict[str, str] = {
+    "aten.add.Tensor": "add", "aten.sub.Tensor": "sub", "aten.mul.Tensor": "mul",
+    "aten.div.Tensor": "div", "aten.div.Tensor_mode": "floor_divide",
+    "aten.pow.Tensor_Tensor": "pow", "aten.minimum.default": "minimum",
+    "aten.eq.Tensor": "eq", "aten.lt.Tensor": "lt", "aten.le.Tensor": "le",
+    "aten.gt.Tensor": "gt", "aten.ge.Tensor": "ge", "aten.bitwise_and.Tensor": "bitwise_and",
+    "aten.logical_and.default": "bitwise_and", "aten.bitwise_or.Tensor": "bitwise_or",
+    "aten.logical_or.default": "bitwise_or",
+}
+#: ShaderNameUtils.cpp add_storage_type_suffix / add_dtype_suffix, by VkGraph enum value
+#: (an unset storage is the graph's default, texture3d; int64 tensors are int32 on Vulkan)
+_STORAGE_SUFFIX = {0: "_buffer", 1: "_texture3d", 2: "_texture2d"}
+_DTYPE_SUFFIX = {0: "_uint8", 1: "_uint8", 2: "_int8", 3: "_int32", 4: "_half", 5: "_float",
+                 6: "_double", 7: "_int32"}
+
+_SHADER_CONDITION = RuntimeCondition(
+    "aten.<binary>", "shader_variant", ("self",),
+    "shader 'binary_' + op + storage suffix(out) + dtype suffix(in1) is registered",
+    "BinaryOp.cpp: add_binary_op_node (VK_KERNEL_FROM_STR)", "abort", lambda _a: True,
+    "the shader registry must hold the variant the runtime composes")
+
+
+def missing_shader(name: str, out: Any, in1: Any, shaders: frozenset[str] | set[str],
+                   storage_override: int = 255) -> str | None:
+    """The shader name the runtime composes for binary op ``name`` with these tensors
+    (VkTensor metadata), when ``shaders`` (a probed registry) lacks it; else None."""
+    fn = _BINARY_SHADER_OPS.get(name)
+    if fn is None or out is None or in1 is None:
+        return None
+    storage = out.storage_type if out.storage_type != 255 else storage_override
+    shader = (f"binary_{fn}{_STORAGE_SUFFIX.get(storage, '_texture3d')}"
+              f"{_DTYPE_SUFFIX.get(in1.datatype, '')}")
+    return None if shader in shaders else shader
+
+
 class _Delegate:
     """One Vulkan payload being executed."""
 
@@ -380,6 +422,8 @@ class _Delegate:
         self.raw = payload.raw
         self.named_data = named_data
         self.label = label
+        #: a probed RuntimeInventory, or None (see simulate())
+        self.runtime: Any = None
         self.values: list[Any] = [_UNSET] * len(self.g.values)
         self.static = True  # inputs arrived with the shapes the VkGraph declares
         #: chain indices of prepack ops already run: the runtime prepacks once, when
@@ -535,6 +579,8 @@ class _Delegate:
             if arg.none_ok and v is not None and v.kind in ("Null", "NONE"):
                 continue
             self.require_constant(name, arg.index, arg.name, ins[arg.index])
+        if self.runtime is not None:
+            self.require_available(who, name, ins, out)
         special = _SPECIAL.get(name)
         try:
             if special is not None:
@@ -551,8 +597,32 @@ class _Delegate:
             raise self.err(f"{who} failed on the CPU: {type(e).__name__}: {e}") from e
         self.write(out, result, who)
 
+    def require_available(self, who: str, name: str, ins: list[int], out: int) -> None:
+        """What the probed runtime lacks stops here, as it stops the runtime."""
+        if not self.runtime.has_operator(name):
+            raise UnsupportedOperatorError(
+                f"{self.label}: {who}: the runtime (probed) has no such operator; it aborts "
+                f"with 'Missing operator: {name}'", name)
+        shader = missing_shader(name, self.tensor_meta(out),
+                                self.tensor_meta(ins[0]) if ins else None,
+                                self.runtime.shaders, self.g.storage_type_override)
+        if shader is not None:
+            raise RuntimeConditionError(
+                f"{self.label}: {who}: the runtime (probed) has no shader {shader!r}; it "
+                f"aborts with 'Could not find ShaderInfo with name {shader}'", name, "self",
+                _SHADER_CONDITION)
+
     def call_schema(self, who: str, name: str, ins: list[int], out: int) -> Any:
         op, args, kwargs = self.schema_args(who, name, ins, out)
+        if conditions_for(name):  # e.g. the rotary ops' shape checks
+            named = dict(zip([a.name for a in op._schema.arguments], args, strict=False))
+            named.update(kwargs)
+            bad = violated(name, named)
+            if bad:
+                c = bad[0]
+                raise RuntimeConditionError(
+                    f"{self.label}: {who} argument {c.args[0]!r}: {c.message()}", name,
+                    c.args[0], c)
         return op(*args, **kwargs)
 
     def schema_args(self, who: str, name: str, ins: list[int], out: int
@@ -844,7 +914,7 @@ def unload(program: Any) -> None:
 
 
 def simulate(program: Any, *inputs: Any, method: str = "forward",
-             trace: list[DelegateRun] | None = None) -> Any:
+             trace: list[DelegateRun] | None = None, runtime: Any = None) -> Any:
     """Run ``program`` on the CPU, executing its Vulkan delegates from their payloads.
 
     ``program``: the ``EdgeProgramManager`` of ``to_edge_transform_and_lower``, its
@@ -857,6 +927,10 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
     operator it cannot execute, :class:`SimulationError` for other malformed
     payloads. See the module docstring for what is and is not modelled.
     ``trace``: a list that receives one :class:`DelegateRun` per delegate call.
+    ``runtime``: a :class:`~fusionkit.backends.vulkan_adapter.runtime_probe.RuntimeInventory`
+    (what a real runtime has, probed): an operator it lacks stops the simulation as
+    the runtime's ``Missing operator`` does, and so does a shader variant it lacks
+    (:func:`missing_shader`). None: the runtime is assumed to have everything.
 
     Like a loaded ExecuTorch program, ``program`` keeps its delegates' prepacked
     constants between calls (mutable state such as a KV cache carries over);
@@ -932,6 +1006,7 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
             key = (method, delegate_no)
             if key not in loaded:
                 loaded[key] = _Delegate(decoded, named or (lambda _k: None), label)
+            loaded[key].runtime = runtime
             outs = loaded[key].run(args)
             if trace is not None:
                 trace.append(DelegateRun(delegate_no, label, decoded.graph.op_names(),

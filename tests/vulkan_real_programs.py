@@ -231,6 +231,28 @@ def rmsnorm_programs() -> list[Program]:
     return out
 
 
+def extra_programs() -> list[Program]:
+    """The probe's mask program (both ways) and the binary shader cases (stock)."""
+    from test_vulkan_real_runtime_probe import MaskedFill
+    from test_vulkan_real_runtime_shaders import CASES, Binary
+
+    out = []
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    ep = torch.export.export(MaskedFill(), (x,))
+    for path in ("fusionkit", "stock"):
+        out.append(lower("masked_fill", "runtime ops", path, ep, (x,), MaskedFill()(x)))
+    g = torch.Generator().manual_seed(0)
+    for fn, dtype in CASES:
+        if dtype.is_floating_point:
+            a, b = (torch.randn(2, 8, generator=g).to(dtype) for _ in range(2))
+        else:
+            a, b = (torch.randint(0, 3, (2, 8), generator=g).to(dtype) for _ in range(2))
+        ep = torch.export.export(Binary(fn), (a, b))
+        out.append(lower(f"{fn.__name__}/{str(dtype).removeprefix('torch.')}", "binary shaders",
+                         "stock", ep, (a, b), Binary(fn)(a, b), dtype=dtype))
+    return out
+
+
 def write_fidelity(path: str, programs: Sequence[Program], seconds: float) -> None:
     """docs/vulkan-runtime-fidelity.md from a run of ``programs``."""
     device = next((p.real.device for p in programs if p.real and p.real.device), "unknown")
@@ -253,7 +275,7 @@ def main(argv: list[str]) -> int:
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     t0 = time.perf_counter()
-    programs = rmsnorm_programs() + zoo_programs()
+    programs = rmsnorm_programs() + zoo_programs() + extra_programs()
     run_all(programs)
     write_fidelity(argv[0] if argv else "docs/vulkan-runtime-fidelity.md", programs,
                    time.perf_counter() - t0)

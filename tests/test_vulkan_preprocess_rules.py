@@ -1,9 +1,10 @@
 """Inside Vulkan preprocess, fusionkit rules run in place of stock rewrite passes (issue 25).
 
-``AddmmToLinearTransform`` (both runs), ``FuseBatchNormPass``, ``FuseClampPass`` and
-``RemoveRedundantOpsTransform`` of ExecuTorch 1.5.1's ``VulkanBackend.preprocess`` are
-replaced by the rules of ``passes/vulkan/{addmm_to_linear,batch_norm,conv_clamp,
-redundant_ops}.py`` (:mod:`fusionkit.backends.vulkan_adapter.preprocess_rules`).
+``AddmmToLinearTransform`` (both runs), ``FuseBatchNormPass``, ``FuseClampPass``,
+``RemoveRedundantOpsTransform``, ``FuseViewCopyTransform`` and
+``ViewCopyToSqueezeUnsqueezePass`` of ExecuTorch 1.5.1's ``VulkanBackend.preprocess``
+are replaced by the rules of ``passes/vulkan/{addmm_to_linear,batch_norm,conv_clamp,
+redundant_ops,fuse_view_copy,view_to_squeeze}.py`` (:mod:`fusionkit.backends.vulkan_adapter.preprocess_rules`).
 A held-out model (convolutions with batch norms, relu / hardtanh / relu6 after
 convolutions, a conv1d with a batch norm, a linear with a batch norm, a plain linear
 (addmm), view chains, a clone and a no-op expand, a clamp) is lowered through the adapter twice: with the rules and
@@ -38,7 +39,8 @@ from fusionkit.backends.vulkan_adapter import runtime
 from fusionkit.integration import pass_gating
 
 REPLACED = ("AddmmToLinearTransform", "FuseBatchNormPass", "FuseClampPass",
-            "RemoveRedundantOpsTransform")
+            "RemoveRedundantOpsTransform", "FuseViewCopyTransform",
+            "ViewCopyToSqueezeUnsqueezePass")
 
 
 def _randomize(*bns: nn.Module) -> None:
@@ -134,6 +136,8 @@ def test_the_rules_run_instead_of_the_stock_passes(held_out: Any) -> None:
     assert rules.rule_counts["FuseClampPass"]["fused"] == 3
     assert rules.rule_counts["AddmmToLinearTransform"]["fused"] == 2  # the two addmm
     assert rules.rule_counts["RemoveRedundantOpsTransform"]["fused"] == 2  # clone, expand
+    assert rules.rule_counts["ViewCopyToSqueezeUnsqueezePass"]["fused"] == 1  # (1,4,16)->(4,16)
+    assert rules.rule_counts["FuseViewCopyTransform"]["fused"] == 1  # reshape(2,2,8).reshape(4,8)
     for name in REPLACED:
         assert name not in rules.pass_counts, f"{name} ran although its rules replace it"
         assert stock.pass_counts[name]["ran"] >= 1
@@ -237,3 +241,50 @@ def test_an_mm_of_a_permute_that_transposes_nothing_stays_an_mm() -> None:
     rules, stock = lower(model, inputs, True), lower(model, inputs, False)
     assert float((_simulated(rules, inputs) - want).abs().max()) <= 1e-4
     assert float((_simulated(stock, inputs) - want).abs().max()) > 1e-2
+
+
+class ViewChains(nn.Module):
+    """Views that add / drop size-1 dims, and views around unary ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.lin(x).reshape(2, 1, 8)  # adds dim 1
+        b = (a * 2.0).reshape(2, 8)  # drops dim 1
+        c = torch.relu(b.reshape(1, 2, 8)).reshape(2, 4, 2)  # view, unary, view
+        d = torch.sigmoid(torch.abs(c + 1.0).reshape(16)).reshape(2, 8, 1)
+        return d.reshape(2, 8) - 1.0
+
+
+def test_view_chains_give_the_stock_bytes_and_eager_values() -> None:
+    torch.manual_seed(3)
+    model, inputs = ViewChains().eval(), (torch.randn(2, 8),)
+    rules, stock = lower(model, inputs, True), lower(model, inputs, False)
+    assert rules.rule_counts["FuseViewCopyTransform"]["fused"] >= 2
+    assert rules.rule_counts["ViewCopyToSqueezeUnsqueezePass"]["fused"] >= 1
+    assert rules.pte == stock.pte
+    assert float((_simulated(rules, inputs) - _eager(model, inputs)).abs().max()) <= 1e-5
+
+
+class LinearBatchNormOutput(nn.Module):
+    """A batch norm whose output is the program's output (ExecuTorch's
+    test_vulkan_backend_batch_norm_after_linear): the output spec must follow the fold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.bn = nn.Linear(8, 8), nn.BatchNorm1d(8)
+        _randomize(self.bn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.lin(x))  # type: ignore[no-any-return]
+
+
+def test_a_folded_batch_norm_that_is_the_output() -> None:
+    torch.manual_seed(4)
+    model, inputs = LinearBatchNormOutput().eval(), (torch.randn(4, 8),)
+    rules, stock = lower(model, inputs, True), lower(model, inputs, False)
+    assert rules.rule_counts["FuseBatchNormPass"]["fused"] == 1
+    assert rules.pte == stock.pte
+    assert float((_simulated(rules, inputs) - _eager(model, inputs)).abs().max()) <= 1e-5

@@ -12,8 +12,10 @@ including ones whose weight is not a constant, which the runtime then aborts on.
 :func:`install` removes the entries listed in :data:`TAKEN_OVER_PATTERNS` from
 that dict (fusionkit's ``transform_passes()`` does their job, with
 constraints), so neither the partitioner nor preprocess fuses anything on its
-own. It also installs :mod:`.constant_serializer` (constants that are views
-serialized as themselves, not as their whole base storage). Everything is one
+own. It also puts fusionkit rules in place of six of ``VulkanBackend.preprocess``'s
+rewrite passes (:mod:`.preprocess_rules`), gates the passes left (:mod:`.pass_gates`)
+and installs :mod:`.constant_serializer` (constants that are views serialized as
+themselves, not as their whole base storage). Everything is one
 :class:`~fusionkit.integration.hooks.PatchSet`: :func:`uninstall` puts the very
 same entry objects back, in their order (and uninstalls the serializer if this
 install put it in). Both are idempotent; ``install()`` also works as a context manager that restores the

@@ -74,23 +74,6 @@ def _squeeze_inputs(ep: Any, p: Any) -> bool:
                for n in nodes(ep, *p._squeezable_ops))
 
 
-def _fuse_view_copy(ep: Any, p: Any) -> bool:
-    """transforms/fuse_view_copy.py: a view_copy with a later view_copy in its chain
-    (its own ``_find_view_copy_chain``)."""
-    ops = [*p.UNARY_ELEMENTWISE_OPS, p.VIEW_OP]
-    return any(len(p._find_view_copy_chain(n, ops)) > 0 for n in nodes(ep, p.VIEW_OP))
-
-
-def _view_to_squeeze(ep: Any, p: Any) -> bool:
-    """transforms/view_copy_to_squeeze_unsqueeze.py: a view_copy its own
-    ``find_squeeze_dims`` / ``find_unsqueeze_dim`` turn into (un)squeeze (same truthiness)."""
-    for n in nodes(ep, p.view_copy_op):
-        shape, view = arg(n, 0).meta["val"].shape, arg(n, 1)
-        if p.find_squeeze_dims(shape, view) or p.find_unsqueeze_dim(shape, view):
-            return True
-    return False
-
-
 def _asserts(ep: Any, p: Any) -> bool:
     """vulkan/_passes/remove_asserts.py: erases assert ops."""
     return present(ep, *p.assert_ops)
@@ -99,8 +82,9 @@ def _asserts(ep: Any, p: Any) -> bool:
 # ----------------------------------------------------------------------------- the table
 
 #: ``module.QualName`` of a pass class of ``vulkan_preprocess.apply_passes`` -> its gate.
-#: ``AddmmToLinearTransform``, ``FuseBatchNormPass``, ``FuseClampPass`` and
-#: ``RemoveRedundantOpsTransform`` have none: fusionkit rules run in their place
+#: ``AddmmToLinearTransform``, ``FuseBatchNormPass``, ``FuseClampPass``,
+#: ``RemoveRedundantOpsTransform``, ``FuseViewCopyTransform`` and
+#: ``ViewCopyToSqueezeUnsqueezePass`` have none: fusionkit rules run in their place
 #: (:mod:`.preprocess_rules`), and a rule whose ops are absent costs nothing
 PASS_GATES: GateTable = {
     "executorch.backends.vulkan._passes.insert_dtype_promotion.InsertDtypePromotionPass":
@@ -114,10 +98,6 @@ PASS_GATES: GateTable = {
         retracing(_fold_qdq, dce=True),
     "executorch.backends.vulkan._passes.squeeze_unsqueeze_inputs.SqueezeUnsqueezeInputs":
         retracing(_squeeze_inputs),
-    "executorch.backends.transforms.fuse_view_copy.FuseViewCopyTransform":
-        PassGate(_fuse_view_copy, retraces=True),
-    "executorch.backends.transforms.view_copy_to_squeeze_unsqueeze.ViewCopyToSqueezeUnsqueezePass":
-        PassGate(_view_to_squeeze, retraces=True),
     "executorch.exir.passes.spec_prop_pass.SpecPropPass": PassGate(None, retraces=True),
     "executorch.backends.vulkan._passes.remove_asserts.RemoveAssertsTransform":
         PassGate(_asserts, always_modified=True, dce=True),

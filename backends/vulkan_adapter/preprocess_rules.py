@@ -56,6 +56,8 @@ class StockPass:
     drop_dead_constants: bool = True
     #: the stock pass ends with FX dead-code elimination, found something or not
     dead_code_elimination: bool = False
+    #: ... only when it rewrote something
+    dead_code_elimination_if_changed: bool = False
     #: op keys on which the stock pass runs instead (a rewrite not written as a rule)
     fallback_ops: frozenset[str] = frozenset()
 
@@ -73,6 +75,12 @@ STOCK_PASSES: dict[str, StockPass] = {
     "RemoveRedundantOpsTransform": StockPass(
         "executorch.backends.vulkan._passes.remove_redundant_ops.RemoveRedundantOpsTransform",
         drop_dead_constants=False, dead_code_elimination=True),
+    "ViewCopyToSqueezeUnsqueezePass": StockPass(
+        "executorch.backends.transforms.view_copy_to_squeeze_unsqueeze."
+        "ViewCopyToSqueezeUnsqueezePass", drop_dead_constants=False),
+    "FuseViewCopyTransform": StockPass(
+        "executorch.backends.transforms.fuse_view_copy.FuseViewCopyTransform",
+        drop_dead_constants=False, dead_code_elimination_if_changed=True),
 }
 
 #: rounds of one rule pass at most (a rewrite can make the next one possible: the linear
@@ -161,7 +169,8 @@ class RulePass:
             fused += len(applied)
             if len(applied) < len(ms.accepted):
                 break  # a replacement failed (undone alone): do not try it again
-        if self.spec.dead_code_elimination:
+        if self.spec.dead_code_elimination or (self.spec.dead_code_elimination_if_changed
+                                               and fused):
             program.graph_module.graph.eliminate_dead_code()
             program.graph_module.recompile()
         self._count("runs", 1)

@@ -32,7 +32,7 @@ RULE_MODULES: tuple[str, ...] = (
 #: rules replacing rewrite passes of ``VulkanBackend.preprocess`` (set ``"vulkan_preprocess"``,
 #: run by the adapter inside preprocess, not by ``transform_passes()``)
 PREPROCESS_RULE_MODULES: tuple[str, ...] = ("addmm_to_linear", "batch_norm", "conv_clamp",
-                                             "redundant_ops")
+                                             "fuse_view_copy", "redundant_ops", "view_to_squeeze")
 for _module in (*RULE_MODULES, *PREPROCESS_RULE_MODULES):
     importlib.import_module(f"{__name__}.{_module}")
 

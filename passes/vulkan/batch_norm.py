@@ -38,6 +38,7 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
+from torch.export.graph_signature import ExportGraphSignature, OutputSpec, TensorArgument
 from torch.fx import Node
 
 from fusionkit import (
@@ -140,10 +141,27 @@ def _fold(rw: Rewriter, c: Mapping[str, Any], is_conv: bool) -> Node:
     # they read the folded op instead and go (the journal sees both changes). Patterns
     # name operator overloads, not getitem, so the match's root is the batch norm, whose
     # tuple nothing reads now: it stands for itself and is erased with the claimed nodes
+    renamed = {}
     for item in list(rw.root.users):
         item.replace_all_uses_with(new)
+        renamed[item.name] = new.name
         rw.graph.erase_node(item)
+    if renamed and rw.ep is not None and rw.graph is rw.ep.graph_module.graph:
+        _rename_outputs(rw.ep, renamed)
     return rw.root
+
+
+def _rename_outputs(ep: Any, renamed: Mapping[str, str]) -> None:
+    """A getitem that was a program output: its output spec names the folded op now.
+
+    (The constants added above made the journal snapshot the signature first, so an
+    undone match restores it.)"""
+    sig = ep.graph_signature
+    if not any(getattr(s.arg, "name", None) in renamed for s in sig.output_specs):
+        return
+    outs = [OutputSpec(s.kind, TensorArgument(renamed[s.arg.name]), s.target)
+            if getattr(s.arg, "name", None) in renamed else s for s in sig.output_specs]
+    ep._graph_signature = ExportGraphSignature(sig.input_specs, outs)
 
 
 def _output_only(ctx: CheckContext) -> str | None:

@@ -1,0 +1,117 @@
+"""A ``view_copy`` that only drops or adds size-1 dims -> ``squeeze_copy`` / ``unsqueeze_copy``.
+
+Replaces ``ViewCopyToSqueezeUnsqueezePass``
+(``executorch/backends/transforms/view_copy_to_squeeze_unsqueeze.py``, run by
+``VulkanBackend.preprocess`` of ExecuTorch 1.5.1): ``view_copy(x, shape)`` whose shape is
+``x``'s with some size-1 dims removed -> ``squeeze_copy.dims(x, dims)``; with one size-1
+dim added -> ``unsqueeze_copy(x, dim)``. The dims are found as the stock pass finds
+them (a left-to-right walk over both shapes), and so is what it leaves alone: a view
+adding a dim at position 0 stays a view (the stock pass tests the found dim for truth,
+and 0 is false), as does a view whose shape holds ``-1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, int_list, op
+from fusionkit.passes.registry import register_rules
+
+from ._common import constraint
+
+VIEW = "aten.view_copy.default"
+SQUEEZE = "aten.squeeze_copy.dims"
+UNSQUEEZE = "aten.unsqueeze_copy.default"
+
+STOCK_PASS = "ViewCopyToSqueezeUnsqueezePass"
+
+
+def squeeze_dims(shape: Sequence[int], view: Sequence[int]) -> list[int] | None:
+    """The dims of ``shape`` (all of size 1) whose removal gives ``view``, else None."""
+    if len(shape) <= len(view):
+        return None
+    i = j = 0
+    dims: list[int] = []
+    while i < len(shape) and j < len(view):
+        if shape[i] == view[j]:
+            i, j = i + 1, j + 1
+        elif shape[i] == 1:
+            dims.append(i)
+            i += 1
+        else:
+            return None
+    return dims if i == len(shape) and j == len(view) else None
+
+
+def unsqueeze_dim(shape: Sequence[int], view: Sequence[int]) -> int | None:
+    """The dim of ``view`` (of size 1) whose insertion into ``shape`` gives ``view``,
+    ``-1`` when it is the last one matched so, else None (the stock pass's walk)."""
+    if len(view) - len(shape) != 1:
+        return None
+    i = j = 0
+    dim = -1
+    while j < len(view):
+        if i == j and j == len(shape):
+            if view[j] != 1:
+                return None
+        elif shape[i] != view[j]:
+            if view[j] != 1:
+                return None
+            dim = j
+            i -= 1
+        i, j = i + 1, j + 1
+    return dim
+
+
+def _shape(ctx: CheckContext) -> list[int] | None:
+    x = ctx.captures["x"]
+    val = x.meta.get("val") if isinstance(x, Node) else None
+    return list(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _squeezes(ctx: CheckContext) -> str | None:
+    shape, view = _shape(ctx), list(ctx.captures["shape"])
+    if shape is None or not squeeze_dims(shape, view):
+        return f"the view {shape} -> {view} does not only drop size-1 dims"
+    return None
+
+
+def _unsqueezes(ctx: CheckContext) -> str | None:
+    shape, view = _shape(ctx), list(ctx.captures["shape"])
+    if shape is None or not unsqueeze_dim(shape, view):  # 0: left as a view, as stock does
+        return f"the view {shape} -> {view} does not add one size-1 dim after dim 0"
+    return None
+
+
+def _to_squeeze(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    dims = squeeze_dims(list(c["x"].meta["val"].shape), list(c["shape"]))
+    return rw.call(SQUEEZE, c["x"], dims)
+
+
+def _to_unsqueeze(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+    dim = unsqueeze_dim(list(c["x"].meta["val"].shape), list(c["shape"]))
+    return rw.call(UNSQUEEZE, c["x"], dim)
+
+
+@register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
+def view_to_squeeze_rules() -> list[Rule]:
+    """view_copy dropping / adding size-1 dims -> squeeze_copy.dims / unsqueeze_copy."""
+    pattern = op(VIEW, capture("x"), int_list(name="shape"))
+    reads = frozenset({"x", "shape"})
+    return [
+        Rule(name="view_to_squeeze", pattern=pattern,
+             constraints=[constraint("drops_size1_dims", "x", "shape")(_squeezes)],
+             replacement=PythonReplacement(_to_squeeze, reads),
+             description="a view_copy that only drops size-1 dims is a squeeze_copy"),
+        Rule(name="view_to_unsqueeze", pattern=pattern,
+             constraints=[constraint("adds_one_size1_dim", "x", "shape")(_unsqueezes)],
+             replacement=PythonReplacement(_to_unsqueeze, reads),
+             description="a view_copy that only adds one size-1 dim is an unsqueeze_copy"),
+    ]
+
+
+__all__ = ["STOCK_PASS", "squeeze_dims", "unsqueeze_dim", "view_to_squeeze_rules"]

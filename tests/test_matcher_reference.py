@@ -41,7 +41,9 @@ class CastBlock(torch.nn.Module):
         h = h + y * 2.0
         g = torch.rsqrt(h.mean(-1, keepdim=True) + 1e-6) * h
         c = torch.cat([g, y], dim=-1)
-        return (c[..., :D] * self.w).to(torch.float16) + torch.relu(g).to(torch.float16)
+        # x * 0.5 on the fp16 input: to_edge lifts 0.5 to float32 and casts it to float16
+        return ((c[..., :D] * self.w).to(torch.float16) + torch.relu(g).to(torch.float16)
+                + x * 0.5)
 
 
 def _corpus() -> dict[str, ExportedProgram]:
@@ -130,6 +132,9 @@ def _pattern_from(node: Any, draw: Any, depth: int, all_keys: list[str]) -> Any:
             return lit(node)
         except Exception:
             return capture(draw(st.sampled_from(names)))
+    if draw(st.integers(0, 5)) == 0:  # a literal where the graph has a node: a lifted
+        # constant (or a cast of one) compared in its dtype, or a mismatch
+        return lit(draw(st.sampled_from([0.5, 2.0, 1e-6, 7])))
     kind = draw(st.sampled_from(["op", "op", "op", "capture", "through", "alt", "wrong_op"]))
     if depth <= 0 or node.op != "call_function" or kind == "capture":
         return capture(draw(st.sampled_from(names)))
@@ -174,6 +179,24 @@ def test_generated_patterns_agree_with_the_reference(generated_graph: ExportedPr
     for node in calls:  # at its own root and everywhere else (near misses)
         new, old = _both(pattern, node, inputs)
         assert new == old, f"{pattern!r} at {node.name}"
+
+
+def test_literals_on_lifted_and_cast_constants_agree_with_the_reference(
+        generated_graph: ExportedProgram) -> None:
+    """``x * 0.5`` on fp16 ``x``: the literal meets a float32 constant cast to float16;
+    ``y * 2.0`` on fp32 ``y``: the float32 constant itself. Both matchers accept the
+    literal there and word the miss of another literal the same way."""
+    inputs = ProgramInputs(generated_graph)
+    muls = [n for n in generated_graph.graph.nodes if op_key(n.target) == "aten.mul.Tensor"]
+    accepted = 0
+    for value in (0.5, 2.0, 0.25):
+        for node in muls:
+            new, old = _both(op("aten.mul.Tensor", capture("a"), value), node, inputs)
+            assert new == old, (value, node.name)
+            accepted += bool(new[0])
+            if value == 0.25 and node.args and isinstance(node.args[1], Node):
+                assert "constant)" in new[3] or "not a 0-d constant" in new[3]
+    assert accepted >= 2  # 0.5 at the fp16 mul, 2.0 at the fp32 one
 
 
 # ---------------------------------------------------------- large patterns

@@ -286,6 +286,7 @@ NOT_YET_PARAMETERS = frozenset({
     "fusionkit.passes.vulkan.fuse_view_copy", "fusionkit.passes.vulkan.view_to_squeeze",
     "fusionkit.passes.xnnpack.fuse_activation", "fusionkit.passes.xnnpack.decompose_cat",
     "fusionkit.passes.xnnpack.conv1d_unsqueeze", "fusionkit.passes.xnnpack.insert_pad_qdq",
+    "fusionkit.passes.xnnpack.fuse_batch_norm",
 })
 
 

@@ -18,7 +18,7 @@ from torch.fx import Node
 from fusionkit.match.finder import MatchSet, find_matches
 from fusionkit.match.targets import op_key
 from fusionkit.program import ProgramLike, as_exported_program
-from fusionkit.result import MatchResult
+from fusionkit.result import MatchResult, Status, Step
 from fusionkit.rule import Rule
 
 __all__ = ["MatchResult", "WhyNot", "why_not"]
@@ -63,21 +63,21 @@ def why_not(ep: ProgramLike, rule: Rule | str, at: str | Node, *,
     ms = matches if matches is not None else find_matches(ep, rule_set, all_near_misses=True)
     for m in ms.accepted:
         if m.root is node and m.rule.name == name:
-            return WhyNot(name, node, "fused", "fused", None,
+            return WhyNot(name, node, Status.FUSED, Step.FUSED, None,
                           f"fused: {len(m.claimed)} nodes replaced", tuple(m.claimed), m)
     for m in ms.accepted:
         if node in m.claimed:
             what = "its root" if m.root is node else f"inside the match at `{m.root.name}`"
-            return WhyNot(name, node, "inside", "overlap", node,
+            return WhyNot(name, node, Status.INSIDE, Step.OVERLAP, node,
                           f"`{node.name}` is {what} of rule {m.rule.name}, which claimed it first",
                           tuple(m.claimed), m)
     for d in ms.declined:
         if d.root is node and d.rule == name:
             claimed = tuple(getattr(d, "claimed", ()) or (node,))
-            return WhyNot(name, node, "declined", d.step, d.node, d.reason, claimed, d)
+            return WhyNot(name, node, d.status, d.step, d.node, d.reason, claimed, d, d.error_type)
     key = op_key(node.target) if node.op == "call_function" else None
     want = " or ".join(sorted(the_rule.root_keys))
     got = key or (f"a {node.op} node" if node.op != "call_function" else str(node.target))
-    return WhyNot(name, node, "not_root", "root", node,
+    return WhyNot(name, node, Status.NOT_ROOT, Step.ROOT, node,
                   f"the rule's pattern is rooted at {want}; `{node.name}` is {got}",
                   (), None)

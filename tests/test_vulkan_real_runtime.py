@@ -113,3 +113,24 @@ def test_no_runtime_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     (entry / rt.LIBRARY).write_bytes(b"not a library")
     (entry / "SHA256SUMS").write_text(f"{'0' * 64}  {rt.LIBRARY}\n")
     assert rt.find_runtime() is None
+
+
+def test_fusionkit_run_reports_the_runtimes_verdict(
+        vulkan_runtime: Any, programs: dict[str, Any], tmp_path: Any,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from fusionkit.app.cli import main
+
+    good, bad = tmp_path / "good.pte", tmp_path / "seed.pte"
+    good.write_bytes(programs["matmul"][0])
+    bad.write_bytes(programs["cast"][0])
+    assert main(["run", str(good), "--backend", "vulkan", "--json"]) == 0
+    ok = json.loads(capsys.readouterr().out)
+    assert ok["status"] == "ok" and ok["check_problems"] == [] and ok["device"]
+    assert [o["shape"] for o in ok["outputs"]] == [[4, 4]]
+    assert main(["run", str(bad)]) == 1
+    text = capsys.readouterr().out
+    assert "the runtime refused it" in text and "(graph.val_is_tref(tensor_data)) is false!" in text
+    assert "check() agrees" in text  # check() predicted the refusal
+    assert main(["run", str(tmp_path / "missing.pte")]) == 2

@@ -102,7 +102,8 @@ def stock_partitioner(**kwargs: Any) -> Any:
 
 def lower(name: str, family: str, path: str, exported: Any, inputs: tuple[Any, ...],
           eager: Any, *, dtype: torch.dtype = torch.float32,
-          partitioner: Callable[[], Any] | None = None) -> Program:
+          partitioner: Callable[[], Any] | None = None,
+          tolerance: tuple[float, float] | None = None) -> Program:
     """Lower ``exported`` along ``path``, serialize it, record check() and the simulator.
 
     A stock lowering runs with the adapter uninstalled, as ExecuTorch alone would;
@@ -113,7 +114,7 @@ def lower(name: str, family: str, path: str, exported: Any, inputs: tuple[Any, .
     import fusionkit.backends.vulkan_adapter as va
     from fusionkit.backends.vulkan_adapter.inspect.simulator import SimulationError, unload
 
-    atol, rtol = TOLERANCE.get(dtype, (1e-4, 1e-4))
+    atol, rtol = tolerance or TOLERANCE.get(dtype, (1e-4, 1e-4))
     prog = Program(name, family, path, inputs, pytree.tree_leaves(eager), atol=atol, rtol=rtol)
     t0 = time.perf_counter()
     try:

@@ -362,3 +362,23 @@ def test_no_isinstance_dispatch_on_pattern_nodes_outside_their_classes() -> None
     assert unexpected == {}, "dispatch through PatternVisitor / the node's own methods"
     stale = set(NODE_DISPATCH_ALLOWED) - set(offenders)
     assert stale == set(), f"{sorted(stale)} no longer test node classes: remove from the list"
+
+
+def test_one_constant_names_the_tested_executorch_version() -> None:
+    """Only ``fusionkit.integration.hooks.TESTED_EXECUTORCH``; the adapters re-export it."""
+    defined = []
+    for module, path in MODULES.items():
+        for node in ast.parse(path.read_text(), str(path)).body:
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AnnAssign) else [])
+            defined += [f"{module}.{t.id}" for t in targets
+                        if isinstance(t, ast.Name) and "EXECUTORCH" in t.id]
+    assert defined == ["fusionkit.integration.hooks.TESTED_EXECUTORCH"]
+    from fusionkit.backends import vulkan_adapter, xnnpack_adapter
+    from fusionkit.integration.hooks import TESTED_EXECUTORCH
+
+    assert vulkan_adapter.TESTED_EXECUTORCH is xnnpack_adapter.TESTED_EXECUTORCH is TESTED_EXECUTORCH
+    with pytest.warns(DeprecationWarning, match="TESTED_EXECUTORCH"):
+        assert vulkan_adapter.TESTED_EXECUTORCH_VERSIONS is TESTED_EXECUTORCH  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match="TESTED_EXECUTORCH"):
+        assert xnnpack_adapter.SUPPORTED_EXECUTORCH == max(TESTED_EXECUTORCH)  # type: ignore[attr-defined]

@@ -22,11 +22,13 @@ Reading lowered programs lives in :mod:`.inspect`, imported only when used:
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
+
+from fusionkit.integration.hooks import TESTED_EXECUTORCH
 
 from .install import (
     TAKEN_OVER_PATTERNS,
-    TESTED_EXECUTORCH_VERSIONS,
     Installation,
     UnsupportedExecuTorchError,
     install,
@@ -50,6 +52,11 @@ _INSPECT: dict[str, str] = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "TESTED_EXECUTORCH_VERSIONS":
+        warnings.warn("TESTED_EXECUTORCH_VERSIONS is deprecated: use TESTED_EXECUTORCH (the one "
+                      "version constant, fusionkit.integration.hooks)", DeprecationWarning,
+                      stacklevel=2)
+        return TESTED_EXECUTORCH
     module = _INSPECT.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -71,7 +78,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PREPACKED_ARGS",
     "TAKEN_OVER_PATTERNS",
-    "TESTED_EXECUTORCH_VERSIONS",
+    "TESTED_EXECUTORCH",
     "FusedOpNotDelegatedError",
     "Installation",
     "PayloadError",

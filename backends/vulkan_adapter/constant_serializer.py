@@ -24,7 +24,6 @@ import torch
 
 from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.integration.hooks import (
-    TESTED_EXECUTORCH,
     Installation,
     PatchSet,
     UnsupportedExecuTorchError,
@@ -37,7 +36,6 @@ from fusionkit.integration.tensor_bytes import (
 
 __all__ = [
     "PATCHES",
-    "SUPPORTED_EXECUTORCH",
     "UnsupportedExecuTorchError",
     "install",
     "is_installed",
@@ -46,7 +44,6 @@ __all__ = [
     "uninstall",
 ]
 
-SUPPORTED_EXECUTORCH = max(TESTED_EXECUTORCH)
 _BUILDER = "executorch.backends.vulkan.serialization.vulkan_graph_builder"
 _SERIALIZE = "executorch.backends.vulkan.serialization.vulkan_graph_serialize"
 _UINT64_MAX = 18446744073709551615

@@ -42,7 +42,6 @@ __all__ = [
     "FUSED_IN_FUSE_PATTERNS_PASS",
     "TAKEN_OVER_PATTERNS",
     "TAKEOVER",
-    "TESTED_EXECUTORCH_VERSIONS",
     "Installation",
     "UnsupportedExecuTorchError",
     "executorch_version",
@@ -50,9 +49,6 @@ __all__ = [
     "is_installed",
     "uninstall",
 ]
-
-#: ExecuTorch versions whose Vulkan pattern registry this module was verified against
-TESTED_EXECUTORCH_VERSIONS: frozenset[str] = hooks.TESTED_EXECUTORCH
 
 #: stock Vulkan pattern name -> the fusionkit rule(s) that replace it. Every entry
 #: listed here is removed from ExecuTorch's registry by :func:`install`; its

@@ -10,7 +10,11 @@ Drop-in::
 :class:`XnnpackPartitioner` takes exactly what ExecuTorch's takes; the
 partitions it makes are preprocessed with fusionkit's XNNPACK constant serializer,
 so every constant XNNPACK serializes – including those its own preprocess passes
-create – is written from the tensor's own bytes. Nothing else in the process
+create – is written from the tensor's own bytes, and XNNPACK's pattern-rewrite passes
+(activation fusion, concatenate decomposition, 1-D convolutions, ...) are run as the
+fusionkit rules of :mod:`fusionkit.passes.xnnpack` in the stock passes' place
+(:mod:`.preprocess_rules`; the payload is byte-identical, except where a stock pass was
+wrong: see ``docs/xnnpack-rules.md``). Nothing else in the process
 changes: a stock lowering beside it is untouched. :func:`install` (idempotent,
 ``with install():`` scopes it) puts the serializer in place process-wide, for
 stock partitioners too, until :func:`uninstall`. :func:`transform_passes` adds :class:`~fusionkit.integration.compact_constants.CompactConstantsPass`,
@@ -20,13 +24,16 @@ any backend; not needed for correctness with this adapter).
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 from executorch.exir.pass_base import ExportedProgramPassBase
 
 from fusionkit.integration.compact_constants import CompactConstantsPass
+from fusionkit.integration.hooks import TESTED_EXECUTORCH
 
 from .partitioner import XnnpackPartitioner
 from .serializer import (
-    SUPPORTED_EXECUTORCH,
     Installation,
     UnsupportedExecuTorchError,
     install,
@@ -35,7 +42,7 @@ from .serializer import (
 )
 
 __all__ = [
-    "SUPPORTED_EXECUTORCH",
+    "TESTED_EXECUTORCH",
     "CompactConstantsPass",
     "Installation",
     "UnsupportedExecuTorchError",
@@ -45,6 +52,14 @@ __all__ = [
     "transform_passes",
     "uninstall",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SUPPORTED_EXECUTORCH":
+        warnings.warn("SUPPORTED_EXECUTORCH is deprecated: use TESTED_EXECUTORCH (the one version "
+                      "constant, fusionkit.integration.hooks)", DeprecationWarning, stacklevel=2)
+        return max(TESTED_EXECUTORCH)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def transform_passes(compact_constants: bool = True) -> list[ExportedProgramPassBase]:

@@ -30,7 +30,6 @@ from torch.export import ExportedProgram
 
 from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.integration.hooks import (
-    TESTED_EXECUTORCH,
     Installation,
     PatchSet,
     UnsupportedExecuTorchError,
@@ -46,7 +45,6 @@ from . import pass_gates, preprocess_rules
 
 __all__ = [
     "PATCHES",
-    "SUPPORTED_EXECUTORCH",
     "Installation",
     "UnsupportedExecuTorchError",
     "constant_tensor",
@@ -57,8 +55,6 @@ __all__ = [
     "is_installed",
     "uninstall",
 ]
-
-SUPPORTED_EXECUTORCH = max(TESTED_EXECUTORCH)
 
 
 _NV = "executorch.backends.xnnpack.operators.node_visitor"

@@ -53,7 +53,7 @@ def _patchable_objects() -> dict[str, Any]:
     takeover = importlib.import_module("fusionkit.backends.vulkan_adapter.install").TAKEOVER
     for patches in (takeover, vk.constant_serializer.PATCHES, xa.serializer.PATCHES,
                     vulkan_gates.PATCHES, xnnpack_gates.PATCHES,
-                    vk.preprocess_rules.PATCHES):
+                    vk.preprocess_rules.PATCHES, xa.preprocess_rules.TAKEOVER):
         for owner, name, _ in patches._patches():
             if not isinstance(owner, dict):
                 objects[f"{getattr(owner, '__name__', owner)}.{name}"] = vars(owner).get(

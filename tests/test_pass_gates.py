@@ -260,9 +260,9 @@ def test_the_corpus_triggers_the_gated_passes(lowered: Any) -> None:
         for cls, c in lowered(backend, name)[1].counts.items():
             if c["ran"]:
                 ran.setdefault(backend, set()).add(cls)
-    assert {"FuseBatchNormPass", "DecomposeBatchNorm", "FuseActivationPass",
-            "DecomposeConcatenate", "Conv1dUnsqueezePass", "InsertPadQDQPass",
-            "ConvertToUpsampleBilinear2d", "RemoveRedundantCopyPass"} <= ran["xnnpack"]
+    assert {"DecomposeBatchNorm", "RemoveRedundantCopyPass"} <= ran["xnnpack"]
+    # fusionkit rules run in their place inside XNNPACK preprocess (preprocess_rules)
+    assert not set(xa.preprocess_rules.TAKEN_OVER_PASSES) & ran["xnnpack"]
     # fusionkit rules run in their place inside Vulkan preprocess (preprocess_rules)
     assert not set(vk.preprocess_rules.TAKEN_OVER_PASSES) & ran["vulkan"]
 
@@ -305,10 +305,10 @@ def _with_gate(monkeypatch: pytest.MonkeyPatch, cls_name: str, trigger: Any) -> 
 @pytest.mark.slow
 def test_a_wrong_gate_is_caught_by_checking_and_by_the_bytes(
         monkeypatch: pytest.MonkeyPatch, lowered: Any, cases: Any) -> None:
-    """A gate that says 'nothing to do' where the pass folds a batch norm: checking()
+    """A gate that says 'nothing to do' where the pass decomposes a batch norm: checking()
     raises, and without it the bytes differ -- both proofs above can fail."""
     off, _ = lowered("xnnpack", "activations")
-    _with_gate(monkeypatch, "FuseBatchNormPass", lambda ep, p: False)
+    _with_gate(monkeypatch, "DecomposeBatchNorm", lambda ep, p: False)
     with pytest.raises(Exception) as info:
         lower(cases("activations"), "xnnpack", True)
     chain, e = [], info.value
@@ -321,7 +321,7 @@ def test_a_wrong_gate_is_caught_by_checking_and_by_the_bytes(
     prog = to_edge_transform_and_lower(cases("activations").export(),
                                        transform_passes=xa.transform_passes(),
                                        partitioner=[xa.XnnpackPartitioner()])
-    assert pass_gating.counts()["FuseBatchNormPass"]["skipped"] > 0
+    assert pass_gating.counts()["DecomposeBatchNorm"]["skipped"] > 0
     assert bytes(prog.to_executorch().buffer) != off.pte
 
 
@@ -332,10 +332,10 @@ def test_a_gate_that_raises_lets_its_pass_run(monkeypatch: pytest.MonkeyPatch, l
     def broken(ep: Any, p: Any) -> bool:
         raise RuntimeError("gate bug")
 
-    for cls in ("ConvertToSDPAPass", "ConstPropPass", "FuseBatchNormPass"):
+    for cls in ("ConvertToSDPAPass", "ConstPropPass", "DecomposeBatchNorm"):
         _with_gate(monkeypatch, cls, broken)
     on = lower(cases("quantized"), "xnnpack", True)
-    for cls in ("ConvertToSDPAPass", "ConstPropPass", "FuseBatchNormPass"):
+    for cls in ("ConvertToSDPAPass", "ConstPropPass", "DecomposeBatchNorm"):
         assert on.counts[cls]["skipped"] == 0 and on.counts[cls]["ran"] > 0
     assert on.pte == off.pte
 
@@ -434,6 +434,9 @@ def test_every_default_xnnpack_pass_is_in_the_table() -> None:
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
 
     for cls in XNNPACKPassManager(None).passes:  # type: ignore[arg-type]
+        if cls.__name__ in xa.preprocess_rules.TAKEN_OVER_PASSES:  # run as rules: no gate
+            assert f"{cls.__module__}.{cls.__qualname__}" not in xnnpack_gates.PASS_GATES
+            continue
         assert f"{cls.__module__}.{cls.__qualname__}" in xnnpack_gates.PASS_GATES, cls
 
 

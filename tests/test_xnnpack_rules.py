@@ -7,7 +7,7 @@ pattern passes) and through ExecuTorch 1.5.1's own partitioner (fusionkit
 uninstalled). The delegate payloads must be byte-identical -- except where a test
 below shows a stock bug the rules fix -- and both ``.pte`` run (portable_lib) equal
 to eager PyTorch. The mixed model is written for this file (not one of ExecuTorch's op
-tests, not the issue's model): conv + relu, ReLU6 (hardtanh) after a conv, a residual
+tests, not the issue's model): conv + batch norm + relu, ReLU6 (hardtanh) after a conv, a residual
 add + relu, mul + hardtanh, a 7-way concatenation, 1-D convolutions, a bilinear
 upsample, PReLU and linear + relu.
 """
@@ -79,7 +79,7 @@ def lower(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], mode: str) -
         pr.reset_counts()
         xa.uninstall()
         part: Any = XnnpackPartitioner() if mode == "rules" else StockXnnpackPartitioner()
-        ep = torch.export.export(model.eval(), inputs)
+        ep = torch.export.export(model, inputs)
         try:
             epm = to_edge_transform_and_lower(ep, partitioner=[part])
         except Exception as e:  # a stock failure is a finding; ours would fail the test
@@ -108,6 +108,11 @@ class MixedNet(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        with torch.no_grad():  # statistics a trained model would have
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 1.5)
+            self.bn.weight.uniform_(0.5, 1.5)
         self.branch = torch.nn.Conv2d(8, 8, 1)
         self.prelu = torch.nn.PReLU(8)
         self.seq = torch.nn.Conv1d(8, 6, 3, padding=1)
@@ -115,7 +120,7 @@ class MixedNet(torch.nn.Module):
         self.head = torch.nn.Linear(16, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = torch.relu(self.stem(x))                       # conv + relu
+        a = torch.relu(self.bn(self.stem(x)))              # conv + batch norm + relu
         b = F.relu6(self.branch(a))                        # conv + hardtanh(0, 6)
         c = torch.relu(a + b)                              # add + relu
         d = F.hardtanh(c * 0.5, -0.5, 0.5)                 # mul + hardtanh
@@ -149,11 +154,48 @@ class SharedConv1d(torch.nn.Module):
         return self.conv(torch.relu(self.conv(x)))
 
 
+class QuantizedMixedNet(torch.nn.Module):
+    """Quantized (pt2e, XNNPACKQuantizer) convs: conv2d + relu, a zero pad, a 1-D
+    convolution + relu on the flattened rows, and a 6-way concatenation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3)
+        self.seq = torch.nn.Conv1d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.relu(self.conv(x))                        # [1, 8, 8, 8]
+        b = self.conv2(F.pad(a, (1, 1, 1, 1)))              # zero pad, then conv
+        s = torch.relu(self.seq(b.reshape(1, 8, 64)))       # conv1d + relu
+        t = s.reshape(1, 8, 8, 8)
+        return torch.cat([a, b, t, a, b, t], 1)             # 6 inputs
+
+
+def _quantized(model: torch.nn.Module, shape: tuple[int, ...]) -> torch.nn.Module:
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = XNNPACKQuantizer().set_global(
+        get_symmetric_quantization_config(is_per_channel=True))
+    prepared = prepare_pt2e(torch.export.export(model.eval(), (torch.randn(*shape),)).module(),
+                            quantizer)
+    for _ in range(4):
+        prepared(torch.randn(*shape))
+    return convert_pt2e(prepared)  # type: ignore[no-any-return]
+
+
 CASES: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...]]] = {
     "mixed": (MixedNet, (1, 3, 8, 8)),
     "relu_then_hardtanh": (ReluThenHardtanh, (1, 3, 8, 8)),
     "shared_conv1d": (SharedConv1d, (1, 4, 16)),
+    "quantized": (lambda: _quantized(QuantizedMixedNet(), (1, 4, 8, 8)), (1, 4, 8, 8)),
 }
+#: int8 requantization: a value may land one output step away
+QUANT_TOL = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +203,9 @@ def lowered() -> dict[str, tuple[torch.Tensor, Lowered, Lowered]]:
     out = {}
     for name, (make, shape) in CASES.items():
         torch.manual_seed(0)
-        model = make().eval()
+        model = make()
+        if not isinstance(model, torch.fx.GraphModule):  # (a converted pt2e model has no eval)
+            model = model.eval()
         inputs = (torch.randn(*shape),)
         with torch.no_grad():
             ref = model(*inputs)
@@ -201,6 +245,7 @@ def test_mixed_model_rules_ran_in_place_of_the_stock_passes(lowered: Any) -> Non
     assert fused["FuseActivationPass"] == 7, fused
     assert fused["DecomposeConcatenate"] == 1, fused
     assert fused["Conv1dUnsqueezePass"] == 2, fused
+    assert fused["FuseBatchNormPass"] == 1, fused
     # the stock lowering ran them (the counter sees a stock run)
     assert stock.stock_calls.get("FuseActivationPass", 0) >= 1
     assert stock.stock_calls.get("DecomposeConcatenate", 0) >= 1
@@ -225,6 +270,22 @@ def test_stock_fails_on_a_shared_conv1d_weight_the_rule_lowers_it(lowered: Any) 
     assert ours.error is None
     assert ours.err(ref) < TOL
     assert ours.rule_counts["Conv1dUnsqueezePass"]["fused"] == 2
+
+
+def test_quantized_model_delegate_is_byte_identical_to_stock(lowered: Any) -> None:
+    """Quantized convs: the conv1d rule's and the cat rule's implicit Q/DQ pairs and relu
+    fused into quantized convs give stock's bytes (the pad stays fp32 here: the quantizer
+    does not annotate it; the op tests bring a quantized pad)."""
+    ref, ours, stock = lowered["quantized"]
+    assert ours.error is None and stock.error is None, (ours.error, stock.error)
+    assert ours.payloads and ours.payloads == stock.payloads
+    assert ours.named == stock.named
+    assert ours.err(ref) < QUANT_TOL and stock.err(ref) < QUANT_TOL
+    fused = {name: c["fused"] for name, c in ours.rule_counts.items()}
+    assert fused.get("Conv1dUnsqueezePass", 0) >= 1, fused
+    assert fused.get("DecomposeConcatenate", 0) >= 1, fused
+    assert fused.get("FuseActivationPass", 0) >= 1, fused
+    assert ours.stock_calls == {}, ours.stock_calls
 
 
 def test_rules_disabled_run_the_stock_passes() -> None:

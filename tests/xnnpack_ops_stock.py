@@ -75,28 +75,51 @@ SUBSET: dict[str, str] = {
     "test_add.py::TestAdd::test_fp32_add_constant": "a lifted constant",
     "test_add.py::TestAdd::test_qs8_add_relu": "quantized add + relu",
     "test_bmm.py::TestBMM::test_fp32_bmm": "bmm",
+    # the rules fusionkit runs in place of stock passes (preprocess_rules), quantized too
+    "test_conv1d.py::TestConv1d::test_qs8_conv1d": "Conv1dUnsqueezePass rule (Q/DQ pairs)",
+    "test_conv1d.py::TestConv1d::test_fp32_conv1d_batchnorm_seq": "conv1d rule + batch norm",
+    "test_conv2d.py::TestConv2d::test_qs8_conv2d_relu": "FuseActivationPass rule (quantized)",
+    "test_conv2d.py::TestConv2d::test_qs8_conv2d_relu_multi_users": "activation not fused",
+    "test_conv2d.py::TestConv2d::test_fp32_conv2d_bn_hardtanh_mean_sequence":
+        "bn then hardtanh rule",
+    "test_hardtanh.py::TestHardTanh::test_fp32_hardtanh": "hardtanh alone",
+    "test_cat.py::TestCat::test_qs8_cat_gt_5": "DecomposeConcatenate rule (implicit Q/DQ)",
+    "test_conv2d.py::TestConv2d::test_qs8_conv2d_even_kernel_same_padding":
+        "InsertPadQDQPass rule (the 'same' pad of an even kernel, quantized)",
 }
 
 #: test -> passes whose trigger its partitions hold (read from the pass's source): the gate
 #: must have let each of them run at least once in that test
 MUST_RUN: dict[str, tuple[str, ...]] = {
     "test_linear.py::TestLinear::test_fp32_addmm": ("ConvertToLinearPass",),
-    "test_conv2d.py::TestConv2d::test_fp32_conv2d_bn": ("FuseBatchNormPass",),
-    "test_conv1d.py::TestConv1d::test_fp32_conv1d": ("Conv1dUnsqueezePass",),
-    "test_batch_norm.py::TestBatchNorm::test_fp32_conv2d_batch_norm_fused":
-        ("FuseBatchNormPass",),
     "test_batch_norm.py::TestBatchNorm::test_fp32_batch_norm_nchw": ("DecomposeBatchNorm",),
     "test_batch_norm.py::TestBatchNorm::test_fp32_linear_relu_batch_norm":
-        ("DecomposeBatchNorm", "FuseActivationPass"),
-    "test_cat.py::TestCat::test_fp32_cat_gt_5": ("DecomposeConcatenate",),
-    "test_bilinear2d.py::TestUpsampleBilinear2d::test_fp32_static_resize_bilinear2d":
-        ("ConvertToUpsampleBilinear2d",),
-    "test_static_constant_pad.py::TestStaticConstantPad::test_qs8_static_constant_pad_2d":
-        ("InsertPadQDQPass",),
+        ("DecomposeBatchNorm",),
     "test_clone.py::TestClone::test_fp32_clone_with_contiguous_format":
         ("DimOrderOpsRevertPass",),
+}
+
+#: test -> stock passes whose fusionkit rules must have fused something in that test (they
+#: run in the stock pass's place: preprocess_rules.TAKEN_OVER_PASSES)
+MUST_FUSE: dict[str, tuple[str, ...]] = {
+    "test_conv1d.py::TestConv1d::test_fp32_conv1d": ("Conv1dUnsqueezePass",),
+    "test_conv1d.py::TestConv1d::test_qs8_conv1d": ("Conv1dUnsqueezePass",),
+    "test_conv1d.py::TestConv1d::test_fp32_conv1d_batchnorm_seq":
+        ("Conv1dUnsqueezePass", "FuseBatchNormPass"),
+    "test_batch_norm.py::TestBatchNorm::test_fp32_linear_relu_batch_norm":
+        ("FuseActivationPass",),
+    "test_cat.py::TestCat::test_fp32_cat_gt_5": ("DecomposeConcatenate",),
+    "test_cat.py::TestCat::test_qs8_cat_gt_5": ("DecomposeConcatenate",),
+    "test_conv2d.py::TestConv2d::test_qs8_conv2d_even_kernel_same_padding":
+        ("InsertPadQDQPass",),
+    "test_conv2d.py::TestConv2d::test_fp32_conv2d_bn": ("FuseBatchNormPass",),
+    "test_batch_norm.py::TestBatchNorm::test_fp32_conv2d_batch_norm_fused":
+        ("FuseBatchNormPass",),
     "test_add.py::TestAdd::test_fp32_add_relu": ("FuseActivationPass",),
     "test_add.py::TestAdd::test_qs8_add_relu": ("FuseActivationPass",),
+    "test_conv2d.py::TestConv2d::test_qs8_conv2d_relu": ("FuseActivationPass",),
+    "test_conv2d.py::TestConv2d::test_fp32_conv2d_bn_hardtanh_mean_sequence":
+        ("FuseActivationPass",),
 }
 
 #: tests of SUBSET whose stock outcome (no fusionkit) in this environment is not "passed":
@@ -143,6 +166,10 @@ def expected_shard(shard: int) -> list[str]:
 def check_shard(shard: int, tmp: Path) -> None:
     which = "full" if os.environ.get(OPT_OUT) == "full" else "subset"
     proc, data = run_shard(shard, tmp, which=which)
+    record = os.environ.get("FUSIONKIT_XNNPACK_RECORD")  # a folder: keep the figures
+    if record:
+        Path(record).mkdir(parents=True, exist_ok=True)
+        (Path(record) / f"shard-{shard}.json").write_text(json.dumps(data, indent=1))
     tail = (proc.stdout + proc.stderr)[-8000:]
     assert data, tail
     selected = data["selected"]
@@ -174,6 +201,12 @@ def check_shard(shard: int, tmp: Path) -> None:
     # storage (these tests have no view constants): the whole preprocess is byte-identical
     assert twin["stock_mismatches"] == [], twin["stock_mismatches"]
     assert twin["stock_identical"] == twin["preprocess_calls"], twin
+    # the rules in place of the stock pattern passes: the same bytes too
+    assert twin["rules_off_mismatches"] == [], twin["rules_off_mismatches"]
+    assert twin["rules_off_identical"] == twin["preprocess_calls"], twin
+    not_fused = {(t, p) for t in selected for p in MUST_FUSE.get(t, ())
+                 if data["rules_by_test"][t].get(p, {}).get("fused", 0) == 0}
+    assert not not_fused, not_fused
     assert skipped >= 6 * twin["preprocess_calls"], data["gate_counts"]
     assert ran >= twin["preprocess_calls"], data["gate_counts"]  # ChannelsLast always runs
     # ... and let a pass run where its trigger is present

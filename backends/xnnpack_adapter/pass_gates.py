@@ -1,5 +1,9 @@
 """When each pass of ExecuTorch 1.5.1's ``XNNPACKPassManager`` has nothing to do.
 
+Only the passes fusionkit still runs as ExecuTorch wrote them have a gate: those whose
+rewrites are fusionkit rules (:data:`.preprocess_rules.TAKEN_OVER_PASSES`) never run in
+a fusionkit partition, and a rule whose ops are absent costs nothing.
+
 Why here: each trigger reads one XNNPACK pass's own detection code (the module named by
 the table key; site-packages is the ground truth), so it is knowledge of this backend
 and of this ExecuTorch release. The mechanism that uses the table -- skipping, settled
@@ -119,12 +123,6 @@ def _dim_order_revert(ep: Any, p: Any) -> bool:
     return present(ep, *MemoryFormatOpsMap)
 
 
-def _upsample_bilinear(ep: Any, p: Any) -> bool:
-    """xnnpack/_passes/convert_to_upsample_bilinear2d.py: matches its pattern graphs, which
-    in 1.5.1 are the one op ``upsample_bilinear2d.vec`` (tests check the graphs)."""
-    return present(ep, edge_ops().aten.upsample_bilinear2d.vec)
-
-
 def sdpa_required_targets() -> list[Any]:
     """Ops every 1.5.1 SDPA pattern graph contains (tests check the graphs): a pattern can
     match (``SubgraphMatcher`` compares targets) only where all are present."""
@@ -179,24 +177,6 @@ def _const_prop(ep: Any, p: Any) -> bool:
     return False
 
 
-def _fuse_activation(ep: Any, p: Any) -> bool:
-    """xnnpack/_passes/fuse_activation_pass.py: relu/hardtanh after a fusable op that has
-    no other user."""
-    for n in nodes(ep, *p.FUSEABLE_ACTIVATIONS):
-        prev = arg(n, 0)
-        if prev.op == "call_function" and prev.target in p.FUSEABLE_OPS and len(prev.users) <= 1:
-            return True
-    return False
-
-
-def _decompose_cat(ep: Any, p: Any) -> bool:
-    """xnnpack/_passes/decompose_cat.py: a cat of more than 5 tensors."""
-    if NO_NAME in target_names(ep):
-        return True
-    return any(n.target.__name__ == "aten.cat.default" and len(arg(n, 0)) > 5  # type: ignore[union-attr, arg-type]
-               for n in calls(ep))
-
-
 def _named(*names: str) -> Trigger:
     """Passes that select nodes by ``target.__name__``."""
     wanted = frozenset(names)
@@ -207,16 +187,6 @@ def _named(*names: str) -> Trigger:
 
     trigger.__doc__ = f"calls named {sorted(wanted)}"
     return trigger
-
-
-def _pad_qdq(ep: Any, p: Any) -> bool:
-    """xnnpack/_passes/insert_pad_qdq.py: constant_pad_nd nodes."""
-    return present(ep, edge_ops().aten.constant_pad_nd.default)
-
-
-def _prelu(ep: Any, p: Any) -> bool:
-    """xnnpack/_passes/prelu_reshape_pass.py: _prelu_kernel nodes."""
-    return present(ep, edge_ops().aten._prelu_kernel.default)
 
 
 def _redundant_copy(ep: Any, p: Any) -> bool:
@@ -232,29 +202,16 @@ PASS_GATES: GateTable = {
     "executorch.backends.transforms.remove_clone_ops.RemoveCloneOpsTransform": PassGate(_clone_ops),
     "executorch.exir.passes.memory_format_ops_pass.DimOrderOpsRevertPass":
         retracing(_dim_order_revert),
-    "executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d.ConvertToUpsampleBilinear2d":
-        retracing(_upsample_bilinear),
     "executorch.backends.xnnpack._passes.convert_to_linear.ConvertToLinearPass":
         retracing(_convert_to_linear, dce=True),
     "executorch.backends.xnnpack._passes.propagate_custom_meta_pass.PropagateCustomMetaPass":
         retracing(_custom_meta),
     "executorch.backends.xnnpack._passes.convert_to_sdpa.ConvertToSDPAPass": retracing(_sdpa),
     "executorch.exir.passes.const_prop_pass.ConstPropPass": retracing(_const_prop),
-    "executorch.backends.xnnpack._passes.fuse_batch_norm.FuseBatchNormPass":
-        retracing(_batch_norm),
     "executorch.backends.xnnpack._passes.decompose_batch_norm.DecomposeBatchNorm":
         retracing(_batch_norm),
-    "executorch.backends.xnnpack._passes.fuse_activation_pass.FuseActivationPass":
-        retracing(_fuse_activation),
-    "executorch.backends.xnnpack._passes.decompose_cat.DecomposeConcatenate":
-        retracing(_decompose_cat),
     "executorch.backends.transforms.remove_getitem_op.RemoveGetItemPass":
         retracing(_named("aten.max_pool2d_with_indices.default", "aten.max.dim")),
-    "executorch.backends.xnnpack._passes.insert_pad_qdq.InsertPadQDQPass": PassGate(_pad_qdq),
-    "executorch.backends.xnnpack._passes.conv1d_unsqueeze_pass.Conv1dUnsqueezePass":
-        retracing(_named("aten.convolution.default")),
-    "executorch.backends.xnnpack._passes.prelu_reshape_pass.PReLUReshapePass":
-        retracing(_prelu),
     # tags every node's memory format: always does work
     "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass":
         PassGate(None, retraces=True),

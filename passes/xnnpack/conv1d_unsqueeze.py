@@ -72,16 +72,19 @@ def _conv1d(ctx: CheckContext) -> str | None:
     return None
 
 
-def _qdq(rw: Rewriter, x: Node, params: tuple[Any, ...], provenance: bool) -> Node:
-    """An implicit quantize/dequantize pair after ``x`` (``insert_q_dq_pair`` of the stock pass)."""
+def _qdq(rw: Rewriter, x: Node, params: tuple[Any, ...], like: Node | None) -> Node:
+    """An implicit quantize/dequantize pair after ``x`` (``insert_q_dq_pair`` of the stock
+    pass, which gives both the metadata of the node they follow: ``like``, or none)."""
     from executorch.backends.xnnpack.utils.quant_utils import tag_as_implicit_q_dq
 
     q = rw.call(Q_PER_TENSOR, x, *params)
     dq = rw.call(DQ_PER_TENSOR, q, *params)
     for n in (q, dq):
-        tag_as_implicit_q_dq(n)
-        if not provenance:
+        if like is not None:
+            keep_provenance(n, like)
+        else:
             n.meta.pop("debug_handle", None)
+        tag_as_implicit_q_dq(n)
     return dq
 
 
@@ -93,13 +96,14 @@ def _conv2d(rw: Rewriter, c: Mapping[str, Any]) -> Node:
                      rw.tensor(kernel).contiguous().unsqueeze(-1))
     if w is not kernel:  # the per-channel dequantize, now of the 4-D weight
         w4 = rw.call(w.target, w4, *w.args[1:], **w.kwargs)
-        w4.meta.pop("debug_handle", None)
+        # with its metadata: the partitioner tagged it implicit (folded into the conv)
+        keep_provenance(w4, w)
     # the unsqueeze and squeeze the stock pass creates carry no debug handle; the
     # convolution keeps all its metadata (the stock pass rewrites it in place)
     ux = rw.call(UNSQUEEZE, x, -1)
     ux.meta.pop("debug_handle", None)
     if _is_dequant(x):
-        ux = _qdq(rw, ux, tuple(x.args[1:]), provenance=False)
+        ux = _qdq(rw, ux, tuple(x.args[1:]), None)
     conv2 = rw.call(CONV, ux, w4, c["b"], [*c["stride"], 1], [*c["padding"], 0],
                     [*c["dilation"], 1], c["transposed"], [*c["output_padding"], 0],
                     c["groups"])
@@ -107,7 +111,7 @@ def _conv2d(rw: Rewriter, c: Mapping[str, Any]) -> Node:
     users = list(conv.users)
     out = conv2
     if users and all(_is_quant(u) for u in users):
-        out = _qdq(rw, conv2, tuple(users[0].args[1:]), provenance=True)
+        out = _qdq(rw, conv2, tuple(users[0].args[1:]), conv)
     squeezed = rw.call(SQUEEZE, out, -1)
     squeezed.meta.pop("debug_handle", None)
     return squeezed

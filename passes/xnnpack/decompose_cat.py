@@ -22,7 +22,7 @@ from torch.fx import Node
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op, op_key
 from fusionkit.passes.registry import register_rules
 
-from ._common import DQ_PER_TENSOR, Q_PER_TENSOR, constraint
+from ._common import DQ_PER_TENSOR, Q_PER_TENSOR, constraint, keep_provenance
 
 CAT = "aten.cat.default"
 #: the most inputs XNNPACK's concatenate takes (``DecomposeConcatenate``'s 5)
@@ -78,6 +78,7 @@ def _decomposed(rw: Rewriter, c: Mapping[str, Any]) -> Node:
     first = tensors[0]
     # as the stock pass: the first 5, then the previous result and up to 4 more each time
     node = rw.call(CAT, tensors[:MAX_INPUTS], *rest, **cat.kwargs)
+    keep_provenance(node, cat)  # the stock pass keeps this node: its metadata with it
     created = len(rw.created)
     tensors = tensors[MAX_INPUTS:]
     while tensors:

@@ -11,11 +11,13 @@ compare with eager PyTorch. The plugin
   lowering serializes constants through fusionkit and runs XNNPACK's preprocess passes
   through the gates of :mod:`fusionkit.backends.xnnpack_adapter.pass_gates`; ``uninstall()`` at the end, checking
   that ExecuTorch's own objects are back;
-* with ``FUSIONKIT_XNNPACK_TWIN=1`` runs every ``XnnpackBackend.preprocess`` twice more
-  before the real call, each on a deep copy: with the gates disabled, and with fusionkit
+* with ``FUSIONKIT_XNNPACK_TWIN=1`` runs every ``XnnpackBackend.preprocess`` three times
+  more before the real call, each on a deep copy: with the gates disabled, with the
+  rules disabled (the stock pattern passes run instead of
+  :mod:`fusionkit.backends.xnnpack_adapter.preprocess_rules`), and with fusionkit
   uninstalled (ExecuTorch's own preprocess), and compares each with the real result
-  (delegate bytes, named data, debug handles): the gates must change no byte, and
-  fusionkit's serializer none either for constants that own their storage;
+  (delegate bytes, named data, debug handles): the gates must change no byte, the rules
+  none either, and fusionkit's serializer none for constants that own their storage;
 * keeps the tests whose index in the collected order is ``k`` modulo ``n`` when
   ``FUSIONKIT_SHARD=k/n`` is set;
 * writes to the JSON file named by ``FUSIONKIT_XNNPACK_SPY``: the tests selected, each
@@ -43,9 +45,12 @@ OUTCOMES: dict[str, str] = {}
 REASONS: dict[str, str] = {}
 SECONDS: dict[str, float] = {}
 GATES_BY_TEST: dict[str, dict[str, dict[str, int]]] = {}
-STATE: dict[str, Any] = {"current": None, "installed_at_start": False, "before": {}}
+RULES_BY_TEST: dict[str, dict[str, dict[str, int]]] = {}
+STATE: dict[str, Any] = {"current": None, "installed_at_start": False, "before": {},
+                         "rules_before": {}}
 TWINS: dict[str, Any] = {"preprocess_calls": 0, "identical": 0, "mismatches": [],
-                         "stock_identical": 0, "stock_mismatches": []}
+                         "stock_identical": 0, "stock_mismatches": [],
+                         "rules_off_identical": 0, "rules_off_mismatches": []}
 _SAVED: dict[str, Any] = {}
 
 
@@ -108,6 +113,12 @@ def _install_twin() -> None:
         twin = copy.deepcopy(edge_program)
         with pass_gating.disabled():
             reference = orig(twin, compile_specs)
+        rules_off = None
+        if MODE == "fusionkit":  # fusionkit installed, the stock pattern passes instead of rules
+            from fusionkit.backends.xnnpack_adapter import preprocess_rules
+
+            with preprocess_rules.disabled():
+                rules_off = orig(copy.deepcopy(edge_program), compile_specs)
         result = orig(edge_program, compile_specs)
         TWINS["preprocess_calls"] += 1
         diff = _difference(reference, result)
@@ -115,6 +126,13 @@ def _install_twin() -> None:
             TWINS["identical"] += 1
         else:
             TWINS["mismatches"].append({"test": STATE["current"], "difference": diff})
+        if rules_off is not None:
+            diff = _difference(rules_off, result)
+            if diff is None:
+                TWINS["rules_off_identical"] += 1
+            else:
+                TWINS["rules_off_mismatches"].append({"test": STATE["current"],
+                                                      "difference": diff})
         if stock is not None:
             diff = _difference(stock, result)
             if diff is None:
@@ -174,12 +192,26 @@ def _gate_totals() -> dict[str, dict[str, int]]:
     return pass_gating.counts()
 
 
+def _rule_totals() -> dict[str, dict[str, int]]:
+    if MODE != "fusionkit":
+        return {}
+    from fusionkit.backends.xnnpack_adapter import preprocess_rules
+
+    return preprocess_rules.counts()
+
+
 def pytest_runtest_setup(item: Any) -> None:
     STATE["current"] = test_key(item)
     STATE["before"] = _gate_totals()
+    STATE["rules_before"] = _rule_totals()
 
 
 def pytest_runtest_teardown(item: Any) -> None:
+    rules_before, rules_now = STATE["rules_before"], _rule_totals()
+    RULES_BY_TEST[test_key(item)] = {
+        name: {k: c[k] - rules_before.get(name, {}).get(k, 0) for k in ("runs", "fused")}
+        for name, c in rules_now.items()
+        if any(c[k] != rules_before.get(name, {}).get(k, 0) for k in ("runs", "fused"))}
     before, now = STATE["before"], _gate_totals()
     delta: dict[str, dict[str, int]] = {}
     for name, c in now.items():
@@ -230,4 +262,5 @@ def pytest_unconfigure(config: Any) -> None:
         json.dump({"mode": MODE, "installed_at_start": STATE["installed_at_start"],
                    "restored_at_end": restored, "selected": SELECTED, "outcomes": OUTCOMES,
                    "reasons": REASONS, "seconds": SECONDS, "gates_by_test": GATES_BY_TEST, "gate_counts": gates,
+                   "rules_by_test": RULES_BY_TEST, "rule_counts": _rule_totals(),
                    "twin": TWINS if TWIN else None}, f, indent=1, sort_keys=True)

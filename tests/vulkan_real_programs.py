@@ -40,6 +40,8 @@ class Program:
     simulator: str = ""
     #: the same, the simulator given the probed runtime's inventory (missing ops, shaders)
     simulator_probed: str = ""
+    #: check(program, runtime=probed inventory)
+    check_probed: list[str] = field(default_factory=list)
     real: rt.RunResult | None = None
     atol: float = 1e-4
     rtol: float = 1e-4
@@ -77,6 +79,10 @@ class Program:
     def simulator_probed_agrees(self) -> bool:
         out = "refused" if self.simulator_probed.startswith("stopped") else self.simulator_probed
         return out == self.outcome
+
+    @property
+    def check_probed_agrees(self) -> bool:
+        return bool(self.check_probed) == (self.outcome != "ok")
 
     @property
     def check_agrees(self) -> bool:
@@ -136,6 +142,7 @@ def lower(name: str, family: str, path: str, exported: Any, inputs: tuple[Any, .
     from fusionkit.backends.vulkan_adapter.runtime_probe import cached_inventory
 
     inv = cached_inventory()
+    prog.check_probed = [str(p) for p in va.check(et, runtime=inv)] if inv else []
     for attr, given in (("simulator", None), ("simulator_probed", inv)):
         try:
             sim = pytree.tree_leaves(va.simulate(et, *inputs, runtime=given))
@@ -163,8 +170,8 @@ def run_all(programs: Sequence[Program], timeout: float = 300.0) -> None:
 def fidelity_markdown(programs: Sequence[Program]) -> str:
     """Per program and per family: real runtime vs simulator vs check()."""
     ran = [p for p in programs if p.real is not None]
-    lines = ["| family | program | path | real runtime | simulator | simulator + probe | check() |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| family | program | path | real runtime | simulator | simulator + probe | check() "
+             "| check() + probe |", "|---|---|---|---|---|---|---|---|"]
     for p in ran:
         real = p.outcome
         if real == "refused":
@@ -174,11 +181,14 @@ def fidelity_markdown(programs: Sequence[Program]) -> str:
                   ) + ("" if p.simulator_probed_agrees else " **(disagrees)**")
         chk = (f"{len(p.check_problems)} problem(s)" if p.check_problems else "no problems") + (
             "" if p.check_agrees else " **(disagrees)**")
-        lines.append(f"| {p.family} | {p.name} | {p.path} | {real} | {sim} | {probed} | {chk} |")
+        chk2 = (f"{len(p.check_probed)} problem(s)" if p.check_probed else "no problems") + (
+            "" if p.check_probed_agrees else " **(disagrees)**")
+        lines.append(f"| {p.family} | {p.name} | {p.path} | {real} | {sim} | {probed} | {chk} "
+                     f"| {chk2} |")
     fams = sorted({p.family for p in ran})
     summary = ["| family | programs | fusionkit's equal to eager | stock's not ok on the runtime "
-               "| simulator agrees | simulator + probe agrees | check() agrees |",
-               "|---|---|---|---|---|---|---|"]
+               "| simulator agrees | simulator + probe agrees | check() agrees "
+               "| check() + probe agrees |", "|---|---|---|---|---|---|---|---|"]
     for f in [*fams, "all"]:
         ps = [p for p in ran if f in ("all", p.family)]
         ours = [p for p in ps if p.path == "fusionkit"]
@@ -188,7 +198,8 @@ def fidelity_markdown(programs: Sequence[Program]) -> str:
             f"{sum(p.outcome != 'ok' for p in stock)}/{len(stock)} | "
             f"{sum(p.simulator_agrees for p in ps)}/{len(ps)} | "
             f"{sum(p.simulator_probed_agrees for p in ps)}/{len(ps)} | "
-            f"{sum(p.check_agrees for p in ps)}/{len(ps)} |")
+            f"{sum(p.check_agrees for p in ps)}/{len(ps)} | "
+            f"{sum(p.check_probed_agrees for p in ps)}/{len(ps)} |")
     return "\n".join(summary) + "\n\n" + "\n".join(lines) + "\n"
 
 

@@ -302,16 +302,47 @@ def vulkan_delegates(program: Any) -> list[VulkanDelegate]:
     )
 
 
-def check(program: Any) -> list[Problem]:
+def check(program: Any, runtime: Any = None) -> list[Problem]:
     """Problems the Vulkan runtime would abort on, in every Vulkan delegate of ``program``.
 
     ``program``: an ``ExecutorchProgramManager``, an ``EdgeProgramManager``, a
     lowered ``ExportedProgram`` (``edge.exported_program()``), the bytes of a .pte
-    (or of one delegate payload) or a path to a .pte file.
+    (or of one delegate payload) or a path to a .pte file. ``runtime``: a probed
+    :class:`~fusionkit.backends.vulkan_adapter.runtime_probe.RuntimeInventory`: then
+    an operator or a binary-op shader variant it lacks is a problem too
+    (``missing_operator``, ``missing_shader``).
     Returns an empty list when there are none.
     """
     problems: list[Problem] = []
     for d in vulkan_delegates(program):
         problems.extend(check_payload(d.payload, d.index, d.method, d.named_sizes,
                                       d.named_complete))
+        if runtime is not None:
+            problems.extend(_check_available(d, runtime))
     return problems
+
+
+def _check_available(d: VulkanDelegate, runtime: Any) -> Iterator[Problem]:
+    """What the probed runtime lacks, op by op (the simulator stops on the same)."""
+    from .simulator import missing_shader
+
+    try:
+        g = decode_payload(d.payload).graph
+    except PayloadError:
+        return
+    for ci, call in enumerate(g.chain):
+        if not runtime.has_operator(call.name):
+            yield Problem("missing_operator", d.index, call.name, None, None, None,
+                          f"the runtime (probed) has no operator {call.name}: it aborts with "
+                          f"'Missing operator: {call.name}'", d.method, ci)
+            continue
+        if len(call.args) < 2:
+            continue
+        out, in1 = g.value(call.args[-1]), g.value(call.args[0])
+        shader = missing_shader(call.name, out.tensor if out else None,
+                                in1.tensor if in1 else None, runtime.shaders,
+                                g.storage_type_override)
+        if shader is not None:
+            yield Problem("missing_shader", d.index, call.name, 0, "self", call.args[0],
+                          f"{call.name}: the runtime (probed) has no shader {shader}: it aborts "
+                          f"with 'Could not find ShaderInfo with name {shader}'", d.method, ci)

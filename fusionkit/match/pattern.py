@@ -263,8 +263,16 @@ class Value(Pattern):
     """A literal argument: a predicate on a Python value.
 
     ``tensor_ok`` also accepts a 0-d tensor that is a constant of the program
-    (ExecuTorch's edge dialect lifts ``x + 1e-6`` into such a constant); its
-    ``.item()`` is what the predicate sees and what ``name`` binds.
+    (ExecuTorch's edge dialect lifts ``x + 1e-6`` into such a constant), or dtype
+    casts of one (in an fp16 or bf16 program ``to_edge`` casts that float32
+    constant to the activations' dtype); the constant's ``.item()`` in the cast
+    dtype is what the predicate sees and what ``name`` binds.
+
+    ``in_dtype`` (set by :func:`lit` and :func:`one_of` for numbers) compares in
+    the dtype of the constant met instead: ``in_dtype(value, dtype)``, with
+    ``dtype`` None for a Python value in the graph. A Value with it accepts a
+    0-d constant whatever ``tensor_ok`` says: a number literal matches what
+    ``to_edge`` makes of it.
     """
 
     predicate: Callable[[Any], bool]
@@ -275,6 +283,18 @@ class Value(Pattern):
     #: ("scalar", (("lo", 0.0), ("hi", None))) (set by :func:`~fusionkit.authoring.vocabulary.value_matcher`);
     #: None for an arbitrary Python predicate (such a pattern cannot be written as YAML)
     spec: tuple[Any, ...] | None = None
+    in_dtype: Callable[[Any, Any], bool] | None = None
+
+    @property
+    def constants_ok(self) -> bool:
+        """Whether a 0-d constant tensor node (or a cast of one) may stand for the value."""
+        return self.tensor_ok or self.in_dtype is not None
+
+    def accepts(self, value: Any, dtype: Any = None) -> bool:
+        """Whether ``value`` (met as a constant of ``dtype``; None: a Python value) matches."""
+        if self.in_dtype is not None:
+            return self.in_dtype(value, dtype)
+        return bool(self.predicate(value))
 
     def captures(self) -> set[str]:
         return {self.name} if self.name else set()
@@ -630,18 +650,65 @@ def _norm(v: Any) -> Any:
     return v
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _rounded_to(value: int | float, dtype: Any) -> set[float]:
+    """What a Python number becomes as a constant of floating ``dtype``: rounded to it
+    directly, and through float32 first (``to_edge`` lifts a scalar into a float32
+    constant, then casts it to an fp16/bf16 program's dtype; the two can differ by
+    one rounding at a tie)."""
+    import torch
+
+    exact = torch.tensor(value, dtype=torch.float64)
+    return {float(exact.to(dtype).item()), float(exact.to(torch.float32).to(dtype).item())}
+
+
+def _same_number_in(want: int | float) -> Callable[[Any, Any], bool]:
+    """``== want`` compared in the dtype of the constant met (see :func:`lit`)."""
+    memo: dict[Any, set[float]] = {}
+    want_nan = isinstance(want, float) and math.isnan(want)
+
+    def same(v: Any, dtype: Any) -> bool:
+        if not _is_number(v):
+            return False
+        if want_nan or (isinstance(v, float) and math.isnan(v)):
+            return want_nan and isinstance(v, float) and math.isnan(v)
+        if dtype is None or not getattr(dtype, "is_floating_point", False):
+            return bool(v == want)  # a Python number, or an integer constant: exactly
+        accepted = memo.get(dtype)
+        if accepted is None:
+            accepted = memo[dtype] = _rounded_to(want, dtype)
+        return v in accepted
+    return same
+
+
 @value_matcher
 def lit(value: Any, name: str | None = None, tensor_ok: bool = False) -> Value:
-    """Exactly ``value`` (lists and tuples compare equal; ``True`` is not ``1``)."""
+    """Exactly ``value`` (lists and tuples compare equal; ``True`` is not ``1``).
+
+    A number (an int or a float, not a bool) matches what ``to_edge`` makes of
+    it, whatever ``tensor_ok`` says: met as a Python number (an ATen program) it
+    compares exactly; met as a 0-d constant tensor of dtype D (the float32
+    constant ``to_edge`` lifts ``x * 0.044715`` into, or its cast to an fp16/bf16
+    program's dtype) it matches when the literal rounded to D is that constant
+    (``lit(0.044715)`` matches the float32 ``0.044714998453855515``, and the
+    float16 ``0.044708251953125``): the tolerance of D, no more. An integer
+    constant compares exactly; NaN matches NaN.
+    """
     want = _norm(value)
 
     def same(v: Any) -> bool:
         got = _norm(v)
         if isinstance(want, bool) or isinstance(got, bool):
             return type(got) is type(want) and got == want
+        if isinstance(want, float) and math.isnan(want):
+            return isinstance(got, float) and math.isnan(got)
         return bool(got == want)
 
-    return Value(same, f"== {value!r}", tensor_ok, name)
+    in_dtype = _same_number_in(want) if _is_number(want) else None
+    return Value(same, f"== {value!r}", tensor_ok, name, in_dtype=in_dtype)
 
 
 def where(predicate: Callable[[Any], bool], description: str, name: str | None = None,
@@ -687,11 +754,17 @@ def scalar(
 
 @value_matcher
 def one_of(values: Iterable[Any], name: str | None = None, tensor_ok: bool = False) -> Value:
-    """Any of ``values`` (each compared as :func:`lit` compares)."""
+    """Any of ``values`` (each compared as :func:`lit` compares, numbers in the dtype met)."""
     wanted = tuple(_norm(v) for v in values)
     options = tuple(lit(v) for v in wanted)
+    numbers = tuple(o for o in options if o.in_dtype is not None)
+
+    def in_dtype(v: Any, dtype: Any) -> bool:
+        return any(o.accepts(v, dtype) for o in options)
+
     return Value(lambda v: any(o.predicate(v) for o in options),
-                 "one of " + ", ".join(repr(v) for v in wanted), tensor_ok, name)
+                 "one of " + ", ".join(repr(v) for v in wanted), tensor_ok, name,
+                 in_dtype=in_dtype if numbers else None)
 
 
 @value_matcher

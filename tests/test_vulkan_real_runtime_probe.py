@@ -57,3 +57,7 @@ def test_ops_the_runtime_lacks_are_kept_off_with_a_reason(probed: RuntimeInvento
     assert ours.outcome == "ok", ours.describe()
     assert stock.outcome == "refused", stock.describe()
     assert "Missing operator: aten.logical_not.default" in (stock.real.message or "")
+    # given the probe, the static tools predict it; ours has nothing to report
+    assert any("Missing operator: aten.logical_not.default" in p for p in stock.check_probed)
+    assert stock.simulator_probed_agrees and ours.simulator_probed_agrees
+    assert ours.check_probed == [] and ours.check_problems == []

@@ -74,8 +74,9 @@ def test_missing_shader_composes_the_runtimes_name(probed: RuntimeInventory) -> 
 def test_simulator_with_the_probe_predicts_the_runtime(programs: list[Program]) -> None:
     assert all(p.lower_error is None and p.real is not None for p in programs), \
         [p.describe() for p in programs]
-    wrong = [p.describe() + f"; simulator+probe={p.simulator_probed}"
-             for p in programs if not p.simulator_probed_agrees]
+    wrong = [p.describe() + f"; simulator+probe={p.simulator_probed}; check+probe="
+             f"{p.check_probed}" for p in programs
+             if not (p.simulator_probed_agrees and p.check_probed_agrees)]
     assert not wrong, wrong
     eq_int = next(p for p in programs if p.name == "eq/int32")
     if eq_int.outcome == "refused":  # the shader gap, for real

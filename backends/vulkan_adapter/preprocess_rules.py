@@ -65,7 +65,8 @@ class StockPass:
 #: stock pass class name -> what it does besides its rewrites
 STOCK_PASSES: dict[str, StockPass] = {
     "FuseBatchNormPass": StockPass(
-        "executorch.backends.xnnpack._passes.fuse_batch_norm.FuseBatchNormPass"),
+        "executorch.backends.xnnpack._passes.fuse_batch_norm.FuseBatchNormPass",
+        drop_dead_constants=False),
     "FuseClampPass": StockPass(
         "executorch.backends.transforms.fuse_conv_with_clamp.FuseClampPass"),
     "AddmmToLinearTransform": StockPass(

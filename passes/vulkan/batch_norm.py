@@ -29,7 +29,9 @@ constant folding before partitioning is what avoids it).
 
 The folded constants are placed where the source weight was (graph and signature), as
 the stock pass places them: the Vulkan serializer numbers values in placeholder order,
-so this keeps the payload byte-identical.
+so this keeps the payload byte-identical. (The source constants stay in the program,
+unused, as the stock pass leaves them: the adapter's ``RulePass`` keeps dead constants
+for this pass.)
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from fusionkit import (
 from fusionkit.passes.registry import register_rules
 
 from ._common import constraint
+from ._provenance import keep_provenance
 
 CONV = "aten.convolution.default"
 LINEAR = "aten.linear.default"
@@ -137,6 +140,7 @@ def _fold(rw: Rewriter, c: Mapping[str, Any], is_conv: bool) -> Node:
         new = rw.call(CONV, c["x"], w_new, b_new, *(c[n] for n in _CONV_ARGS))
     else:
         new = rw.call(LINEAR, c["x"], w_new, b_new)
+    keep_provenance(new, c["op"])  # the stock pass edits the conv / linear in place
     # the batch norm's output tensor is what its getitem(., 0) users read (the constraint):
     # they read the folded op instead and go (the journal sees both changes). Patterns
     # name operator overloads, not getitem, so the match's root is the batch norm, whose

@@ -21,6 +21,8 @@ from torch.fx import Node
 from fusionkit import PythonReplacement, Rewriter, Rule, capture, int_list, op, through
 from fusionkit.passes.registry import register_rules
 
+from ._provenance import keep_provenance
+
 VIEW = "aten.view_copy.default"
 STOCK_PASS = "FuseViewCopyTransform"
 
@@ -52,9 +54,11 @@ def _merge(rw: Rewriter, c: Mapping[str, Any]) -> Node:
         n = n.args[0]  # type: ignore[assignment]
     _place(rw, first)
     out = rw.call(VIEW, c["x"], list(c["shape"]))
+    keep_provenance(out, first)  # the stock pass gives the first view the new shape
     for u in reversed(chain):
         _place(rw, u)
         out = rw.call(u.target, out, *u.args[1:], **u.kwargs)
+        keep_provenance(out, u)  # ... and leaves the unary ops as they were
     return out
 
 

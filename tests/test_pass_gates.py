@@ -306,7 +306,8 @@ def _with_gate(monkeypatch: pytest.MonkeyPatch, cls_name: str, trigger: Any) -> 
 def test_a_wrong_gate_is_caught_by_checking_and_by_the_bytes(
         monkeypatch: pytest.MonkeyPatch, lowered: Any, cases: Any) -> None:
     """A gate that says 'nothing to do' where the pass decomposes a batch norm: checking()
-    raises, and without it the bytes differ -- both proofs above can fail."""
+    raises, and without it the lowering differs (here: XNNPACK cannot serialize the batch
+    norm left whole) -- both proofs above can fail."""
     off, _ = lowered("xnnpack", "activations")
     _with_gate(monkeypatch, "DecomposeBatchNorm", lambda ep, p: False)
     with pytest.raises(Exception) as info:
@@ -318,11 +319,16 @@ def test_a_wrong_gate_is_caught_by_checking_and_by_the_bytes(
     assert any(isinstance(x, GateViolation) for x in chain), chain
     xa.partitioner.PREPROCESS_SCOPE.reset()
     pass_gating.reset_counts()
-    prog = to_edge_transform_and_lower(cases("activations").export(),
-                                       transform_passes=xa.transform_passes(),
-                                       partitioner=[xa.XnnpackPartitioner()])
+    try:  # the batch norm left whole: XNNPACK's serializer has no visitor for it
+        prog = to_edge_transform_and_lower(cases("activations").export(),
+                                           transform_passes=xa.transform_passes(),
+                                           partitioner=[xa.XnnpackPartitioner()])
+        wrong = bytes(prog.to_executorch().buffer) != off.pte
+    except RuntimeError as e:
+        wrong = "not supported in XNNPACK Delegate" in str(e)
+        xa.partitioner.PREPROCESS_SCOPE.reset()
     assert pass_gating.counts()["DecomposeBatchNorm"]["skipped"] > 0
-    assert bytes(prog.to_executorch().buffer) != off.pte
+    assert wrong
 
 
 def test_a_gate_that_raises_lets_its_pass_run(monkeypatch: pytest.MonkeyPatch, lowered: Any,

@@ -194,10 +194,22 @@ def _redundant_copy(ep: Any, p: Any) -> bool:
     return any(n.all_input_nodes for n in nodes(ep, edge_ops().aten._to_copy.default))
 
 
+def _rules_keep_meta(ep: Any, p: Any) -> bool:
+    """A fusionkit rule pass: every value it leaves is exact (see the table)."""
+    return True
+
+
 # ----------------------------------------------------------------------------- the table
 
 #: ``module.QualName`` of a pass class of ``XNNPACKPassManager.transform`` -> its gate
 PASS_GATES: GateTable = {
+    # fusionkit's own passes in this preprocess (.preprocess_rules): never skipped. The
+    # rules' nodes get their values by fake-tensor propagation, exact as a re-trace's
+    # (checking() proves each skip after them), so a rule pass leaves a settled graph
+    # settled; the adapter's one re-trace is a plain ExportPass
+    "fusionkit.backends.xnnpack_adapter.preprocess_rules.RulePass":
+        PassGate(None, keeps_meta=_rules_keep_meta),
+    "executorch.exir.pass_base.ExportPass": PassGate(None, retraces=True),
     "executorch.backends.xnnpack._passes.XNNPACKRemoveCloneOpsTransform": PassGate(_clone_ops),
     "executorch.backends.transforms.remove_clone_ops.RemoveCloneOpsTransform": PassGate(_clone_ops),
     "executorch.exir.passes.memory_format_ops_pass.DimOrderOpsRevertPass":

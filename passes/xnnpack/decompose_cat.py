@@ -73,7 +73,7 @@ def _decomposed(rw: Rewriter, c: Mapping[str, Any]) -> Node:
     cat: Node = c["cat"]
     rest = tuple(cat.args[1:])
     # the live list (an input replaced by another match this round is its replacement)
-    tensors: list[Any] = list(cat.args[0])
+    tensors: list[Any] = list(cat.args[0])  # type: ignore[arg-type]
     quantized = _is_quantized(cat)
     first = tensors[0]
     # as the stock pass: the first 5, then the previous result and up to 4 more each time

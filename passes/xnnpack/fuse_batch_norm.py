@@ -24,24 +24,25 @@ from fusionkit.passes.vulkan.batch_norm import STOCK_PASS, batch_norm_rules
 
 from ._common import keep_provenance
 
+#: the Vulkan set's replacements, by rule name (built on first use)
+_SHARED: dict[str, Any] = {}
 
-def _keeping_provenance(rw: Rewriter, c: Mapping[str, Any], fold: Any) -> Node:
-    out: Node = fold(rw, c)
+
+def _keeping_provenance(rw: Rewriter, c: Mapping[str, Any], rule: str) -> Node:
+    if not _SHARED:
+        _SHARED.update((r.name, r.replacement) for r in batch_norm_rules())
+    out: Node = _SHARED[rule].build(rw, c)
     folded = [n for n in rw.created if n.op == "call_function"][-1]  # the new conv / linear
     keep_provenance(folded, c["op"])
     return out
 
 
 def _fold_conv(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    from fusionkit.passes.vulkan.batch_norm import _fold_conv as fold
-
-    return _keeping_provenance(rw, c, fold)
+    return _keeping_provenance(rw, c, "conv_batch_norm")
 
 
 def _fold_linear(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    from fusionkit.passes.vulkan.batch_norm import _fold_linear as fold
-
-    return _keeping_provenance(rw, c, fold)
+    return _keeping_provenance(rw, c, "linear_batch_norm")
 
 
 @register_rules("xnnpack", takes_over=STOCK_PASS)
@@ -51,8 +52,8 @@ def fuse_batch_norm_rules() -> list[Rule]:
     out = []
     for r in batch_norm_rules():
         rep = r.replacement
-        assert isinstance(rep, PythonReplacement) and r.name in folds, r.name
+        assert r.name in folds, r.name
         out.append(dataclasses.replace(
             r, name=f"xnnpack_{r.name}",
-            replacement=PythonReplacement(folds[r.name], rep.reads | {"op"})))
+            replacement=PythonReplacement(folds[r.name], frozenset(rep.captures()) | {"op"})))
     return out

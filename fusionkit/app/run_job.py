@@ -75,11 +75,13 @@ def _max_err(a: Any, b: Any) -> float:
 
 
 def simulator_verdict(program: Any, inputs: Sequence[Any]) -> tuple[str, list[Any] | None]:
-    """("ran", outputs) or (the simulator's one-line reason to stop, None)."""
+    """("ran", outputs) or (the simulator's one-line reason to stop, None); with the probed
+    runtime's inventory when there is one."""
     from fusionkit.backends.vulkan_adapter.inspect.simulator import SimulationError, simulate
+    from fusionkit.backends.vulkan_adapter.runtime_probe import cached_inventory
 
-    try:
-        return "ran", _flat(simulate(program, *inputs))
+    try:  # given the probed runtime, the simulator also stops where it lacks an op or shader
+        return "ran", _flat(simulate(program, *inputs, runtime=cached_inventory()))
     except SimulationError as e:
         return str(e).splitlines()[0], None
 
@@ -93,14 +95,18 @@ def run_file(pte: bytes, source: str, *, method: str = "forward",
 def _run_file(pte: bytes, source: str, method: str, inputs: Sequence[Any] | None,
               timeout: float) -> tuple[RunReport, list[Any]]:
     from fusionkit.backends.vulkan_adapter.inspect.prepack_check import check
-    from fusionkit.backends.vulkan_adapter.runtime import run_in_child
+    from fusionkit.backends.vulkan_adapter.runtime import device_name, run_in_child
 
     t0 = time.perf_counter()
     res = run_in_child(pte, inputs, method, timeout=timeout)
+    if not res.device:  # the child died before saying: ask the loader (vulkaninfo)
+        res.device = device_name()
     report = RunReport(source, method, res.device, res.status, res.message)
     report.seconds["real runtime"] = time.perf_counter() - t0
-    try:
-        report.check_problems = [str(p) for p in check(pte)]
+    from fusionkit.backends.vulkan_adapter.runtime_probe import cached_inventory
+
+    try:  # with the probed inventory: an operator or shader the runtime lacks is a problem
+        report.check_problems = [str(p) for p in check(pte, runtime=cached_inventory())]
     except Exception as e:  # a file check() cannot read is still reported, not raised
         report.check_problems = [f"check() could not read it: {type(e).__name__}: {e}"]
     outputs = list(res.outputs or [])

@@ -10,7 +10,7 @@ import pytest
 import torch
 from vulkan_real_programs import Program, lower, run_all
 
-from fusionkit.backends.vulkan_adapter.inspect.simulator import missing_shader
+from fusionkit.backends.vulkan_adapter.inspect.shaders import missing_shader
 from fusionkit.backends.vulkan_adapter.runtime_probe import RuntimeInventory, inventory
 
 #: (torch function, dtype): a comparison, an arithmetic op, in the dtypes models use

@@ -31,6 +31,7 @@ from .payload import (
     VulkanPayload,
     decode_payload,
 )
+from .shaders import missing_shader
 
 __all__ = [
     "PREPACKED_ARGS",
@@ -324,8 +325,6 @@ def check(program: Any, runtime: Any = None) -> list[Problem]:
 
 def _check_available(d: VulkanDelegate, runtime: Any) -> Iterator[Problem]:
     """What the probed runtime lacks, op by op (the simulator stops on the same)."""
-    from .simulator import missing_shader
-
     try:
         g = decode_payload(d.payload).graph
     except PayloadError:

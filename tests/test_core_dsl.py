@@ -54,7 +54,9 @@ def _rule(pattern, name: str = "r", **kw) -> Rule:
 
 
 def _matches(ep, pattern, **kw):
-    ms = find_matches(ep, [_rule(pattern, **kw)])
+    # these tests are about matching: the stand-in replacement (relu of the first capture)
+    # is not what would run, so it is not built and judged at find time
+    ms = find_matches(ep, [_rule(pattern, **kw)], check_replacements=False)
     return ms.accepted
 
 
@@ -176,12 +178,12 @@ def test_capture_name_must_be_an_identifier():
 
 
 def test_commutative_ops_match_either_operand_order_with_one_rule(silu_ep, silu_swapped_ep):
-    rule = silu_rule()
+    rule = silu_rule()  # aten.silu is not core ATen: its replacement is not judged here
     for ep in (silu_ep, silu_swapped_ep):
-        ms = find_matches(ep, [rule])
+        ms = find_matches(ep, [rule], check_replacements=False)
         assert [m.rule.name for m in ms.accepted] == ["silu"]
     # the swapped graph really has the operands the other way round
-    (m,) = find_matches(silu_swapped_ep, [rule]).accepted
+    (m,) = find_matches(silu_swapped_ep, [rule], check_replacements=False).accepted
     assert op_key(m.root.args[0].target) == "aten.sigmoid.default"
 
 

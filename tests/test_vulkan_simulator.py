@@ -388,7 +388,13 @@ def test_every_delegated_op_is_supported_and_documented(lowered: Lowerer) -> Non
         lowered.get(kind, _decoder(kind), "fk")
     lowered.get("opmix", _opmix, "fk")
     seen = lowered.op_names("fk")
-    assert seen == EXERCISED, (sorted(seen - EXERCISED), sorted(EXERCISED - seen))
+    # where the real runtime was probed, the adapter's partitioner keeps the ops it lacks
+    # (aten.logical_not in the public runtime) off the delegate
+    from fusionkit.backends.vulkan_adapter import VulkanPartitioner
+
+    kept_off = set(VulkanPartitioner().kept_off)
+    exercised = EXERCISED - kept_off
+    assert seen == exercised, (sorted(seen - exercised), sorted(exercised - seen))
     assert seen <= S.SUPPORTED_OPS, sorted(seen - S.SUPPORTED_OPS)
     assert lowered.op_names("stock") <= S.SUPPORTED_OPS
     doc = S.__doc__ or ""

@@ -517,6 +517,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="section 6: stock/adapter pairs per model and backend (default: 2)")
     ap.add_argument("--zoo-no-warmup", action="store_true",
                     help="section 6: skip the warm-up lowerings (smoke tests)")
+    ap.add_argument("--zoo-takeover-off", action="store_true",
+                    help="section 6: also lower with the adapters' preprocess takeover off "
+                         "(stock preprocess passes): preprocess time before/after the rules")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     # the Vulkan partitioner/preprocess log every partition at INFO (and ExecuTorch
@@ -574,7 +577,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from benchmarks.zoo_e2e import section as section6
 
             section6(args.zoo_models.split(",") if args.zoo_models else None, args.zoo_pairs,
-                     not args.zoo_no_warmup, results, targets, args.json)
+                     not args.zoo_no_warmup, results, targets, args.json,
+                     takeover_off=args.zoo_takeover_off)
 
     results["targets"] = [{"target": n, "status": s, "detail": d} for n, s, d in targets.rows]
     results["wall_s"] = time.perf_counter() - t_start

@@ -34,6 +34,10 @@ if _TESTS not in sys.path:
 #: adapter/stock limits per backend (issue 13)
 LIMITS = {"vulkan": 0.4, "xnnpack": 1.0}
 BACKENDS = ("vulkan", "xnnpack")
+#: the optional third path: the adapter with its preprocess takeover off, so the stock
+#: preprocess passes run (gated) as they did before they became rules -- "before" beside
+#: the adapter's "after" (issue 25: lowering time no worse than before the takeover)
+TAKEOVER_OFF = "takeover_off"
 
 
 def zoo_names() -> list[str]:
@@ -75,6 +79,9 @@ def lower_once(module: Any, inputs: tuple[Any, ...], backend: str, label: str,
     if label == "stock":
         _uninstall(adapters)
     try:
+        if label == TAKEOVER_OFF:
+            with takeover_disabled(backend):
+                return lower_once(module, inputs, backend, "adapter", adapters)
         c0 = CPU_CLOCK()
         with torch.no_grad():
             ep = torch.export.export(module, inputs)
@@ -88,6 +95,14 @@ def lower_once(module: Any, inputs: tuple[Any, ...], backend: str, label: str,
     finally:
         if label == "stock":
             _uninstall(adapters)
+
+
+def takeover_disabled(backend: str) -> Any:
+    """The adapter's preprocess rules switched off for this thread (stock passes run)."""
+    import importlib
+
+    mod = importlib.import_module(f"fusionkit.backends.{backend}_adapter.preprocess_rules")
+    return mod.disabled()
 
 
 def _gmean(vals: Sequence[float]) -> float:
@@ -104,8 +119,10 @@ def aggregate(per_model: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ratios = [r["ratio"] for r in both.values()]
     st = sum(r["stock_cpu_s"] for r in both.values())
     ad = sum(r["adapter_cpu_s"] for r in both.values())
+    labels = [lb for lb in ("stock", "adapter", TAKEOVER_OFF)
+              if all(lb in r["stages"] for r in both.values())]
     stages = {label: {k: sum(r["stages"][label][k] for r in both.values())
-                      for k in (*STAGES, "total")} for label in ("stock", "adapter")}
+                      for k in (*STAGES, "total")} for label in labels}
     e2e_st, e2e_ad = stages["stock"]["total"], stages["adapter"]["total"]
     return {"models": list(both), "sum_ratio": ad / st, "median_ratio": statistics.median(ratios),
             "gmean_ratio": _gmean(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
@@ -115,7 +132,8 @@ def aggregate(per_model: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def bench_zoo(models: Sequence[str], pairs: int, warmup: bool = True,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
-              checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+              checkpoint: Callable[[dict[str, Any]], None] | None = None,
+              takeover_off: bool = False) -> dict[str, Any]:
     """Lower every model in ``models`` stock and with the adapter, ``pairs`` times each.
 
     One warm-up lowering per path and backend on the first model (first-use costs),
@@ -123,7 +141,8 @@ def bench_zoo(models: Sequence[str], pairs: int, warmup: bool = True,
     ``m``-th model runs stock first when ``i + m`` is even, so with an even ``pairs``
     each path runs first equally often per model, with an odd one across the zoo.
     A path that fails is recorded once (one-line error) and not retried. ``checkpoint``
-    is called with the figures so far after each model.
+    is called with the figures so far after each model. With ``takeover_off`` each pair
+    also lowers with the adapter's preprocess takeover off (:data:`TAKEOVER_OFF`).
     """
     import torch
     import zoo_models
@@ -142,7 +161,8 @@ def bench_zoo(models: Sequence[str], pairs: int, warmup: bool = True,
 
     out: dict[str, Any] = {"models": list(models), "pairs": pairs, "warmup": warmup,
                            "limits": LIMITS, "backends": {}}
-    labels = {b: ["stock"] + (["adapter"] if adapters[b] is not None else []) for b in BACKENDS}
+    labels = {b: ["stock"] + (["adapter"] + ([TAKEOVER_OFF] if takeover_off else [])
+                              if adapters[b] is not None else []) for b in BACKENDS}
     per_model: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in BACKENDS}
     if warmup and models:
         module, inputs = built[models[0]]
@@ -176,10 +196,12 @@ def bench_zoo(models: Sequence[str], pairs: int, warmup: bool = True,
 def _measure(module: Any, inputs: tuple[Any, ...], backend: str, labels: list[str],
              adapters: dict[str, Any], why: str, pairs: int, m: int) -> dict[str, Any]:
     """``pairs`` stock/adapter pairs of one model on one backend (the ``m``-th model)."""
-    samples: dict[str, list[dict[str, float]]] = {"stock": [], "adapter": []}
-    errors: dict[str, str | None] = {"stock": None, "adapter": None}
+    samples: dict[str, list[dict[str, float]]] = {label: [] for label in ("stock", "adapter",
+                                                                          *labels)}
+    errors: dict[str, str | None] = {label: None for label in samples}
     if adapters[backend] is None:
         errors["adapter"] = why
+    takeover: list[float] = []
     pair_ratios: list[float] = []
     for i in range(pairs):
         order = labels if (i + m) % 2 == 0 else labels[::-1]
@@ -198,6 +220,8 @@ def _measure(module: Any, inputs: tuple[Any, ...], backend: str, labels: list[st
             samples[label].append(t)
         if "stock" in pair and "adapter" in pair:
             pair_ratios.append(pair["adapter"]["lower"] / pair["stock"]["lower"])
+        if TAKEOVER_OFF in pair and "adapter" in pair and pair[TAKEOVER_OFF]["preprocess"]:
+            takeover.append(pair["adapter"]["preprocess"] / pair[TAKEOVER_OFF]["preprocess"])
 
     def med(label: str, key: str) -> float | None:
         vals = [x[key] for x in samples[label]]
@@ -209,6 +233,7 @@ def _measure(module: Any, inputs: tuple[Any, ...], backend: str, labels: list[st
         "stock_cpu_s": st, "adapter_cpu_s": ad,
         "ratio": ad / st if st and ad else None,
         "pair_ratios": pair_ratios,
+        "preprocess_after_before": takeover,
         "end_to_end_ratio": e_ad / e_st if e_st and e_ad else None,
         "stages": {label: {k: med(label, k) for k in (*STAGES, "total")}
                    for label in samples if samples[label]},
@@ -252,6 +277,14 @@ def report(out: dict[str, Any]) -> None:
                                *(fmt_ms(st[k]) for k in STAGES), fmt_ms(st["total"]), "-"])
         print(f"\n  {backend}: where a lowering's time goes (CPU ms, medians per model):")
         print(fmt_table(stage_rows, ["model path", *STAGES, "total", "lowering min-max"]))
+        if TAKEOVER_OFF in agg["stages"]:
+            before, after = agg["stages"][TAKEOVER_OFF], agg["stages"]["adapter"]
+            per_pair = [x for r in b["models"].values() for x in r["preprocess_after_before"]]
+            print(f"  {backend} preprocess, stock passes (takeover off) -> fusionkit rules: "
+                  f"{fmt_ms(before['preprocess'])} -> {fmt_ms(after['preprocess'])} ms = "
+                  f"{fmt_ratio(after['preprocess'] / before['preprocess'])}"
+                  + (f" (per pair {fmt_spread(per_pair)})" if per_pair else "")
+                  + f"; lowering {fmt_ms(before['total'])} -> {fmt_ms(after['total'])} ms")
         if agg["sum_ratio"] is None:
             print(f"  {backend} aggregate: no model lowered by both paths")
             continue
@@ -307,7 +340,7 @@ def _code_state() -> dict[str, Any]:
 
 
 def section(models: Sequence[str] | None, pairs: int, warmup: bool, results: dict[str, Any],
-            targets: Targets, json_path: str | None = None) -> None:
+            targets: Targets, json_path: str | None = None, takeover_off: bool = False) -> None:
     """Run, print and judge section 6; every sample goes to ``results['zoo_e2e']``.
 
     With ``json_path``, the figures so far are written there after each model (marked
@@ -332,7 +365,7 @@ def section(models: Sequence[str] | None, pairs: int, warmup: bool, results: dic
                 json.dump({**results, "partial": True, "zoo_e2e": partial}, f, indent=2,
                           default=str)
 
-    out = bench_zoo(names, pairs, warmup, checkpoint=checkpoint)
+    out = bench_zoo(names, pairs, warmup, checkpoint=checkpoint, takeover_off=takeover_off)
     # other processes do not count in CPU time, but they share caches and memory bandwidth
     out["code"] = code
     out["load_average_1_5_15"] = {"start": load0, "end": os.getloadavg()}

@@ -35,7 +35,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--sections", "6", "--zoo-models", SMALL,
-         "--zoo-pairs", "1", "--zoo-no-warmup", "--json", str(out_json)],
+         "--zoo-pairs", "1", "--zoo-no-warmup", "--zoo-takeover-off", "--json", str(out_json)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -48,9 +48,10 @@ def test_zoo_section_prints_stages_ratios_and_targets(smoke: tuple[str, dict[str
     for backend in ("vulkan", "xnnpack"):
         assert f"{backend}: where a lowering's time goes" in out
         assert f"{backend} aggregate over 1 of {len(zoo_e2e.zoo_names())} zoo models" in out
+        assert f"{backend} preprocess, stock passes (takeover off) -> fusionkit rules: " in out
     header = next(line for line in out.splitlines() if line.startswith("model path"))
     assert header.split()[2:2 + len(STAGES)] == list(STAGES)
-    assert sum(line.startswith(f"{SMALL} ") for line in out.splitlines()) >= 2 + 4  # rows
+    assert sum(line.startswith(f"{SMALL} ") for line in out.splitlines()) >= 2 + 6  # rows
     zoo_targets = [t for t in data["targets"] if t["target"].startswith("zoo: ")]
     assert [t["target"].split()[1] for t in zoo_targets] == ["vulkan", "xnnpack"]
     assert {t["status"] for t in zoo_targets} <= {"MET", "MISSED"}
@@ -65,8 +66,8 @@ def test_zoo_json_keeps_every_sample_and_derives_the_ratios(
     assert list(zoo["backends"]) == ["vulkan", "xnnpack"]
     for b in zoo["backends"].values():
         rec = b["models"][SMALL]
-        assert rec["errors"] == {"stock": None, "adapter": None}, rec["errors"]
-        for label in ("stock", "adapter"):
+        assert rec["errors"] == {"stock": None, "adapter": None, "takeover_off": None}, rec["errors"]
+        for label in ("stock", "adapter", "takeover_off"):
             (sample,) = rec["samples"][label]
             assert all(sample[k] >= 0.0 for k in STAGES), sample
             assert math.isclose(sample["total"], sum(sample[k] for k in STAGES))
@@ -78,6 +79,9 @@ def test_zoo_json_keeps_every_sample_and_derives_the_ratios(
         ratio = rec["adapter_cpu_s"] / rec["stock_cpu_s"]
         assert rec["ratio"] == pytest.approx(ratio)
         assert rec["pair_ratios"] == [pytest.approx(ratio)]
+        # preprocess before (stock passes, takeover off) / after (rules), from the samples
+        after, before = (rec["samples"][k][0]["preprocess"] for k in ("adapter", "takeover_off"))
+        assert rec["preprocess_after_before"] == [pytest.approx(after / before)]
         agg = b["aggregate"]
         assert agg["models"] == [SMALL]
         for key in ("sum_ratio", "median_ratio", "gmean_ratio", "ratio_min", "ratio_max"):

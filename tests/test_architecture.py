@@ -296,9 +296,6 @@ PATTERN_NODES = frozenset({"Capture", "Named", "Value", "Alt", "Through", "Seq",
 #: modules that still test pattern node classes one by one, and why (shrink this list: a
 #: module that no longer does must leave it)
 NODE_DISPATCH_ALLOWED = {
-    # compiles each node kind into a matcher closure (a table by class, plus the
-    # literal-matching work of issue 23 in progress in it)
-    "fusionkit.match.matcher": "not converted yet (being edited for literal matching)",
     # graph -> pattern conversion and multi-output merging (being split by job)
     "fusionkit.authoring.from_example": "not converted yet (being split by job)",
 }

@@ -35,6 +35,7 @@ from fusionkit.match.pattern import (
     Op,
     Outputs,
     Pattern,
+    PatternVisitor,
     Seq,
     Through,
     Value,
@@ -210,12 +211,44 @@ Accept = Callable[[Binding], Any]
 _M = Callable[[Any, Binding, "_Search", Where, Accept], Any]
 
 
+class _Compiler(PatternVisitor[_M]):
+    """Each pattern node kind compiled into its matching closure, through the node's own
+    :meth:`~fusionkit.match.pattern.Pattern.accept` (a subclass of a node kind compiles as
+    that kind). Runs once per pattern; the closures it returns are the hot path."""
+
+    def generic(self, p: Pattern) -> _M:
+        raise TypeError(f"unknown pattern node {p!r}")
+
+    def visit_capture(self, p: Capture) -> _M:
+        return _compile_capture(p)
+
+    def visit_value(self, p: Value) -> _M:
+        return _compile_value(p)
+
+    def visit_named(self, p: Named) -> _M:
+        return _compile_named(p)
+
+    def visit_alt(self, p: Alt) -> _M:
+        return _compile_alt(p)
+
+    def visit_through(self, p: Through) -> _M:
+        return _compile_through(p)
+
+    def visit_seq(self, p: Seq) -> _M:
+        return _compile_seq(p)
+
+    def visit_outputs(self, p: Outputs) -> _M:
+        return _compile_outputs(p)
+
+    def visit_op(self, p: Op) -> _M:
+        return _compile_op(p)
+
+
+_COMPILER = _Compiler()
+
+
 def _compile(p: Pattern) -> _M:
-    for cls in type(p).__mro__:  # the pattern class (or the one it subclasses)
-        compile_as = _COMPILERS.get(cls)
-        if compile_as is not None:
-            return compile_as(p)
-    raise TypeError(f"unknown pattern node {p!r}")
+    return p.accept(_COMPILER)
 
 
 def _capture_mismatch(where: Where, name: str, value: Any, prev: Any) -> str:
@@ -574,12 +607,6 @@ def _equal_literal(a: Any, b: Any) -> bool:
         return False
 
 
-_COMPILERS: dict[type, Callable[[Any], _M]] = {
-    Op: _compile_op, Capture: _compile_capture, Through: _compile_through, Alt: _compile_alt,
-    Value: _compile_value, Named: _compile_named, Seq: _compile_seq, Outputs: _compile_outputs,
-}
-
-
 class CompiledPattern:
     """A pattern compiled once for repeated searches (a rule's, held by the finder's index)."""
 
@@ -634,17 +661,7 @@ def _pattern_size(p: Pattern) -> int:
     while todo:
         q = todo.pop()
         size += 1
-        if isinstance(q, Op):
-            todo.extend((*q.args, *q.kwargs.values()))
-        elif isinstance(q, Alt):
-            todo.extend(q.options)
-        elif isinstance(q, (Named, Through)):
-            todo.append(q.inner)
-        elif isinstance(q, Seq):
-            todo.extend(q.items)
-        elif isinstance(q, Outputs):
-            todo.append(q.primary)
-            todo.extend(o.pattern for o in q.others)
+        todo.extend(q.children())
     return size
 
 

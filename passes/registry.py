@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from fusionkit.rule import Rule
 
 __all__ = ["RuleFactory", "register_rules", "registered", "rule_set", "rule_set_names",
-           "taken_over_patterns"]
+           "rules_taking_over", "taken_over_patterns"]
 
 #: the modules whose import registers every rule fusionkit ships
 SHIPPED_RULE_MODULES: tuple[str, ...] = ("fusionkit.passes.rms_norm", "fusionkit.passes.vulkan",
@@ -84,3 +84,9 @@ def rule_set_names() -> list[str]:
 def taken_over_patterns(set_name: str) -> dict[str, str]:
     """Stock pattern name -> qualified name of the factory in ``set_name`` replacing it."""
     return {f.takes_over: f.qualname for f in registered(set_name) if f.takes_over}
+
+
+def rules_taking_over(set_name: str, stock_pass: str) -> list[Rule]:
+    """Fresh rule objects of ``set_name`` from the factories registered as taking over
+    ``stock_pass`` (a stock pattern or pass name), in registration order."""
+    return [r for f in registered(set_name) if f.takes_over == stock_pass for r in f.rules()]

@@ -22,28 +22,29 @@ runs the stock passes instead (in this thread), for comparisons.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from fusionkit import Rule, find_matches, op_key
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.integration.hooks import PatchSet
-from fusionkit.passes.registry import registered, taken_over_patterns
+from fusionkit.integration.preprocess_takeover import Takeover
+from fusionkit.passes.registry import rules_taking_over, taken_over_patterns
 from fusionkit.passes.vulkan.addmm_to_linear import FALLBACK_OPS as ADDMM_FALLBACK_OPS
 
 from .delegation import with_delegation_check
 
-__all__ = ["MAX_ROUNDS", "PATCHES", "STOCK_PASSES", "TAKEN_OVER_PASSES", "RulePass", "StockPass",
-           "counts", "disabled", "is_enabled", "reset_counts", "rules_for"]
+__all__ = ["MAX_ROUNDS", "PATCHES", "RULE_PASSES", "STOCK_PASSES", "TAKEN_OVER_PASSES", "RulePass",
+           "StockPass", "counts", "disabled", "is_enabled", "reset_counts", "rules_for"]
 
 _PREPROCESS_MODULE = "executorch.backends.vulkan.vulkan_preprocess"
 
+#: the rule set whose factories registered ``takes_over=<stock pass>`` replace them
+RULE_SET = "vulkan_preprocess"
+
 #: stock pass class name -> the factory whose rules replace it
-TAKEN_OVER_PASSES: dict[str, str] = taken_over_patterns("vulkan_preprocess")
+TAKEN_OVER_PASSES: dict[str, str] = taken_over_patterns(RULE_SET)
 
 @dataclass(frozen=True)
 class StockPass:
@@ -79,6 +80,15 @@ STOCK_PASSES: dict[str, StockPass] = {
     "ViewCopyToSqueezeUnsqueezePass": StockPass(
         "executorch.backends.transforms.view_copy_to_squeeze_unsqueeze."
         "ViewCopyToSqueezeUnsqueezePass", drop_dead_constants=False),
+    "InsertDtypePromotionPass": StockPass(
+        "executorch.backends.vulkan._passes.insert_dtype_promotion.InsertDtypePromotionPass",
+        drop_dead_constants=False, dead_code_elimination_if_changed=True),
+    "FuseQuantizedOpsTransform": StockPass(
+        "executorch.backends.vulkan._passes.fuse_quantized_ops.FuseQuantizedOpsTransform",
+        drop_dead_constants=False, dead_code_elimination=True),
+    "FoldQDQPass": StockPass(
+        "executorch.backends.vulkan._passes.fold_qdq.FoldQDQPass",
+        drop_dead_constants=False, dead_code_elimination=True),
     "FuseViewCopyTransform": StockPass(
         "executorch.backends.transforms.fuse_view_copy.FuseViewCopyTransform",
         drop_dead_constants=False, dead_code_elimination_if_changed=True),
@@ -88,46 +98,22 @@ STOCK_PASSES: dict[str, StockPass] = {
 #: an mm became may be followed by an identity view)
 MAX_ROUNDS = 8
 
-_BUILT: dict[str, tuple[Rule, ...]] = {}
-_state = threading.local()
-_lock = threading.Lock()
-_counts: dict[str, dict[str, int]] = {}
+
+def _rules(stock_pass: str) -> list[Rule]:
+    """With the runtime's conditions on what they create (the nodes are delegated already)."""
+    return [with_delegation_check(r, None) for r in rules_taking_over(RULE_SET, stock_pass)]
 
 
-def rules_for(stock_pass: str) -> tuple[Rule, ...]:
-    """The rules replacing one stock pass, with the runtime's conditions (built once)."""
-    rules = _BUILT.get(stock_pass)
-    if rules is None:
-        made = [r for f in registered("vulkan_preprocess") if f.takes_over == stock_pass
-                for r in f.rules()]
-        rules = _BUILT[stock_pass] = tuple(with_delegation_check(r, None) for r in made)
-    return rules
-
-
-def is_enabled() -> bool:
-    return getattr(_state, "enabled", True)  # type: ignore[no-any-return]
-
-
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """The stock passes run (in this thread) while the block runs."""
-    before = is_enabled()
-    _state.enabled = False
-    try:
-        yield
-    finally:
-        _state.enabled = before
-
-
-def counts() -> dict[str, dict[str, int]]:
-    """Stock pass name -> {"runs", "fused", "declined", "stock_runs"} since :func:`reset_counts`."""
-    with _lock:
-        return {k: dict(v) for k, v in _counts.items()}
-
-
-def reset_counts() -> None:
-    with _lock:
-        _counts.clear()
+#: the taken-over passes' rules (built once), the per-thread switch and the counts
+#: ({"runs", "fused", "declined", "stock_runs"} per stock pass)
+RULE_PASSES = Takeover(TAKEN_OVER_PASSES, _rules,
+                       count_keys=("runs", "fused", "declined", "stock_runs"))
+rules_for = RULE_PASSES.rules_for
+is_enabled = RULE_PASSES.is_enabled
+#: ``with disabled():`` the stock passes run (in this thread) while the block runs
+disabled = RULE_PASSES.disabled
+counts = RULE_PASSES.counts
+reset_counts = RULE_PASSES.reset_counts
 
 
 class RulePass:
@@ -180,10 +166,7 @@ class RulePass:
         return program
 
     def _count(self, key: str, n: int) -> None:
-        with _lock:
-            c = _counts.setdefault(self.stock_pass, {"runs": 0, "fused": 0, "declined": 0,
-                                                     "stock_runs": 0})
-            c[key] += n
+        RULE_PASSES.count(self.stock_pass, key, n)
 
 
 def _stock_name(pass_obj: Any) -> str | None:

@@ -20,10 +20,7 @@ twins compare both).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 from executorch.exir.pass_base import ExportedProgramPassResult
@@ -34,61 +31,36 @@ from fusionkit import FusionPass, Rule
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.check.executable import Delegate, ExecutionTarget
 from fusionkit.integration.hooks import PatchSet, UnsupportedExecuTorchError
+from fusionkit.integration.preprocess_takeover import Takeover
 from fusionkit.match.finder import Decline, MatchSet, find_matches
-from fusionkit.passes.registry import registered, taken_over_patterns
+from fusionkit.passes.registry import rules_taking_over, taken_over_patterns
 from fusionkit.report import FusionReport
 
-__all__ = ["MAX_ROUNDS", "TAKEN_OVER_PASSES", "TAKEOVER", "RulePass", "counts", "disabled",
-           "is_enabled", "reset_counts", "rules_for", "transform"]
+__all__ = ["MAX_ROUNDS", "RULE_PASSES", "TAKEN_OVER_PASSES", "TAKEOVER", "RulePass", "counts",
+           "disabled", "is_enabled", "reset_counts", "rules_for", "transform"]
 
 _PASSES_MODULE = "executorch.backends.xnnpack._passes"
 
+#: the rule set whose factories registered ``takes_over=<stock pass>`` replace them
+RULE_SET = "xnnpack"
+
 #: stock pass class name (in ``executorch.backends.xnnpack._passes``) -> the factory
 #: whose rules replace it. A stock pass not listed here runs as ExecuTorch wrote it.
-TAKEN_OVER_PASSES: dict[str, str] = taken_over_patterns("xnnpack")
+TAKEN_OVER_PASSES: dict[str, str] = taken_over_patterns(RULE_SET)
 
 #: rounds of one rule pass at most (each round: find every match, apply the accepted)
 MAX_ROUNDS = 8
 
-_BUILT: dict[str, tuple[Rule, ...]] = {}
-_state = threading.local()
-_lock = threading.Lock()
-#: stock pass name -> {"rounds": n, "fused": n} since :func:`reset_counts`
-_counts: dict[str, dict[str, int]] = {}
-
-
-def rules_for(stock_pass: str) -> tuple[Rule, ...]:
-    """The rules replacing one stock pass (built once per process)."""
-    rules = _BUILT.get(stock_pass)
-    if rules is None:
-        rules = _BUILT[stock_pass] = tuple(
-            r for f in registered("xnnpack") if f.takes_over == stock_pass for r in f.rules())
-    return rules
-
-
-def is_enabled() -> bool:
-    return getattr(_state, "enabled", True)  # type: ignore[no-any-return]
-
-
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """The stock passes run (in this thread) while the block runs, takeover installed or not."""
-    before = is_enabled()
-    _state.enabled = False
-    try:
-        yield
-    finally:
-        _state.enabled = before
-
-
-def counts() -> dict[str, dict[str, int]]:
-    with _lock:
-        return {k: dict(v) for k, v in _counts.items()}
-
-
-def reset_counts() -> None:
-    with _lock:
-        _counts.clear()
+#: the taken-over passes' rules (built once), the per-thread switch and the counts
+#: ({"runs", "fused"} per stock pass)
+RULE_PASSES = Takeover(TAKEN_OVER_PASSES, lambda name: rules_taking_over(RULE_SET, name))
+rules_for = RULE_PASSES.rules_for
+is_enabled = RULE_PASSES.is_enabled
+#: ``with disabled():`` the stock passes run (in this thread) while the block runs,
+#: takeover installed or not
+disabled = RULE_PASSES.disabled
+counts = RULE_PASSES.counts
+reset_counts = RULE_PASSES.reset_counts
 
 
 def _visitor_refusal(node: Node) -> str | None:
@@ -126,10 +98,8 @@ class RulePass(FusionPass):
                 break
             modified = True
             fused += sum(r.fused for r in self.report.rules.values())
-        with _lock:
-            c = _counts.setdefault(self.stock_pass, {"runs": 0, "fused": 0})
-            c["runs"] += 1
-            c["fused"] += fused
+        RULE_PASSES.count(self.stock_pass, "runs")
+        RULE_PASSES.count(self.stock_pass, "fused", fused)
         return ExportedProgramPassResult(exported_program, modified)
 
 

@@ -38,15 +38,14 @@ targets, arguments, output metadata, selected node metadata, signature, constant
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 import hashlib
 import importlib
 import operator
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +53,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from fusionkit.integration.hooks import PatchSet
+from fusionkit.integration.preprocess_state import Tally, ThreadSwitch
 from fusionkit.integration.tensor_bytes import tensor_bytes
 
 __all__ = [
@@ -163,60 +163,42 @@ def gate_for(pass_obj: Any, table: GateTable) -> PassGate | None:
 
 # ----------------------------------------------------------------------------- state
 
-_state = threading.local()
-_lock = threading.Lock()
-_counts: collections.Counter[tuple[str, str]] = collections.Counter()
+_enabled = ThreadSwitch(default=True)
+_checking = ThreadSwitch(default=False)
+_tally = Tally(("skipped", "ran"))
 #: graph modules changed in place (not retraced) by a pass that ran
 _unsettled: weakref.WeakSet[GraphModule] = weakref.WeakSet()
 
 
 def is_enabled() -> bool:
-    return getattr(_state, "enabled", True)  # type: ignore[no-any-return]
+    return _enabled.is_on()
 
 
 def _is_checking() -> bool:
-    return getattr(_state, "checking", False)  # type: ignore[no-any-return]
+    return _checking.is_on()
 
 
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
+def disabled() -> AbstractContextManager[None]:
     """Every pass runs (in this thread) while the block runs."""
-    before = is_enabled()
-    _state.enabled = False
-    try:
-        yield
-    finally:
-        _state.enabled = before
+    return _enabled.turned(False)
 
 
-@contextlib.contextmanager
-def checking() -> Iterator[None]:
+def checking() -> AbstractContextManager[None]:
     """Every skip is verified: the pass runs on a deep copy and must change nothing."""
-    before = _is_checking()
-    _state.checking = True
-    try:
-        yield
-    finally:
-        _state.checking = before
+    return _checking.turned(True)
 
 
 def counts() -> dict[str, dict[str, int]]:
     """Pass class name -> {"skipped": n, "ran": n} since the last :func:`reset_counts`."""
-    out: dict[str, dict[str, int]] = {}
-    with _lock:
-        for (name, outcome), n in _counts.items():
-            out.setdefault(name, {"skipped": 0, "ran": 0})[outcome] = n
-    return out
+    return _tally.snapshot()
 
 
 def reset_counts() -> None:
-    with _lock:
-        _counts.clear()
+    _tally.reset()
 
 
 def _count(pass_obj: Any, outcome: str) -> None:
-    with _lock:
-        _counts[(type(pass_obj).__name__, outcome)] += 1
+    _tally.add(type(pass_obj).__name__, outcome)
 
 
 # ----------------------------------------------------------------------------- deciding

@@ -14,7 +14,11 @@ flatc-JSON reader, copes with infinite scalars) and reports:
 * ``constant_size`` — a constant whose stored bytes do not have the size its
   tensor needs (e.g. a view serialized together with its whole base storage);
 * ``missing_constant`` — a constant whose named-data key is not in the program
-  (only checked when the named data is at hand).
+  (only checked when the named data is at hand);
+* ``runtime_condition`` — an operator whose arguments break one of its
+  :mod:`.runtime_conditions` (the rotary ops' ``size_at(-3, xq) == size_at(-3, xk)``,
+  the quantized ops' group sizes, ...): the conditions the simulator stops on, read
+  from the payload's tensor sizes and scalars.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .payload import (
     VulkanPayload,
     decode_payload,
 )
+from .runtime_conditions import conditions_for, violated
 from .shaders import missing_shader
 
 __all__ = [
@@ -212,7 +217,57 @@ def check_payload(payload: bytes | VulkanPayload, delegate: int = 0, method: str
     except PayloadError as e:
         return [Problem("bad_payload", delegate, None, None, None, None,
                         f"the payload cannot be decoded: {e}", method)]
-    return [*_check_args(p.graph, d), *_check_constants(p.graph, p, d)]
+    return [*_check_args(p.graph, d), *_check_constants(p.graph, p, d),
+            *_check_conditions(p.graph, d)]
+
+
+@dataclass(frozen=True)
+class _Sized:
+    """A payload tensor as the runtime conditions read it: its sizes."""
+
+    shape: tuple[int, ...]
+
+
+def _condition_arguments(g: VkGraph, name: str, ins: tuple[int, ...]) -> dict[str, Any] | None:
+    """Schema argument name -> what the conditions read (sizes, scalars, lists); None when
+    ``name`` has no torch schema of this arity."""
+    import torch
+
+    parts = ("llama." + name if name.count(".") == 1 else name).split(".")
+    try:
+        schema = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])._schema
+    except (AttributeError, IndexError, RuntimeError):
+        return None
+    if len(schema.arguments) != len(ins):
+        return None
+    out: dict[str, Any] = {}
+    for a, vid in zip(schema.arguments, ins, strict=True):
+        v = g.value(vid)
+        if v is None or v.kind in ("Null", "NONE"):
+            out[a.name] = None
+        elif v.tensor is not None:
+            out[a.name] = _Sized(tuple(v.tensor.dims))
+        elif v.kind == "ValueList":
+            vals = [g.value(i) for i in v.value]
+            out[a.name] = [_Sized(tuple(e.tensor.dims)) if e is not None and e.tensor else
+                           (e.value if e is not None else None) for e in vals]
+        else:
+            out[a.name] = list(v.value) if isinstance(v.value, tuple) else v.value
+    return out
+
+
+def _check_conditions(g: VkGraph, d: VulkanDelegate) -> Iterator[Problem]:
+    """Each op's runtime conditions on the payload's sizes (what the simulator stops on)."""
+    for ci, call in enumerate(g.chain):
+        if not conditions_for(call.name):
+            continue
+        args = _condition_arguments(g, call.name, tuple(call.args[:-1]))
+        if args is None:
+            continue
+        for c in violated(call.name, args):
+            vid = next((call.args[i] for i, n in enumerate(args) if n == c.args[0]), None)
+            yield Problem("runtime_condition", d.index, call.name, None, c.args[0], vid,
+                          f"{call.name} argument {c.args[0]!r}: {c.message()}", d.method, ci)
 
 
 # ------------------------------------------------------------ finding delegates

@@ -296,8 +296,9 @@ PATTERN_NODES = frozenset({"Capture", "Named", "Value", "Alt", "Through", "Seq",
 #: modules that still test pattern node classes one by one, and why (shrink this list: a
 #: module that no longer does must leave it)
 NODE_DISPATCH_ALLOWED = {
-    # graph -> pattern conversion and multi-output merging (being split by job)
-    "fusionkit.authoring.from_example": "not converted yet (being split by job)",
+    # from_example's graph -> pattern conversion and multi-output merging, split out by job
+    "fusionkit.authoring.graph_to_pattern": "moved from from_example; not converted yet",
+    "fusionkit.authoring.multi_output": "moved from from_example; not converted yet",
 }
 
 

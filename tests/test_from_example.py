@@ -347,3 +347,36 @@ def test_mistakes_are_reported_as_example_errors() -> None:
                                  (torch.randn(2), 2.0), name="r", wildcards={"scale"},
                                  dialect="aten")
     assert "scale" in scaled.pattern.captures()
+
+
+def test_trace_options_are_the_tracing_keywords_as_one_value() -> None:
+    """``options=TraceOptions(...)`` builds the very rule the keywords build; one options
+    value serves several rules; options and a keyword at once is refused, not merged."""
+    from fusionkit.authoring.from_example import TraceOptions
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(4))
+
+        def forward(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+            return torch.relu(x.to(torch.float32) * scale) * self.weight
+
+    ex = (torch.randn(2, 4), 0.5)
+    keywords: dict[str, Any] = dict(wildcards={"scale"}, dialect="aten", casts=(),
+                                    parameters="foldable", output_names=("out",))
+    by_keywords = rule_from_functions(Scaled(), replace_with("aten.relu.default", ref("x")),
+                                      ex, name="scaled", **keywords)
+    opts = TraceOptions(**keywords)
+    by_options = rule_from_functions(Scaled(), replace_with("aten.relu.default", ref("x")),
+                                     ex, name="scaled", options=opts)
+    assert by_options.pattern == by_keywords.pattern
+    assert {"scale", "weight", "out"} <= by_options.pattern.captures()
+    assert by_options.constraints == by_keywords.constraints  # weight: foldable constant
+    assert "aten.to.dtype(capture('x')" in repr(by_options.pattern)  # casts=(): as traced
+    assert by_options.pattern != rule_from_functions(  # a field that differs shows
+        Scaled(), replace_with("aten.relu.default", ref("x")), ex, name="scaled",
+        options=dataclasses.replace(opts, wildcards=())).pattern
+    with pytest.raises(ExampleError, match="options= or as keywords.*narrowing"):
+        rule_from_functions(Scaled(), "aten.relu.default", ex, name="r", options=opts,
+                            narrowing=True)

@@ -31,6 +31,7 @@ from torch.fx import Node
 from fusionkit.apply import lazy_code
 from fusionkit.apply.builder import FusionError, ProgramConstants, Rewriter
 from fusionkit.apply.journal import Journal
+from fusionkit.check.executable import replacement_outputs
 from fusionkit.check.folding import evaluate_constant
 from fusionkit.check.program_inputs import ConstantKind
 from fusionkit.match.finder import Decline, Match
@@ -72,16 +73,6 @@ class ApplyResult:
     @property
     def modified(self) -> bool:
         return bool(self.applied)
-
-
-def _same_signature(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape)
-    return type(a) is type(b)
-
-
-def _describe(v: Any) -> str:
-    return f"{getattr(v, 'dtype', type(v).__name__)}{tuple(getattr(v, 'shape', ()))}"
 
 
 def _is_pure_op(n: Node) -> bool:
@@ -140,10 +131,7 @@ class _Apply:
                       constants=self.constants)
         built = m.rule.replacement.build(rw, captures)
         olds = [m.root, *(m.captures[name] for name in output_names(m.rule.pattern))]
-        news = list(built) if isinstance(built, (tuple, list)) else [built]
-        if len(news) != len(olds) or not isinstance(news[0], Node):
-            raise FusionError(f"rule {m.rule.name!r} at `{m.root.name}` returned {len(news)} "
-                              f"node(s) for a match with {len(olds)} output(s)")
+        news = replacement_outputs(m.rule.name, m.root, olds, built)
         check_placement(m, rw.created)
         pairs: list[tuple[Node, Node]] = []
         for old, new in zip(olds, news, strict=True):
@@ -155,15 +143,6 @@ class _Apply:
                                       "is still used: add a constraint so such matches are "
                                       "declined")
                 continue
-            if not isinstance(new, Node):
-                raise FusionError(f"rule {m.rule.name!r} returned {type(new).__name__} for "
-                                  f"output `{old.name}`, not a graph node")
-            old_val, new_val = old.meta.get("val"), new.meta.get("val")
-            if old_val is not None and not _same_signature(new_val, old_val):
-                raise FusionError(
-                    f"rule {m.rule.name!r} at `{old.name}` built `{new.name}` with "
-                    f"{_describe(new_val)}, but the output is {_describe(old_val)}: "
-                    "add a constraint so such matches are declined")
             self.journal.replace_all_uses(old, new)
             pairs.append((old, new))
         check_users_follow(m, pairs)
@@ -173,7 +152,7 @@ class _Apply:
         self.dead_candidates.extend(folded)
         self.replaced.update(pairs)
         self.dead_candidates.extend(v for v in m.captures.values() if isinstance(v, Node))
-        return news[0]
+        return pairs[0][1]  # the new root (a node: replacement_outputs checked it)
 
     def erase_claimed(self, m: Match) -> None:
         """Erase the match's nodes, consumers before producers (one sweep, latest first)."""

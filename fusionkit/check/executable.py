@@ -21,7 +21,7 @@ reason, before the program changes — never accepted and then dropped.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -388,6 +388,35 @@ def _describe(v: Any) -> str:
     return f"{getattr(v, 'dtype', type(v).__name__)}{tuple(getattr(v, 'shape', ()))}"
 
 
+def replacement_outputs(rule_name: str, root: Node, outputs: Sequence[Node], built: Any
+                        ) -> list[Node | None]:
+    """What a replacement returned, one entry per match output (``None``: an output the
+    fused op subsumes; whether that is allowed is the caller's to decide).
+
+    Raises :class:`FusionError` when it cannot stand in for the outputs: another number
+    of nodes, something that is not a graph node, or a node of another dtype or shape than
+    the output it replaces. One function because :mod:`fusionkit.apply.rewrite` applies
+    exactly what :class:`ReplacementCheck` judged at find time.
+    """
+    news = list(built) if isinstance(built, (tuple, list)) else [built]
+    if len(news) != len(outputs) or not isinstance(news[0], Node):
+        raise FusionError(f"rule {rule_name!r} at `{root.name}` returned {len(news)} node(s) "
+                          f"for a match with {len(outputs)} output(s)")
+    for old, new in zip(outputs, news, strict=True):
+        if new is None:
+            continue
+        if not isinstance(new, Node):
+            raise FusionError(f"rule {rule_name!r} returned {type(new).__name__} for output "
+                              f"`{old.name}`, not a graph node")
+        old_val, new_val = old.meta.get("val"), new.meta.get("val")
+        if old_val is not None and not _same_signature(new_val, old_val):
+            raise FusionError(
+                f"rule {rule_name!r} at `{old.name}` built `{new.name}` with "
+                f"{_describe(new_val)}, but the output is {_describe(old_val)}: "
+                "add a constraint so such matches are declined")
+    return news
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else "(no message)"
@@ -450,21 +479,6 @@ class ReplacementCheck:
 
     def _check_outputs(self, built: Any, outputs: tuple[Node, ...], root: Node) -> None:
         """Raise the :class:`FusionError` :mod:`fusionkit.apply.rewrite` would raise on
-        what the replacement returned (the same checks, before anything changed)."""
-        name = self.rule.name
-        news = list(built) if isinstance(built, (tuple, list)) else [built]
-        if len(news) != len(outputs) or not isinstance(news[0], Node):
-            raise FusionError(f"rule {name!r} at `{root.name}` returned {len(news)} node(s) for "
-                              f"a match with {len(outputs)} output(s)")
-        for old, new in zip(outputs, news, strict=True):
-            if new is None:
-                continue  # an output the fused op subsumes: judged when applied
-            if not isinstance(new, Node):
-                raise FusionError(f"rule {name!r} returned {type(new).__name__} for output "
-                                  f"`{old.name}`, not a graph node")
-            old_val, new_val = old.meta.get("val"), new.meta.get("val")
-            if old_val is not None and not _same_signature(new_val, old_val):
-                raise FusionError(
-                    f"rule {name!r} at `{old.name}` built `{new.name}` with "
-                    f"{_describe(new_val)}, but the output is {_describe(old_val)}: "
-                    "add a constraint so such matches are declined")
+        what the replacement returned (the same checks, before anything changed; an
+        output the fused op subsumes is judged when applied)."""
+        replacement_outputs(self.rule.name, root, outputs, built)

@@ -1,0 +1,142 @@
+"""Stock preprocess passes beside the fusionkit rules that take them over, in code lines.
+
+Why: the README's table of what each backend's taken-over stock pass became (issue 25)
+must not drift from the code. It is computed here, from the adapters' takeover tables,
+the rule registry, the installed ExecuTorch and this tree; ``tests/test_rules_table.py``
+compares it with the README.
+
+    python -m benchmarks.rule_lines      # the markdown table
+
+Code lines: no blank, comment-only or docstring lines. A stock pass counts its whole
+module (detection, rewrite and re-trace, as ExecuTorch wrote them); a rule counts the
+modules of the factories registered ``takes_over=`` that pass, and the rule modules they
+import theirs from (constraints and declines included); shared helper modules
+(``_common.py`` and other ``_`` modules) are not counted on either side.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import io
+import os
+import sys
+import tokenize
+from dataclasses import dataclass
+
+__all__ = ["TakeoverRow", "code_lines", "markdown", "rows"]
+
+_SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+         tokenize.ENDMARKER, tokenize.ENCODING}
+
+
+def code_lines(path: str) -> int:
+    """Lines of ``path`` holding code: not blank, not only a comment, not a docstring."""
+    with open(path, encoding="utf-8") as f:
+        src = f.read()
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(src, path)):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list) or not body:
+            continue
+        first = body[0]
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                and isinstance(first.value.value, str) and first.end_lineno is not None:
+            docstrings.update(range(first.lineno, first.end_lineno + 1))
+    code: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type not in _SKIP:
+            code.update(range(tok.start[0], tok.end[0] + 1))
+    return len(code - docstrings)
+
+
+@dataclass(frozen=True)
+class TakeoverRow:
+    """One taken-over stock pass of one backend."""
+
+    backend: str
+    stock_pass: str
+    stock_module: str
+    stock_lines: int
+    rule_modules: tuple[str, ...]
+    rule_names: tuple[str, ...]
+    rule_lines: int
+
+
+def _stock_module(backend: str, stock_pass: str) -> str:
+    if backend == "vulkan":
+        from fusionkit.backends.vulkan_adapter.preprocess_rules import STOCK_PASSES
+
+        return STOCK_PASSES[stock_pass].qualname.rsplit(".", 1)[0]
+    cls = getattr(importlib.import_module("executorch.backends.xnnpack._passes"), stock_pass)
+    return str(cls.__module__)
+
+
+def rows() -> list[TakeoverRow]:
+    """Every taken-over stock pass of both adapters, in their tables' order."""
+    from fusionkit.backends.vulkan_adapter import preprocess_rules as vulkan
+    from fusionkit.backends.xnnpack_adapter import preprocess_rules as xnnpack
+    from fusionkit.passes.registry import registered
+
+    out = []
+    for backend, adapter in (("vulkan", vulkan), ("xnnpack", xnnpack)):
+        factories = registered(adapter.RULE_SET)
+        for stock_pass in adapter.TAKEN_OVER_PASSES:
+            module = _stock_module(backend, stock_pass)
+            stock_file = inspect.getsourcefile(importlib.import_module(module))
+            mine = [f for f in factories if f.takes_over == stock_pass]
+            own = [f.make.__module__ for f in mine]
+            rule_modules = tuple(dict.fromkeys(
+                [*own, *(m for o in own for m in _imported_rule_modules(o))]))
+            files = {m: inspect.getsourcefile(importlib.import_module(m)) for m in rule_modules}
+            out.append(TakeoverRow(
+                backend, stock_pass, module, code_lines(str(stock_file)), rule_modules,
+                tuple(r.name for f in mine for r in f.rules()),
+                sum(code_lines(str(p)) for p in files.values())))
+    return out
+
+
+def _imported_rule_modules(module: str) -> list[str]:
+    """The public ``fusionkit.passes`` modules ``module`` imports from (rules it reuses)."""
+    path = inspect.getsourcefile(importlib.import_module(module))
+    with open(str(path), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.startswith("fusionkit.passes.") \
+                and not node.module.rsplit(".", 1)[-1].startswith("_") \
+                and node.module != "fusionkit.passes.registry":
+            found.append(node.module)
+    return found
+
+
+def _short(module: str) -> str:
+    return module.removeprefix("fusionkit.passes.").replace(".", "/") + ".py"
+
+
+def markdown(table: list[TakeoverRow] | None = None) -> str:
+    """The README table: backend, stock pass, rule module(s) and rules, lines each side."""
+    table = rows() if table is None else table
+    lines = ["| backend | stock pass | fusionkit rules (`passes/`) | stock lines | rule lines |",
+             "|---|---|---|---:|---:|"]
+    for r in table:
+        modules = " + ".join(f"`{_short(m)}`" for m in r.rule_modules)
+        n = len(r.rule_names)
+        what = (f"{n} rule{'s' if n != 1 else ''}" if n else
+                "no rule needed (the module says why)")
+        lines.append(f"| {r.backend} | `{r.stock_pass}` | {modules}: {what} | "
+                     f"{r.stock_lines} | {r.rule_lines} |")
+    by = {b: [r for r in table if r.backend == b] for b in ("vulkan", "xnnpack")}
+    total = ["| **sum** | " + " · ".join(f"{b}: {len(v)} passes" for b, v in by.items())
+             + " | | " + " · ".join(str(sum(r.stock_lines for r in v)) for v in by.values())
+             + " | " + " · ".join(str(sum(r.rule_lines for r in v)) for v in by.values()) + " |"]
+    return "\n".join(lines + total)
+
+
+if __name__ == "__main__":
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    print(markdown())

@@ -293,13 +293,9 @@ def test_benchmarks_have_no_import_circle_and_use_no_private_names() -> None:
 #: the pattern node classes of fusionkit.match.pattern
 PATTERN_NODES = frozenset({"Capture", "Named", "Value", "Alt", "Through", "Seq", "Also",
                            "Outputs", "Op"})
-#: modules that still test pattern node classes one by one, and why (shrink this list: a
-#: module that no longer does must leave it)
-NODE_DISPATCH_ALLOWED = {
-    # from_example's graph -> pattern conversion and multi-output merging, split out by job
-    "fusionkit.authoring.graph_to_pattern": "moved from from_example; not converted yet",
-    "fusionkit.authoring.multi_output": "moved from from_example; not converted yet",
-}
+#: modules that still test pattern node classes one by one, and why (none left: a module
+#: listed here must still do so, or leave the list)
+NODE_DISPATCH_ALLOWED: dict[str, str] = {}
 
 
 def _pattern_node_dispatch(module: str, tree: ast.AST) -> list[str]:

@@ -377,6 +377,48 @@ def test_trace_options_are_the_tracing_keywords_as_one_value() -> None:
     assert by_options.pattern != rule_from_functions(  # a field that differs shows
         Scaled(), replace_with("aten.relu.default", ref("x")), ex, name="scaled",
         options=dataclasses.replace(opts, wildcards=())).pattern
-    with pytest.raises(ExampleError, match="options= or as keywords.*narrowing"):
+    with pytest.raises(ExampleError, match=r"options= or as keywords.*narrowing"):
         rule_from_functions(Scaled(), "aten.relu.default", ex, name="r", options=opts,
                             narrowing=True)
+
+
+def test_multi_output_alternatives_merge_output_by_output() -> None:
+    """Two spellings of a two-output computation become one rule that finds (and rewrites)
+    either spelling; a one-output spelling among them is refused, in either order."""
+    from models import export_edge, fresh, op_counts, outputs_close
+
+    def by_relu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(x), torch.sigmoid(x)
+
+    def by_clamp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.clamp(x, min=0.0), torch.sigmoid(x)
+
+    def relu_only(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
+
+    ex = (torch.randn(2, 8),)
+    rule = rule_from_functions([by_relu, by_clamp], lambda x: (torch.relu(x), torch.tanh(x)),
+                               ex, name="two_out", output_names=("first", "second"))
+    assert {"first", "second", "x"} <= rule.pattern.captures()
+
+    class Uses(nn.Module):
+        def __init__(self, spelling: Any) -> None:
+            super().__init__()
+            self.spelling = spelling
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a, b = self.spelling(x)
+            return a * 2 + b
+
+    x = torch.randn(3, 8)
+    for spelling in (by_relu, by_clamp):
+        ep = fresh(export_edge(Uses(spelling), (x,)))
+        ms = find_matches(ep, [rule])
+        assert len(ms.accepted) == 1, (spelling.__name__, [str(d) for d in ms.declined])
+        apply_matches(ep, ms.accepted)
+        counts = op_counts(ep)
+        assert not any("sigmoid" in k or "clamp" in k for k in counts), counts
+        assert outputs_close(ep.module()(x), torch.relu(x) * 2 + torch.tanh(x))
+    for mixed in ([by_relu, relu_only], [relu_only, by_relu]):
+        with pytest.raises(ExampleError, match="different numbers of outputs"):
+            rule_from_functions(mixed, "aten.relu.default", ex, name="mixed")

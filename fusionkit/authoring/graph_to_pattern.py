@@ -38,7 +38,6 @@ from fusionkit.authoring.wildcards import (
     wildcard_value,
 )
 from fusionkit.match.pattern import (
-    Capture,
     Pattern,
     Value,
     any_value,
@@ -173,7 +172,7 @@ class _Converter:
                     v = _number(t.item())
                     return self.through(v) if self.casts else v
             p = self.node(a)
-            if isinstance(p, Capture) and p.name in self.tr.module_tensors:
+            if p.capture_name() in self.tr.module_tensors:
                 # a cast of a module tensor is a constant expression: the parameter
                 # policy (fold or decline) judges it, so it stays part of the capture
                 return p

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from torch.fx import Node
 
 from fusionkit.authoring.example_trace import ExampleError, ExampleTrace
-from fusionkit.match.pattern import Also, Alt, Outputs, Pattern
+from fusionkit.match.pattern import Also, Outputs, Pattern, PatternVisitor
 
 __all__ = ["further_outputs", "merge_alternatives"]
 
@@ -66,12 +66,25 @@ def further_outputs(primary: Pattern, outs: Sequence[Node], names: Sequence[str]
     return Outputs(primary, tuple(others))
 
 
+class _AsOutputs(PatternVisitor["Outputs | None"]):
+    """A multi-output pattern as itself; a one-output pattern (any other kind) as None."""
+
+    def generic(self, p: Pattern) -> Outputs | None:
+        return None
+
+    def visit_outputs(self, p: Outputs) -> Outputs | None:
+        return p
+
+
 def merge_alternatives(patterns: Sequence[Pattern]) -> Pattern:
     """One pattern matching what any of ``patterns`` (traced alternatives) matches."""
     if len(patterns) == 1:
         return patterns[0]
-    if all(isinstance(p, Outputs) for p in patterns):
-        outs = [p for p in patterns if isinstance(p, Outputs)]
+    multi = [p.accept(_AsOutputs()) for p in patterns]
+    outs = [m for m in multi if m is not None]
+    if outs and len(outs) < len(patterns):
+        raise ExampleError("alternative search functions return different numbers of outputs")
+    if outs:
         n = len(outs[0].others)
         if any(len(o.others) != n for o in outs):
             raise ExampleError("alternative search functions return different numbers of outputs")
@@ -84,9 +97,7 @@ def merge_alternatives(patterns: Sequence[Pattern]) -> Pattern:
             others.append(Also(alts[0].name, merge_alternatives([a.pattern for a in alts]),
                                alts[0].near, max(a.max_depth for a in alts)))
         return Outputs(merge_alternatives([o.primary for o in outs]), tuple(others))
-    if any(isinstance(p, Outputs) for p in patterns):
-        raise ExampleError("alternative search functions return different numbers of outputs")
-    opts: list[Pattern] = []
-    for p in patterns:
-        opts.extend(p.options if isinstance(p, Alt) else (p,))
-    return Alt(tuple(opts))
+    merged = patterns[0]
+    for p in patterns[1:]:
+        merged = merged | p  # alternatives of alternatives flatten into one Alt
+    return merged

@@ -27,6 +27,7 @@ from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.match.matcher import match_pattern
 from fusionkit.match.pattern import Alt, Pattern
 from fusionkit.match.targets import op_key
+from fusionkit.result import MatchResult, Status, Step
 
 
 class CastBlock(torch.nn.Module):
@@ -77,13 +78,29 @@ def _outcome(bindings: Any, failure: Any) -> tuple[Any, ...]:
             failure.message, [n.name for n in failure.claimed])
 
 
+def _as_result(failure: Any, root: Node) -> None:
+    """The compiled matcher's deepest failure, reported as the one result type, says what
+    the search recorded (the reference has no result type: it is compared field by field)."""
+    r = failure.result("rule")
+    if failure.progress < 0:
+        assert r is None
+        return
+    assert isinstance(r, MatchResult) and (r.status, r.step) == (Status.DECLINED, Step.STRUCTURE)
+    assert (r.at, r.node, r.reason, r.matched) == (root, failure.node, failure.message,
+                                                   failure.claimed)
+    assert len(r.matched) == failure.progress
+
+
 def _both(pattern: Pattern, node: Node, inputs: ProgramInputs) -> tuple[Any, Any]:
     def run(fn: Any) -> Any:
         try:
             bindings, failure = fn(pattern, node, inputs)
-            return _outcome(list(bindings), failure)
+            found = list(bindings)
         except Exception as e:  # a predicate's error must surface the same way
             return ("raised", type(e).__name__, str(e))
+        if fn is match_pattern:
+            _as_result(failure, node)
+        return _outcome(found, failure)
     return run(match_pattern), run(ref.match_pattern)
 
 

@@ -121,3 +121,126 @@ def test_fail_derives_the_status_from_the_step(edge: Any, status: Status) -> Non
     assert r.status is status  # a plain string is read as the enum
     assert MatchResult.fail("r", node, "error", "raised").status is Status.ERROR
     assert MatchResult.fail("r", node, "dtype", "wrong dtype").status is Status.DECLINED
+
+
+# ------------------------------------------- every layer's failure is the one result type
+
+
+def bmm_rule() -> Rule:
+    """Rooted at the adds, but wants a bmm where the graph has an mm: a structural near miss."""
+    return Rule("bmm", op("aten.add.Tensor", op("aten.bmm.default", capture("x"), capture("w")),
+                          capture("b")),
+                replace_with("aten.addmm.default", ref("b"), ref("x"), ref("w")))
+
+
+def _adds(ep: Any) -> list[Any]:
+    return [n for n in ep.graph.nodes if n.op == "call_function"
+            and "add" in str(n.target)]
+
+
+def test_the_matchers_near_miss_is_the_finders_structural_decline(edge: Any) -> None:
+    from fusionkit.check.program_inputs import ProgramInputs
+    from fusionkit.match.matcher import compile_pattern
+
+    inputs = ProgramInputs(edge)
+    declined = {d.at: d for d in find_matches(edge, [bmm_rule()], all_near_misses=True).declined}
+    adds = _adds(edge)
+    assert len(adds) == 2 and set(declined) == set(adds)
+    for add in adds:
+        _, search = compile_pattern(bmm_rule().pattern).search(add, inputs, lambda b: None)
+        r = search.result("bmm")
+        assert isinstance(r, MatchResult) and type(r) is MatchResult
+        assert (r.status, r.step, r.at) == (Status.DECLINED, Step.STRUCTURE, add)
+        d = declined[add]
+        assert (r.rule, r.step, r.node, r.reason, r.matched) == (
+            d.rule, d.step, d.node, d.reason, d.matched)
+        assert "expected aten.bmm.default" in r.reason and r.node is not None
+        assert r.record() == d.record()
+        verdict = why_not(edge, bmm_rule(), add)  # the near-miss layer says the same
+        assert (verdict.status, verdict.step, verdict.node, verdict.reason) == (
+            r.status, r.step, r.node, r.reason)
+    # a search whose one binding was handed on failed nowhere: no result to report
+    mm = next(n for n in edge.graph.nodes if n.op == "call_function" and "mm" in str(n.target))
+    only_mm = op("aten.mm.default", capture("x"), capture("w"))
+    _, search = compile_pattern(only_mm).search(mm, inputs, lambda b: None)
+    assert search.progress == -1 and search.result("mm") is None
+
+
+def _constraint_cases(edge: Any) -> list[tuple[Any, dict[str, Any], str]]:
+    """(constraint, captures, the capture it must blame) that each refuse their match."""
+    from fusionkit import (
+        Custom,
+        DtypeIn,
+        GraphLeaf,
+        Rank,
+        ReducesLastDim,
+        SameDtype,
+        ScalarRange,
+        StaticShape,
+        UserInput,
+        broadcasts_over_last_dim,
+    )
+
+    ph = {n.name: n for n in edge.graph.nodes if n.op == "placeholder"}
+    (mm, *_) = [n for n in edge.graph.nodes if "mm" in str(n.target)]
+    x, e = ph["x"], ph["e"]
+    w = next(n for name, n in ph.items() if "w" in name and n.meta["val"].dim() == 2)
+
+    def weight_is_bad(ctx: Any, x: Any, w: Any) -> Any:
+        return ctx.fail("the weight is the problem", at="w")
+
+    return [
+        (PrepackableConstant("x"), {"x": x}, "x"),
+        (GraphLeaf("x"), {"x": mm}, "x"),
+        (UserInput("w"), {"w": w}, "w"),
+        (DtypeIn("x", {torch.float16}), {"x": x}, "x"),
+        (Rank("x", {3}), {"x": x}, "x"),
+        (StaticShape("x"), {"x": 1.0}, "x"),
+        (SameDtype("x", "s"), {"x": x, "s": 2}, "x"),
+        (broadcasts_over_last_dim("e", "w"), {"e": x, "w": w}, "e"),
+        (ReducesLastDim("dim", "x"), {"dim": [0], "x": x}, "dim"),
+        (ScalarRange("s", 0.0, 1.0), {"s": 2.0}, "s"),
+        (Custom(lambda ctx, x: "x is the problem", "plain"), {"x": x}, "x"),
+        (Custom(weight_is_bad, "named"), {"x": x, "w": w}, "w"),
+        (Custom(lambda ctx: ctx.blame("e", "e is the problem"), "old", ("x", "e")),
+         {"x": x, "e": e}, "e"),
+    ]
+
+
+def test_every_constraints_refusal_is_a_result_naming_its_capture(edge: Any) -> None:
+    from fusionkit import CheckContext, Failure
+    from fusionkit.check.program_inputs import ProgramInputs
+
+    root = _adds(edge)[0]
+    cases = _constraint_cases(edge)
+    for c, captures, blamed in cases:
+        ctx = CheckContext(edge, ProgramInputs(edge), root, captures, rule="r")
+        f = c.check(ctx)
+        assert isinstance(f, Failure) and isinstance(f, MatchResult), c
+        assert (f.status, f.rule, f.at, f.capture) == (Status.DECLINED, "r", root, blamed), c
+        kind = f"custom:{c.name}" if c.kind == "custom" else c.kind
+        assert f.step == f.constraint == kind, c
+        captured = captures[blamed]
+        assert f.node is (captured if isinstance(captured, torch.fx.Node) else None), c
+        assert f.reason and set(f.record()) == RECORD_KEYS, c
+    assert len({c.kind for c, _, _ in cases}) == 11  # every built-in kind, and custom
+
+
+def test_older_spellings_of_a_refusal_still_build_results(edge: Any) -> None:
+    import warnings
+
+    import fusionkit as fk
+
+    node = _adds(edge)[0]
+    f = fk.Failure("dtype", "x", node, "wrong dtype")  # the former four-field form
+    assert isinstance(f, MatchResult) and f.constraint == "dtype" and f.at is node
+    assert f == fk.Failure("dtype", "x", node, "wrong dtype") and f.status is Status.DECLINED
+    b = fk.Blame("why", "x", node)  # its former argument order
+    assert isinstance(b, fk.Failure) and (b.reason, b.capture, b.node, b.step) == (
+        "why", "x", node, "custom")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from fusionkit.match.matcher import Search, StructuralFailure
+    assert StructuralFailure is Search
+    assert any(issubclass(w.category, DeprecationWarning) and "StructuralFailure" in str(w.message)
+               for w in caught)

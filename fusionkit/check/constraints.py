@@ -2,7 +2,9 @@
 
 A constraint looks at the captures of a structural match and either accepts it
 or returns a :class:`Failure` that says, in a sentence, why the fused op would
-be wrong. Constraints never modify the program; the one that may *fold* a
+be wrong. A Failure is the one reasoned result type
+(:class:`~fusionkit.result.MatchResult`: status ``declined``, step the
+constraint's kind) that also names the capture at fault. Constraints never modify the program; the one that may *fold* a
 constant expression only records a plan (:meth:`CheckContext.plan_fold`) that
 the rewrite carries out after every match has been decided.
 """
@@ -13,7 +15,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.export import ExportedProgram
@@ -23,6 +25,7 @@ from fusionkit.authoring.vocabulary import constraint_term
 from fusionkit.check.capture_parameters import CaptureParameters, DeclaredCaptures
 from fusionkit.check.folding import FoldError, constant_fold_sources, evaluate_constant
 from fusionkit.check.program_inputs import ProgramInputs
+from fusionkit.result import MatchResult, Status
 
 __all__ = [
     "SHAPE_RELATIONS",
@@ -47,14 +50,57 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Failure:
-    """Why one constraint rejected a match."""
+class Failure(MatchResult):
+    """Why one constraint rejected a match: a :class:`~fusionkit.result.MatchResult`
+    (status ``declined``, ``step`` the constraint's kind) that also names the capture at
+    fault (``capture``; None when the failure is about no one capture).
 
-    constraint: str
+    Built as ``Failure(kind, capture, node, reason, rule=..., root=...)``; a constraint
+    makes one with :meth:`Constraint.refuse`, which fills in the rule and the match's
+    root from its :class:`CheckContext`. Made without ``root`` (the older four-field
+    form) its root is the node at fault until the finder reports it at the match's root.
+    """
+
     capture: str | None
-    node: Node | None
-    reason: str
+
+    def __init__(self, constraint: str, capture: str | None, node: Node | None, reason: str,
+                 *, rule: str = "", root: Node | None = None) -> None:
+        at = root if root is not None else node
+        super().__init__(rule, cast(Node, at), Status.DECLINED, constraint, node, reason)
+        object.__setattr__(self, "capture", capture)
+
+    @property
+    def constraint(self) -> str:
+        """The kind of the constraint that refused the match (:attr:`step`)."""
+        return self.step
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Failure):
+            return NotImplemented
+        return ((self.step, self.capture, self.node, self.reason, self.rule, self.at)
+                == (other.step, other.capture, other.node, other.reason, other.rule, other.at))
+
+    def __hash__(self) -> int:
+        return hash((self.step, self.capture, self.node, self.reason))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(step={self.step!r}, capture={self.capture!r}, "
+                f"node={self.node!r}, reason={self.reason!r})")
+
+
+class Blame(Failure):
+    """What :meth:`CheckContext.fail` returns: a custom check's :class:`Failure` (so a
+    MatchResult) naming the capture at fault, of kind ``custom`` until the
+    :class:`Custom` running the check names it ``custom:NAME``.
+
+    Not a concept of its own: kept because checks annotate their result with it
+    (``-> str | Blame | None``) and because of its argument order,
+    ``Blame(reason, capture, node)``. New code may annotate ``Failure``.
+    """
+
+    def __init__(self, reason: str, capture: str | None, node: Node | None, *,
+                 rule: str = "", root: Node | None = None) -> None:
+        super().__init__("custom", capture, node, reason, rule=rule, root=root)
 
 
 @dataclass
@@ -68,6 +114,8 @@ class CheckContext:
     folds: dict[str, Node] = field(default_factory=dict)
     #: whether the caller can add folded constants to the program
     allow_folding: bool = True
+    #: the name of the rule whose match this is (what its failures are reported under)
+    rule: str = ""
 
     def node(self, name: str) -> Node | None:
         v = self.captures.get(name)
@@ -92,24 +140,15 @@ class CheckContext:
         the culprit is another one.
         """
         if isinstance(at, str):
-            return Blame(reason, at, self.node(at))
+            return Blame(reason, at, self.node(at), rule=self.rule, root=self.root)
         for name, v in self.captures.items():
             if v is at:
-                return Blame(reason, name, at)
-        return Blame(reason, None, at)
+                return Blame(reason, name, at, rule=self.rule, root=self.root)
+        return Blame(reason, None, at, rule=self.rule, root=self.root)
 
     def blame(self, at: str | Node, reason: str) -> Blame:
         """The same as :meth:`fail` with the arguments the other way round (kept for old checks)."""
         return self.fail(reason, at)
-
-
-@dataclass(frozen=True)
-class Blame:
-    """A reason together with the capture and node it is about (see :meth:`CheckContext.blame`)."""
-
-    reason: str
-    capture: str | None
-    node: Node | None
 
 
 def _label(name: str, v: Any) -> str:
@@ -141,7 +180,14 @@ class Constraint(ABC):
     def check(self, ctx: CheckContext) -> Failure | None:
         """None when satisfied, else the reasoned failure."""
 
+    def refuse(self, ctx: CheckContext, capture: str | None, node: Any, reason: str) -> Failure:
+        """This constraint's refusal of ``ctx``'s match, blaming ``capture`` (and ``node``,
+        when it is a node of the graph)."""
+        return Failure(self.kind, capture, node if isinstance(node, Node) else None, reason,
+                       rule=ctx.rule, root=ctx.root)
+
     def _fail(self, capture: str | None, node: Any, reason: str) -> Failure:
+        """The older form of :meth:`refuse`, without the context (the finder places it)."""
         return Failure(self.kind, capture, node if isinstance(node, Node) else None, reason)
 
 
@@ -168,28 +214,28 @@ class PrepackableConstant(Constraint):
     def check(self, ctx: CheckContext) -> Failure | None:
         v = ctx.captures.get(self.capture)
         if not isinstance(v, Node):
-            return self._fail(self.capture, None,
+            return self.refuse(ctx, self.capture, None,
                               f"{self.capture} is the literal {v!r}, not a constant tensor: {self.role}")
         if v.op == "placeholder":
             if ctx.inputs.constant(v) is not None:
                 return None
-            return self._fail(self.capture, v,
+            return self.refuse(ctx, self.capture, v,
                               f"{_label(self.capture, v)} is {ctx.inputs.describe(v)}, not a "
                               f"constant: {self.role}")
         what = f"{_label(self.capture, v)} is {ctx.inputs.describe(v)}, not a constant"
         if not self.fold:
-            return self._fail(self.capture, v, f"{what}: {self.role}")
+            return self.refuse(ctx, self.capture, v, f"{what}: {self.role}")
         sources, why = constant_fold_sources(v, ctx.inputs)
         if sources is None:
-            return self._fail(self.capture, v, f"{what}, and cannot be folded because {why}: {self.role}")
+            return self.refuse(ctx, self.capture, v, f"{what}, and cannot be folded because {why}: {self.role}")
         if not ctx.allow_folding:
-            return self._fail(self.capture, v, f"{what}; it depends only on constants, but folding "
+            return self.refuse(ctx, self.capture, v, f"{what}; it depends only on constants, but folding "
                               f"is not available in this pass: {self.role}")
 
         try:  # evaluated here, in the deciding phase, so that apply cannot fail on it
             evaluate_constant(v, ctx.inputs)
         except FoldError as e:
-            return self._fail(self.capture, v, f"{what}, and folding it failed ({e}): {self.role}")
+            return self.refuse(ctx, self.capture, v, f"{what}, and folding it failed ({e}): {self.role}")
         ctx.plan_fold(self.capture, v)
         return None
 
@@ -207,7 +253,7 @@ class GraphLeaf(Constraint):
         if isinstance(v, Node) and v.op == "placeholder":
             return None
         what = ctx.inputs.describe(v) if isinstance(v, Node) else "a literal"
-        return self._fail(self.capture, v, f"{_label(self.capture, v)} is {what}, not a graph leaf")
+        return self.refuse(ctx, self.capture, v, f"{_label(self.capture, v)} is {what}, not a graph leaf")
 
 
 @constraint_term("user_input", reads=("capture",))
@@ -223,7 +269,7 @@ class UserInput(Constraint):
         if isinstance(v, Node) and ctx.inputs.is_user_input(v):
             return None
         what = ctx.inputs.describe(v) if isinstance(v, Node) else "a literal"
-        return self._fail(self.capture, v, f"{_label(self.capture, v)} is {what}, not a user input")
+        return self.refuse(ctx, self.capture, v, f"{_label(self.capture, v)} is {what}, not a user input")
 
 
 def _tensor_val(ctx: CheckContext, name: str) -> torch.Tensor | None:
@@ -249,7 +295,7 @@ class DtypeIn(Constraint):
             return None
         want = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
         got = str(t.dtype).removeprefix("torch.") if t is not None else "not a tensor"
-        return self._fail(self.capture, ctx.captures.get(self.capture),
+        return self.refuse(ctx, self.capture, ctx.captures.get(self.capture),
                           f"{_label(self.capture, ctx.captures.get(self.capture))} has dtype {got}, "
                           f"expected one of {want}")
 
@@ -271,7 +317,7 @@ class Rank(Constraint):
         if t is not None and t.dim() in self.ranks:
             return None
         got = t.dim() if t is not None else "no tensor"
-        return self._fail(self.capture, ctx.captures.get(self.capture),
+        return self.refuse(ctx, self.capture, ctx.captures.get(self.capture),
                           f"{_label(self.capture, ctx.captures.get(self.capture))} has rank {got}, "
                           f"expected {sorted(self.ranks)}")
 
@@ -288,7 +334,7 @@ class StaticShape(Constraint):
         t = _tensor_val(ctx, self.capture)
         if t is not None and all(isinstance(d, int) for d in t.shape):
             return None
-        return self._fail(self.capture, ctx.captures.get(self.capture),
+        return self.refuse(ctx, self.capture, ctx.captures.get(self.capture),
                           f"{_label(self.capture, ctx.captures.get(self.capture))} has a dynamic "
                           f"shape {tuple(t.shape) if t is not None else '?'}")
 
@@ -308,7 +354,7 @@ class SameDtype(Constraint):
             return None
         da = ta.dtype if ta is not None else None
         db = tb.dtype if tb is not None else None
-        return self._fail(self.a, ctx.captures.get(self.a),
+        return self.refuse(ctx, self.a, ctx.captures.get(self.a),
                           f"{_label(self.a, ctx.captures.get(self.a))} is {da} but "
                           f"{_label(self.b, ctx.captures.get(self.b))} is {db}")
 
@@ -331,7 +377,7 @@ class ShapeRelation(Constraint):
             return None
         sa = tuple(ta.shape) if ta is not None else None
         sb = tuple(tb.shape) if tb is not None else None
-        return self._fail(self.a, ctx.captures.get(self.a),
+        return self.refuse(ctx, self.a, ctx.captures.get(self.a),
                           f"{_label(self.a, ctx.captures.get(self.a))} of shape {sa} and "
                           f"{_label(self.b, ctx.captures.get(self.b))} of shape {sb}: "
                           f"expected {self.description}")
@@ -399,7 +445,7 @@ class ReducesLastDim(Constraint):
         if (t is not None and isinstance(dims, (list, tuple)) and len(dims) == 1
                 and isinstance(dims[0], int) and rank > 0 and dims[0] % rank == rank - 1):
             return None
-        return self._fail(self.dim, None,
+        return self.refuse(ctx, self.dim, None,
                           f"the reduction is over dims {dims} of the rank-{rank} "
                           f"{_label(self.x, ctx.captures.get(self.x))}, not over its last dim")
 
@@ -421,7 +467,7 @@ class ScalarRange(Constraint):
                 return None
         lo = "-inf" if self.lo is None else self.lo
         hi = "inf" if self.hi is None else self.hi
-        return self._fail(self.capture, v, f"{_label(self.capture, v)} is not a number in [{lo}, {hi}]")
+        return self.refuse(ctx, self.capture, v, f"{_label(self.capture, v)} is not a number in [{lo}, {hi}]")
 
 
 def _custom_arguments(c: Custom) -> dict[str, Any]:
@@ -444,7 +490,7 @@ class Custom(Constraint):
     ``ctx.captures`` lists its captures in ``reads`` by hand.
     """
 
-    fn: Callable[..., str | Blame | None]
+    fn: Callable[..., str | Failure | None]
     name: str
     reads: tuple[str, ...] = ()
     #: the capture parameters of ``fn`` (None: an ``fn(ctx)`` with hand-listed ``reads``)
@@ -473,9 +519,12 @@ class Custom(Constraint):
             reason = self.fn(seen, **params.arguments(ctx.captures))
         if reason is None:
             return None
-        if isinstance(reason, Blame):  # the check named its node at fault
-            return Failure(f"custom:{self.name}", reason.capture, reason.node, reason.reason)
+        if isinstance(reason, Blame):  # the check named its capture at fault: its kind is ours
+            return Failure(f"custom:{self.name}", reason.capture, reason.node, reason.reason,
+                           rule=ctx.rule, root=ctx.root)
+        if isinstance(reason, Failure):  # a refusal of its own kind
+            return reason
         first = self.reads[0] if self.reads else None
         node = ctx.captures.get(first) if first is not None else None
         return Failure(f"custom:{self.name}", first, node if isinstance(node, Node) else None,
-                       reason)
+                       reason, rule=ctx.rule, root=ctx.root)

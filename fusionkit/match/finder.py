@@ -397,7 +397,7 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
         if isinstance(where, Decline):
             return where
         place = where
-    ctx = CheckContext(ep, inputs, root, b.captures, allow_folding=allow_folding)
+    ctx = CheckContext(ep, inputs, root, b.captures, allow_folding=allow_folding, rule=rule.name)
     for c in rule.constraints:
         try:
             failure: Failure | None = c.check(ctx)

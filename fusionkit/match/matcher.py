@@ -42,8 +42,9 @@ from fusionkit.match.pattern import (
     widens,
 )
 from fusionkit.match.targets import OP_KEY_MEMO, op_key, schema_of
+from fusionkit.result import MatchResult, Step
 
-__all__ = ["Binding", "CompiledPattern", "PredicateError", "StructuralFailure", "compile_pattern",
+__all__ = ["Binding", "CompiledPattern", "PredicateError", "Search", "compile_pattern",
            "match_pattern"]
 
 _MISSING = object()
@@ -104,38 +105,30 @@ class Binding:
         return Binding(self.captures, (*self.claimed, node))
 
 
-@dataclass(slots=True)
-class StructuralFailure:
-    """The deepest point at which every structural attempt failed.
+class Search:
+    """One search's state, and the deepest point at which its attempts failed.
 
-    ``message`` is formatted on first read: most failures are overwritten by a
-    deeper one, or never reported, so formatting each eagerly is wasted work.
+    That deepest failure is the near miss a finder reports: :meth:`result` gives it as
+    the one reasoned result type (:class:`~fusionkit.result.MatchResult`, status
+    ``declined``, step ``structure``). It is kept as plain fields until then, and its
+    text is formatted on first read: the search records a failure at every choice
+    point, most are overwritten by a deeper one, and most searches report none.
     """
 
-    progress: int = -1
-    node: Node | None = None
-    _message: str | Callable[..., str] = ""
-    _args: tuple[Any, ...] = ()
-    #: the nodes matched when the search stopped there (what a picture marks)
-    claimed: tuple[Node, ...] = ()
+    __slots__ = ("_args", "_message", "claimed", "inputs", "node", "progress", "root",
+                 "swapped")
 
-    @property
-    def message(self) -> str:
-        m = self._message
-        if not isinstance(m, str):
-            m = self._message = m(*self._args)
-            self._args = ()
-        return m
-
-
-class _Search:
-    """One search's state: the program's inputs, the deepest failure, the swap depth."""
-
-    __slots__ = ("failure", "inputs", "swapped")
-
-    def __init__(self, inputs: ProgramInputs) -> None:
+    def __init__(self, inputs: ProgramInputs, root: Node) -> None:
         self.inputs = inputs
-        self.failure = StructuralFailure()
+        self.root = root
+        #: how many op nodes the deepest failed attempt had matched (-1: no failure recorded)
+        self.progress = -1
+        #: the node at fault there (None when the failure names none)
+        self.node: Node | None = None
+        self._message: str | Callable[..., str] = ""
+        self._args: tuple[Any, ...] = ()
+        #: the nodes matched when the search stopped there (what a picture marks)
+        self.claimed: tuple[Node, ...] = ()
         #: > 0 while matching a commutative op's swapped operands: a failure there as
         #: deep as one in the written order does not replace it (the written order
         #: names the operand the author expected: "expected mm, got bmm")
@@ -145,10 +138,28 @@ class _Search:
              *args: Any) -> None:
         """Record a failure if it is the deepest so far; ``message(*args)`` is formatted
         only when read (most failures are overwritten or never reported)."""
-        f = self.failure
-        if len(b.claimed) > f.progress or (len(b.claimed) == f.progress and not self.swapped):
-            f.progress, f.node, f._message, f._args = len(b.claimed), node, message, args
-            f.claimed = b.claimed
+        if len(b.claimed) > self.progress or (len(b.claimed) == self.progress
+                                              and not self.swapped):
+            self.progress, self.node, self._message, self._args = (len(b.claimed), node,
+                                                                   message, args)
+            self.claimed = b.claimed
+
+    @property
+    def message(self) -> str:
+        """The sentence saying where and why the deepest attempt failed."""
+        m = self._message
+        if not isinstance(m, str):
+            m = self._message = m(*self._args)
+            self._args = ()
+        return m
+
+    def result(self, rule: str) -> MatchResult | None:
+        """The deepest failure as rule ``rule``'s result at the search's root (None when
+        no attempt failed: every binding was handed on)."""
+        if self.progress < 0:
+            return None
+        return MatchResult.fail(rule, self.root, Step.STRUCTURE, self.message, self.node,
+                                self.claimed)
 
 
 def _fmt(v: Any) -> str:
@@ -208,7 +219,7 @@ def _arg_value(node: Node, index: int | None, name: str | None) -> Any:
 #: else stops the search and becomes its result
 Accept = Callable[[Binding], Any]
 #: a compiled pattern level: (value, binding so far, search, where, continuation)
-_M = Callable[[Any, Binding, "_Search", Where, Accept], Any]
+_M = Callable[[Any, Binding, "Search", Where, Accept], Any]
 
 
 class _Compiler(PatternVisitor[_M]):
@@ -259,7 +270,7 @@ def _capture_mismatch(where: Where, name: str, value: Any, prev: Any) -> str:
 def _compile_capture(p: Capture) -> _M:
     name = p.name
 
-    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+    def m(value: Any, b: Binding, s: Search, where: Where, k: Accept) -> Any:
         caps = b.captures  # Binding.bind, inlined: this runs for every capture of every search
         prev = caps.get(name, _MISSING)
         if prev is _MISSING:
@@ -307,7 +318,7 @@ def _constant_note(dtype: torch.dtype | None) -> str:
 def _compile_value(p: Value) -> _M:
     constants_ok = p.constants_ok
 
-    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+    def m(value: Any, b: Binding, s: Search, where: Where, k: Accept) -> Any:
         got, dtype = value, None
         if isinstance(value, Node):
             if not constants_ok:
@@ -343,7 +354,7 @@ def _compile_value(p: Value) -> _M:
 def _compile_alt(p: Alt) -> _M:
     options = tuple(_compile(o) for o in p.options)
 
-    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+    def m(value: Any, b: Binding, s: Search, where: Where, k: Accept) -> Any:
         for option in options:
             r = option(value, b, s, where, k)
             if r is not None:
@@ -355,7 +366,7 @@ def _compile_alt(p: Alt) -> _M:
 def _compile_named(p: Named) -> _M:
     inner, name = _compile(p.inner), p.name
 
-    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+    def m(value: Any, b: Binding, s: Search, where: Where, k: Accept) -> Any:
         def bind(nb: Binding) -> Any:
             bound = nb.bind(name, value)
             if bound is None:
@@ -371,7 +382,7 @@ def _compile_seq(p: Seq) -> _M:
     items = tuple(_compile(i) for i in p.items)
     count = len(items)
 
-    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+    def m(value: Any, b: Binding, s: Search, where: Where, k: Accept) -> Any:
         if not isinstance(value, (list, tuple)) or len(value) != count:
             s.fail(b, value if isinstance(value, Node) else None,
                    lambda: f"{_where(where)}: expected a list of {count} values, got {_fmt(value)}")
@@ -404,7 +415,7 @@ def _compile_outputs(p: Outputs) -> _M:
     primary = _compile(p.primary)
     others = tuple((o, o.pattern.root_keys(), _compile(o.pattern)) for o in p.others)
 
-    def also(i: int, b: Binding, s: _Search, k: Accept) -> Any:
+    def also(i: int, b: Binding, s: Search, k: Accept) -> Any:
         if i == len(others):
             return k(b)
         o, keys, pat = others[i]
@@ -434,7 +445,7 @@ def _compile_outputs(p: Outputs) -> _M:
                    f"matches {o.pattern!r}")
         return None
 
-    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+    def m(value: Any, b: Binding, s: Search, where: Where, k: Accept) -> Any:
         return primary(value, b, s, where, lambda nb: also(0, nb, s, k))
     return m
 
@@ -452,7 +463,7 @@ def _not_passed_through(where: Where, value: Node, src: Any, dst: Any) -> str:
 def _compile_through(p: Through) -> _M:
     inner, ops, max_depth, narrowing = _compile(p.inner), p.ops, p.max_depth, p.narrowing
 
-    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept, depth: int = 0) -> Any:
+    def m(value: Any, b: Binding, s: Search, where: Where, k: Accept, depth: int = 0) -> Any:
         if depth < max_depth and isinstance(value, Node) and value.op == "call_function":
             try:
                 key = OP_KEY_MEMO[value.target]
@@ -496,7 +507,7 @@ def _compile_op(p: Op) -> _M:
     swapped = (1, 0, *range(2, nargs)) if commutative else written
 
     def chain(node: Node, key: str | None, vals: Any, named: dict[str, Any] | None,
-              order: tuple[int, ...], i: int, b: Binding, s: _Search, k: Accept) -> Any:
+              order: tuple[int, ...], i: int, b: Binding, s: Search, k: Accept) -> Any:
         if i < nargs:
             j = order[i]
             return arg_ms[i](vals[j], b, s, (_ARG, j, node, key),
@@ -510,7 +521,7 @@ def _compile_op(p: Op) -> _M:
         return k(b)
 
     def args_in(node: Node, key: str | None, vals: Any, named: dict[str, Any] | None,
-                order: tuple[int, ...], b: Binding, s: _Search, k: Accept) -> Any:
+                order: tuple[int, ...], b: Binding, s: Search, k: Accept) -> Any:
         # the common shapes without a continuation per argument level
         if not kw_ms:
             if nargs == 1:
@@ -524,7 +535,7 @@ def _compile_op(p: Op) -> _M:
                 return k(b)
         return chain(node, key, vals, named, order, 0, b, s, k)
 
-    def m(value: Any, b: Binding, s: _Search, where: Where, k: Accept) -> Any:
+    def m(value: Any, b: Binding, s: Search, where: Where, k: Accept) -> Any:
         if not isinstance(value, Node) or value.op != "call_function":
             s.fail(b, value if isinstance(value, Node) else None, _expected_call, where, targets,
                    value)
@@ -572,7 +583,7 @@ def _compile_op(p: Op) -> _M:
     return m
 
 
-def _defaults_hold(p: Op, node: Node, b: Binding, s: _Search, key: str | None) -> bool:
+def _defaults_hold(p: Op, node: Node, b: Binding, s: Search, key: str | None) -> bool:
     """Arguments the pattern leaves out must be at their schema default."""
     if not node.kwargs and len(node.args) <= len(p.args):
         return True  # every argument the graph passes is one the pattern matches
@@ -621,16 +632,17 @@ class CompiledPattern:
             self._m = _compile(pattern)
 
     def search(self, root: Node, inputs: ProgramInputs, accept: Accept
-               ) -> tuple[Any, StructuralFailure]:
+               ) -> tuple[Any, Search]:
         """Hand each binding rooted at ``root`` to ``accept``, in search order, until it
-        returns something other than None; that (or None) and the deepest failure."""
-        s = _Search(inputs)
+        returns something other than None; that (or None) and the search, which holds
+        its deepest failure (:meth:`Search.result`)."""
+        s = Search(inputs, root)
         if not self._frames:
-            return self._m(root, Binding({}, ()), s, "root", accept), s.failure
+            return self._m(root, Binding({}, ()), s, "root", accept), s
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(limit + self._frames)
         try:
-            return self._m(root, Binding({}, ()), s, "root", accept), s.failure
+            return self._m(root, Binding({}, ()), s, "root", accept), s
         finally:
             sys.setrecursionlimit(limit)
 
@@ -674,9 +686,9 @@ def compile_pattern(pattern: Pattern) -> CompiledPattern:
 
 
 def match_pattern(pattern: Pattern, root: Node, inputs: ProgramInputs, limit: int | None = None
-                  ) -> tuple[Iterator[Binding], StructuralFailure]:
+                  ) -> tuple[Iterator[Binding], Search]:
     """The structural bindings of ``pattern`` rooted at ``root`` (at most ``limit``), in
-    search order, and the deepest failure of the search that found them.
+    search order, and the search that found them (its deepest failure: :meth:`Search.result`).
 
     Every binding is found before this returns; a caller that stops at the
     first acceptable one should use :meth:`CompiledPattern.search`.
@@ -688,3 +700,15 @@ def match_pattern(pattern: Pattern, root: Node, inputs: ProgramInputs, limit: in
         return True if limit is not None and len(found) >= limit else None
     _, failure = compile_pattern(pattern).search(root, inputs, collect)
     return iter(found), failure
+
+
+def __getattr__(name: str) -> Any:
+    if name == "StructuralFailure":  # the deepest failure is held by the Search itself now
+        import warnings
+
+        warnings.warn("fusionkit.match.matcher.StructuralFailure is deprecated and goes away in "
+                      "0.2: the search's deepest failure is CompiledPattern.search's Search; "
+                      "Search.result(rule) gives it as a MatchResult", DeprecationWarning,
+                      stacklevel=2)
+        return Search
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

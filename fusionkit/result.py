@@ -1,7 +1,11 @@
 """One reasoned result: what a rule made of one place in a program, and why.
 
-Every layer that says "why not" speaks this type: the finder's declines, ``why_not``'s
-verdicts, the pass report, ``fusionkit explain`` and its JSON. A result has a
+Every layer that says "why not" speaks this type: the matcher's near miss
+(``Search.result``), a constraint's refusal (``Failure``, which also names the capture
+at fault, and ``Blame``, what ``CheckContext.fail`` returns), the finder's declines
+(``Decline``), ``why_not``'s verdicts, a replacement that failed while a pass applied
+it (``ApplyFailure.result()``), the pass report, ``fusionkit explain`` and its JSON.
+The subclasses only add a field or a former spelling. A result has a
 :class:`Status` (fused, part of another match, declined, the rule's own code raised,
 never tried), the :class:`Step` that decided it (or the ``kind`` of the constraint that
 refused it), the node at fault and a sentence saying why. One class with one JSON shape

@@ -422,3 +422,23 @@ def test_multi_output_alternatives_merge_output_by_output() -> None:
     for mixed in ([by_relu, relu_only], [relu_only, by_relu]):
         with pytest.raises(ExampleError, match="different numbers of outputs"):
             rule_from_functions(mixed, "aten.relu.default", ex, name="mixed")
+
+
+def test_merging_alternatives_needs_outputs_found_alike() -> None:
+    """Alternatives merge root by root and output by output (the wider search depth
+    kept); further outputs found from different inputs cannot share one ``also``."""
+    from fusionkit import also, capture, op, outputs
+    from fusionkit.authoring.multi_output import merge_alternatives
+
+    x, y = capture("x"), capture("y")
+    relu, clamp = op("aten.relu.default", x), op("aten.clamp.default", x, 0.0)
+    sig = op("aten.sigmoid.default", x)
+    a = outputs(relu, also("second", sig, near="x", max_depth=12))
+    b = outputs(clamp, also("second", sig, near="x", max_depth=20))
+    assert merge_alternatives([a, b]) == outputs(
+        relu | clamp, also("second", sig | sig, near="x", max_depth=20))
+    assert merge_alternatives([relu, clamp | sig]) == relu | clamp | sig
+    assert merge_alternatives([relu]) is relu
+    from_y = outputs(op("aten.add.Tensor", x, y), also("second", sig, near="y"))
+    with pytest.raises(ExampleError, match="from different inputs"):
+        merge_alternatives([a, from_y])

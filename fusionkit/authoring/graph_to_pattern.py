@@ -86,6 +86,9 @@ def _flat_nodes(a: Any) -> Iterable[Node]:
 
 @dataclass
 class _Converter:
+    """Turns the nodes of one trace into patterns: the nodes used twice (bound by name)
+    are counted first; the selectors that matched an argument are noted as it goes."""
+
     tr: ExampleTrace
     wild_at: Mapping[Position, str]
     wild_examples: Mapping[str, Any]
@@ -94,7 +97,6 @@ class _Converter:
     narrowing: bool = False
     index: dict[Node, int] = field(default_factory=dict)
     shared: set[Node] = field(default_factory=set)
-    bound: set[Node] = field(default_factory=set)
     used_selectors: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:

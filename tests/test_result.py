@@ -1,8 +1,9 @@
 """One reasoned result (``fusionkit.result``): every layer that says "why not" speaks it.
 
-The finder's declines, ``why_not``'s verdicts, a replacement that raised while a pass
-applied it, the pass report and ``explain --json`` all give :class:`MatchResult` with
-one status, one step and one JSON shape.
+The matcher's near miss, every constraint's refusal, the finder's declines at each step
+(structure, a constraint, overlap, escape, executable, error), ``why_not``'s verdicts, a
+replacement that raised while a pass applied it, the pass report and ``explain --json``
+all give :class:`MatchResult` with one status, one step and one JSON shape.
 """
 
 from __future__ import annotations
@@ -244,3 +245,49 @@ def test_older_spellings_of_a_refusal_still_build_results(edge: Any) -> None:
     assert StructuralFailure is Search
     assert any(issubclass(w.category, DeprecationWarning) and "StructuralFailure" in str(w.message)
                for w in caught)
+
+
+class Escapes(nn.Module):
+    """``mm`` is also an output: fusing it into the add would compute it twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8))
+        self.bias = nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.mm(x, self.w)
+        return y + self.bias, y
+
+
+def test_every_step_the_finder_declines_at_is_a_result_with_its_status(edge: Any) -> None:
+    from executorch.exir import to_edge
+
+    from fusionkit import Custom
+
+    def raises(ctx: Any, x: Any) -> str | None:
+        raise RuntimeError("a bug in the check")
+
+    mm_first = Rule("mm", op("aten.mm.default", capture("x"), capture("w")),
+                    replace_with("aten.mm.default", ref("x"), ref("w")))
+    base = addmm_rule()
+    cases: list[tuple[Any, list[Rule], str, Status]] = [
+        (edge, [bmm_rule()], Step.STRUCTURE, Status.DECLINED),
+        (edge, [base], "prepackable_constant", Status.DECLINED),
+        (edge, [mm_first, addmm_rule()], Step.OVERLAP, Status.DECLINED),
+        (edge, [Rule("err", base.pattern, base.replacement,
+                     constraints=[Custom(raises, "raises")])], Step.ERROR, Status.ERROR),
+        (edge, [Rule("silu", base.pattern, replace_with("aten.silu.default", ref("x")))],
+         Step.EXECUTABLE, Status.DECLINED),
+        (to_edge(torch.export.export(Escapes().eval(), (torch.randn(4, 8),))).exported_program(),
+         [addmm_rule()], Step.ESCAPE, Status.DECLINED),
+    ]
+    for ep, rules, step, status in cases:
+        declined = find_matches(ep, rules, all_near_misses=step == Step.STRUCTURE,
+                                strict=False).declined  # the suite runs strict
+        mine = [d for d in declined if d.step == step]
+        assert mine, (step, [(d.step, d.reason) for d in declined])
+        for d in mine:
+            assert isinstance(d, MatchResult) and d.status is status, d
+            assert (d.error_type is not None) == (status is Status.ERROR)
+            assert d.reason and d.node is not None and set(d.record()) >= RECORD_KEYS

@@ -77,18 +77,27 @@ class _Absent:
 ABSENT: Any = _Absent()
 
 
-def _value(ctx: CheckContext, v: Any) -> Any:
-    """A capture's value: ``v`` itself, or (older checks) the capture named ``v``."""
-    return ctx.captures.get(v) if isinstance(v, str) else v
-
-
 def constant_tensor(ctx: CheckContext, v: Any) -> torch.Tensor | None:
-    """The real tensor of a constant placeholder (a capture's value), else None."""
-    v = _value(ctx, v)
+    """The real tensor of a constant placeholder (a capture parameter's value), else None."""
     if not isinstance(v, Node):
         return None
     ref = ctx.inputs.constant(v)
     return None if ref is None else ref.tensor
+
+
+def optional_constant(ctx: CheckContext, v: Any, label: str, role: str) -> Blame | None:
+    """None when ``v`` (a capture parameter's value, ``label`` in messages) is absent (None) or
+    a constant tensor; else why not, blamed on ``v`` itself (a literal, which has no node of its
+    own: on the root).
+
+    ``role`` says why it must be a constant (what the fused op does with it).
+    """
+    if v is None or constant_tensor(ctx, v) is not None:
+        return None
+    if isinstance(v, Node):
+        return ctx.fail(f"{label} `{v.name}` is {ctx.inputs.describe(v)}, not a constant: {role}",
+                        at=v)
+    return ctx.fail(f"{label} is the literal {v!r}, not a constant tensor: {role}", at=ctx.root)
 
 
 def shape(v: Any) -> tuple[Any, ...] | None:
@@ -97,21 +106,15 @@ def shape(v: Any) -> tuple[Any, ...] | None:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else None
 
 
-def shape_of(ctx: CheckContext, name: str) -> tuple[Any, ...] | None:
-    """The shape of the capture named ``name`` (older checks; a parameter's value: :func:`shape`)."""
-    return shape(ctx.captures.get(name))
-
-
-def constraint(name: str, *reads: str) -> Callable[[Callable[..., str | Blame | None]], Custom]:
+def constraint(name: str) -> Callable[[Callable[..., str | Blame | None]], Custom]:
     """Decorator: a :class:`~fusionkit.Custom` check ``fn(ctx, *captures) -> reason | None``.
 
     The captures it reads are its parameters after ``ctx``
-    (``constraint("bias_is_constant")(fn)``); ``reads`` is only for an older
-    ``fn(ctx)`` that reads ``ctx.captures`` (given with parameters, they must agree).
+    (``constraint("bias_is_constant")(fn)``): the signature is the only list of them.
     """
 
     def wrap(fn: Callable[..., str | Blame | None]) -> Custom:
-        return Custom(fn, name, tuple(reads))
+        return Custom(fn, name)
 
     return wrap
 
@@ -123,10 +126,9 @@ def et_vk(name: str) -> str:
     return f"et_vk.{name}.default"
 
 
-def zero_points_are_zero(ctx: CheckContext, zp: Any) -> str | None:
-    """None when the zero point (a capture's value) is None, a literal 0 (or list of 0s), or an
-    all-zero constant."""
-    v = _value(ctx, zp)
+def zero_points_are_zero(ctx: CheckContext, v: Any) -> str | None:
+    """None when the zero point (a capture parameter's value) is None, a literal 0 (or list of
+    0s), or an all-zero constant."""
     if v is None:
         return None
     if isinstance(v, Node):
@@ -144,10 +146,8 @@ def zero_points_are_zero(ctx: CheckContext, zp: Any) -> str | None:
 
 def in_int_range(ctx: CheckContext, v: Any, lo: int, hi: int, label: str | None = None
                  ) -> str | None:
-    """None when ``v`` (a capture's value, ``label`` in messages) is an int8/uint8 constant with
-    every value in [lo, hi]."""
-    if isinstance(v, str):
-        label = label or v
+    """None when ``v`` (a capture parameter's value, ``label`` in messages) is an int8/uint8
+    constant with every value in [lo, hi]."""
     label = label or "the tensor"
     t = constant_tensor(ctx, v)
     if t is None:

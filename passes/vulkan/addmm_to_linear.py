@@ -23,16 +23,15 @@ adapter runs the stock pass (:data:`FALLBACK_OPS`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch.fx import Node
 
-from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, int_list, op
+from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, int_list, op
 from fusionkit.passes.registry import register_rules
 
-from ._common import constraint
+from ._common import ABSENT, constraint
 
 MM = "aten.mm.default"
 ADDMM = "aten.addmm.default"
@@ -46,9 +45,8 @@ STOCK_PASS = "AddmmToLinearTransform"
 FALLBACK_OPS: frozenset[str] = frozenset({"quantized_decomposed.dequantize_per_tensor.tensor"})
 
 
-def _transposed_weight(ctx: CheckContext) -> str | None:
+def _transposed_weight(ctx: CheckContext, wt: Any) -> str | None:
     """``wt`` is ``t_copy(w)`` or ``permute_copy(w, [1, 0])`` of a 2-D ``w``."""
-    wt = ctx.captures["wt"]
     key = getattr(wt.target, "__name__", "") if isinstance(wt, Node) else ""
     if not isinstance(wt, Node) or wt.op != "call_function" or key not in (
             "aten.t_copy.default", "aten.permute_copy.default"):
@@ -64,51 +62,54 @@ def _transposed_weight(ctx: CheckContext) -> str | None:
     return None
 
 
-def _to_linear(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    w = c["wt"].args[0]
-    if "b" in c:
-        return rw.call(LINEAR, c["x"], w, c["b"])
-    return rw.call(LINEAR, c["x"], w)
+def _addmm_to_linear(rw: Rewriter, b: Any, x: Node, wt: Node) -> Node:
+    return rw.call(LINEAR, x, wt.args[0], b)
 
 
-def _identity_view(ctx: CheckContext) -> str | None:
+def _mm_to_linear(rw: Rewriter, x: Node, wt: Node) -> Node:
+    return rw.call(LINEAR, x, wt.args[0])
+
+
+def _identity_view(ctx: CheckContext, linear: Node) -> str | Blame | None:
     """The view's shape is the linear's output shape: it changes nothing."""
-    lin, view = ctx.captures["linear"], ctx.root
-    a, b = lin.meta.get("val"), view.meta.get("val")
+    view = ctx.root
+    a, b = linear.meta.get("val"), view.meta.get("val")
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) \
             or list(a.shape) != list(b.shape):
-        return f"`{view.name}` reshapes the linear's output (not an identity view)"
+        # the view is at fault (it reshapes), not the linear it reads
+        return ctx.fail(f"`{view.name}` reshapes the linear's output (not an identity view)",
+                        at=view)
     return None
 
 
-def _keep_linear(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    lin: Node = c["linear"]
-    if lin.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = lin  # the stock pass keeps the linear where it was
-    return rw.call(LINEAR, *(c[n] for n in ("x", "w", "b") if n in c))
+def _keep_linear(rw: Rewriter, linear: Node, x: Node, w: Node, b: Any = ABSENT) -> Node:
+    if linear.graph is rw.graph:  # (a probe builds into a scratch graph)
+        rw.insert_before = linear  # the stock pass keeps the linear where it was
+    # a bias given as an explicit None stays an argument, as in the linear it rebuilds
+    return rw.call(LINEAR, x, w) if b is ABSENT else rw.call(LINEAR, x, w, b)
 
 
 @register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
 def addmm_to_linear_rules() -> list[Rule]:
     """addmm / mm of a transposed weight -> linear; an identity view after a linear goes."""
-    transposed = constraint("transposed_weight", "wt")(_transposed_weight)
+    transposed = constraint("transposed_weight")(_transposed_weight)
     linear = (op(LINEAR, capture("x"), capture("w"))
               | op(LINEAR, capture("x"), capture("w"), capture("b"))).bind("linear")
     return [
         Rule(name="addmm_to_linear",
              pattern=op(ADDMM, capture("b"), capture("x"), capture("wt")),
              constraints=[transposed],
-             replacement=PythonReplacement(_to_linear, frozenset({"b", "x", "wt"})),
+             replacement=PythonReplacement(_addmm_to_linear),
              description="addmm(b, x, t(w)) -> linear(x, w, b)"),
         Rule(name="mm_to_linear",
              pattern=op(MM, capture("x"), capture("wt")),
              constraints=[transposed],
-             replacement=PythonReplacement(_to_linear, frozenset({"x", "wt"})),
+             replacement=PythonReplacement(_mm_to_linear),
              description="mm(x, t(w)) -> linear(x, w)"),
         Rule(name="linear_identity_view",
              pattern=op(VIEW, linear, int_list(name="shape")),
-             constraints=[constraint("identity_view", "linear")(_identity_view)],
-             replacement=PythonReplacement(_keep_linear, frozenset({"linear", "x", "w", "b"})),
+             constraints=[constraint("identity_view")(_identity_view)],
+             replacement=PythonReplacement(_keep_linear),
              description="a view_copy to the linear's own output shape is dropped"),
     ]
 

@@ -44,6 +44,7 @@ from torch.export.graph_signature import ExportGraphSignature, OutputSpec, Tenso
 from torch.fx import Node
 
 from fusionkit import (
+    Blame,
     CheckContext,
     PrepackableConstant,
     PythonReplacement,
@@ -57,7 +58,7 @@ from fusionkit import (
 )
 from fusionkit.passes.registry import register_rules
 
-from ._common import constraint
+from ._common import constraint, optional_constant
 from ._provenance import keep_provenance
 
 CONV = "aten.convolution.default"
@@ -107,40 +108,51 @@ def _move_before(rw: Rewriter, new: Node, anchor: Node) -> None:
     anchor.prepend(new)
 
 
-def _fold_conv(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    return _fold(rw, c, True)
+def fold_conv_batch_norm(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Node, bn_b: Node,
+                         mean: Node, var: Node, eps: float, stride: Any, padding: Any,
+                         dilation: Any, transposed: Any, output_padding: Any, groups: Any,
+                         b: Node | None = None) -> Node:
+    """The replacement of ``conv_batch_norm``: the convolution ``op`` with folded weight and bias."""
+    return _fold(rw, op, x, w, b, (bn_w, bn_b, mean, var), eps,
+                 (stride, padding, dilation, transposed, output_padding, groups))
 
 
-def _fold_linear(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    return _fold(rw, c, False)
+def fold_linear_batch_norm(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Node, bn_b: Node,
+                           mean: Node, var: Node, eps: float, b: Node | None = None) -> Node:
+    """The replacement of ``linear_batch_norm``: the linear ``op`` with folded weight and bias."""
+    return _fold(rw, op, x, w, b, (bn_w, bn_b, mean, var), eps, None)
 
 
-def _fold(rw: Rewriter, c: Mapping[str, Any], is_conv: bool) -> Node:
+def _fold(rw: Rewriter, op: Node, x: Node, w_node: Node, b: Node | None,
+          bn: tuple[Node, Node, Node, Node], eps: float, conv_args: tuple[Any, ...] | None
+          ) -> Node:
+    """``bn``: the batch norm's operands (``_BN_PARAMS``); ``conv_args``: the convolution's
+    geometry (``_CONV_ARGS``), None for a linear."""
     from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
-    w_node: Node = c["w"]
     weight = rw.tensor(w_node)
-    bias = rw.tensor(c["b"]) if isinstance(c.get("b"), Node) else None
-    mean, var = rw.tensor(c["mean"]), rw.tensor(c["var"])
-    bn_w, bn_b = rw.tensor(c["bn_w"]), rw.tensor(c["bn_b"])
-    if is_conv:
-        fused_w, fused_b = fuse_conv_bn_weights(weight, bias, mean, var, c["eps"], bn_w, bn_b,
-                                                bool(c["transposed"]))
+    bias = rw.tensor(b) if isinstance(b, Node) else None
+    mean, var = rw.tensor(bn[2]), rw.tensor(bn[3])
+    bn_w, bn_b = rw.tensor(bn[0]), rw.tensor(bn[1])
+    if conv_args is not None:
+        transposed = conv_args[_CONV_ARGS.index("transposed")]
+        fused_w, fused_b = fuse_conv_bn_weights(weight, bias, mean, var, eps, bn_w, bn_b,
+                                                bool(transposed))
     else:
-        fused_w, fused_b = fuse_linear_bn_weights(weight, bias, mean, var, c["eps"], bn_w, bn_b)
+        fused_w, fused_b = fuse_linear_bn_weights(weight, bias, mean, var, eps, bn_w, bn_b)
     # named per match: two layers sharing a weight get their own folded copies
     tag = f"fusionkit_{rw.root.name}_bn_fused"
     w_new = rw.constant(f"{tag}_weight", fused_w.detach())
     b_new = rw.constant(f"{tag}_bias", fused_b.detach())
     _move_before(rw, w_new, w_node)
     _move_before(rw, b_new, w_node)
-    if c["op"].graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = c["op"]  # where the stock pass leaves the rewritten conv / linear
-    if is_conv:
-        new = rw.call(CONV, c["x"], w_new, b_new, *(c[n] for n in _CONV_ARGS))
+    if op.graph is rw.graph:  # (a probe builds into a scratch graph)
+        rw.insert_before = op  # where the stock pass leaves the rewritten conv / linear
+    if conv_args is not None:
+        new = rw.call(CONV, x, w_new, b_new, *conv_args)
     else:
-        new = rw.call(LINEAR, c["x"], w_new, b_new)
-    keep_provenance(new, c["op"])  # the stock pass edits the conv / linear in place
+        new = rw.call(LINEAR, x, w_new, b_new)
+    keep_provenance(new, op)  # the stock pass edits the conv / linear in place
     # the batch norm's output tensor is what its getitem(., 0) users read (the constraint):
     # they read the folded op instead and go (the journal sees both changes). Patterns
     # name operator overloads, not getitem, so the match's root is the batch norm, whose
@@ -168,9 +180,8 @@ def _rename_outputs(ep: Any, renamed: Mapping[str, str]) -> None:
     ep._graph_signature = ExportGraphSignature(sig.input_specs, outs)
 
 
-def _output_only(ctx: CheckContext) -> str | None:
+def _output_only(ctx: CheckContext, bn: Node) -> str | None:
     """The stock pass's rule: every user reads the normalized tensor, not the statistics."""
-    bn: Node = ctx.captures["bn"]
     for u in bn.users:
         if not (u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0):
             return (f"`{u.name}` reads more of batch norm `{bn.name}` than its output tensor "
@@ -178,44 +189,41 @@ def _output_only(ctx: CheckContext) -> str | None:
     return None
 
 
-def _bias_constant(ctx: CheckContext) -> str | None:
+#: why every operand of the batch norm and the conv / linear weight must be constants
+FOLD_ROLE = "its value is folded into the new weight and bias at lowering time"
+
+
+def _bias_constant(ctx: CheckContext, b: Node | None = None) -> Blame | None:
     """A bias, when there is one, is folded too: it must be a constant."""
-    b = ctx.captures.get("b")
-    if b is None or (isinstance(b, Node) and ctx.inputs.constant(b) is not None):
-        return None
-    what = ctx.inputs.describe(b) if isinstance(b, Node) else repr(b)
-    return f"bias {getattr(b, 'name', b)!s} is {what}, not a constant: it is folded at lowering time"
+    return optional_constant(ctx, b, "bias", FOLD_ROLE)
 
 
-def _constants(role: str) -> list[Any]:
-    return [constraint("batch_norm_output_only", "bn")(_output_only),
-            *(PrepackableConstant(n, role=role) for n in ("w", *_BN_PARAMS)),
-            constraint("optional_bias_is_constant", "b")(_bias_constant)]
+def _constants() -> list[Any]:
+    return [constraint("batch_norm_output_only")(_output_only),
+            *(PrepackableConstant(n, role=FOLD_ROLE) for n in ("w", *_BN_PARAMS)),
+            constraint("optional_bias_is_constant")(_bias_constant)]
 
 
 @register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
 def batch_norm_rules() -> list[Rule]:
     """conv -> batch norm and linear -> batch norm, folded into the conv / linear."""
-    role = "its value is folded into the new weight and bias at lowering time"
     return [
         Rule(
             name="conv_batch_norm",
             pattern=_conv_pattern(),
-            constraints=[*_constants(role), Rank("x", frozenset({3, 4}))],
-            replacement=PythonReplacement(_fold_conv,
-                                          frozenset({"op", "x", "w", "b", *_BN_PARAMS, "eps",
-                                                     *_CONV_ARGS})),
+            constraints=[*_constants(), Rank("x", frozenset({3, 4}))],
+            replacement=PythonReplacement(fold_conv_batch_norm),
             description="a convolution's inference batch norm folded into its weight and bias",
         ),
         Rule(
             name="linear_batch_norm",
             pattern=_linear_pattern(),
-            constraints=_constants(role),
-            replacement=PythonReplacement(_fold_linear,
-                                          frozenset({"op", "x", "w", "b", *_BN_PARAMS, "eps"})),
+            constraints=_constants(),
+            replacement=PythonReplacement(fold_linear_batch_norm),
             description="a linear's inference batch norm folded into its weight and bias",
         ),
     ]
 
 
-__all__ = ["STOCK_PASS", "batch_norm_rules"]
+__all__ = ["FOLD_ROLE", "STOCK_PASS", "batch_norm_rules", "fold_conv_batch_norm",
+           "fold_linear_batch_norm"]

@@ -18,7 +18,6 @@ operators in graph order).
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 from torch.fx import Node
@@ -34,40 +33,46 @@ HARDTANH = "aten.hardtanh.default"
 
 STOCK_PASS = "FuseClampPass"
 
-_CONV_ARGS = ("x", "w", "b", "stride", "padding", "dilation", "transposed", "output_padding",
-              "groups")
+#: the convolution's arguments after input, weight and bias
+_GEOMETRY = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
 
 
 def _conv() -> Any:
     return op(CONV, capture("x"), capture("w"), lit(None) | capture("b"),
-              *(any_value(n) for n in _CONV_ARGS[3:])).bind("conv")
+              *(any_value(n) for n in _GEOMETRY)).bind("conv")
 
 
-def _build(rw: Rewriter, c: Mapping[str, Any], lo: Any, hi: Any) -> Node:
-    if c["conv"].graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = c["conv"]  # where the stock pass puts the fused node
+def _build(rw: Rewriter, conv: Node, conv_args: tuple[Any, ...], lo: Any, hi: Any) -> Node:
+    if conv.graph is rw.graph:  # (a probe builds into a scratch graph)
+        rw.insert_before = conv  # where the stock pass puts the fused node
+    return rw.call(et_vk("conv_with_clamp"), *conv_args, lo, hi)
+
+
+def _relu_clamp(rw: Rewriter, conv: Node, x: Node, w: Node, stride: Any, padding: Any,
+                dilation: Any, transposed: Any, output_padding: Any, groups: Any,
+                b: Node | None = None) -> Node:
     # no bias: "b" is absent from the match (the None alternative binds nothing)
-    return rw.call(et_vk("conv_with_clamp"), *(c.get(n) for n in _CONV_ARGS), lo, hi)
+    return _build(rw, conv, (x, w, b, stride, padding, dilation, transposed, output_padding,
+                             groups), 0.0, sys.float_info.max)
 
 
-def _relu_clamp(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    return _build(rw, c, 0.0, sys.float_info.max)
-
-
-def _hardtanh_clamp(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    return _build(rw, c, c.get("lo", -1.0), c.get("hi", 1.0))
+def _hardtanh_clamp(rw: Rewriter, conv: Node, x: Node, w: Node, stride: Any, padding: Any,
+                    dilation: Any, transposed: Any, output_padding: Any, groups: Any,
+                    b: Node | None = None, lo: Any = -1.0, hi: Any = 1.0) -> Node:
+    # lo / hi are absent where the hardtanh leaves its bounds out: its schema defaults
+    return _build(rw, conv, (x, w, b, stride, padding, dilation, transposed, output_padding,
+                             groups), lo, hi)
 
 
 @register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
 def conv_clamp_rules() -> list[Rule]:
     """relu / hardtanh after a single-user convolution -> et_vk.conv_with_clamp."""
-    reads = frozenset({"conv", *_CONV_ARGS})
     return [
         Rule(
             name="conv_relu_clamp",
             pattern=op(RELU, _conv()),
             constraints=[],
-            replacement=PythonReplacement(_relu_clamp, reads),
+            replacement=PythonReplacement(_relu_clamp),
             description="relu after a convolution, fused into conv_with_clamp(0, float max)",
         ),
         Rule(
@@ -76,7 +81,7 @@ def conv_clamp_rules() -> list[Rule]:
                         scalar("hi", tensor_ok=False))
                      | op(HARDTANH, _conv())),
             constraints=[],
-            replacement=PythonReplacement(_hardtanh_clamp, reads | {"lo", "hi"}),
+            replacement=PythonReplacement(_hardtanh_clamp),
             description="hardtanh after a convolution, fused into conv_with_clamp(min, max)",
         ),
     ]

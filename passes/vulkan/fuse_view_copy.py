@@ -13,7 +13,6 @@ operators in graph order), with their values re-derived for the new shape.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from torch.fx import Node
@@ -45,15 +44,14 @@ def _place(rw: Rewriter, at: Node) -> None:
         rw.insert_before = at
 
 
-def _merge(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    first: Node = c["first"]
+def _merge(rw: Rewriter, first: Node, inner: Node, x: Node, shape: Any) -> Node:
     chain: list[Node] = []  # the unary ops between the two views, last first
-    n = c["inner"]
+    n = inner
     while n is not first:
         chain.append(n)
         n = n.args[0]  # type: ignore[assignment]
     _place(rw, first)
-    out = rw.call(VIEW, c["x"], list(c["shape"]))
+    out = rw.call(VIEW, x, list(shape))
     keep_provenance(out, first)  # the stock pass gives the first view the new shape
     for u in reversed(chain):
         _place(rw, u)
@@ -72,7 +70,7 @@ def fuse_view_copy_rules() -> list[Rule]:
         Rule(name="fuse_view_copy",
              pattern=op(VIEW, inner, int_list(name="shape")),
              constraints=[],
-             replacement=PythonReplacement(_merge, frozenset({"first", "inner", "x", "shape"})),
+             replacement=PythonReplacement(_merge),
              description="a view after unary elementwise ops after a view: one view, first"),
     ]
 

@@ -12,13 +12,12 @@ arguments say (memory format and dim order are the Vulkan layout passes' busines
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch.fx import Node
 
-from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.passes.registry import register_rules
 
 from ._common import constraint
@@ -34,32 +33,36 @@ FIRST_ARG_OPS: tuple[str, ...] = (
 COPY = "aten.copy.default"  # copy(self, src): the source is src
 
 
-def _same_dtype_and_shape(ctx: CheckContext) -> str | None:
-    src, node = ctx.captures["src"], ctx.root
+def _same_dtype_and_shape(ctx: CheckContext, src: Any) -> str | Blame | None:
+    node = ctx.root
     a, b = getattr(src, "meta", {}).get("val"), node.meta.get("val")
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return f"`{node.name}` or its source has no tensor value"
+    if not isinstance(a, torch.Tensor):
+        return f"the source `{getattr(src, 'name', src)}` of `{node.name}` has no tensor value"
+    # otherwise it is the copy that changes something: blamed on it, not on its source
+    if not isinstance(b, torch.Tensor):
+        return ctx.fail(f"`{node.name}` has no tensor value", at=node)
     if a.dtype != b.dtype:
-        return f"`{node.name}` converts {a.dtype} to {b.dtype}"
+        return ctx.fail(f"`{node.name}` converts {a.dtype} to {b.dtype}", at=node)
     if a.shape != b.shape:
-        return f"`{node.name}` changes the shape {list(a.shape)} to {list(b.shape)}"
+        return ctx.fail(f"`{node.name}` changes the shape {list(a.shape)} to {list(b.shape)}",
+                        at=node)
     return None
 
 
-def _source(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    return c["src"]  # type: ignore[no-any-return]
+def _source(rw: Rewriter, src: Node) -> Node:
+    return src
 
 
 @register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
 def redundant_ops_rules() -> list[Rule]:
     """A copy-like op that changes neither dtype nor shape -> its source."""
-    check = constraint("same_dtype_and_shape", "src")(_same_dtype_and_shape)
+    check = constraint("same_dtype_and_shape")(_same_dtype_and_shape)
     return [
         Rule(name="redundant_copy",
              pattern=(op(FIRST_ARG_OPS, capture("src"), strict_defaults=False)
                       | op(COPY, capture("self"), capture("src"), strict_defaults=False)),
              constraints=[check],
-             replacement=PythonReplacement(_source, frozenset({"src"})),
+             replacement=PythonReplacement(_source),
              description="a clone / alias / copy keeping dtype and shape is its source"),
     ]
 

@@ -12,13 +12,13 @@ and 0 is false), as does a view whose shape holds ``-1``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch.fx import Node
 
-from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, int_list, op
+from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, int_list, op
 from fusionkit.passes.registry import register_rules
 
 from ._common import constraint
@@ -67,49 +67,49 @@ def unsqueeze_dim(shape: Sequence[int], view: Sequence[int]) -> int | None:
     return dim
 
 
-def _shape(ctx: CheckContext) -> list[int] | None:
-    x = ctx.captures["x"]
+def _shape(x: Any) -> list[int] | None:
     val = x.meta.get("val") if isinstance(x, Node) else None
     return list(val.shape) if isinstance(val, torch.Tensor) else None
 
 
-def _squeezes(ctx: CheckContext) -> str | None:
-    shape, view = _shape(ctx), list(ctx.captures["shape"])
-    if shape is None or not squeeze_dims(shape, view):
-        return f"the view {shape} -> {view} does not only drop size-1 dims"
+def _squeezes(ctx: CheckContext, x: Node, shape: Any) -> str | Blame | None:
+    xs, view = _shape(x), list(shape)
+    if xs is None or not squeeze_dims(xs, view):
+        # about the view (its shape is a literal of the root), not its input
+        return ctx.fail(f"the view {xs} -> {view} does not only drop size-1 dims", at=ctx.root)
     return None
 
 
-def _unsqueezes(ctx: CheckContext) -> str | None:
-    shape, view = _shape(ctx), list(ctx.captures["shape"])
-    if shape is None or not unsqueeze_dim(shape, view):  # 0: left as a view, as stock does
-        return f"the view {shape} -> {view} does not add one size-1 dim after dim 0"
+def _unsqueezes(ctx: CheckContext, x: Node, shape: Any) -> str | Blame | None:
+    xs, view = _shape(x), list(shape)
+    if xs is None or not unsqueeze_dim(xs, view):  # 0: left as a view, as stock does
+        return ctx.fail(f"the view {xs} -> {view} does not add one size-1 dim after dim 0",
+                        at=ctx.root)
     return None
 
 
-def _to_squeeze(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    dims = squeeze_dims(list(c["x"].meta["val"].shape), list(c["shape"]))
-    return rw.call(SQUEEZE, c["x"], dims)
+def _to_squeeze(rw: Rewriter, x: Node, shape: Any) -> Node:
+    dims = squeeze_dims(list(x.meta["val"].shape), list(shape))
+    return rw.call(SQUEEZE, x, dims)
 
 
-def _to_unsqueeze(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    dim = unsqueeze_dim(list(c["x"].meta["val"].shape), list(c["shape"]))
-    return rw.call(UNSQUEEZE, c["x"], dim)
+def _to_unsqueeze(rw: Rewriter, x: Node, shape: Any) -> Node:
+    dim = unsqueeze_dim(list(x.meta["val"].shape), list(shape))
+    return rw.call(UNSQUEEZE, x, dim)
 
 
 @register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
 def view_to_squeeze_rules() -> list[Rule]:
     """view_copy dropping / adding size-1 dims -> squeeze_copy.dims / unsqueeze_copy."""
     pattern = op(VIEW, capture("x"), int_list(name="shape"))
-    reads = frozenset({"x", "shape"})
     return [
         Rule(name="view_to_squeeze", pattern=pattern,
-             constraints=[constraint("drops_size1_dims", "x", "shape")(_squeezes)],
-             replacement=PythonReplacement(_to_squeeze, reads),
+             constraints=[constraint("drops_size1_dims")(_squeezes)],
+             replacement=PythonReplacement(_to_squeeze),
              description="a view_copy that only drops size-1 dims is a squeeze_copy"),
         Rule(name="view_to_unsqueeze", pattern=pattern,
-             constraints=[constraint("adds_one_size1_dim", "x", "shape")(_unsqueezes)],
-             replacement=PythonReplacement(_to_unsqueeze, reads),
+             constraints=[constraint("adds_one_size1_dim")(_unsqueezes)],
+             replacement=PythonReplacement(_to_unsqueeze),
              description="a view_copy that only adds one size-1 dim is an unsqueeze_copy"),
     ]
 

@@ -278,18 +278,6 @@ def _shipped_rules() -> list[tuple[str, Rule]]:
 
 SHIPPED = _shipped_rules()
 
-#: rule modules written before checks took their captures as parameters, still listing their
-#: reads by hand (added by other work this session; each leaves this list when rewritten)
-NOT_YET_PARAMETERS = frozenset({
-    "fusionkit.passes.vulkan.addmm_to_linear", "fusionkit.passes.vulkan.batch_norm",
-    "fusionkit.passes.vulkan.conv_clamp", "fusionkit.passes.vulkan.redundant_ops",
-    "fusionkit.passes.vulkan.fuse_view_copy", "fusionkit.passes.vulkan.view_to_squeeze",
-    "fusionkit.passes.xnnpack.fuse_activation", "fusionkit.passes.xnnpack.decompose_cat",
-    "fusionkit.passes.xnnpack.conv1d_unsqueeze", "fusionkit.passes.xnnpack.insert_pad_qdq",
-    "fusionkit.passes.xnnpack.fuse_batch_norm",
-})
-
-
 def _capture_parameters(fn: Any) -> list[str]:
     import inspect
 
@@ -327,19 +315,44 @@ def test_every_shipped_rule_reads_exactly_its_signatures(module: str, rule: Rule
     """Each custom check and Python replacement of a shipped rule declares its captures as
     parameters: its reads are its signature (no hand-listed reads left to drift)."""
     assert rule.replacement.captures() <= rule.pattern.captures()
-    why = _hand_listed_reads(rule)
-    if module in NOT_YET_PARAMETERS:
-        return  # checked as a module below: it must leave the list once rewritten
-    assert why == [], f"{module}: {rule.name}"
+    assert _hand_listed_reads(rule) == [], f"{module}: {rule.name}"
 
 
-def test_the_not_yet_rewritten_list_only_shrinks() -> None:
-    by_module: dict[str, list[str]] = {}
-    for module, rule in SHIPPED:
-        by_module.setdefault(module, []).extend(_hand_listed_reads(rule))
-    done = sorted(m for m in NOT_YET_PARAMETERS if m in by_module and not by_module[m])
-    assert done == [], "these modules take captures as parameters now: remove them from the list"
-    assert {m for m in by_module if m.startswith("fusionkit.passes.")} - NOT_YET_PARAMETERS
+def _reads_x_by_hand(ctx: CheckContext) -> None:
+    ctx.captures["x"]
+
+
+def _builds_by_hand(rw: Any, c: Any) -> Any:
+    return rw.call("aten.addmm.default", c["bias"], c["x"], c["w"])
+
+
+def test_a_rule_listing_its_reads_by_hand_is_caught() -> None:
+    """The check above can fail: each older form a shipped rule might be written in is named."""
+    by_hand = _rule(Custom(_reads_x_by_hand, "x_by_hand", ("x",)),
+                    replacement=PythonReplacement(_builds_by_hand, frozenset({"bias", "x", "w"})))
+    assert _hand_listed_reads(by_hand) == [
+        "check 'x_by_hand' lists its reads by hand: write it as fn(ctx, <the captures it "
+        "reads>) (docs/authoring.md)",
+        "the replacement lists its reads by hand: write it as build(rw, <the captures it reads>)"]
+    hidden = _rule(Custom(_reads_x_by_hand, "root_only"))  # no parameters, reads ctx.captures
+    assert _hand_listed_reads(hidden) == [
+        "check 'root_only' reads ctx.captures: write it as fn(ctx, <the captures it reads>) "
+        "(docs/authoring.md)"]
+    assert _hand_listed_reads(_rule(Custom(bias_is_a_parameter, "ok"),
+                                    replacement=PythonReplacement(build_addmm))) == []
+
+
+def test_every_rule_module_is_shipped_in_the_parameter_style() -> None:
+    """No rule module is exempt: the registry's rules come from every module under passes/."""
+    import pkgutil
+
+    import fusionkit.passes as passes
+
+    modules = {m for m, _ in SHIPPED}
+    found = {info.name for info in pkgutil.walk_packages(passes.__path__, "fusionkit.passes.")}
+    # every module that registers rules shows up among the shipped rules' factories
+    assert {"fusionkit.passes.vulkan.batch_norm", "fusionkit.passes.xnnpack.fuse_activation",
+            "fusionkit.passes.rms_norm"} <= modules <= found
 
 
 # ------------------------------------------- a Vulkan rule: blame on the bad bias

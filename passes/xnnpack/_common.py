@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import CheckContext, Custom
+from fusionkit import Custom
 
 #: ``FuseActivationPass.FUSED_ACTIVATION_TAG``: the node meta key XNNPACK's conv, linear,
 #: add, sub and mul visitors read their ``output_min``/``output_max`` from
@@ -20,22 +20,17 @@ Q_PER_TENSOR = "quantized_decomposed.quantize_per_tensor.default"
 DQ_PER_TENSOR = "quantized_decomposed.dequantize_per_tensor.default"
 
 
-def constraint(name: str, *reads: str) -> Callable[[Callable[[CheckContext], Any]], Custom]:
-    """Decorator: a :class:`~fusionkit.Custom` constraint from ``fn(ctx) -> reason | None``."""
+def constraint(name: str) -> Callable[[Callable[..., Any]], Custom]:
+    """Decorator: a :class:`~fusionkit.Custom` check ``fn(ctx, *captures) -> reason | None``.
 
-    def wrap(fn: Callable[[CheckContext], Any]) -> Custom:
-        return Custom(fn, name, tuple(reads))
+    The captures it reads are its parameters after ``ctx``: the signature is the only list
+    of them.
+    """
+
+    def wrap(fn: Callable[..., Any]) -> Custom:
+        return Custom(fn, name)
 
     return wrap
-
-
-def constant_tensor(ctx: CheckContext, name: str) -> torch.Tensor | None:
-    """The real tensor of a captured constant placeholder, else None."""
-    v = ctx.captures.get(name)
-    if not isinstance(v, Node):
-        return None
-    ref = ctx.inputs.constant(v)
-    return None if ref is None else ref.tensor
 
 
 def rank_of(v: Any) -> int | None:

@@ -19,12 +19,11 @@ non-constant weight; the rule declines it (with the reason).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from torch.fx import Node
 
-from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.passes.registry import register_rules
 
 from ._common import CONV, DQ_PER_TENSOR, Q_PER_TENSOR, constraint, keep_provenance, rank_of
@@ -58,17 +57,24 @@ def _is_1d_list(v: Any) -> bool:
         isinstance(i, int) and not isinstance(i, bool) for i in v)
 
 
-def _conv1d(ctx: CheckContext) -> str | None:
-    c = ctx.captures
-    kernel = _weight_constant(c["w"])
+def _conv1d(ctx: CheckContext, conv: Node, w: Any, stride: Any, padding: Any, dilation: Any,
+            output_padding: Any) -> str | Blame | None:
+    kernel = _weight_constant(w)
+    # the weight's faults are blamed on the constant itself (under a dequantize: its input)
+    at = kernel if isinstance(kernel, Node) else "w"
     if rank_of(kernel) != 3:
-        return f"the weight has rank {rank_of(kernel)}, not 3: not a 1-D convolution"
+        return ctx.fail(f"the weight has rank {rank_of(kernel)}, not 3: not a 1-D convolution",
+                        at=at)
     if not isinstance(kernel, Node) or ctx.inputs.constant(kernel) is None:
         name = getattr(kernel, "name", kernel)
-        return f"the weight `{name}` is not a constant: XNNPACK convolves with static weights"
-    for name in ("stride", "padding", "dilation", "output_padding"):
-        if not _is_1d_list(c[name]):
-            return f"{name} {c[name]!r} is not a 1-element list of ints"
+        return ctx.fail(f"the weight `{name}` is not a constant: XNNPACK convolves with static "
+                        "weights", at=at)
+    geometry = {"stride": stride, "padding": padding, "dilation": dilation,
+                "output_padding": output_padding}
+    for name, v in geometry.items():
+        if not _is_1d_list(v):
+            # a literal argument of the convolution: blamed on it
+            return ctx.fail(f"{name} {v!r} is not a 1-element list of ints", at=conv)
     return None
 
 
@@ -88,9 +94,8 @@ def _qdq(rw: Rewriter, x: Node, params: tuple[Any, ...], like: Node | None) -> N
     return dq
 
 
-def _conv2d(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    conv: Node = c["conv"]
-    x, w = c["x"], c["w"]
+def _conv2d(rw: Rewriter, conv: Node, x: Node, w: Node, b: Any, stride: Any, padding: Any,
+            dilation: Any, transposed: Any, output_padding: Any, groups: Any) -> Node:
     kernel = _weight_constant(w)
     w4 = rw.constant(f"{kernel.name}_fk_conv1d_as_2d",
                      rw.tensor(kernel).contiguous().unsqueeze(-1))
@@ -104,9 +109,8 @@ def _conv2d(rw: Rewriter, c: Mapping[str, Any]) -> Node:
     ux.meta.pop("debug_handle", None)
     if _is_dequant(x):
         ux = _qdq(rw, ux, tuple(x.args[1:]), None)
-    conv2 = rw.call(CONV, ux, w4, c["b"], [*c["stride"], 1], [*c["padding"], 0],
-                    [*c["dilation"], 1], c["transposed"], [*c["output_padding"], 0],
-                    c["groups"])
+    conv2 = rw.call(CONV, ux, w4, b, [*stride, 1], [*padding, 0], [*dilation, 1], transposed,
+                    [*output_padding, 0], groups)
     keep_provenance(conv2, conv)  # with the activation a fused relu left in its metadata
     users = list(conv.users)
     out = conv2
@@ -124,7 +128,7 @@ def conv1d_unsqueeze_rule() -> Rule:
     return Rule(
         name="xnnpack_conv1d_as_conv2d",
         pattern=pattern,
-        constraints=[constraint("conv1d_with_constant_weight", "w")(_conv1d)],
-        replacement=PythonReplacement(_conv2d, frozenset({"conv", "x", "w", "b", *_GEOMETRY})),
+        constraints=[constraint("conv1d_with_constant_weight")(_conv1d)],
+        replacement=PythonReplacement(_conv2d),
         description="1-D convolution as unsqueeze, 2-D convolution, squeeze",
     )

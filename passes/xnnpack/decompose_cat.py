@@ -14,12 +14,11 @@ results; the quantizer normally shares them, so this is a safety net).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from torch.fx import Node
 
-from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op, op_key
+from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op, op_key
 from fusionkit.passes.registry import register_rules
 
 from ._common import DQ_PER_TENSOR, Q_PER_TENSOR, constraint, keep_provenance
@@ -43,34 +42,34 @@ def _qparams(dq: Node) -> tuple[Any, ...]:
     return tuple(dq.args[1:])
 
 
-def _too_many_inputs(ctx: CheckContext) -> str | None:
-    tensors = ctx.captures["tensors"]
+def _too_many_inputs(ctx: CheckContext, tensors: Any) -> str | None:
     if not isinstance(tensors, (list, tuple)) or len(tensors) <= MAX_INPUTS:
         n = len(tensors) if isinstance(tensors, (list, tuple)) else tensors
         return f"{n} tensors: XNNPACK concatenates up to {MAX_INPUTS} at once"
     return None
 
 
-def _shared_quantization(ctx: CheckContext) -> str | None:
-    if not _is_quantized(ctx.captures["cat"]):
+def _shared_quantization(ctx: CheckContext, tensors: Any, cat: Node) -> str | Blame | None:
+    if not _is_quantized(cat):
         return None
-    tensors: list[Node] = list(ctx.captures["tensors"])
-    first = tensors[0]
+    inputs: list[Node] = list(tensors)
+    first = inputs[0]
+    # blamed on the input at fault (an element of the captured list, so a node of its own)
     if op_key(first.target) != DQ_PER_TENSOR:
-        return (f"input `{first.name}` is dequantized by {first.target}, not per tensor: the "
-                "intermediate results cannot be re-quantized like it")
-    for t in tensors[1:]:
+        return ctx.fail(f"input `{first.name}` is dequantized by {first.target}, not per "
+                        "tensor: the intermediate results cannot be re-quantized like it",
+                        at=first)
+    for t in inputs[1:]:
         if _qparams(t) != _qparams(first) or t.target != first.target:
-            return (f"input `{t.name}` is quantized with {_qparams(t)}, input `{first.name}` "
-                    f"with {_qparams(first)}: the intermediate results would be re-quantized "
-                    "with only one of them")
+            return ctx.fail(f"input `{t.name}` is quantized with {_qparams(t)}, input "
+                            f"`{first.name}` with {_qparams(first)}: the intermediate results "
+                            "would be re-quantized with only one of them", at=t)
     return None
 
 
-def _decomposed(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+def _decomposed(rw: Rewriter, cat: Node) -> Node:
     from executorch.backends.xnnpack.utils.quant_utils import tag_as_implicit_q_dq
 
-    cat: Node = c["cat"]
     rest = tuple(cat.args[1:])
     # the live list (an input replaced by another match this round is its replacement)
     tensors: list[Any] = list(cat.args[0])  # type: ignore[arg-type]
@@ -103,8 +102,8 @@ def decompose_cat_rule() -> Rule:
     return Rule(
         name="xnnpack_decompose_cat",
         pattern=op(CAT, capture("tensors"), strict_defaults=False).bind("cat"),
-        constraints=[constraint("more_than_5_inputs", "tensors")(_too_many_inputs),
-                     constraint("shared_quantization", "tensors", "cat")(_shared_quantization)],
-        replacement=PythonReplacement(_decomposed, frozenset({"tensors", "cat"})),
+        constraints=[constraint("more_than_5_inputs")(_too_many_inputs),
+                     constraint("shared_quantization")(_shared_quantization)],
+        replacement=PythonReplacement(_decomposed),
         description="cat of more than 5 tensors into a chain of cats of at most 5",
     )

@@ -17,12 +17,11 @@ declined when they do not overlap: the result would be a constant).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 from torch.fx import Node
 
-from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.passes.registry import register_rules
 
 from ._common import CONV, FUSED_ACTIVATION_TAG, LINEAR, constraint, keep_provenance
@@ -35,11 +34,8 @@ RELU = "aten.relu.default"
 HARDTANH = "aten.hardtanh.default"
 
 
-def _bounds(c: Mapping[str, Any]) -> tuple[Any, Any]:
-    """The activation's range as the stock pass writes it (relu: ``0, "+inf"``)."""
-    if "lo" not in c:
-        return 0, "+inf"
-    return c["lo"], c["hi"]
+#: relu's range as the stock pass writes it
+RELU_RANGE: tuple[Any, Any] = (0, "+inf")
 
 
 def _as_float(v: Any) -> float:
@@ -61,15 +57,8 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _fusable_range(ctx: CheckContext) -> str | None:
-    c = ctx.captures
-    lo, hi = _bounds(c)
-    if "lo" in c:
-        if not (_is_number(lo) and _is_number(hi)):
-            return f"hardtanh bounds ({lo!r}, {hi!r}) are not numbers"
-        if lo > hi:
-            return f"hardtanh min_val {lo} > max_val {hi}: not a clamp range"
-    pre: Node = c["pre"]
+def _overlaps(pre: Node, lo: Any, hi: Any) -> str | None:
+    """``pre``'s own fused range, if any, leaves something of [lo, hi]."""
     old = pre.meta.get(FUSED_ACTIVATION_TAG)
     if old is not None and _combined(old, lo, hi) is None:
         return (f"`{pre.name}` already clamps to [{old.output_min}, {old.output_max}], which "
@@ -77,13 +66,25 @@ def _fusable_range(ctx: CheckContext) -> str | None:
     return None
 
 
-def _fused(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    """The same op with the activation's range (combined with one it already has)."""
+def _relu_range(ctx: CheckContext, pre: Node) -> str | None:
+    return _overlaps(pre, *RELU_RANGE)
+
+
+def _hardtanh_range(ctx: CheckContext, pre: Node, lo: Any, hi: Any) -> str | Blame | None:
+    # bounds that are no clamp range are the hardtanh's fault (they are its arguments)
+    if not (_is_number(lo) and _is_number(hi)):
+        return ctx.fail(f"hardtanh bounds ({lo!r}, {hi!r}) are not numbers", at=ctx.root)
+    if lo > hi:
+        return ctx.fail(f"hardtanh min_val {lo} > max_val {hi}: not a clamp range", at=ctx.root)
+    return _overlaps(pre, lo, hi)
+
+
+def _fused(rw: Rewriter, pre: Node, lo: Any, hi: Any) -> Node:
+    """The same op with the range [lo, hi] (combined with one it already has)."""
     from executorch.backends.xnnpack.serialization.xnnpack_graph_schema import OutputMinMax
 
-    pre: Node = c["pre"]
-    rng = _combined(pre.meta.get(FUSED_ACTIVATION_TAG), *_bounds(c))
-    assert rng is not None  # _fusable_range declined the rest
+    rng = _combined(pre.meta.get(FUSED_ACTIVATION_TAG), lo, hi)
+    assert rng is not None  # the range checks declined the rest
     if pre.graph is rw.graph:  # (a probe builds into a scratch graph)
         # where the stock pass leaves the op: ops computed between it and the
         # activation keep their place (the payload lists nodes in graph order)
@@ -94,20 +95,27 @@ def _fused(rw: Rewriter, c: Mapping[str, Any]) -> Node:
     return node
 
 
+def _fused_relu(rw: Rewriter, pre: Node) -> Node:
+    return _fused(rw, pre, *RELU_RANGE)
+
+
+def _fused_hardtanh(rw: Rewriter, pre: Node, lo: Any, hi: Any) -> Node:
+    return _fused(rw, pre, lo, hi)
+
+
 @register_rules("xnnpack", takes_over="FuseActivationPass")
 def fuse_activation_rules() -> list[Rule]:
     """One rule per activation: ``relu(op(...))`` and ``hardtanh(op(...), lo, hi)``."""
     pre = op(FUSEABLE_OPS, capture("pre_input"), commutative=False,
              strict_defaults=False).bind("pre")
-    replacement = PythonReplacement(_fused, frozenset({"pre"}))
-    fusable_range = constraint("fusable_range", "pre")(_fusable_range)
     return [
-        Rule(name="xnnpack_fuse_relu", pattern=op(RELU, pre), replacement=replacement,
-             constraints=[fusable_range],
+        Rule(name="xnnpack_fuse_relu", pattern=op(RELU, pre),
+             replacement=PythonReplacement(_fused_relu),
+             constraints=[constraint("fusable_range")(_relu_range)],
              description="relu after conv/linear/add/sub/mul into its output_min/max"),
         Rule(name="xnnpack_fuse_hardtanh",
              pattern=op(HARDTANH, pre, capture("lo"), capture("hi")),
-             replacement=PythonReplacement(_fused, frozenset({"pre", "lo", "hi"})),
-             constraints=[fusable_range],
+             replacement=PythonReplacement(_fused_hardtanh),
+             constraints=[constraint("fusable_range")(_hardtanh_range)],
              description="hardtanh after conv/linear/add/sub/mul into its output_min/max"),
     ]

@@ -13,47 +13,53 @@ in place, so the folded op keeps that node's metadata (not the batch norm's).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 from torch.fx import Node
 
 from fusionkit import PythonReplacement, Rewriter, Rule
 from fusionkit.passes.registry import register_rules
-from fusionkit.passes.vulkan.batch_norm import STOCK_PASS, batch_norm_rules
+from fusionkit.passes.vulkan.batch_norm import (
+    STOCK_PASS,
+    batch_norm_rules,
+    fold_conv_batch_norm,
+    fold_linear_batch_norm,
+)
 
 from ._common import keep_provenance
 
-#: the Vulkan set's replacements, by rule name (built on first use)
-_SHARED: dict[str, Any] = {}
+
+def _keep_op_provenance(rw: Rewriter, op: Node) -> None:
+    """The folded conv / linear (the last op the fold created) keeps ``op``'s metadata."""
+    folded = [n for n in rw.created if n.op == "call_function"][-1]
+    keep_provenance(folded, op)
 
 
-def _keeping_provenance(rw: Rewriter, c: Mapping[str, Any], rule: str) -> Node:
-    if not _SHARED:
-        _SHARED.update((r.name, r.replacement) for r in batch_norm_rules())
-    out: Node = _SHARED[rule].build(rw, c)
-    folded = [n for n in rw.created if n.op == "call_function"][-1]  # the new conv / linear
-    keep_provenance(folded, c["op"])
+def _fold_conv(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Node, bn_b: Node, mean: Node,
+               var: Node, eps: float, stride: Any, padding: Any, dilation: Any, transposed: Any,
+               output_padding: Any, groups: Any, b: Node | None = None) -> Node:
+    out = fold_conv_batch_norm(rw, op, x, w, bn_w, bn_b, mean, var, eps, stride, padding,
+                               dilation, transposed, output_padding, groups, b)
+    _keep_op_provenance(rw, op)
     return out
 
 
-def _fold_conv(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    return _keeping_provenance(rw, c, "conv_batch_norm")
-
-
-def _fold_linear(rw: Rewriter, c: Mapping[str, Any]) -> Node:
-    return _keeping_provenance(rw, c, "linear_batch_norm")
+def _fold_linear(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Node, bn_b: Node,
+                 mean: Node, var: Node, eps: float, b: Node | None = None) -> Node:
+    out = fold_linear_batch_norm(rw, op, x, w, bn_w, bn_b, mean, var, eps, b)
+    _keep_op_provenance(rw, op)
+    return out
 
 
 @register_rules("xnnpack", takes_over=STOCK_PASS)
 def fuse_batch_norm_rules() -> list[Rule]:
     """conv -> batch norm and linear -> batch norm (the Vulkan set's rules, fresh objects)."""
-    folds = {"conv_batch_norm": _fold_conv, "linear_batch_norm": _fold_linear}
+    folds: dict[str, Callable[..., Node]] = {"conv_batch_norm": _fold_conv,
+                                             "linear_batch_norm": _fold_linear}
     out = []
     for r in batch_norm_rules():
-        rep = r.replacement
         assert r.name in folds, r.name
-        out.append(dataclasses.replace(
-            r, name=f"xnnpack_{r.name}",
-            replacement=PythonReplacement(folds[r.name], frozenset(rep.captures()) | {"op"})))
+        out.append(dataclasses.replace(r, name=f"xnnpack_{r.name}",
+                                       replacement=PythonReplacement(folds[r.name])))
     return out

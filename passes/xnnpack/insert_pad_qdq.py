@@ -12,12 +12,11 @@ user of the pad is a quantize already (so running it twice adds nothing).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from torch.fx import Node
 
-from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op, op_key
+from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op, op_key
 from fusionkit.passes.registry import register_rules
 
 from ._common import DQ_PER_TENSOR, Q_PER_TENSOR, constraint, keep_provenance
@@ -25,28 +24,28 @@ from ._common import DQ_PER_TENSOR, Q_PER_TENSOR, constraint, keep_provenance
 PAD = "aten.constant_pad_nd.default"
 
 
-def _quantized_zero_pad(ctx: CheckContext) -> str | None:
+def _quantized_zero_pad(ctx: CheckContext, input: Any, pad: Any, value: Any, pad_node: Node
+                        ) -> str | Blame | None:
     from executorch.backends.xnnpack.utils.quant_utils import is_quant
 
-    c = ctx.captures
-    inp, pad_node = c["input"], c["pad_node"]
-    if not (isinstance(inp, Node) and inp.op == "call_function"
-            and op_key(inp.target) == DQ_PER_TENSOR):
+    if not (isinstance(input, Node) and input.op == "call_function"
+            and op_key(input.target) == DQ_PER_TENSOR):
         return "the pad's input is not dequantized per tensor: nothing to re-quantize"
-    if c["value"] != 0.0:
-        return f"pad value {c['value']!r} is not 0 (the quantized pad pads with the zero point)"
-    if any(p < 0 for p in c["pad"]):
-        return f"pad amounts {c['pad']!r} crop (negative): not a static pad"
+    # the pad value and amounts are literals of the pad: its faults, as is a quantizing user
+    if value != 0.0:
+        return ctx.fail(f"pad value {value!r} is not 0 (the quantized pad pads with the zero "
+                        "point)", at=pad_node)
+    if any(p < 0 for p in pad):
+        return ctx.fail(f"pad amounts {pad!r} crop (negative): not a static pad", at=pad_node)
     if any(is_quant(u) for u in pad_node.users):
-        return "a user of the pad quantizes it already"
+        return ctx.fail("a user of the pad quantizes it already", at=pad_node)
     return None
 
 
-def _pad_qdq(rw: Rewriter, c: Mapping[str, Any]) -> Node:
+def _pad_qdq(rw: Rewriter, pad_node: Node, input: Node) -> Node:
     from executorch.backends.xnnpack.utils.quant_utils import tag_as_implicit_q_dq
 
-    pad_node: Node = c["pad_node"]
-    params = tuple(c["input"].args[1:])
+    params = tuple(input.args[1:])
     pad = rw.call(pad_node.target, *pad_node.args, **pad_node.kwargs)
     keep_provenance(pad, pad_node)
     q = rw.call(Q_PER_TENSOR, pad, *params)
@@ -62,8 +61,7 @@ def insert_pad_qdq_rule() -> Rule:
     return Rule(
         name="xnnpack_pad_qdq",
         pattern=op(PAD, capture("input"), capture("pad"), capture("value")).bind("pad_node"),
-        constraints=[constraint("quantized_zero_pad", "input", "pad", "value", "pad_node")(
-            _quantized_zero_pad)],
-        replacement=PythonReplacement(_pad_qdq, frozenset({"pad_node", "input"})),
+        constraints=[constraint("quantized_zero_pad")(_quantized_zero_pad)],
+        replacement=PythonReplacement(_pad_qdq),
         description="zero pad of a dequantized tensor, re-quantized with its parameters",
     )

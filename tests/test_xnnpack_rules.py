@@ -172,6 +172,90 @@ class QuantizedMixedNet(torch.nn.Module):
         return torch.cat([a, b, t, a, b, t], 1)             # 6 inputs
 
 
+def _trained(*bns: torch.nn.Module) -> None:
+    """Statistics a trained model would have (not the identity)."""
+    with torch.no_grad():
+        for bn in bns:
+            bn.running_mean.uniform_(-1.0, 1.0)
+            bn.running_var.uniform_(0.2, 2.0)
+            if bn.weight is not None:
+                bn.weight.uniform_(0.5, 1.5)
+                bn.bias.uniform_(-0.5, 0.5)
+
+
+class LoneBatchNorms(torch.nn.Module):
+    """Batch norms no conv or linear absorbs (DecomposeBatchNorm): NCHW after a residual
+    add, NCL after a conv1d + relu, NC after a linear + relu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.bn2d = torch.nn.BatchNorm2d(4)
+        self.seq = torch.nn.Conv1d(4, 4, 3, padding=1)
+        self.bn_ncl = torch.nn.BatchNorm1d(4)
+        self.head = torch.nn.Linear(64, 8)
+        self.bn_nc = torch.nn.BatchNorm1d(8)
+        _trained(self.bn2d, self.bn_ncl, self.bn_nc)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.bn2d(self.conv(x) + x)                        # [1, 4, 4, 4]
+        s = self.bn_ncl(torch.relu(self.seq(a.flatten(2))))    # [1, 4, 16]
+        return self.bn_nc(torch.relu(self.head(s.flatten(1))))  # [1, 8]
+
+
+class TwoNonAffineBatchNorms(torch.nn.Module):
+    """Two ``BatchNorm2d(affine=False)`` with their own statistics."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.BatchNorm2d(8, affine=False)
+        self.second = torch.nn.BatchNorm2d(8, affine=False)
+        _trained(self.first, self.second)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x + 1.0)) * 2.0)
+
+
+class ChainedBatchNorms(torch.nn.Module):
+    """A batch norm straight after another (neither after a conv)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.BatchNorm2d(8)
+        self.second = torch.nn.BatchNorm2d(8)
+        _trained(self.first, self.second)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x + 1.0))
+
+
+class Clones(torch.nn.Module):
+    """Identity clones mid-graph (XNNPACKRemoveCloneOpsTransform), and one copying the
+    graph input straight to an output (kept: the delegate must write that output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.clone(self.conv(x))
+        b = a.clone(memory_format=torch.contiguous_format) + 1.0
+        return torch.relu(b).clone(), x.clone()
+
+
+class QuantizedClone(torch.nn.Module):
+    """conv + relu -> clone -> conv, quantized: the clone sits between a dequantize and a
+    quantize with the same parameters, a pair that goes with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(4, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c2(torch.clone(torch.relu(self.c1(x))))
+
+
 def _quantized(model: torch.nn.Module, shape: tuple[int, ...]) -> torch.nn.Module:
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
@@ -193,6 +277,11 @@ CASES: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...]]] = {
     "relu_then_hardtanh": (ReluThenHardtanh, (1, 3, 8, 8)),
     "shared_conv1d": (SharedConv1d, (1, 4, 16)),
     "quantized": (lambda: _quantized(QuantizedMixedNet(), (1, 4, 8, 8)), (1, 4, 8, 8)),
+    "lone_batch_norms": (LoneBatchNorms, (1, 4, 4, 4)),
+    "two_non_affine_batch_norms": (TwoNonAffineBatchNorms, (1, 8, 4, 4)),
+    "chained_batch_norms": (ChainedBatchNorms, (1, 8, 4, 4)),
+    "clones": (Clones, (1, 3, 8, 8)),
+    "quantized_clone": (lambda: _quantized(QuantizedClone(), (1, 4, 8, 8)), (1, 4, 8, 8)),
 }
 #: int8 requantization: a value may land one output step away
 QUANT_TOL = 0.1
@@ -209,6 +298,7 @@ def lowered() -> dict[str, tuple[torch.Tensor, Lowered, Lowered]]:
         inputs = (torch.randn(*shape),)
         with torch.no_grad():
             ref = model(*inputs)
+        ref = ref[0] if isinstance(ref, tuple) else ref  # (what lower() runs: output 0)
         out[name] = (ref, lower(model, inputs, "rules"), lower(model, inputs, "stock"))
     return out
 
@@ -286,6 +376,64 @@ def test_quantized_model_delegate_is_byte_identical_to_stock(lowered: Any) -> No
     assert fused.get("DecomposeConcatenate", 0) >= 1, fused
     assert fused.get("FuseActivationPass", 0) >= 1, fused
     assert ours.stock_calls == {}, ours.stock_calls
+
+
+def test_lone_batch_norms_are_depthwise_convolutions_byte_identical_to_stock(
+        lowered: Any) -> None:
+    """NCHW, NCL and NC batch norms (the NC one unsqueezed to a 1-D convolution): the
+    rule's depthwise convolutions give stock's bytes, on the runtime equal to eager."""
+    ref, ours, stock = lowered["lone_batch_norms"]
+    assert ours.error is None and stock.error is None, (ours.error, stock.error)
+    assert ours.payloads and ours.payloads == stock.payloads
+    assert ours.named == stock.named
+    assert ours.err(ref) < TOL and stock.err(ref) < TOL
+    assert ours.rule_counts["DecomposeBatchNorm"]["fused"] == 3, ours.rule_counts
+    assert ours.stock_calls == {}, ours.stock_calls
+    assert stock.stock_calls.get("DecomposeBatchNorm", 0) >= 1
+
+
+def test_stock_gives_two_non_affine_batch_norms_one_set_of_statistics(lowered: Any) -> None:
+    """Stock DecomposeBatchNorm names the folded constants after the batch-norm weight;
+    without one (affine=False) both are ``_decomposed_bn_weight`` and the second batch
+    norm gets the first's: wrong on the runtime. The rule names them per match."""
+    ref, ours, stock = lowered["two_non_affine_batch_norms"]
+    assert stock.error is None
+    assert stock.err(ref) > 0.1  # the stock bug, on the real runtime
+    assert ours.err(ref) < TOL
+    assert ours.rule_counts["DecomposeBatchNorm"]["fused"] == 2
+
+
+def test_stock_fails_on_a_batch_norm_after_a_batch_norm(lowered: Any) -> None:
+    """Stock DecomposeBatchNorm creates each convolution without a value and re-traces
+    only at the end: the second batch norm's check reads its input's value and the pass
+    dies (KeyError 'val'). The rule's convolution carries its value."""
+    ref, ours, stock = lowered["chained_batch_norms"]
+    assert stock.error is not None and "DecomposeBatchNorm" in stock.error, stock.error
+    assert ours.error is None
+    assert ours.err(ref) < TOL
+    assert ours.rule_counts["DecomposeBatchNorm"]["fused"] == 2
+
+
+def test_identity_clones_go_byte_identical_to_stock(lowered: Any) -> None:
+    """Three identity clones removed by the rule; the input -> output copy kept (its
+    match declined), as stock keeps it: the same bytes, equal to eager."""
+    ref, ours, stock = lowered["clones"]
+    assert ours.error is None and stock.error is None, (ours.error, stock.error)
+    assert ours.payloads and ours.payloads == stock.payloads
+    assert ours.named == stock.named
+    assert ours.err(ref) < TOL and stock.err(ref) < TOL
+    assert ours.rule_counts["XNNPACKRemoveCloneOpsTransform"]["fused"] == 3, ours.rule_counts
+    assert ours.stock_calls == {}, ours.stock_calls
+    assert stock.stock_calls.get("XNNPACKRemoveCloneOpsTransform", 0) >= 1
+
+
+def test_quantized_clone_goes_with_its_dequantize_quantize_pair(lowered: Any) -> None:
+    ref, ours, stock = lowered["quantized_clone"]
+    assert ours.error is None and stock.error is None, (ours.error, stock.error)
+    assert ours.payloads and ours.payloads == stock.payloads
+    assert ours.named == stock.named
+    assert ours.err(ref) < QUANT_TOL and stock.err(ref) < QUANT_TOL
+    assert ours.rule_counts["XNNPACKRemoveCloneOpsTransform"]["fused"] == 1, ours.rule_counts
 
 
 def test_rules_disabled_run_the_stock_passes() -> None:

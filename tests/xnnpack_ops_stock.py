@@ -13,7 +13,7 @@ Why a subset: the whole ops suite is far beyond CI's budget (<= 6 min added wall
 2 cores). Stock, on this project's loaded 2-core machine, its first 61 tests (files
 abs..ceil) took 15 min (all passed; the quantized cat tests 30-160 s each), and
 ``test_linear``'s float tests loop over 4-8 configurations at 1-2 min each. :data:`SUBSET`
-is a fixed list of 29 tests of one or two configurations (float, plus quantized ones)
+is a fixed list of 32 tests of one or two configurations (float, plus quantized ones)
 that bring the triggers of the XNNPACK preprocess passes fusionkit may skip, so a gate is
 seen both skipping its pass (on the other tests) and letting it run (:data:`MUST_RUN`),
 and the patterns of the passes fusionkit runs as rules (:data:`MUST_FUSE`), plus the transposed-conv weight swap and per-channel
@@ -86,15 +86,18 @@ SUBSET: dict[str, str] = {
     "test_hardtanh.py::TestHardTanh::test_fp32_hardtanh": "hardtanh alone",
     "test_conv2d.py::TestConv2d::test_qs8_conv2d_even_kernel_same_padding":
         "InsertPadQDQPass rule (the 'same' pad of an even kernel, quantized)",
+    # DecomposeBatchNorm rule: rank 2 (unsqueezed to a conv1d), rank 3, no affine weight
+    "test_batch_norm.py::TestBatchNorm::test_fp32_batch_norm_nc": "DecomposeBatchNorm rule (NC)",
+    "test_batch_norm.py::TestBatchNorm::test_fp32_batch_norm_ncl":
+        "DecomposeBatchNorm rule (NCL)",
+    "test_batch_norm.py::TestBatchNorm::test_fp32_batch_norm_nchw_non_affine":
+        "DecomposeBatchNorm rule (affine=False)",
 }
 
 #: test -> passes whose trigger its partitions hold (read from the pass's source): the gate
 #: must have let each of them run at least once in that test
 MUST_RUN: dict[str, tuple[str, ...]] = {
     "test_linear.py::TestLinear::test_fp32_addmm": ("ConvertToLinearPass",),
-    "test_batch_norm.py::TestBatchNorm::test_fp32_batch_norm_nchw": ("DecomposeBatchNorm",),
-    "test_batch_norm.py::TestBatchNorm::test_fp32_linear_relu_batch_norm":
-        ("DecomposeBatchNorm",),
     "test_clone.py::TestClone::test_fp32_clone_with_contiguous_format":
         ("DimOrderOpsRevertPass",),
 }
@@ -107,7 +110,12 @@ MUST_FUSE: dict[str, tuple[str, ...]] = {
     "test_conv1d.py::TestConv1d::test_fp32_conv1d_batchnorm_seq":
         ("Conv1dUnsqueezePass", "FuseBatchNormPass"),
     "test_batch_norm.py::TestBatchNorm::test_fp32_linear_relu_batch_norm":
-        ("FuseActivationPass",),
+        ("FuseActivationPass", "DecomposeBatchNorm"),
+    "test_batch_norm.py::TestBatchNorm::test_fp32_batch_norm_nchw": ("DecomposeBatchNorm",),
+    "test_batch_norm.py::TestBatchNorm::test_fp32_batch_norm_nc": ("DecomposeBatchNorm",),
+    "test_batch_norm.py::TestBatchNorm::test_fp32_batch_norm_ncl": ("DecomposeBatchNorm",),
+    "test_batch_norm.py::TestBatchNorm::test_fp32_batch_norm_nchw_non_affine":
+        ("DecomposeBatchNorm",),
     "test_cat.py::TestCat::test_fp32_cat_gt_5": ("DecomposeConcatenate",),
     "test_conv2d.py::TestConv2d::test_qs8_conv2d_even_kernel_same_padding":
         ("InsertPadQDQPass",),

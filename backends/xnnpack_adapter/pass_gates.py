@@ -98,13 +98,6 @@ def _convert_to_linear(ep: Any, p: Any) -> bool:
     return _addmm_to_linear(ep, p)
 
 
-def _batch_norm(ep: Any, p: Any) -> bool:
-    """FuseBatchNormPass / DecomposeBatchNorm: rewrite only batch-norm nodes."""
-    ops = edge_ops()
-    return present(ep, ops.aten.native_batch_norm.default,
-                   ops.aten._native_batch_norm_legit_no_training.default)
-
-
 def _clone_ops(ep: Any, p: Any) -> bool:
     """transforms/remove_clone_ops.py: an identity clone it does not preserve."""
     for n in nodes(ep, *p.clone_ops):
@@ -210,7 +203,6 @@ PASS_GATES: GateTable = {
     "fusionkit.backends.xnnpack_adapter.preprocess_rules.RulePass":
         PassGate(None, keeps_meta=_rules_keep_meta),
     "executorch.exir.pass_base.ExportPass": PassGate(None, retraces=True),
-    "executorch.backends.xnnpack._passes.XNNPACKRemoveCloneOpsTransform": PassGate(_clone_ops),
     "executorch.backends.transforms.remove_clone_ops.RemoveCloneOpsTransform": PassGate(_clone_ops),
     "executorch.exir.passes.memory_format_ops_pass.DimOrderOpsRevertPass":
         retracing(_dim_order_revert),
@@ -220,8 +212,6 @@ PASS_GATES: GateTable = {
         retracing(_custom_meta),
     "executorch.backends.xnnpack._passes.convert_to_sdpa.ConvertToSDPAPass": retracing(_sdpa),
     "executorch.exir.passes.const_prop_pass.ConstPropPass": retracing(_const_prop),
-    "executorch.backends.xnnpack._passes.decompose_batch_norm.DecomposeBatchNorm":
-        retracing(_batch_norm),
     "executorch.backends.transforms.remove_getitem_op.RemoveGetItemPass":
         retracing(_named("aten.max_pool2d_with_indices.default", "aten.max.dim")),
     # tags every node's memory format: always does work

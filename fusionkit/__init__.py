@@ -99,6 +99,7 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "ConstantKind": ("fusionkit.check.program_inputs", "parameter, buffer or lifted tensor constant"),
     "rule_from_functions": ("fusionkit.authoring.from_example", "a rule traced from the PyTorch code it fuses (and its replacement)"),
     "pattern_from_function": ("fusionkit.authoring.from_example", "the pattern traced from one example function"),
+    "TraceOptions": ("fusionkit.authoring.from_example", "how an example is traced (wildcards, dialect, casts, ...), as one value"),
     "ExampleError": ("fusionkit.authoring.from_example", "example code that cannot become a rule as asked"),
     "to_python": ("fusionkit.authoring.python_source", "a rule or pattern printed as the DSL code that builds it"),
     "NotPrintable": ("fusionkit.authoring.python_source", "a rule part that is Python code, not data (cannot be printed)"),
@@ -152,6 +153,7 @@ if TYPE_CHECKING:
     from fusionkit.apply.builder import FusionError as FusionError
     from fusionkit.apply.builder import Rewriter as Rewriter
     from fusionkit.authoring.from_example import ExampleError as ExampleError
+    from fusionkit.authoring.from_example import TraceOptions as TraceOptions
     from fusionkit.authoring.from_example import pattern_from_function as pattern_from_function
     from fusionkit.authoring.from_example import rule_from_functions as rule_from_functions
     from fusionkit.authoring.near_miss import WhyNot as WhyNot

@@ -50,8 +50,8 @@ def _patchable_objects() -> dict[str, Any]:
 
     objects: dict[str, Any] = {f"registry[{k}]": v for k, v in fusable_patterns.items()}
     objects["registry order"] = tuple(fusable_patterns)
-    takeover = importlib.import_module("fusionkit.backends.vulkan_adapter.install").TAKEOVER
-    for patches in (takeover, vk.constant_serializer.PATCHES, xa.serializer.PATCHES,
+    # the adapters' patch sets (vk.PATCHES, xa.PATCHES) and every set they include
+    for patches in (vk.PATCHES, vk.constant_serializer.PATCHES, xa.serializer.SERIALIZER_PATCHES,
                     vulkan_gates.PATCHES, xnnpack_gates.PATCHES,
                     vk.preprocess_rules.PATCHES, xa.preprocess_rules.TAKEOVER):
         for owner, name, _ in patches._patches():

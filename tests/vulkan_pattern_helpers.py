@@ -10,7 +10,7 @@ from executorch.exir import EdgeCompileConfig, to_edge
 from fusionkit import find_matches
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.match.targets import op_key
-from fusionkit.passes.vulkan import vulkan_rules
+from fusionkit.passes import rule_set
 
 qd = torch.ops.quantized_decomposed
 I8 = torch.int8
@@ -22,8 +22,8 @@ def edge(m: torch.nn.Module, args: tuple[Any, ...], preserve: list[Any] | None =
 
 
 def fuse(ep: Any, rules: list[Any] | None = None) -> Any:
-    """Find and apply ``rules`` (default: every ported Vulkan rule); returns the MatchSet."""
-    ms = find_matches(ep, vulkan_rules() if rules is None else rules)
+    """Find and apply ``rules`` (default: the ``"vulkan"`` rule set); returns the MatchSet."""
+    ms = find_matches(ep, rule_set("vulkan") if rules is None else rules)
     apply_matches(ep, ms.accepted)
     return ms
 

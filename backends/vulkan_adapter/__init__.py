@@ -7,12 +7,15 @@
 
 The adapter itself is thin:
 
-* :mod:`.rules` — :func:`fusion_rules` (the ``"vulkan"`` rule set) and
-  :func:`transform_passes`, fresh fusion passes for ``to_edge_transform_and_lower``;
+* :mod:`.rules` — :func:`transform_passes`, fresh fusion passes for
+  ``to_edge_transform_and_lower`` from the ``"vulkan"`` rule set
+  (``fusionkit.passes.rule_set("vulkan")``; ``fusion_rules()`` is deprecated);
 * :mod:`.partitioner` — :class:`VulkanPartitioner`, ExecuTorch's (same arguments),
   which verifies that every fused node it is given is delegated;
-* :mod:`.install` — :func:`install` / :func:`uninstall`: the reversible takeover of
-  the stock patterns fusionkit reimplements, and :mod:`.constant_serializer`.
+* :mod:`.install` — :data:`PATCHES`, the adapter's one patch set (the reversible takeover
+  of the stock patterns fusionkit reimplements, :mod:`.constant_serializer`, the
+  preprocess rules and pass gates); :func:`install` / :func:`uninstall` /
+  :func:`is_installed` are its methods.
 
 Reading lowered programs lives in :mod:`.inspect`, imported only when used:
 :func:`check` (what the runtime would abort on, :class:`Problem`), :func:`simulate`
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from fusionkit.integration.hooks import TESTED_EXECUTORCH
 
 from .install import (
+    PATCHES,
     TAKEN_OVER_PATTERNS,
     Installation,
     UnsupportedExecuTorchError,
@@ -76,6 +80,7 @@ if TYPE_CHECKING:
     from .inspect.simulator import simulate as simulate
 
 __all__ = [
+    "PATCHES",
     "PREPACKED_ARGS",
     "TAKEN_OVER_PATTERNS",
     "TESTED_EXECUTORCH",

@@ -24,7 +24,6 @@ import torch
 
 from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.integration.hooks import (
-    Installation,
     PatchSet,
     UnsupportedExecuTorchError,
 )
@@ -118,19 +117,7 @@ PATCHES = PatchSet("fusionkit.backends.vulkan_adapter.constant_serializer", _pat
                     after_uninstall=release_named_data_fix)
 
 
-def is_installed() -> bool:
-    """Whether the fusionkit Vulkan constant serializer is in place."""
-    return PATCHES.is_installed()
-
-
-def install() -> Installation:
-    """Route Vulkan constant serialization through fusionkit (idempotent).
-
-    Raises :class:`UnsupportedExecuTorchError` for any untested ExecuTorch.
-    """
-    return PATCHES.install()
-
-
-def uninstall() -> None:
-    """Restore ExecuTorch's original objects exactly (idempotent)."""
-    PATCHES.uninstall()
+#: the component's trio is the patch set's own methods, as every adapter's (:mod:`.install`)
+install = PATCHES.install
+uninstall = PATCHES.uninstall
+is_installed = PATCHES.is_installed

@@ -16,16 +16,18 @@ own. It also puts fusionkit rules in place of six of ``VulkanBackend.preprocess`
 rewrite passes (:mod:`.preprocess_rules`), gates the passes left (:mod:`.pass_gates`)
 and installs :mod:`.constant_serializer` (constants that are views serialized as
 themselves, not as their whole base storage). Everything is one
-:class:`~fusionkit.integration.hooks.PatchSet`: :func:`uninstall` puts the very
-same entry objects back, in their order (and uninstalls the serializer if this
-install put it in). Both are idempotent; ``install()`` also works as a context manager that restores the
-previous state on exit. ``install()`` refuses to patch an ExecuTorch version
-the adapter was not tested with.
+:class:`~fusionkit.integration.hooks.PatchSet`, :data:`PATCHES`, and as in every adapter
+:func:`install` / :func:`uninstall` / :func:`is_installed` are its own methods:
+:func:`uninstall` puts the very same entry objects back, in their order (and uninstalls
+the serializer if this install put it in). Both are idempotent; ``install()`` also works
+as a context manager that restores the previous state on exit. ``install()`` refuses to
+patch an ExecuTorch version the adapter was not tested with.
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 from fusionkit import find_matches
@@ -36,12 +38,12 @@ from fusionkit.passes.registry import taken_over_patterns
 
 from . import constant_serializer, pass_gates, preprocess_rules
 from .delegation import with_delegation_check
-from .rules import built_rules
+from .rules import _built_rules
 
 __all__ = [
     "FUSED_IN_FUSE_PATTERNS_PASS",
+    "PATCHES",
     "TAKEN_OVER_PATTERNS",
-    "TAKEOVER",
     "Installation",
     "UnsupportedExecuTorchError",
     "executorch_version",
@@ -82,13 +84,13 @@ def _replace_all_fusable_subgraphs(ep: Any, graph_module: Any) -> int:
     # dict: fuse without adding (folding) or removing constants
     # the runtime's conditions are checked here too: a fusion the runtime would abort on
     # is never made, before or inside preprocess
-    rules = [with_delegation_check(r, None) for r in built_rules()]
+    rules = [with_delegation_check(r, None) for r in _built_rules()]
     ms = find_matches(ep, rules, structural_declines=False, allow_folding=False)
     applied = (apply_matches(ep, ms.accepted, drop_dead_constants=False).applied
                if ms.accepted else [])
     for m in applied:  # a replacement that failed (non-strict) is not a fusion
         FUSED_IN_FUSE_PATTERNS_PASS[m.rule.name] = FUSED_IN_FUSE_PATTERNS_PASS.get(m.rule.name, 0) + 1
-    stock = TAKEOVER.original(importlib.import_module(_PATTERNS_MODULE),
+    stock = PATCHES.original(importlib.import_module(_PATTERNS_MODULE),
                                "replace_all_fusable_subgraphs")
     rest = stock(ep, graph_module) if _registry() else 0
     return len(applied) + int(rest)
@@ -120,24 +122,22 @@ def _patches() -> list[tuple[Any, str, Any]]:
             (patterns, "replace_all_fusable_subgraphs", _replace_all_fusable_subgraphs)]
 
 
-TAKEOVER = PatchSet(
+#: the adapter's patch set: the pattern takeover, the constant serializer, the pass gates
+#: and the preprocess rules
+PATCHES = PatchSet(
     f"fusionkit.backends.vulkan_adapter (takes over {sorted(TAKEN_OVER_PATTERNS)} in "
     f"{_REGISTRY_MODULE}.fusable_patterns)",
     _patches, includes=(constant_serializer.PATCHES, pass_gates.PATCHES, preprocess_rules.PATCHES))
 
-
-def is_installed() -> bool:
-    return TAKEOVER.is_installed()
-
-
-def install() -> Installation:
-    """Take over the stock Vulkan patterns fusionkit reimplements (idempotent).
-
-    Raises :class:`UnsupportedExecuTorchError` on an untested ExecuTorch version.
-    """
-    return TAKEOVER.install()
+install = PATCHES.install
+uninstall = PATCHES.uninstall
+is_installed = PATCHES.is_installed
 
 
-def uninstall() -> None:
-    """Restore the stock Vulkan patterns and serializer exactly (idempotent)."""
-    TAKEOVER.uninstall()
+def __getattr__(name: str) -> Any:
+    if name == "TAKEOVER":
+        warnings.warn("fusionkit.backends.vulkan_adapter.install.TAKEOVER is deprecated: use "
+                      "PATCHES (every adapter's patch set has that name)", DeprecationWarning,
+                      stacklevel=2)
+        return PATCHES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

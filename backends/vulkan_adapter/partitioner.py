@@ -32,11 +32,11 @@ from torch.export import ExportedProgram
 from fusionkit import op_key
 from fusionkit.integration.scoped import PreprocessScope
 
-from .install import TAKEOVER
+from .install import PATCHES
 
 #: VulkanBackend.preprocess runs under the takeover for this adapter's partitions only
 PREPROCESS_SCOPE = PreprocessScope("executorch.backends.vulkan.vulkan_preprocess",
-                                   "VulkanBackend", b"vulkan", TAKEOVER)
+                                   "VulkanBackend", b"vulkan", PATCHES)
 
 __all__ = ["PREPROCESS_SCOPE", "FusedOpNotDelegatedError", "VulkanPartitioner"]
 
@@ -104,7 +104,7 @@ class VulkanPartitioner(_StockVulkanPartitioner):
                                    "the CPU")
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        with TAKEOVER.install():
+        with PATCHES.install():
             result = super().partition(exported_program)
         stranded = [
             n for n in result.tagged_exported_program.graph_module.graph.nodes

@@ -1,16 +1,17 @@
-"""The Vulkan adapter's rule set and the transform passes built from it.
+"""The Vulkan adapter's transform passes, built from its rule set.
 
-:func:`fusion_rules` is the set of fusionkit rules that replace ExecuTorch's
-stock Vulkan patterns (the rule-set registry, :mod:`fusionkit.passes.registry`,
-lists it as ``"vulkan"``); :func:`transform_passes` is what a user hands to
-``to_edge_transform_and_lower``: the same rules, each also requiring that the
-Vulkan partitioner will delegate what it creates (:mod:`.delegation`). Inside
+The fusionkit rules that replace ExecuTorch's stock Vulkan patterns are the rule set
+``"vulkan"``: ``fusionkit.passes.rule_set("vulkan")`` (the one way to get a rule set;
+:func:`fusion_rules` is its deprecated former name here). :func:`transform_passes` is
+what a user hands to ``to_edge_transform_and_lower``: the same rules, each also
+requiring that the Vulkan partitioner will delegate what it creates (:mod:`.delegation`). Inside
 ``VulkanBackend.preprocess`` (through the takeover in :mod:`.install`) the rules
 run with the runtime's conditions only (the nodes are delegated already).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from executorch.exir.pass_base import ExportedProgramPassBase
@@ -21,16 +22,16 @@ from fusionkit.passes.registry import RuleFactory, registered, rule_set
 
 from .delegation import PartitionerSupport, with_delegation_check
 
-__all__ = ["PASS_NAME", "built_rules", "fusion_rules", "transform_passes"]
+__all__ = ["PASS_NAME", "fusion_rules", "transform_passes"]
 
 PASS_NAME = "fusionkit_vulkan"
 
 
 def fusion_rules() -> list[Rule]:
-    """The fusionkit rules that replace the stock Vulkan patterns (fresh objects).
-
-    One or more rules per entry of :data:`~.install.TAKEN_OVER_PATTERNS`.
-    """
+    """Deprecated: ``fusionkit.passes.rule_set("vulkan")`` (the same fresh rules: one or
+    more per entry of :data:`~.install.TAKEN_OVER_PATTERNS`)."""
+    warnings.warn('fusion_rules() is deprecated: use fusionkit.passes.rule_set("vulkan")',
+                  DeprecationWarning, stacklevel=2)
     return rule_set("vulkan")
 
 
@@ -40,8 +41,9 @@ def fusion_rules() -> list[Rule]:
 _BUILT: dict[tuple[RuleFactory, ...], tuple[Rule, ...]] = {}
 
 
-def built_rules() -> tuple[Rule, ...]:
-    """The rules of :func:`fusion_rules`, built once per set of registered factories."""
+def _built_rules() -> tuple[Rule, ...]:
+    """The rules of ``rule_set("vulkan")``, built once per set of registered factories
+    (a cache: callers wrap them, never change them)."""
     factories = tuple(registered("vulkan"))
     rules = _BUILT.get(factories)
     if rules is None:
@@ -64,7 +66,16 @@ def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
     operator or nn.Module lists), so that both answer the same question the same way.
     """
     support = PartitionerSupport(partitioner)
-    rules = [with_delegation_check(r, support) for r in built_rules()]
+    rules = [with_delegation_check(r, support) for r in _built_rules()]
     # values computed from lifted constants alone (attention masks) are folded first:
     # delegated on their own, stock Vulkan preprocess cannot re-trace them (Gemma2)
     return [FoldConstantSubgraphsPass(), FusionPass(rules, name=PASS_NAME)]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "built_rules":
+        warnings.warn('built_rules() is deprecated: use fusionkit.passes.rule_set("vulkan") '
+                      "(fresh rules; the adapter's cache is private)", DeprecationWarning,
+                      stacklevel=2)
+        return _built_rules
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,8 +16,9 @@ fusionkit rules of :mod:`fusionkit.passes.xnnpack` in the stock passes' place
 (:mod:`.preprocess_rules`; the payload is byte-identical, except where a stock pass was
 wrong: see ``docs/xnnpack-rules.md``). Nothing else in the process
 changes: a stock lowering beside it is untouched. :func:`install` (idempotent,
-``with install():`` scopes it) puts the serializer in place process-wide, for
-stock partitioners too, until :func:`uninstall`. :func:`transform_passes` adds :class:`~fusionkit.integration.compact_constants.CompactConstantsPass`,
+``with install():`` scopes it) puts the adapter's patch set (:data:`PATCHES`: the
+serializer, the preprocess rules, the pass gates; :mod:`.install`) in place process-wide,
+for stock partitioners too, until :func:`uninstall`. :func:`transform_passes` adds :class:`~fusionkit.integration.compact_constants.CompactConstantsPass`,
 which gives every constant its own storage before lowering (smaller programs for
 any backend; not needed for correctness with this adapter).
 """
@@ -32,16 +33,18 @@ from executorch.exir.pass_base import ExportedProgramPassBase
 from fusionkit.integration.compact_constants import CompactConstantsPass
 from fusionkit.integration.hooks import TESTED_EXECUTORCH
 
-from .partitioner import XnnpackPartitioner
-from .serializer import (
+from .install import (
+    PATCHES,
     Installation,
     UnsupportedExecuTorchError,
     install,
     is_installed,
     uninstall,
 )
+from .partitioner import XnnpackPartitioner
 
 __all__ = [
+    "PATCHES",
     "TESTED_EXECUTORCH",
     "CompactConstantsPass",
     "Installation",

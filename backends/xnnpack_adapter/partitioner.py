@@ -5,7 +5,7 @@ marker compile spec, and ``XnnpackBackend.preprocess`` runs with the serializer
 hooks installed for those partitions only
 (:class:`~fusionkit.integration.scoped.PreprocessScope`). A stock
 ``XnnpackPartitioner`` in the same process is unaffected; a process-wide
-install happens only through an explicit :func:`~.serializer.install`.
+install happens only through an explicit :func:`~.install.install`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch.export import ExportedProgram
 
 from fusionkit.integration.scoped import PreprocessScope
 
-from .serializer import PATCHES
+from .install import PATCHES
 
 #: XnnpackBackend.preprocess runs with the serializer fix for this adapter's partitions only
 PREPROCESS_SCOPE = PreprocessScope("executorch.backends.xnnpack.xnnpack_preprocess",

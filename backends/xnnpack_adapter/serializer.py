@@ -12,16 +12,18 @@ scales) and ``NodeVisitor.convert_to_qc4w`` (int4 packing) – on
 hashes (``sha256`` / ``"scale_" + sha256``) of the *exact* bytes, so the
 NamedDataStore de-duplicates identical constants and nothing else.
 
-:func:`install` swaps them in (plus ``get_param_tensor``, which ExecuTorch
+:data:`SERIALIZER_PATCHES` swaps them in (plus ``get_param_tensor``, which ExecuTorch
 imported by value into ``node_visitor`` and ``quant_params``, and the
-NamedDataStore's ``_tensor_to_bytes``); :func:`uninstall` puts back the very
-same objects. Only ExecuTorch 1.5.1 is accepted: the replacements mirror its code.
+NamedDataStore's ``_tensor_to_bytes``) and puts back the very same objects when
+uninstalled; the adapter's patch set (:mod:`.install`) includes it. Only ExecuTorch
+1.5.1 is accepted: the replacements mirror its code.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import warnings
 import weakref
 from typing import Any, cast
 
@@ -41,19 +43,14 @@ from fusionkit.integration.tensor_bytes import (
     tensor_bytes,
 )
 
-from . import pass_gates, preprocess_rules
-
 __all__ = [
-    "PATCHES",
+    "SERIALIZER_PATCHES",
     "Installation",
     "UnsupportedExecuTorchError",
     "constant_tensor",
     "convert_to_qc4w",
     "get_quant_params",
     "get_serialized_buffer_index",
-    "install",
-    "is_installed",
-    "uninstall",
 ]
 
 
@@ -249,28 +246,22 @@ def _patches() -> list[tuple[Any, str, Any]]:
     ]
 
 
-PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter", _patches,
-                    before_install=acquire_named_data_fix,
-                    after_uninstall=release_named_data_fix,
-                    # preprocess runs fusionkit's rules in place of the stock pattern
-                    # passes, and skips the other passes with nothing to do (same bytes)
-                    includes=(preprocess_rules.TAKEOVER, pass_gates.PATCHES))
+#: the serializer's own patches; the adapter's patch set (:data:`.install.PATCHES`)
+#: includes them with the preprocess rules and the pass gates
+SERIALIZER_PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter.serializer", _patches,
+                              before_install=acquire_named_data_fix,
+                              after_uninstall=release_named_data_fix)
+
+#: former names here -> the adapter's :mod:`.install` (they installed the whole adapter)
+_MOVED = ("PATCHES", "install", "uninstall", "is_installed")
 
 
-def is_installed() -> bool:
-    """Whether the fusionkit XNNPACK serializer is in place."""
-    return PATCHES.is_installed()
-
-
-def install() -> Installation:
-    """Route XNNPACK constant serialization through fusionkit (idempotent).
-
-    ``with install(): ...`` restores the previous state on exit.
-    Raises :class:`UnsupportedExecuTorchError` for any untested ExecuTorch.
-    """
-    return PATCHES.install()
-
-
-def uninstall() -> None:
-    """Restore ExecuTorch's original objects exactly (idempotent)."""
-    PATCHES.uninstall()
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        warnings.warn(f"fusionkit.backends.xnnpack_adapter.serializer.{name} is deprecated: use "
+                      f"fusionkit.backends.xnnpack_adapter.{name} (the adapter's one patch set "
+                      "and its methods)", DeprecationWarning,
+                      stacklevel=2)
+        # by name, as the facade's DEPRECATED table: the adapter's install imports this module
+        return getattr(importlib.import_module(f"{__package__}.install"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,11 @@
 
 * :mod:`.hooks` — :class:`~.hooks.PatchSet`: explicit, reversible, version-checked patches;
 * :mod:`.tensor_bytes` — the exact bytes of a tensor, views and int4 packing included;
-* :mod:`.compact_constants` — give every view constant a compact storage of its own.
+* :mod:`.compact_constants` — give every view constant a compact storage of its own;
+* :mod:`.scoped`, :mod:`.pass_gating`, :mod:`.preprocess_takeover` — inside a backend's
+  preprocess: hooks for a fusionkit partitioner's partitions only, stock passes skipped
+  when they have nothing to do, stock passes run as rules (per-thread switches and counts:
+  :mod:`.preprocess_state`).
 
 The byte-level names are re-exported here (loaded on first use): they are what a
 backend's serializer needs, not what a rule author writes.

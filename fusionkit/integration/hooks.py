@@ -6,6 +6,10 @@ is idempotent, refuses an ExecuTorch version the replacements were not tested
 against, and records the exact original objects so that uninstalling restores
 them identically. ``with patch_set.install(): ...`` undoes only what that
 ``install`` did.
+
+One install story: every adapter declares its patch set as ``PATCHES`` (its
+``install`` module), including the sets of its parts, and its ``install`` /
+``uninstall`` / ``is_installed`` are that set's own methods.
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ class PatchSet:
         self._lock = threading.RLock()
 
     def is_installed(self) -> bool:
+        """Whether the patches are in place (by any ``install`` not undone yet)."""
         return self._installed
 
     def original(self, owner: Any, name: str) -> Any:
@@ -118,7 +123,11 @@ class PatchSet:
         return owner.get(name) if isinstance(owner, dict) else getattr(owner, name)
 
     def install(self) -> Installation:
-        """Apply every patch (no-op if already applied); all or nothing."""
+        """Apply every patch and the included sets (no-op if already applied); all or nothing.
+
+        Raises :class:`UnsupportedExecuTorchError` on an ExecuTorch the patches were not
+        tested with. ``with install(): ...`` undoes only what this call installed.
+        """
         with self._lock:
             if self._installed:
                 return Installation(self.uninstall, False)
@@ -154,7 +163,8 @@ class PatchSet:
         setattr(owner, name, new)
 
     def uninstall(self) -> None:
-        """Put back the exact original objects (no-op if not installed)."""
+        """Put back the exact original objects, and uninstall the included sets this
+        install put in (no-op if not installed)."""
         with self._lock:
             if not self._installed:
                 return

@@ -11,6 +11,7 @@ import order below is the rule-set order.
 from __future__ import annotations
 
 import importlib
+import warnings
 
 from fusionkit import Rule
 from fusionkit.passes.registry import register_rules, registered
@@ -38,7 +39,10 @@ for _module in (*RULE_MODULES, *PREPROCESS_RULE_MODULES):
 
 
 def vulkan_rules() -> list[Rule]:
-    """Fresh rule objects for every ported Vulkan pattern except rms_norm."""
+    """Deprecated: ``fusionkit.passes.rule_set("vulkan")`` (which holds the Vulkan RMSNorm
+    rule too); this returns every rule of that set but RMSNorm's."""
+    warnings.warn('vulkan_rules() is deprecated: use fusionkit.passes.rule_set("vulkan") (the '
+                  "Vulkan rule set, its RMSNorm rule included)", DeprecationWarning, stacklevel=2)
     return [r for f in registered("vulkan") if f.takes_over != "rms_norm" for r in f.rules()]
 
 

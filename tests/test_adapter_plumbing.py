@@ -1,0 +1,122 @@
+"""The adapters' plumbing is one piece each: one install story, one takeover, one way to a rule set.
+
+* Every adapter declares one :class:`~fusionkit.integration.hooks.PatchSet` (``PATCHES``,
+  including the sets of its parts); its ``install`` / ``uninstall`` / ``is_installed`` are
+  that set's own methods. Former names elsewhere still work, with a DeprecationWarning.
+* Both adapters' preprocess takeovers are a
+  :class:`~fusionkit.integration.preprocess_takeover.Takeover`: rules built once, a
+  switch per thread, counts from every thread.
+* ``fusionkit.passes.rule_set(name)`` is the way to get a rule set; the adapter's former
+  functions warn and give the same rules.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any
+
+import pytest
+
+from fusionkit.backends import vulkan_adapter as vk
+from fusionkit.backends import xnnpack_adapter as xa
+from fusionkit.integration.preprocess_takeover import Takeover
+from fusionkit.passes import rule_set
+
+VK_INSTALL = importlib.import_module("fusionkit.backends.vulkan_adapter.install")
+XA_INSTALL = importlib.import_module("fusionkit.backends.xnnpack_adapter.install")
+
+
+def _parts(adapter: Any) -> list[Any]:
+    if adapter is xa:
+        return [xa.serializer.SERIALIZER_PATCHES, xa.preprocess_rules.TAKEOVER,
+                importlib.import_module("fusionkit.backends.xnnpack_adapter.pass_gates").PATCHES]
+    return [vk.constant_serializer.PATCHES, vk.preprocess_rules.PATCHES,
+            importlib.import_module("fusionkit.backends.vulkan_adapter.pass_gates").PATCHES]
+
+
+@pytest.mark.parametrize("adapter", [vk, xa], ids=["vulkan", "xnnpack"])
+def test_an_adapter_installs_its_one_patch_set_with_its_parts(adapter: Any) -> None:
+    patches = adapter.PATCHES
+    assert (adapter.install, adapter.uninstall, adapter.is_installed) == (
+        patches.install, patches.uninstall, patches.is_installed)
+    parts = _parts(adapter)
+    before = [p.is_installed() for p in parts]
+    with adapter.install() as handle:
+        assert adapter.is_installed() and all(p.is_installed() for p in parts)
+    if handle.installed_here:
+        assert not adapter.is_installed()
+        assert [p.is_installed() for p in parts] == before
+
+
+def test_a_part_installs_alone_through_the_same_methods() -> None:
+    cs = vk.constant_serializer
+    assert (cs.install, cs.uninstall, cs.is_installed) == (
+        cs.PATCHES.install, cs.PATCHES.uninstall, cs.PATCHES.is_installed)
+
+
+def test_former_install_names_warn_and_are_the_adapters() -> None:
+    for name in ("install", "uninstall", "is_installed", "PATCHES"):
+        with pytest.warns(DeprecationWarning, match=f"xnnpack_adapter.{name}"):
+            assert getattr(xa.serializer, name) == getattr(XA_INSTALL, name)
+    with pytest.warns(DeprecationWarning, match="PATCHES"):
+        assert VK_INSTALL.TAKEOVER is VK_INSTALL.PATCHES is vk.PATCHES
+    with pytest.raises(AttributeError):
+        xa.serializer.no_such_name  # noqa: B018
+
+
+def _names(rules: Any) -> list[str]:
+    return [r.name for r in rules]
+
+
+def test_rule_set_is_the_way_and_the_former_functions_warn() -> None:
+    vulkan = _names(rule_set("vulkan"))
+    assert vulkan
+    with pytest.warns(DeprecationWarning, match='rule_set\\("vulkan"\\)'):
+        assert _names(vk.fusion_rules()) == vulkan
+    rules_module = importlib.import_module("fusionkit.backends.vulkan_adapter.rules")
+    with pytest.warns(DeprecationWarning, match='rule_set\\("vulkan"\\)'):
+        built = rules_module.built_rules
+    assert _names(built()) == vulkan and built() is built()  # the adapter's cache
+    from fusionkit.passes.registry import rules_taking_over
+    from fusionkit.passes.vulkan import vulkan_rules
+
+    rms = _names(rules_taking_over("vulkan", "rms_norm"))
+    assert rms
+    with pytest.warns(DeprecationWarning, match='rule_set\\("vulkan"\\)'):
+        assert _names(vulkan_rules()) == [n for n in vulkan if n not in rms]
+
+
+@pytest.mark.parametrize("module", [vk.preprocess_rules, xa.preprocess_rules],
+                         ids=["vulkan", "xnnpack"])
+def test_both_takeovers_are_one_takeover(module: Any) -> None:
+    takeover = module.RULE_PASSES
+    assert isinstance(takeover, Takeover)
+    assert takeover.stock_passes == module.TAKEN_OVER_PASSES and takeover.stock_passes
+    stock_pass = next(iter(takeover))
+    assert module.rules_for(stock_pass) is module.rules_for(stock_pass)  # built once
+    assert module.rules_for(stock_pass)
+
+
+def test_a_takeover_is_switched_off_for_its_thread_only_and_counts_every_thread() -> None:
+    built: list[str] = []
+    takeover = Takeover({"StockPass": "factory"}, lambda name: built.append(name) or [],
+                        count_keys=("runs", "fused"))
+    assert takeover.rules_for("StockPass") == () and takeover.rules_for("StockPass") == ()
+    assert built == ["StockPass"]
+    seen: list[bool] = []
+
+    def other() -> None:
+        seen.append(takeover.is_enabled())
+        takeover.count("StockPass", "fused", 2)
+
+    with takeover.disabled():
+        assert not takeover.is_enabled()
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        takeover.count("StockPass", "runs")
+    assert takeover.is_enabled() and seen == [True]
+    assert takeover.counts() == {"StockPass": {"runs": 1, "fused": 2}}
+    takeover.reset_counts()
+    assert takeover.counts() == {}

@@ -167,6 +167,28 @@ def test_the_matchers_near_miss_is_the_finders_structural_decline(edge: Any) -> 
     assert search.progress == -1 and search.result("mm") is None
 
 
+def test_the_finder_reports_the_structural_near_miss_through_search_result(
+        edge: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One path: the finder's structural decline is ``Search.result()``, not a copy of its fields."""
+    import dataclasses
+
+    from fusionkit.match.finder import Decline
+    from fusionkit.match.matcher import Search
+
+    plain = Search.result
+
+    def marked(self: Search, rule: str) -> MatchResult | None:
+        r = plain(self, rule)
+        return None if r is None else dataclasses.replace(r, reason=f"[marked] {r.reason}")
+
+    monkeypatch.setattr(Search, "result", marked)
+    declined = find_matches(edge, [bmm_rule()], all_near_misses=True).declined
+    assert len(declined) == 2
+    for d in declined:
+        assert type(d) is Decline and d.step == Step.STRUCTURE
+        assert d.reason.startswith("[marked] ") and "expected aten.bmm.default" in d.reason
+
+
 def _constraint_cases(edge: Any) -> list[tuple[Any, dict[str, Any], str]]:
     """(constraint, captures, the capture it must blame) that each refuse their match."""
     from fusionkit import (

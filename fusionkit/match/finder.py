@@ -121,6 +121,15 @@ class Decline(MatchResult):
         return self.matched
 
     @classmethod
+    def of(cls, result: MatchResult) -> Decline:
+        """The finder's decline for a result another layer made (the matcher's near miss,
+        a replacement check's verdict): the same rule, root, step, node, reason and nodes."""
+        if isinstance(result, Decline):
+            return result
+        return cls(result.rule, result.at, result.step, result.node, result.reason,
+                   result.matched, result.error_type)
+
+    @classmethod
     def from_exception(cls, rule: str, root: Node, during: str, exc: BaseException,
                        node: Node | None = None) -> Decline:
         """The ``error`` decline for ``exc``, raised by the rule's code ``during`` something."""
@@ -550,6 +559,7 @@ def find_matches(ep: ProgramLike, rules: Sequence[Rule] | RuleIndex,
                 result.declined.append(first_decline)
             elif structural_declines and failure.progress >= (
                     1 if all_near_misses else index.threshold(rule)):
-                result.declined.append(Decline(rule.name, node, "structure", failure.node,
-                                               failure.message, failure.claimed))
+                near_miss = failure.result(rule.name)
+                if near_miss is not None:  # always: progress >= 1 means an attempt failed
+                    result.declined.append(Decline.of(near_miss))
     return result

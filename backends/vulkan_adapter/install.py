@@ -27,10 +27,10 @@ patch an ExecuTorch version the adapter was not tested with.
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import Any
 
 from fusionkit import find_matches
+from fusionkit._compat import deprecated_names
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.integration import hooks
 from fusionkit.integration.hooks import REMOVE, Installation, PatchSet, UnsupportedExecuTorchError
@@ -134,10 +134,5 @@ uninstall = PATCHES.uninstall
 is_installed = PATCHES.is_installed
 
 
-def __getattr__(name: str) -> Any:
-    if name == "TAKEOVER":
-        warnings.warn("fusionkit.backends.vulkan_adapter.install.TAKEOVER is deprecated: use "
-                      "PATCHES (every adapter's patch set has that name)", DeprecationWarning,
-                      stacklevel=2)
-        return PATCHES
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = deprecated_names(__name__, {
+    "TAKEOVER": (lambda: PATCHES, "use PATCHES (every adapter's patch set has that name)")})

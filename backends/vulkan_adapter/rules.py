@@ -17,6 +17,7 @@ from typing import Any
 from executorch.exir.pass_base import ExportedProgramPassBase
 
 from fusionkit import FusionPass, Rule
+from fusionkit._compat import deprecated_names
 from fusionkit.integration.constant_subgraphs import FoldConstantSubgraphsPass
 from fusionkit.passes.registry import RuleFactory, registered, rule_set
 
@@ -72,10 +73,6 @@ def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
     return [FoldConstantSubgraphsPass(), FusionPass(rules, name=PASS_NAME)]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "built_rules":
-        warnings.warn('built_rules() is deprecated: use fusionkit.passes.rule_set("vulkan") '
-                      "(fresh rules; the adapter's cache is private)", DeprecationWarning,
-                      stacklevel=2)
-        return _built_rules
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = deprecated_names(__name__, {
+    "built_rules": (lambda: _built_rules, 'use fusionkit.passes.rule_set("vulkan") (fresh '
+                    "rules; the adapter's cache is private)")})

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
 from torch.export import ExportedProgram
 
+from fusionkit._compat import deprecated_names
 from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.integration.hooks import (
     Installation,
@@ -252,16 +253,13 @@ SERIALIZER_PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter.serializer", _
                               before_install=acquire_named_data_fix,
                               after_uninstall=release_named_data_fix)
 
-#: former names here -> the adapter's :mod:`.install` (they installed the whole adapter)
-_MOVED = ("PATCHES", "install", "uninstall", "is_installed")
+def _adapters(name: str) -> Callable[[], Any]:
+    """The adapter's own ``name``, from its :mod:`.install` (by name: it imports this module)."""
+    return lambda: getattr(importlib.import_module(f"{__package__}.install"), name)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        warnings.warn(f"fusionkit.backends.xnnpack_adapter.serializer.{name} is deprecated: use "
-                      f"fusionkit.backends.xnnpack_adapter.{name} (the adapter's one patch set "
-                      "and its methods)", DeprecationWarning,
-                      stacklevel=2)
-        # by name, as the facade's DEPRECATED table: the adapter's install imports this module
-        return getattr(importlib.import_module(f"{__package__}.install"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: former names here, now the adapter's (they installed the whole adapter)
+__getattr__ = deprecated_names(__name__, {
+    name: (_adapters(name), f"use fusionkit.backends.xnnpack_adapter.{name} (the adapter's one "
+                            "patch set and its methods)")
+    for name in ("PATCHES", "install", "uninstall", "is_installed")})

@@ -263,10 +263,86 @@ def test_older_spellings_of_a_refusal_still_build_results(edge: Any) -> None:
         "why", "x", node, "custom")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        old = fk.PrepackableConstant("x")._fail("x", node, "not constant")  # refuse's former form
+    assert isinstance(old, fk.Failure) and (old.step, old.capture, old.node, old.at, old.rule) == (
+        "prepackable_constant", "x", node, node, "")
+    assert [w.category for w in caught] == [DeprecationWarning] and "refuse" in str(
+        caught[0].message)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         from fusionkit.match.matcher import Search, StructuralFailure
     assert StructuralFailure is Search
     assert any(issubclass(w.category, DeprecationWarning) and "StructuralFailure" in str(w.message)
                for w in caught)
+
+
+def test_the_project_itself_uses_no_older_spelling_of_a_refusal() -> None:
+    """Every constraint in fusionkit/, passes/ and backends/ refuses with ``refuse(ctx, ...)``
+    (rule and root filled in), never the deprecated ``_fail`` nor a four-field ``Failure``."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    old: list[str] = []
+    for folder in ("fusionkit", "passes", "backends"):
+        for path in sorted((root / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            kept = {id(n) for f in ast.walk(tree)  # the deprecated form itself, kept for users
+                    if isinstance(f, ast.FunctionDef) and f.name == "_fail" for n in ast.walk(f)}
+            for n in ast.walk(tree):
+                if not isinstance(n, ast.Call) or id(n) in kept:
+                    continue
+                f = n.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                where = f"{path.relative_to(root)}:{n.lineno}"
+                if name == "_fail" and isinstance(f, ast.Attribute):
+                    old.append(f"{where} calls _fail")
+                elif name == "Failure" and not {k.arg for k in n.keywords} >= {"rule", "root"}:
+                    old.append(f"{where} builds a Failure without rule= and root=")
+    assert not old, old
+
+
+def test_the_vulkan_delegation_refusal_names_its_rule_and_the_root() -> None:
+    """``DelegatedByVulkan`` (the partitioner would not take the fused op) refuses with the
+    match's rule and root, the root being the node at fault (where the fused op would go)."""
+    import executorch.backends.vulkan.custom_ops_lib  # noqa: F401  (registers et_vk)
+    from executorch.exir import to_edge
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from fusionkit import CheckContext, Failure
+    from fusionkit.backends.vulkan_adapter import VulkanPartitioner, transform_passes
+    from fusionkit.backends.vulkan_adapter.delegation import DelegatedByVulkan
+
+    class RMS(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.rand(8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+
+    program = to_edge(torch.export.export(RMS().eval(), (torch.randn(2, 8),))).exported_program()
+    blocked = [torch.ops.et_vk.rms_norm.default, exir_ops.edge.et_vk.rms_norm.default]
+    seen: list[tuple[CheckContext, Any]] = []
+    plain = DelegatedByVulkan.check
+
+    def spy(self: DelegatedByVulkan, ctx: CheckContext) -> Any:
+        out = plain(self, ctx)
+        seen.append((ctx, out))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DelegatedByVulkan, "check", spy)
+        passes = transform_passes(partitioner=VulkanPartitioner(operator_blocklist=blocked))
+        for p in passes:
+            p(program)
+    refusals = [(ctx, f) for ctx, f in seen if f is not None]
+    assert refusals, "the blocked rms_norm fusion was never refused"
+    for ctx, f in refusals:
+        assert isinstance(f, Failure) and isinstance(f, MatchResult)
+        assert f.rule == ctx.rule != "" and f.at is ctx.root and f.node is ctx.root
+        assert f.step == "delegated_by_vulkan_partitioner" and f.status is Status.DECLINED
+        assert "rms_norm" in f.reason and set(f.record()) == RECORD_KEYS
 
 
 class Escapes(nn.Module):

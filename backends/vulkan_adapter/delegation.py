@@ -163,7 +163,8 @@ class DelegatedByVulkan(Constraint):
             why = self.memo[key]
         else:
             why = self.memo[key] = self._verdict(ctx)
-        return None if why is None else self._fail(None, ctx.root, why)
+        # the fused op goes at the root: that is the node at fault
+        return None if why is None else self.refuse(ctx, None, ctx.root, why)
 
     def _verdict(self, ctx: CheckContext) -> str | None:
         """None when every et_vk node of the replacement would be delegated, else why not."""

@@ -12,6 +12,7 @@ the rewrite carries out after every match has been decided.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -187,7 +188,11 @@ class Constraint(ABC):
                        rule=ctx.rule, root=ctx.root)
 
     def _fail(self, capture: str | None, node: Any, reason: str) -> Failure:
-        """The older form of :meth:`refuse`, without the context (the finder places it)."""
+        """Deprecated: the older form of :meth:`refuse`, without the context. Its failure
+        names no rule and sits at the node at fault until the finder places it."""
+        warnings.warn(f"{type(self).__name__}._fail(capture, node, reason) is deprecated and "
+                      "goes away in 0.2; return self.refuse(ctx, capture, node, reason)",
+                      DeprecationWarning, stacklevel=2)
         return Failure(self.kind, capture, node if isinstance(node, Node) else None, reason)
 
 

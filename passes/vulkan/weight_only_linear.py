@@ -1,0 +1,230 @@
+"""A linear with a per-channel int8 weight and a float input: the weight-only quantized kernels.
+
+Replaces ``FuseQuantizedOpsTransform`` (``executorch/backends/vulkan/_passes/
+fuse_quantized_ops.py``, run by ``VulkanBackend.preprocess`` of ExecuTorch 1.5.1; its
+only pattern is ``linear_qcnw``)::
+
+    linear(x, dequantize_per_channel(weight, scales, zeros, axis, qmin, qmax, int8), bias?)
+    -> aten._weight_int8pack_mm(x, weight, scales) (+ bias)           8-bit values
+    -> et_vk.linear_qcs4w(x, pack_4bit(weight), scales) (+ bias)      values in [-8, 7]
+
+(``add(., bias)`` as the stock pass writes it). The stock detection, stated as
+constraints: ``x`` is not a dequantize (a dynamically quantized linear is another
+kernel), the weight and the zero points are constants, the weight is int8; which kernel
+is chosen by the weight's values, as the stock pass chooses. The 4-bit weight is packed
+with the stock pass's own ``pack_4bit_weight_tensor``, so the bytes are the same.
+
+What the stock pass forgets, declined here before anything changes:
+
+* zero points that are not all 0 (``per_channel_affine``): the stock pass detects the
+  pattern, then raises ``NotImplementedError`` inside preprocess -- the lowering dies;
+* a weight quantized along another axis than the output channels (``axis`` 1): both
+  kernels take one scale per output channel, so the stock rewrite scales the wrong way;
+* scales that are not constants (both kernels prepack them);
+* for 8 bits, an input of rank other than 2 or a dtype other than float32 / float16:
+  ``_weight_int8pack_mm`` takes a 2-D float matrix, and the stock pass's retrace dies on it;
+* a 4-bit weight shared with another user is packed once into a new constant (the stock
+  pass overwrites the shared state-dict entry under the other user's feet).
+
+Placement, for the stock payload's bytes: the fused op and the bias ``add`` go where
+the linear was; the packed 4-bit weight takes the source weight's place among the
+placeholders (the stock pass packs it in place) and the source goes when nothing else
+reads it. The zero points stay, unused, as the stock pass leaves them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from fusionkit import (
+    Blame,
+    CheckContext,
+    PrepackableConstant,
+    PythonReplacement,
+    Rewriter,
+    Rule,
+    any_value,
+    capture,
+    lit,
+    op,
+    op_key,
+)
+from fusionkit.passes.registry import register_rules
+
+from ._common import DQ_PER_CHANNEL, constant_tensor, constraint, et_vk, shape, zero_points_are_zero
+from ._provenance import keep_provenance
+
+STOCK_PASS = "FuseQuantizedOpsTransform"
+LINEAR = "aten.linear.default"
+INT8_MM = "aten._weight_int8pack_mm.default"
+#: float dtypes ``_weight_int8pack_mm`` takes that the Vulkan runtime has (no bf16)
+INT8_MM_DTYPES = frozenset({torch.float32, torch.float16})
+
+
+def _pattern() -> Any:
+    wdq = op(DQ_PER_CHANNEL, capture("weight"), capture("scales"), capture("zeros"),
+             any_value("axis"), any_value("qmin"), any_value("qmax"), any_value("wdtype"))
+    return (op(LINEAR, capture("x"), wdq)
+            | op(LINEAR, capture("x"), wdq, lit(None) | capture("bias")))
+
+
+def _float_input(ctx: CheckContext, x: Node) -> str | Blame | None:
+    """The stock test: a dequantized input means a dynamically quantized linear."""
+    import executorch.backends.vulkan.utils as vk_utils
+
+    if vk_utils.is_dequant_node(x):
+        return ctx.fail(f"the input `{x.name}` is dequantized: a dynamically quantized linear, "
+                        "not a weight-only one", at="x")
+    return None
+
+
+def _per_output_channel(ctx: CheckContext, weight: Node, scales: Node, axis: Any
+                        ) -> str | Blame | None:
+    w, s = shape(weight), shape(scales)
+    if w is None or len(w) != 2:
+        return ctx.fail(f"the weight `{weight.name}` has the shape {w}, not [N, K]", at="weight")
+    if not (isinstance(axis, int) and axis % 2 == 0):
+        return (f"the weight is quantized along axis {axis!r}, not its output channels (axis 0): "
+                "the kernels apply one scale per output channel")
+    if s != (w[0],):
+        return ctx.fail(f"the scales have the shape {s}, not [{w[0]}]", at="scales")
+    return None
+
+
+def _symmetric(ctx: CheckContext, zeros: Node) -> str | Blame | None:
+    """Stock detects affine weights, then raises NotImplementedError in preprocess."""
+    return zero_points_are_zero(ctx, zeros)
+
+
+def _int8_weight(ctx: CheckContext, weight: Node) -> str | Blame | None:
+    t = constant_tensor(ctx, weight)
+    if t is None:
+        return ctx.fail(f"the weight `{weight.name}` is not a constant", at="weight")
+    if t.dtype != torch.int8:
+        return ctx.fail(f"the weight `{weight.name}` is {t.dtype}, not int8", at="weight")
+    return None
+
+
+def _is_4bit(ctx: CheckContext, weight: Node) -> bool:
+    t = constant_tensor(ctx, weight)
+    return t is not None and (t.numel() == 0 or (int(t.min()) >= -8 and int(t.max()) <= 7))
+
+
+def _values_in_4_bits(ctx: CheckContext, weight: Node) -> str | Blame | None:
+    if _is_4bit(ctx, weight):
+        return None
+    return "the weight's values do not fit in 4 bits: the 8-bit kernel takes it"
+
+
+def _values_beyond_4_bits(ctx: CheckContext, weight: Node) -> str | Blame | None:
+    if not _is_4bit(ctx, weight):
+        return None
+    return "the weight's values fit in 4 bits: the 4-bit kernel takes it (as stock chooses)"
+
+
+def _int8_mm_input(ctx: CheckContext, x: Node) -> str | Blame | None:
+    v = x.meta.get("val")
+    if not isinstance(v, torch.Tensor) or v.dim() != 2:
+        return ctx.fail(f"the input `{x.name}` has the shape {shape(x)}: _weight_int8pack_mm "
+                        "takes a 2-D matrix", at="x")
+    if v.dtype not in INT8_MM_DTYPES:
+        return ctx.fail(f"the input `{x.name}` is {v.dtype}: _weight_int8pack_mm takes "
+                        "float32 / float16 here", at="x")
+    return None
+
+
+def _bias_node(ctx: CheckContext, bias: Any = None) -> str | Blame | None:
+    if bias is None or isinstance(bias, Node):
+        return None
+    return f"the bias is the literal {bias!r}, not a tensor"
+
+
+def _with_bias(rw: Rewriter, out: Node, bias: Any) -> Node:
+    keep_provenance(out, rw.root)  # the stock pass's nodes stand where the linear stood
+    if bias is None:
+        return out
+    added = rw.call("aten.add.Tensor", out, bias)
+    keep_provenance(added, rw.root)
+    return added
+
+
+def _int8_mm(rw: Rewriter, x: Node, weight: Node, scales: Node, bias: Any = None) -> Node:
+    return _with_bias(rw, rw.call(INT8_MM, x, weight, scales), bias)
+
+
+def _placeholder_index(specs: list[Any], name: str) -> int | None:
+    for i, s in enumerate(specs):
+        if getattr(s.arg, "name", None) == name:
+            return i
+    return None
+
+
+def _take_place_of(rw: Rewriter, new: Node, old: Node, reader: Node) -> None:
+    """``new`` stands where ``old`` stood (graph and signature); ``old`` goes when ``reader``
+    (the dequantize the match erases) was its only user."""
+    ep = rw.ep
+    if ep is None or new.graph is not old.graph:
+        return  # a probe builds into a scratch graph
+    specs = ep.graph_signature.input_specs  # the list itself: node and spec move together
+    i, j = _placeholder_index(specs, new.name), _placeholder_index(specs, old.name)
+    if i is None or j is None:
+        return
+    if i != j - 1:
+        spec = specs.pop(i)
+        specs.insert(_placeholder_index(specs, old.name), spec)  # type: ignore[arg-type]
+        old.prepend(new)
+    if set(old.users) != {reader}:
+        return  # another user still reads the unpacked weight
+    reader.replace_input_with(old, new)  # (journaled) the erased dequantize reads the copy
+    target = specs[_placeholder_index(specs, old.name)].target  # type: ignore[index]
+    rw.graph.erase_node(old)  # (journaled with the program: signature, state dict)
+    specs.pop(_placeholder_index(specs, old.name))  # type: ignore[arg-type]
+    if target is not None and not any(s.target == target for s in specs):
+        ep.state_dict.pop(target, None)
+        ep.constants.pop(target, None)
+
+
+def _linear_qcs4w(rw: Rewriter, x: Node, weight: Node, scales: Node, bias: Any = None) -> Node:
+    from executorch.backends.vulkan._passes.fuse_quantized_ops import pack_4bit_weight_tensor
+
+    packed = rw.constant(f"{weight.name}_fk_qcs4w", pack_4bit_weight_tensor(rw.tensor(weight)))
+    wdq = next((u for u in weight.users if u in rw.root.all_input_nodes
+                and op_key(u.target) == DQ_PER_CHANNEL), None)
+    if wdq is not None:
+        _take_place_of(rw, packed, weight, wdq)
+    return _with_bias(rw, rw.call(et_vk("linear_qcs4w"), x, packed, scales), bias)
+
+
+def _constraints() -> list[Any]:
+    role = "the weight-only kernels prepack it"
+    return [constraint("input_not_dequantized")(_float_input),
+            PrepackableConstant("weight", role=role), PrepackableConstant("scales", role=role),
+            PrepackableConstant("zeros", role=role),
+            constraint("int8_weight")(_int8_weight),
+            constraint("symmetric_weight")(_symmetric),
+            constraint("per_output_channel")(_per_output_channel),
+            constraint("bias_is_a_tensor")(_bias_node)]
+
+
+@register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
+def weight_only_linear_rules() -> list[Rule]:
+    """linear with a per-channel int8 weight -> the 8-bit or the 4-bit weight-only kernel."""
+    return [
+        Rule(name="linear_weight_int4",
+             pattern=_pattern(),
+             constraints=[*_constraints(), constraint("values_in_4_bits")(_values_in_4_bits)],
+             replacement=PythonReplacement(_linear_qcs4w),
+             description="weight-only linear, values in [-8, 7] -> et_vk.linear_qcs4w"),
+        Rule(name="linear_weight_int8",
+             pattern=_pattern(),
+             constraints=[*_constraints(), constraint("values_beyond_4_bits")(_values_beyond_4_bits),
+                          constraint("int8pack_mm_input")(_int8_mm_input)],
+             replacement=PythonReplacement(_int8_mm),
+             description="weight-only linear, 8-bit values -> aten._weight_int8pack_mm"),
+    ]
+
+
+__all__ = ["STOCK_PASS", "weight_only_linear_rules"]

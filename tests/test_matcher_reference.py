@@ -105,11 +105,10 @@ def _both(pattern: Pattern, node: Node, inputs: ProgramInputs) -> tuple[Any, Any
 
 
 def _shipped_rules() -> list[Any]:
-    from fusionkit.backends.vulkan_adapter.rules import fusion_rules
     from fusionkit.passes import rule_set
 
     rules = {r.name: r for r in rule_set("builtin")}
-    for r in fusion_rules():
+    for r in rule_set("vulkan"):
         rules.setdefault(r.name, r)
     return list(rules.values())
 

@@ -256,6 +256,17 @@ class QuantizedClone(torch.nn.Module):
         return self.c2(torch.clone(torch.relu(self.c1(x))))
 
 
+class MaxValues(torch.nn.Module):
+    """``max.dim`` read for its values only (RemoveGetItemPass: -> amax), twice, and once
+    for values and indices (left to XNNPACK's max.dim visitor)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.max(x, dim=2, keepdim=True)[0]
+        b = torch.max(torch.relu(x) * a, dim=3, keepdim=True)[0]
+        v, i = torch.max(x + b, dim=2, keepdim=True)
+        return v * 2.0, i
+
+
 def _quantized(model: torch.nn.Module, shape: tuple[int, ...]) -> torch.nn.Module:
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
@@ -282,6 +293,7 @@ CASES: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...]]] = {
     "chained_batch_norms": (ChainedBatchNorms, (1, 8, 4, 4)),
     "clones": (Clones, (1, 3, 8, 8)),
     "quantized_clone": (lambda: _quantized(QuantizedClone(), (1, 4, 8, 8)), (1, 4, 8, 8)),
+    "max_values": (MaxValues, (1, 3, 4, 5)),
 }
 #: int8 requantization: a value may land one output step away
 QUANT_TOL = 0.1
@@ -434,6 +446,19 @@ def test_quantized_clone_goes_with_its_dequantize_quantize_pair(lowered: Any) ->
     assert ours.named == stock.named
     assert ours.err(ref) < QUANT_TOL and stock.err(ref) < QUANT_TOL
     assert ours.rule_counts["XNNPACKRemoveCloneOpsTransform"]["fused"] == 1, ours.rule_counts
+
+
+def test_max_read_for_its_values_is_amax_byte_identical_to_stock(lowered: Any) -> None:
+    """Two ``max.dim`` read only through ``getitem(., 0)`` become ``amax`` (the new op keeps
+    the old one's debug handle, as stock copies it); the one whose indices are read too is
+    declined, as stock leaves it: the same bytes, equal to eager."""
+    ref, ours, stock = lowered["max_values"]
+    assert ours.error is None and stock.error is None, (ours.error, stock.error)
+    assert ours.payloads and ours.payloads == stock.payloads
+    assert ours.named == stock.named
+    assert ours.err(ref) < TOL and stock.err(ref) < TOL
+    assert ours.rule_counts["RemoveGetItemPass"]["fused"] == 2, ours.rule_counts
+    assert ours.stock_calls == {}, ours.stock_calls
 
 
 def test_rules_disabled_run_the_stock_passes() -> None:

@@ -24,17 +24,14 @@ import torch
 from torch.fx import Node
 
 from fusionkit.integration.pass_gating import (
-    NO_NAME,
     GateTable,
     PassGate,
-    Trigger,
     arg,
     calls,
     edge_ops,
     nodes,
     present,
     retracing,
-    target_names,
     transform_patches,
 )
 
@@ -170,18 +167,6 @@ def _const_prop(ep: Any, p: Any) -> bool:
     return False
 
 
-def _named(*names: str) -> Trigger:
-    """Passes that select nodes by ``target.__name__``."""
-    wanted = frozenset(names)
-
-    def trigger(ep: Any, p: Any) -> bool:
-        found = target_names(ep)
-        return NO_NAME in found or bool(found & wanted)
-
-    trigger.__doc__ = f"calls named {sorted(wanted)}"
-    return trigger
-
-
 def _redundant_copy(ep: Any, p: Any) -> bool:
     """xnnpack/_passes/remove_redundant_copy_pass.py: _to_copy nodes with an input."""
     return any(n.all_input_nodes for n in nodes(ep, edge_ops().aten._to_copy.default))
@@ -212,8 +197,6 @@ PASS_GATES: GateTable = {
         retracing(_custom_meta),
     "executorch.backends.xnnpack._passes.convert_to_sdpa.ConvertToSDPAPass": retracing(_sdpa),
     "executorch.exir.passes.const_prop_pass.ConstPropPass": retracing(_const_prop),
-    "executorch.backends.transforms.remove_getitem_op.RemoveGetItemPass":
-        retracing(_named("aten.max_pool2d_with_indices.default", "aten.max.dim")),
     # tags every node's memory format: always does work
     "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass":
         PassGate(None, retraces=True),

@@ -34,13 +34,13 @@ import operator
 from typing import Any
 
 import torch
-from torch.export.graph_signature import ExportGraphSignature, OutputSpec, TensorArgument
 from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, any_value, capture, lit, op
 from fusionkit.passes.registry import register_rules
 
 from ._common import CONV, constraint
+from ._getitem import read_through_getitems
 
 BN_NO_TRAINING = "aten._native_batch_norm_legit_no_training.default"
 BN = "aten.native_batch_norm.default"
@@ -136,30 +136,7 @@ def _depthwise_conv(rw: Rewriter, bn: Node, x: Node, mean: Node, var: Node, eps:
             # the stock pass creates these nodes bare: no debug handle of the batch norm's
             # reaches the payload (keep_provenance's keys, minus what stock does not copy)
             n.meta.pop("debug_handle", None)
-    _reroute_output_tensor(rw, rw.root, out)  # (in a probe: its stand-in, read by nothing)
-    return rw.root
-
-
-def _reroute_output_tensor(rw: Rewriter, bn: Node, out: Node) -> None:
-    """The batch norm's ``getitem(., 0)`` users read ``out`` and go.
-
-    Patterns name operator overloads, not getitem, so the match's root is the batch
-    norm; once nothing reads its tuple it stands for itself and is erased with the
-    claimed nodes. A getitem that was a program output: the output spec names ``out``.
-    """
-    renamed = {}
-    for item in list(bn.users):
-        item.replace_all_uses_with(out)
-        renamed[item.name] = out.name
-        rw.graph.erase_node(item)
-    ep = rw.ep
-    if not renamed or ep is None or rw.graph is not ep.graph_module.graph:
-        return
-    sig = ep.graph_signature
-    if any(getattr(s.arg, "name", None) in renamed for s in sig.output_specs):
-        outs = [OutputSpec(s.kind, TensorArgument(renamed[s.arg.name]), s.target)
-                if getattr(s.arg, "name", None) in renamed else s for s in sig.output_specs]
-        ep._graph_signature = ExportGraphSignature(sig.input_specs, outs)
+    return read_through_getitems(rw, out)  # the getitem(., 0) readers read `out`
 
 
 def _pattern() -> Any:

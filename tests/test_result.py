@@ -389,3 +389,39 @@ def test_every_step_the_finder_declines_at_is_a_result_with_its_status(edge: Any
             assert isinstance(d, MatchResult) and d.status is status, d
             assert (d.error_type is not None) == (status is Status.ERROR)
             assert d.reason and d.node is not None and set(d.record()) >= RECORD_KEYS
+
+
+class TwoAlike(nn.Module):
+    """Two ``mm + bias`` of the same shapes: one question for the replacement check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(torch.randn(8, 8)), nn.Parameter(torch.randn(8, 8))
+        self.b1, self.b2 = nn.Parameter(torch.randn(8)), nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.mm(x, self.w1) + self.b1, torch.mm(y, self.w2) + self.b2
+
+
+def test_a_memoised_executable_verdict_is_each_matchs_own_result() -> None:
+    """The replacement check's verdict is memoised by metadata and shared by matches alike
+    (``NotRunnable``); each decline made of it names its own root as the node at fault."""
+    from executorch.exir import to_edge
+
+    from fusionkit.check.executable import NotRunnable
+    from fusionkit.match.finder import RuleIndex
+
+    ep = to_edge(torch.export.export(TwoAlike().eval(), (torch.randn(4, 8), torch.randn(4, 8)))
+                 ).exported_program()
+    base = addmm_rule()
+    rule = Rule("silu", base.pattern, replace_with("aten.silu.default", ref("x")))
+    index = RuleIndex([rule])
+    declined = find_matches(ep, index, strict=False).declined
+    (verdict,) = index.replacement_check(rule).memo.values()  # one question asked
+    assert isinstance(verdict, NotRunnable) and not isinstance(verdict, MatchResult)
+    assert len(declined) == 2 and len({d.root for d in declined}) == 2
+    for d in declined:
+        assert isinstance(d, MatchResult) and d.status is Status.DECLINED
+        assert d.step == Step.EXECUTABLE and "silu" in d.reason
+        assert d.node is d.root and d.root in d.matched  # its own root, not the first match's
+        assert d == verdict.result("silu", d.root, d.matched)

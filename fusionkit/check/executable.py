@@ -32,6 +32,7 @@ from fusionkit.apply.builder import FusionError
 from fusionkit.apply.meta_cache import metadata_key
 from fusionkit.apply.probe import build_in_scratch
 from fusionkit.match.targets import is_assertion, is_edge_target, op_key, resolve_op
+from fusionkit.result import MatchResult, Status, Step
 
 if TYPE_CHECKING:
     from fusionkit.check.constraints import CheckContext
@@ -368,14 +369,28 @@ _EXCEPTIONS: dict[Any, frozenset[Any]] = {}
 
 @dataclass(frozen=True)
 class NotRunnable:
-    """Why a match's replacement must not be applied: ``step`` is ``executable`` (an op it
-    creates could not run) or ``error`` (building it raised, or it returned the wrong thing)."""
+    """Why a rule's replacement must not be applied to matches whose captures have given
+    metadata: ``step`` is ``executable`` (an op it creates could not run) or ``error``
+    (building it raised, or it returned the wrong thing).
+
+    Not a :class:`~fusionkit.result.MatchResult` on purpose: it is the value
+    :class:`ReplacementCheck` memoises by the captures' metadata, shared by every match
+    with that metadata (a transformer's layers), so it names no rule, root or node — a
+    node stored here would be the first match's. :meth:`result` makes it one match's
+    result, which is what the finder reports.
+    """
 
     step: str
     reason: str
-    node: Node | None = None
     error_type: str | None = None
     error: BaseException | None = None
+
+    def result(self, rule: str, root: Node, matched: tuple[Node, ...] = ()) -> MatchResult:
+        """This verdict as rule ``rule``'s result at ``root``, the node at fault: the
+        replacement goes there (the op that could not run is one it would create)."""
+        status = Status.ERROR if self.step == Step.ERROR else Status.DECLINED
+        return MatchResult(rule, root, status, self.step, root, self.reason, tuple(matched),
+                           error_type=self.error_type)
 
 
 def _same_signature(a: Any, b: Any) -> bool:
@@ -465,8 +480,8 @@ class ReplacementCheck:
                 e.add_note(f"fusionkit: building the replacement of rule {self.rule.name!r} at "
                            f"`{ctx.root.name}` (strict mode)")
                 raise
-            return NotRunnable("error", f"the replacement raised {type(e).__name__}: "
-                               f"{_first_line(e)}", ctx.root, type(e).__name__, e)
+            return NotRunnable(Step.ERROR, f"the replacement raised {type(e).__name__}: "
+                               f"{_first_line(e)}", type(e).__name__, e)
         edge = is_edge_target(ctx.root.target)
         trusted = program_exceptions(ctx.ep) if edge else frozenset()
         for n in rw.ops():
@@ -474,7 +489,7 @@ class ReplacementCheck:
             if why is None and edge:
                 why = dtype_refusal(n)
             if why is not None:
-                return NotRunnable("executable", why, ctx.root)
+                return NotRunnable(Step.EXECUTABLE, why)
         return None
 
     def _check_outputs(self, built: Any, outputs: tuple[Node, ...], root: Node) -> None:

@@ -424,9 +424,8 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
     if replacement_check is not None:  # last: it builds the replacement (memoised)
         olds = (root, *(b.captures[name] for name in outputs))
         bad = replacement_check(rule).verdict(ctx, olds, strict)
-        if bad is not None:
-            return Decline(rule.name, root, bad.step, bad.node, bad.reason, b.claimed,
-                           error_type=bad.error_type)
+        if bad is not None:  # a verdict shared by matches alike: made this match's result
+            return Decline.of(bad.result(rule.name, root, b.claimed))
     return Match(rule, root, dict(b.captures), b.claimed, dict(ctx.folds), place)
 
 

@@ -376,3 +376,97 @@ def test_one_constant_names_the_tested_executorch_version() -> None:
         assert vulkan_adapter.TESTED_EXECUTORCH_VERSIONS is TESTED_EXECUTORCH  # type: ignore[attr-defined]
     with pytest.warns(DeprecationWarning, match="TESTED_EXECUTORCH"):
         assert xnnpack_adapter.SUPPORTED_EXECUTORCH == max(TESTED_EXECUTORCH)  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------- one type says "why not"
+
+#: a class says "why not" when its name ends like one of these, or it declares a
+#: ``reason`` field (a class-level annotation or an ``__init__`` parameter)
+WHY_NOT_NAME = re.compile(r"(Failure|Decline|Refusal|Blame|WhyNot|NotRunnable|NearMiss|Verdict"
+                          r"|Reason)$")
+#: classes that say why not without being a MatchResult: (converts, why). One that
+#: ``converts`` has a ``result(...)`` method annotated to return a MatchResult (subclass).
+NOT_RESULTS: dict[str, tuple[bool, str]] = {
+    "fusionkit.apply.rewrite.ApplyFailure": (
+        True, "a failed apply: the match and the exception itself (rollback and strict mode "
+              "re-raise it); .result() is its MatchResult"),
+    "fusionkit.check.executable.NotRunnable": (
+        True, "the verdict ReplacementCheck memoises by metadata, shared by matches alike, so "
+              "it names no rule, root or node; .result(rule, root) is one match's"),
+    "fusionkit.app.html_report.Item": (
+        False, "one drawing of the HTML page, made from a Match or a MatchResult (Item.of); "
+               "never handed to users as a verdict"),
+}
+
+
+def _says_why_not(c: ast.ClassDef) -> bool:
+    if WHY_NOT_NAME.search(c.name):
+        return True
+    fields = {s.target.id for s in c.body
+              if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    for s in c.body:
+        if isinstance(s, ast.FunctionDef) and s.name == "__init__":
+            fields |= {a.arg for a in (*s.args.posonlyargs, *s.args.args, *s.args.kwonlyargs)}
+    return "reason" in fields
+
+
+def why_not_types_that_are_no_result(modules: dict[str, Path]) -> list[str]:
+    """``module.Class`` of every class in ``modules`` (but ``fusionkit.result``) that says
+    why not and is neither a :class:`~fusionkit.result.MatchResult` nor in :data:`NOT_RESULTS`."""
+    from fusionkit.result import MatchResult
+
+    found: list[str] = []
+    for module, path in modules.items():
+        if module == "fusionkit.result":
+            continue
+        for c in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(c, ast.ClassDef) or not _says_why_not(c):
+                continue
+            qual = f"{module}.{c.name}"
+            cls = getattr(importlib.import_module(module), c.name, None)  # None: nested
+            if qual in NOT_RESULTS or (isinstance(cls, type) and issubclass(cls, MatchResult)):
+                continue
+            found.append(qual)
+    return found
+
+
+def test_the_why_not_finder_finds_planted_types(tmp_path: Path) -> None:
+    import importlib.util
+    import sys
+
+    path = tmp_path / "planted_why_not.py"
+    path.write_text(
+        "from dataclasses import dataclass\nfrom fusionkit.result import MatchResult\n"
+        "@dataclass(frozen=True)\nclass OddRefusal:\n    step: str\n    message: str\n"
+        "class Verdictless:\n    def __init__(self, node, reason):\n        self.reason = reason\n"
+        "class SubResult(MatchResult):\n    pass\n"
+        "class Unrelated:\n    reasons: list\n")
+    spec = importlib.util.spec_from_file_location("planted_why_not", path)
+    assert spec is not None and spec.loader is not None
+    planted = importlib.util.module_from_spec(spec)
+    sys.modules["planted_why_not"] = planted
+    try:
+        spec.loader.exec_module(planted)
+        assert why_not_types_that_are_no_result({"planted_why_not": path}) == [
+            "planted_why_not.OddRefusal", "planted_why_not.Verdictless"]
+    finally:
+        del sys.modules["planted_why_not"]
+
+
+def test_every_why_not_type_is_a_match_result_or_says_why_not() -> None:
+    """What users read as "why not" is :class:`~fusionkit.result.MatchResult` (issue 22):
+    a class in fusionkit/, passes/ or backends/ that carries a reason is one, or converts
+    to one with ``.result()``, or is listed in NOT_RESULTS with why."""
+    import typing
+
+    from fusionkit.result import MatchResult
+
+    assert why_not_types_that_are_no_result(MODULES) == [], \
+        "subclass MatchResult, or give it a .result() and list it in NOT_RESULTS with why"
+    for qual, (converts, why) in NOT_RESULTS.items():
+        module, name = qual.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), name)  # a stale entry fails here
+        assert isinstance(cls, type) and not issubclass(cls, MatchResult) and why, qual
+        if converts:
+            made = typing.get_type_hints(cls.result).get("return")
+            assert isinstance(made, type) and issubclass(made, MatchResult), (qual, made)

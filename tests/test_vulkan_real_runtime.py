@@ -55,8 +55,12 @@ def programs() -> dict[str, Any]:
     x, y = torch.randn(4, 8), torch.randn(8, 4)
     cast = CastRMSNorm().eval()
     xc = torch.randn(2, 8)
+    from test_vulkan_real_runtime_probe import MaskedFill
+
     return {"matmul": (_stock_pte(MatmulRelu(), (x, y)), (x, y)),
             "cast": (_stock_pte(cast, (xc,)), (xc,), cast),
+            # stock delegates aten.logical_not, which the public runtime lacks: an abort
+            "mask": (_stock_pte(MaskedFill(), (xc,)), (xc,)),
             "slow": (_stock_pte(Slow(), (torch.randn(2048, 2048),)), (torch.randn(2048, 2048),))}
 
 
@@ -88,6 +92,32 @@ def test_runs_in_a_child_and_refusals_and_hangs_come_back_as_results(
     assert hung.status == "timeout" and hung.outputs is None, hung
     assert after.ok, after.message
     torch.testing.assert_close(after.outputs[0], MatmulRelu()(*margs))
+
+
+def test_a_session_keeps_one_child_for_many_programs(
+        vulkan_runtime: Any, programs: dict[str, Any]) -> None:
+    mm, margs = programs["matmul"]
+    cast, cargs, _ = programs["cast"]
+    mask, xargs = programs["mask"]
+    slow, sargs = programs["slow"]
+    with rt.RuntimeSession(timeout=8) as session:
+        first = session.run(mm, margs)
+        seed = session.run(cast, cargs)            # refused: the child lives on
+        again = session.run(mm, margs)
+        assert session.children == 1
+        died = session.run(mask, xargs)            # 'Missing operator' kills the child ...
+        after_abort = session.run(mm, margs)       # ... the next program gets a fresh one
+        hung = session.run(slow, sargs)            # killed at the timeout
+        last = session.run(mm, None)
+        assert session.children == 3
+    for r in (first, again, after_abort):
+        assert r.ok, r.message
+        torch.testing.assert_close(r.outputs[0], MatmulRelu()(*margs))
+    assert seed.status == "error" and "(graph.val_is_tref(tensor_data)) is false!" in seed.message
+    assert died.status == "abort" and "Missing operator" in (died.message or ""), died
+    assert hung.status == "timeout", hung
+    assert last.ok and [tuple(t.shape) for t in last.inputs] == [(4, 8), (8, 4)]
+    assert not session.work.exists()
 
 
 def test_a_child_that_cannot_start_is_reported_for_every_program(

@@ -43,6 +43,7 @@ __all__ = [
     "LoadedRuntime",
     "RunResult",
     "RuntimeNotFoundError",
+    "RuntimeSession",
     "cache_dir",
     "child_environment",
     "device_name",
@@ -328,6 +329,112 @@ def _one_child(work: Path, pending: list[int], env: dict[str, str], timeout: flo
     return any_started
 
 
+class RuntimeSession:
+    """One child process kept for many programs, run one at a time as they come (a test
+    module's programs, a CLI's): the runtime loads once per child, not per program.
+    A program that kills the child comes back as ``abort`` with the runtime's message and
+    the next program starts a fresh child; one past ``timeout`` is killed (``timeout``).
+    Raises :class:`RuntimeNotFoundError` at construction when there is no runtime. Use as
+    a context manager, or call :meth:`close`."""
+
+    def __init__(self, *, timeout: float = 120.0, startup_timeout: float = 180.0) -> None:
+        self.env = child_environment()
+        self.timeout, self.startup_timeout = timeout, startup_timeout
+        self._tmp = tempfile.TemporaryDirectory(prefix="fusionkit-vksession-")
+        self.work = Path(self._tmp.name)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._t_start = 0.0
+        self._next = 0
+        #: child processes started so far (1 unless a program killed one)
+        self.children = 0
+
+    def __enter__(self) -> RuntimeSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        (self.work / "ready").unlink(missing_ok=True)
+        (self.work / "first").write_text(str(self._next))
+        code = (f"import runpy; runpy.run_path({__file__!r})['_child_main']"
+                f"({str(self.work)!r}, serve=True)")
+        with open(self.work / "stderr", "ab") as err:  # markers keep the jobs apart
+            self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                                          stdout=err, stderr=err, env=self.env)
+        self._t_start = time.monotonic()
+        self.children += 1
+
+    def run(self, pte: bytes, inputs: Sequence[Any] | None = None,
+            method: str = "forward") -> RunResult:
+        """Run one program (``inputs`` None: random ones from the method's meta)."""
+        import torch
+
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        proc = self._proc
+        assert proc is not None
+        i, work = self._next, self.work
+        self._next += 1
+        (work / f"{i}.pte").write_bytes(pte)
+        torch.save({"inputs": None if inputs is None else list(inputs), "method": method},
+                   work / f".{i}.job")
+        (work / f".{i}.job").rename(work / f"{i}.job")
+        t_started: float | None = None
+        while True:
+            if (work / f"{i}.result").exists():
+                rec = torch.load(work / f"{i}.result", weights_only=False)
+                seg = _segments((work / "stderr").read_text(errors="replace")).get(i, "")
+                self._forget(i)
+                return RunResult(rec["status"], rec.get("outputs"), rec.get("inputs"),
+                                 rec.get("message"), _tail(seg), rec.get("seconds", 0.0),
+                                 rec.get("device", ""))
+            now = time.monotonic()
+            if t_started is None and (work / f"{i}.started").exists():
+                t_started = now
+            if proc.poll() is not None:
+                self._proc = None
+                stderr = (work / "stderr").read_text(errors="replace")
+                rc = proc.returncode
+                how = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
+                self._forget(i)
+                if t_started is None and not (work / f"{i}.started").exists():
+                    why = _reason(_segments(stderr).get(-1, stderr), f"the child died ({how})")
+                    return RunResult("abort", message=f"the runtime could not start: {why}",
+                                     stderr=_tail(stderr))
+                seg = _segments(stderr).get(i, "")
+                return RunResult("abort", message=_reason(seg, f"the runtime died ({how})"),
+                                 stderr=_tail(seg))
+            waited, limit = ((now - t_started, self.timeout) if t_started is not None else
+                             (now - self._t_start, self.startup_timeout + self.timeout))
+            if waited > limit:
+                proc.kill()  # our own child, by its handle
+                proc.wait()
+                self._proc = None
+                self._forget(i)
+                what = (f"no result within {self.timeout:g} s" if t_started is not None else
+                        f"the child did not start within {waited:.0f} s")
+                stderr = (work / "stderr").read_text(errors="replace")
+                return RunResult("timeout", message=what, seconds=waited, stderr=_tail(stderr))
+            time.sleep(0.005)
+
+    def _forget(self, i: int) -> None:
+        for suffix in ("pte", "job", "started", "result"):
+            (self.work / f"{i}.{suffix}").unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Stop the child (it finishes the program it runs) and remove the work files."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            (self.work / "stop").touch()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._tmp.cleanup()
+
+
 def _segments(stderr: str) -> dict[int, str]:
     """stderr per job index (-1: before the first job)."""
     out: dict[int, list[str]] = {-1: []}
@@ -368,8 +475,10 @@ def _random_inputs(module: Any, method: str) -> list[Any]:
 _SCALAR_TYPES: dict[int, Any] = {}
 
 
-def _child_main(work_dir: str) -> None:
-    """The child: load the runtime, run each job of ``todo``, write each result at once."""
+def _child_main(work_dir: str, serve: bool = False) -> None:
+    """The child: load the runtime, then run each job of ``todo`` (``serve``: each job
+    ``<n>.job`` as it appears, from ``first`` on, until ``stop``), writing each result at
+    once."""
     import torch
 
     global _SCALAR_TYPES
@@ -378,38 +487,54 @@ def _child_main(work_dir: str) -> None:
                      11: torch.bool, 15: torch.bfloat16}
     work = Path(work_dir)
     loaded = load()
+    if not serve:
+        for i in map(int, (work / "todo").read_text().split()):
+            if not (work / f"{i}.result").exists():
+                _run_job(work, i, loaded)
+        return
+    i = int((work / "first").read_text())
+    (work / "ready").touch()
+    while True:
+        while not (work / f"{i}.job").exists():
+            if (work / "stop").exists():
+                return
+            time.sleep(0.005)
+        _run_job(work, i, loaded)
+        i += 1
+
+
+def _run_job(work: Path, i: int, loaded: LoadedRuntime) -> None:
+    """Run job ``i`` of ``work`` (``<i>.pte``, ``<i>.job``); write ``<i>.result``."""
+    import torch
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
-    for i in map(int, (work / "todo").read_text().split()):
-        if (work / f"{i}.result").exists():
-            continue
-        sys.stderr.write(f"\n{_MARK}{i}\n")
+    sys.stderr.write(f"\n{_MARK}{i}\n")
+    sys.stderr.flush()
+    (work / f"{i}.started").touch()
+    job = torch.load(work / f"{i}.job", weights_only=False)
+    t0 = time.perf_counter()
+    rec: dict[str, Any] = {"device": loaded.device}
+    inputs = job["inputs"]
+    try:
+        # the module reads the buffer when the method first loads: keep it alive
+        pte = (work / f"{i}.pte").read_bytes()
+        module = _load_for_executorch_from_buffer(pte)
+        if inputs is None:
+            inputs = _random_inputs(module, job["method"])
+        rec["inputs"] = list(inputs)
+        rec["outputs"] = list(module.run_method(job["method"], tuple(inputs)))
+        rec["status"] = "ok"
+    except Exception as e:  # the runtime refused it (load or execute error)
         sys.stderr.flush()
-        (work / f"{i}.started").touch()
-        job = torch.load(work / f"{i}.job", weights_only=False)
-        t0 = time.perf_counter()
-        rec: dict[str, Any] = {"device": loaded.device}
-        inputs = job["inputs"]
-        try:
-            # the module reads the buffer when the method first loads: keep it alive
-            pte = (work / f"{i}.pte").read_bytes()
-            module = _load_for_executorch_from_buffer(pte)
-            if inputs is None:
-                inputs = _random_inputs(module, job["method"])
-            rec["inputs"] = list(inputs)
-            rec["outputs"] = list(module.run_method(job["method"], tuple(inputs)))
-            rec["status"] = "ok"
-        except Exception as e:  # the runtime refused it (load or execute error)
-            sys.stderr.flush()
-            rec["status"] = "error"
-            rec["python_error"] = f"{type(e).__name__}: {e}"
-        rec["seconds"] = time.perf_counter() - t0
-        if rec["status"] == "error":
-            err = (work / "stderr").read_text(errors="replace")
-            seg = _segments(err).get(i, "")
-            said = _reason(seg, "") if seg.strip() else ""
-            py = rec["python_error"].strip()
-            rec["message"] = (py if not said or said in py else f"{said} ({py[:300]})")[:800]
-        tmp = work / f".{i}.result"
-        torch.save(rec, tmp)
-        tmp.rename(work / f"{i}.result")
+        rec["status"] = "error"
+        rec["python_error"] = f"{type(e).__name__}: {e}"
+    rec["seconds"] = time.perf_counter() - t0
+    if rec["status"] == "error":
+        err = (work / "stderr").read_text(errors="replace")
+        seg = _segments(err).get(i, "")
+        said = _reason(seg, "") if seg.strip() else ""
+        py = rec["python_error"].strip()
+        rec["message"] = (py if not said or said in py else f"{said} ({py[:300]})")[:800]
+    tmp = work / f".{i}.result"
+    torch.save(rec, tmp)
+    tmp.rename(work / f"{i}.result")

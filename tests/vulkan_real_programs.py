@@ -69,7 +69,7 @@ class Program:
 
     @property
     def simulator_outcome(self) -> str:
-        return "refused" if self.simulator.startswith("stopped") else self.simulator
+        return _sim_outcome(self.simulator)
 
     @property
     def simulator_agrees(self) -> bool:
@@ -77,8 +77,7 @@ class Program:
 
     @property
     def simulator_probed_agrees(self) -> bool:
-        out = "refused" if self.simulator_probed.startswith("stopped") else self.simulator_probed
-        return out == self.outcome
+        return _sim_outcome(self.simulator_probed) == self.outcome
 
     @property
     def check_probed_agrees(self) -> bool:
@@ -93,6 +92,20 @@ class Program:
         msg = "" if real is None or real.ok else f": {real.message}"
         return (f"{self.name} [{self.path}] real={self.outcome if real else '-'}{msg}; "
                 f"simulator={self.simulator}; check={len(self.check_problems)} problem(s)")
+
+
+def _sim_outcome(said: str) -> str:
+    """ok / wrong / refused from what the simulator said ("wrong: garbage ..." when it
+    stopped on a condition under which the runtime computes garbage)."""
+    return "refused" if said.startswith("stopped") else said.split(":", 1)[0]
+
+
+def _simulated(e: BaseException) -> str:
+    """What a SimulationError predicts: a refusal, or garbage (a wrong result)."""
+    text = str(e).splitlines()[0][:300]
+    if getattr(getattr(e, "condition", None), "effect", None) == "garbage":
+        return "wrong: garbage: " + text
+    return "stopped: " + text
 
 
 def _one_line(e: BaseException) -> str:
@@ -148,7 +161,7 @@ def lower(name: str, family: str, path: str, exported: Any, inputs: tuple[Any, .
             sim = pytree.tree_leaves(va.simulate(et, *inputs, runtime=given))
             setattr(prog, attr, "ok" if prog.close(sim) else "wrong")
         except SimulationError as e:
-            setattr(prog, attr, "stopped: " + str(e).splitlines()[0][:300])
+            setattr(prog, attr, _simulated(e))
         finally:
             unload(et)
     prog.seconds = time.perf_counter() - t0
@@ -177,8 +190,8 @@ def fidelity_markdown(programs: Sequence[Program]) -> str:
         if real == "refused":
             real = f"refused: `{_short(p.real.message if p.real else '', 90)}`"
         sim = p.simulator_outcome + ("" if p.simulator_agrees else " **(disagrees)**")
-        probed = ("refused" if p.simulator_probed.startswith("stopped") else p.simulator_probed
-                  ) + ("" if p.simulator_probed_agrees else " **(disagrees)**")
+        probed = _sim_outcome(p.simulator_probed) + (
+            "" if p.simulator_probed_agrees else " **(disagrees)**")
         chk = (f"{len(p.check_problems)} problem(s)" if p.check_problems else "no problems") + (
             "" if p.check_agrees else " **(disagrees)**")
         chk2 = (f"{len(p.check_probed)} problem(s)" if p.check_probed else "no problems") + (

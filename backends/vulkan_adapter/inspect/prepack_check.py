@@ -35,7 +35,7 @@ from .payload import (
     VulkanPayload,
     decode_payload,
 )
-from .runtime_conditions import conditions_for, violated
+from .runtime_conditions import RuntimeSymInt, conditions_for, violated
 from .shaders import missing_shader
 
 __all__ = [
@@ -247,6 +247,8 @@ def _condition_arguments(g: VkGraph, name: str, ins: tuple[int, ...]) -> dict[st
             out[a.name] = None
         elif v.tensor is not None:
             out[a.name] = _Sized(tuple(v.tensor.dims))
+        elif v.kind == "SymInt":  # computed as the graph runs
+            out[a.name] = RuntimeSymInt(v.value or 0)
         elif v.kind == "ValueList":
             vals = [g.value(i) for i in v.value]
             out[a.name] = [_Sized(tuple(e.tensor.dims)) if e is not None and e.tensor else

@@ -37,6 +37,7 @@ __all__ = [
     "CONDITIONS",
     "PREPACKED",
     "RuntimeCondition",
+    "RuntimeSymInt",
     "conditions_for",
     "violated",
 ]
@@ -434,8 +435,50 @@ def _rotary_conditions(op: str) -> list[RuntimeCondition]:
     return conds
 
 
+class RuntimeSymInt(int):
+    """A scalar argument the graph computes while it runs (a ``SymInt`` value of the
+    payload, e.g. ``x.shape[0]`` under dynamic shapes): its value, marked as such for
+    conditions on what the runtime reads only once, when it builds the graph."""
+
+
+def _integral(v: Any) -> bool:
+    return v is None or float(v).is_integer()
+
+
+#: conditions of the public runtime that ExecuTorch's own 1.5.1 delegate suite ran into
+#: (tests/vulkan_delegate_stock.py on the real runtime; docs/vulkan-runtime-fidelity.md)
+_SUITE_FOUND: tuple[RuntimeCondition, ...] = (
+    RuntimeCondition(
+        "aten.index.Tensor", "one_index_tensor", ("indices",), "indices_list->size() == 1",
+        "IndexTensor.cpp: index_tensor", "abort", lambda a: len(a["indices"]) == 1,
+        "index.Tensor: only one index tensor is supported (indexing dim d > 0 serializes "
+        "as d None entries before it)"),
+    RuntimeCondition(
+        "aten.arange.start_step", "integral_start_step", ("step", "start"),
+        "start and step are integers (resize_arange_node reads them with "
+        "extract_scalar<int64_t>)", "Arange.cpp: resize_arange_node", "abort",
+        lambda a: _integral(a.get("start")) and _integral(a.get("step")),
+        "a fractional step truncates (0.5 -> 0) and div_up(end - start, 0) is a "
+        "division by zero: the process dies of SIGFPE when the output is resized"),
+    RuntimeCondition(
+        "aten.arange.start_step", "start_known_when_built", ("start",),
+        "start and step are constants (add_arange_node writes them into the shader's "
+        "parameters once, when the graph is built)", "Arange.cpp: add_arange_node",
+        "garbage",
+        lambda a: not any(isinstance(a.get(k), RuntimeSymInt) for k in ("start", "step")),
+        "a start the graph computes at run time (a SymInt such as x.shape[0]) is read "
+        "before it is computed; resizing fixes the length, not the values"),
+    RuntimeCondition(
+        "aten.clamp.default", "bounds_known_when_built", ("max", "min"),
+        "min and max are constants (add_clamp_node reads them once, when the graph is "
+        "built)", "UnaryOp.cpp: add_clamp_node", "garbage",
+        lambda a: not any(isinstance(a.get(k), RuntimeSymInt) for k in ("min", "max")),
+        "a bound the graph computes at run time (a SymInt such as x.shape[0]) is read "
+        "before it is computed"),
+)
+
 CONDITIONS = (*CONDITIONS, *_rotary_conditions("et_vk.apply_rotary_emb.default"),
-              *_rotary_conditions("et_vk.apply_rotary_emb_hf.default"))
+              *_rotary_conditions("et_vk.apply_rotary_emb_hf.default"), *_SUITE_FOUND)
 
 _BY_OP: dict[str, tuple[RuntimeCondition, ...]] = {}
 for _c in CONDITIONS:

@@ -188,6 +188,7 @@ from .runtime_conditions import (
     CONDITIONS,
     PREPACKED,
     RuntimeCondition,
+    RuntimeSymInt,
     conditions_for,
     violated,
 )
@@ -584,12 +585,23 @@ class _Delegate:
                 f"aborts with 'Could not find ShaderInfo with name {shader}'", name, "self",
                 _SHADER_CONDITION)
 
+    def marked_symints(self, named: dict[str, Any], arguments: Sequence[Any], ins: list[int]
+                       ) -> dict[str, Any]:
+        """``named`` with each scalar the graph computes as it runs (a SymInt value) marked
+        as :class:`RuntimeSymInt`, for the conditions on what the runtime reads once."""
+        out = dict(named)
+        for a, vid in zip(arguments, ins, strict=False):
+            v = self.g.value(vid)
+            if v is not None and v.kind == "SymInt" and isinstance(out.get(a.name), int):
+                out[a.name] = RuntimeSymInt(out[a.name])
+        return out
+
     def call_schema(self, who: str, name: str, ins: list[int], out: int) -> Any:
         op, args, kwargs = self.schema_args(who, name, ins, out)
         if conditions_for(name):  # e.g. the rotary ops' shape checks
             named = dict(zip([a.name for a in op._schema.arguments], args, strict=False))
             named.update(kwargs)
-            bad = violated(name, named)
+            bad = violated(name, self.marked_symints(named, op._schema.arguments, ins))
             if bad:
                 c = bad[0]
                 raise RuntimeConditionError(
@@ -727,7 +739,7 @@ def _runtime_op(op_name: str) -> Callable[..., Any]:
             d.require_constant(op_name, i, arg, ins[i])
         named = {a.name: d.resolve(who, op_name, a, vid, ins, out)
                  for a, vid in zip(schema.arguments, ins, strict=True)}
-        bad = violated(op_name, named)
+        bad = violated(op_name, d.marked_symints(named, schema.arguments, ins))
         if bad:
             c = bad[0]
             raise RuntimeConditionError(

@@ -11,8 +11,9 @@ files must be byte-identical, the rules must have rewritten what the stock pass
 rewrites, and the program must run on the real Vulkan runtime (lavapipe, one child
 process) equal to the eager model (the quantized model, for the quantized programs).
 
-Where the rules differ from stock on purpose, a test shows stock's fault on an edge
-program built for it: affine weight zero points (stock raises in preprocess), a weight
+Where the rules differ from stock on purpose, a test shows stock's fault: one 4-bit
+linear applied twice (stock's lowering dies; ours runs equal to eager), and on edge
+programs built for them: affine weight zero points (stock raises in preprocess), a weight
 quantized along its input channels (stock's kernel scales the wrong way), a 3-D input
 to the 8-bit kernel (stock's retrace dies), a dequantize to float16 of a float32 value
 (stock's fold changes the dtype the graph reads) and an arithmetic op of float16 and
@@ -158,6 +159,44 @@ def test_the_programs_run_like_eager_on_the_real_runtime(lowered: Any,
 
 
 # ----------------------------------------------------------------------- stock's faults
+
+
+class SharedLinear(nn.Module):
+    """One linear applied twice: two dequantize nodes read one quantized weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.lin(torch.relu(x))  # type: ignore[no-any-return]
+
+
+def test_a_shared_4_bit_weight_lowers_where_stock_dies(vulkan_runtime: Any) -> None:
+    """Stock packs the shared weight's state-dict entry in place for the first linear; the
+    second dequantize then reads uint8 and the pass's retrace dies. The rule packs once
+    into a new constant both read; the 8-bit program (nothing packed) keeps stock's bytes."""
+    from executorch.backends.vulkan.quantizer.vulkan_quantizer import (
+        VulkanQuantizer,
+        get_symmetric_quantization_config,
+    )
+
+    x = (torch.randn(4, 16),)
+    for bits in (8, 4):
+        torch.manual_seed(20)
+        q = VulkanQuantizer().set_global(get_symmetric_quantization_config(
+            is_dynamic=False, weight_bits=bits))
+        model = _calibrated(SharedLinear().eval(), x, q)
+        rules = lower(model, x, True)
+        assert rules.rule_counts["FuseQuantizedOpsTransform"]["fused"] == 2
+        if bits == 8:
+            assert rules.pte == lower(model, x, False).pte
+        else:
+            with pytest.raises(Exception, match="FuseQuantizedOpsTransform"):
+                lower(model, x, False)
+        res = runtime.run_in_child(rules.pte, list(x))
+        assert res.status == "ok" and res.outputs, res.message
+        assert float((res.outputs[0] - _eager(model, x)).abs().max()) <= 1e-4
 
 
 class HandQuantizedLinear(nn.Module):

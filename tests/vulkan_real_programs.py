@@ -11,7 +11,9 @@ runtime's; ``check()`` agrees when it reports problems exactly for programs that
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +48,9 @@ class Program:
     atol: float = 1e-4
     rtol: float = 1e-4
     seconds: float = 0.0
+    #: where ``seconds`` went: lower (to_edge_transform_and_lower + to_executorch),
+    #: check (both), simulate (both)
+    phases: dict[str, float] = field(default_factory=dict)
 
     def close(self, got: Sequence[Any] | None) -> bool:
         if got is None or len(got) != len(self.eager):
@@ -113,6 +118,29 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:300] if text else ''}"
 
 
+@functools.cache
+def _pattern_graphs() -> list[Any]:
+    import executorch.backends.vulkan.patterns as vk_patterns
+
+    return list(vk_patterns.all_fusable_graph_patterns())
+
+
+@contextlib.contextmanager
+def pattern_graphs_once() -> Any:
+    """Stock's Vulkan partitioner re-exports its constant pattern graphs (rope, hf_rope,
+    sdpa, the quantized ones) on every lowering: most of a small stock lowering's CPU.
+    Built once per process here and handed back while this is active (restored after)."""
+    import executorch.backends.vulkan.patterns as vk_patterns
+
+    graphs = _pattern_graphs()
+    saved = vk_patterns.all_fusable_graph_patterns
+    vk_patterns.all_fusable_graph_patterns = lambda: graphs
+    try:
+        yield
+    finally:
+        vk_patterns.all_fusable_graph_patterns = saved
+
+
 def stock_partitioner(**kwargs: Any) -> Any:
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
 
@@ -128,34 +156,50 @@ def lower(name: str, family: str, path: str, exported: Any, inputs: tuple[Any, .
     A stock lowering runs with the adapter uninstalled, as ExecuTorch alone would;
     ``partitioner`` overrides the partitioner (e.g. with ExecuTorch's arguments).
     """
-    from executorch.exir import to_edge_transform_and_lower
-
-    import fusionkit.backends.vulkan_adapter as va
-    from fusionkit.backends.vulkan_adapter.inspect.simulator import SimulationError, unload
-
     atol, rtol = tolerance or TOLERANCE.get(dtype, (1e-4, 1e-4))
     prog = Program(name, family, path, inputs, pytree.tree_leaves(eager), atol=atol, rtol=rtol)
     t0 = time.perf_counter()
     try:
-        if path == "stock":
-            va.uninstall()
-            part = partitioner() if partitioner else stock_partitioner()
-            edge = to_edge_transform_and_lower(copy.deepcopy(exported), partitioner=[part])
-        else:
-            part = partitioner() if partitioner else va.VulkanPartitioner()
-            edge = to_edge_transform_and_lower(
-                copy.deepcopy(exported), transform_passes=va.transform_passes(partitioner=part),
-                partitioner=[part])
-        et = edge.to_executorch()
+        with pattern_graphs_once():
+            et = _lower_to_executorch(path, exported, partitioner)
+        prog.phases["lower"] = time.perf_counter() - t0
     except Exception as e:  # a lowering failure is data for stock; ours fails its test
         prog.lower_error = _one_line(e)
         return prog
+    return _judge(prog, et, inputs, t0)
+
+
+def _lower_to_executorch(path: str, exported: Any, partitioner: Callable[[], Any] | None) -> Any:
+    from executorch.exir import to_edge_transform_and_lower
+
+    import fusionkit.backends.vulkan_adapter as va
+
+    if path == "stock":
+        va.uninstall()
+        part = partitioner() if partitioner else stock_partitioner()
+        edge = to_edge_transform_and_lower(copy.deepcopy(exported), partitioner=[part])
+    else:
+        part = partitioner() if partitioner else va.VulkanPartitioner()
+        edge = to_edge_transform_and_lower(
+            copy.deepcopy(exported), transform_passes=va.transform_passes(partitioner=part),
+            partitioner=[part])
+    return edge.to_executorch()
+
+
+def _judge(prog: Program, et: Any, inputs: tuple[Any, ...], t0: float) -> Program:
+    """check() and the simulator (each plain and given the probe) on a lowered program."""
+    import fusionkit.backends.vulkan_adapter as va
+    from fusionkit.backends.vulkan_adapter.inspect.simulator import SimulationError, unload
+
     prog.pte = bytes(et.buffer)
+    t1 = time.perf_counter()
     prog.check_problems = [str(p) for p in va.check(et)]
     from fusionkit.backends.vulkan_adapter.runtime_probe import cached_inventory
 
     inv = cached_inventory()
     prog.check_probed = [str(p) for p in va.check(et, runtime=inv)] if inv else []
+    prog.phases["check"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
     for attr, given in (("simulator", None), ("simulator_probed", inv)):
         try:
             sim = pytree.tree_leaves(va.simulate(et, *inputs, runtime=given))
@@ -164,6 +208,7 @@ def lower(name: str, family: str, path: str, exported: Any, inputs: tuple[Any, .
             setattr(prog, attr, _simulated(e))
         finally:
             unload(et)
+    prog.phases["simulate"] = time.perf_counter() - t1
     prog.seconds = time.perf_counter() - t0
     return prog
 

@@ -339,10 +339,10 @@ def test_a_gate_that_raises_lets_its_pass_run(monkeypatch: pytest.MonkeyPatch, l
     def broken(ep: Any, p: Any) -> bool:
         raise RuntimeError("gate bug")
 
-    for cls in ("ConvertToSDPAPass", "ConstPropPass", "RemoveRedundantCopyPass"):
+    for cls in ("ConvertToLinearPass", "ConstPropPass", "RemoveRedundantCopyPass"):
         _with_gate(monkeypatch, cls, broken)
     on = lower(cases("quantized"), "xnnpack", True)
-    for cls in ("ConvertToSDPAPass", "ConstPropPass", "RemoveRedundantCopyPass"):
+    for cls in ("ConvertToLinearPass", "ConstPropPass", "RemoveRedundantCopyPass"):
         assert on.counts[cls]["skipped"] == 0 and on.counts[cls]["ran"] > 0
     assert on.pte == off.pte
 
@@ -448,14 +448,11 @@ def test_every_default_xnnpack_pass_is_in_the_table() -> None:
 
 
 def test_pattern_graphs_hold_the_targets_the_gates_require() -> None:
-    """ConvertToSDPAPass / ConvertToUpsampleBilinear2d match ExecuTorch's pattern graphs
-    (targets compared exactly): the gates' targets must be in every one of them."""
-    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+    """ConvertToUpsampleBilinear2d matches ExecuTorch's pattern graphs (targets compared
+    exactly): each is the one op. (ConvertToSDPAPass's graphs: tests/test_xnnpack_rules.py,
+    its takeover.)"""
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d
 
-    required = xnnpack_gates.sdpa_required_targets()
-    for gm in sdpa.get_graphs():
-        targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
-        assert set(required) <= targets
     upsample = pass_gating.edge_ops().aten.upsample_bilinear2d.vec
     for gm in bilinear_2d.get_graphs():
         assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [upsample]

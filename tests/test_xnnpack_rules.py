@@ -461,6 +461,29 @@ def test_max_read_for_its_values_is_amax_byte_identical_to_stock(lowered: Any) -
     assert ours.stock_calls == {}, ours.stock_calls
 
 
+def test_no_sdpa_pattern_graph_fits_in_an_xnnpack_partition() -> None:
+    """Why ConvertToSDPAPass has no rule (passes/xnnpack/convert_to_sdpa.py): every one of
+    its pattern graphs holds ops XNNPACK's partitioner (its default configs) has no config
+    for, and XNNPACK's serializer has no visitor for the op it would create."""
+    import executorch.backends.xnnpack.operators  # noqa: F401  (registers the visitors)
+    from executorch.backends.xnnpack.operators.node_visitor import _node_visitor_dict
+    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+    from executorch.backends.xnnpack.partition.graphs import sdpa
+
+    from fusionkit.passes.xnnpack.convert_to_sdpa import UNPARTITIONED_PATTERN_OPS
+
+    configured = {c.target_name for c in ALL_PARTITIONER_CONFIGS}
+    assert not set(UNPARTITIONED_PATTERN_OPS) & configured
+    graphs = sdpa.get_graphs()
+    assert graphs
+    for gm in graphs:
+        names = {n.target.__name__.removeprefix("aten.") for n in gm.graph.nodes
+                 if n.op == "call_function" and hasattr(n.target, "__name__")}
+        assert set(UNPARTITIONED_PATTERN_OPS) <= names, sorted(names)
+    assert not any("scaled_dot_product_attention" in k for k in _node_visitor_dict)
+    assert "ConvertToSDPAPass" in pr.TAKEN_OVER_PASSES
+
+
 def test_rules_disabled_run_the_stock_passes() -> None:
     """``preprocess_rules.disabled()`` is the switch the op-test twins use."""
     assert pr.is_enabled()

@@ -17,7 +17,8 @@ is a fixed list of 33 tests of one or two configurations (float, plus quantized 
 that bring the triggers of the XNNPACK preprocess passes fusionkit may skip, so a gate is
 seen both skipping its pass (on the other tests) and letting it run (:data:`MUST_RUN`),
 and the patterns of the passes fusionkit runs as rules (:data:`MUST_FUSE`), plus the transposed-conv weight swap and per-channel
-scales of fusionkit's serializer. Not covered: ConvertToSDPAPass (no SDPA op test ships),
+scales of fusionkit's serializer. Not covered: ConvertToSDPAPass (no SDPA op test ships;
+its takeover runs no rule: passes/xnnpack/convert_to_sdpa.py),
 per-channel-group scales and int4 packing (``test_linear``'s qd8/int4 tests, minutes
 each). ``FUSIONKIT_XNNPACK_OPS_SUITE=full`` runs all 264 tests instead (by hand; not run
 through these assertions yet), ``=0`` leaves the suite out like ``FUSIONKIT_STOCK_DELEGATE_SUITE=0``.
@@ -217,7 +218,10 @@ def check_shard(shard: int, tmp: Path) -> None:
     not_fused = {(t, p) for t in selected for p in MUST_FUSE.get(t, ())
                  if data["rules_by_test"][t].get(p, {}).get("fused", 0) == 0}
     assert not not_fused, not_fused
-    assert skipped >= 6 * twin["preprocess_calls"], data["gate_counts"]
+    # two gated runs per preprocess (the real one, the rules-off twin); five gated passes
+    # are left (ConstProp, ConvertToLinear, DimOrderOpsRevert, PropagateCustomMeta,
+    # RemoveRedundantCopy): at least two of them skipped per gated run on average
+    assert skipped >= 4 * twin["preprocess_calls"], data["gate_counts"]
     assert ran >= twin["preprocess_calls"], data["gate_counts"]  # ChannelsLast always runs
     # ... and let a pass run where its trigger is present
     not_run = {(t, p) for t in selected for p in MUST_RUN.get(t, ())

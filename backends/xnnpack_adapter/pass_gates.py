@@ -35,7 +35,7 @@ from fusionkit.integration.pass_gating import (
     transform_patches,
 )
 
-__all__ = ["PASS_GATES", "PATCHES", "sdpa_required_targets"]
+__all__ = ["PASS_GATES", "PATCHES"]
 
 
 # ----------------------------------------------------------------------------- triggers
@@ -113,22 +113,6 @@ def _dim_order_revert(ep: Any, p: Any) -> bool:
     return present(ep, *MemoryFormatOpsMap)
 
 
-def sdpa_required_targets() -> list[Any]:
-    """Ops every 1.5.1 SDPA pattern graph contains (tests check the graphs): a pattern can
-    match (``SubgraphMatcher`` compares targets) only where all are present."""
-    ops = edge_ops()
-    return [ops.aten._softmax.default, ops.aten.add.Tensor, ops.aten.any.dim,
-            ops.aten.bmm.default, ops.aten.eq.Scalar, ops.aten.expand_copy.default,
-            ops.aten.full_like.default, ops.aten.logical_not.default, ops.aten.mul.Scalar,
-            ops.aten.permute_copy.default, ops.aten.view_copy.default, ops.aten.where.self,
-            ops.dim_order_ops._clone_dim_order.default]
-
-
-def _sdpa(ep: Any, p: Any) -> bool:
-    """xnnpack/_passes/convert_to_sdpa.py: matches its SDPA pattern graphs."""
-    return all(present(ep, t) for t in sdpa_required_targets())
-
-
 def _custom_meta(ep: Any, p: Any) -> bool:
     """xnnpack/_passes/propagate_custom_meta_pass.py: q/dq whose input has meta 'custom'."""
     from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant
@@ -195,7 +179,6 @@ PASS_GATES: GateTable = {
         retracing(_convert_to_linear, dce=True),
     "executorch.backends.xnnpack._passes.propagate_custom_meta_pass.PropagateCustomMetaPass":
         retracing(_custom_meta),
-    "executorch.backends.xnnpack._passes.convert_to_sdpa.ConvertToSDPAPass": retracing(_sdpa),
     "executorch.exir.passes.const_prop_pass.ConstPropPass": retracing(_const_prop),
     # tags every node's memory format: always does work
     "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass":

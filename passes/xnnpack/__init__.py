@@ -22,9 +22,9 @@ from fusionkit.passes.registry import registered
 
 #: the rule modules, in the order of the stock passes they take over
 RULE_MODULES: tuple[str, ...] = (
-    "remove_clone", "upsample_bilinear", "fuse_batch_norm", "decompose_batch_norm",
-    "fuse_activation", "decompose_cat", "remove_getitem", "insert_pad_qdq", "conv1d_unsqueeze",
-    "prelu_reshape",
+    "remove_clone", "upsample_bilinear", "convert_to_sdpa", "fuse_batch_norm",
+    "decompose_batch_norm", "fuse_activation", "decompose_cat", "remove_getitem",
+    "insert_pad_qdq", "conv1d_unsqueeze", "prelu_reshape",
 )
 for _module in RULE_MODULES:
     importlib.import_module(f"{__name__}.{_module}")

@@ -87,6 +87,7 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "Rewriter": ("fusionkit.apply.builder", "creates replacement nodes with metadata (the replacement author's API)"),
     "FusionError": ("fusionkit.apply.builder", "a rule produced something inconsistent (a rule bug)"),
     "op_key": ("fusionkit.match.targets", "the one string key of an op target (ATen, edge or custom)"),
+    "register_delegate": ("fusionkit.check.executable", "tell fusionkit which ops a backend's delegate takes (its own namespaces, its registry)"),
     "find_matches": ("fusionkit.match.finder", "decide every match of a rule set in one phase (changes nothing)"),
     "Match": ("fusionkit.match.finder", "an accepted match: rule, root, captures, claimed nodes, folds"),
     "Decline": ("fusionkit.match.finder", "a refused match: rule, root, step, node at fault, reason"),
@@ -177,6 +178,7 @@ if TYPE_CHECKING:
     from fusionkit.check.constraints import UserInput as UserInput
     from fusionkit.check.constraints import broadcasts_over_last_dim as broadcasts_over_last_dim
     from fusionkit.check.constraints import named_shape_relation as named_shape_relation
+    from fusionkit.check.executable import register_delegate as register_delegate
     from fusionkit.check.program_inputs import ConstantKind as ConstantKind
     from fusionkit.check.program_inputs import ConstantRef as ConstantRef
     from fusionkit.check.program_inputs import ProgramInputs as ProgramInputs

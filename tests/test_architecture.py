@@ -470,3 +470,133 @@ def test_every_why_not_type_is_a_match_result_or_says_why_not() -> None:
         if converts:
             made = typing.get_type_hints(cls.result).get("return")
             assert isinstance(made, type) and issubclass(made, MatchResult), (qual, made)
+
+
+# ------------------------------------------------------ backend knowledge with its backend
+
+#: ExecuTorch backends fusionkit has no adapter for: their names have no place in the core
+#: either (fusionkit's own adapters and their delegates' namespaces are added below)
+OTHER_BACKENDS = frozenset({"qualcomm", "qnn", "coreml", "mps", "arm", "ethos", "tosa",
+                            "cadence", "mediatek", "openvino", "samsung", "nxp", "webgpu",
+                            "mlx"})
+
+
+def backend_names() -> frozenset[str]:
+    """Every backend name, lower case: fusionkit's adapters (``backends/<name>_adapter``),
+    the delegates their modules describe to the core and the op namespaces those delegates
+    own (``et_vk``), and :data:`OTHER_BACKENDS`."""
+    from fusionkit.check.executable import DELEGATE_ONLY_NAMESPACES
+    from fusionkit.match.targets import load_delegate_descriptions
+
+    load_delegate_descriptions()
+    adapters = {p.name.removesuffix("_adapter") for p in (ROOT / "backends").iterdir()
+                if p.is_dir() and p.name.endswith("_adapter")}
+    return frozenset({*adapters, *OTHER_BACKENDS, *DELEGATE_ONLY_NAMESPACES,
+                      *(d.lower() for d in DELEGATE_ONLY_NAMESPACES.values())})
+
+
+def _words(text: str) -> set[str]:
+    """``et_vk.rms_norm`` -> et_vk, rms_norm, et, vk, rms, norm; ``XNNPACKQuantizer`` ->
+    xnnpack, quantizer; ``vulkan_supported_ops`` -> vulkan, supported, ops (lower case)."""
+    chunks = [c for c in re.split(r"[^A-Za-z0-9_]+", text) if c]
+    parts = [w for c in chunks for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+", c)]
+    return {w.lower() for w in (*chunks, *parts)}
+
+
+def backend_names_in_code(module: str, tree: ast.AST, names: frozenset[str]) -> list[str]:
+    """``module:line name`` for each identifier or string literal of the code that holds a
+    backend name as a word. Docstrings (and any other bare string statement) and comments
+    are prose: they may name a backend as an example."""
+    prose = {id(s.value) for s in ast.walk(tree) if isinstance(s, ast.Expr)
+             and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)}
+    found: list[str] = []
+    for node in ast.walk(tree):
+        texts: list[str | None] = []
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            texts = [] if id(node) in prose else [node.value]
+        elif isinstance(node, ast.Name):
+            texts = [node.id]
+        elif isinstance(node, ast.Attribute):
+            texts = [node.attr]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            texts = [node.name]
+        elif isinstance(node, ast.arg):
+            texts = [node.arg]
+        elif isinstance(node, ast.keyword):
+            texts = [node.arg]
+        elif isinstance(node, ast.alias):
+            texts = [node.name, node.asname]
+        elif isinstance(node, ast.ImportFrom):
+            texts = [node.module]
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            texts = list(node.names)
+        for text in texts:
+            for name in sorted(_words(text or "") & names):
+                found.append(f"{module}:{getattr(node, 'lineno', 0)} {name}")
+    return sorted(set(found), key=lambda f: (int(f.split(":")[1].split()[0]), f))
+
+
+def test_the_backend_name_finder_finds_planted_names() -> None:
+    code = ('"""Fuses for Vulkan, or XNNPACK (a docstring: prose)."""\n'
+            "from executorch.backends.vulkan import op_registry\n"
+            "import executorch.exir as xnnpack_exir\n"
+            "NAMESPACES = {'et_vk': 1}  # a comment on Vulkan: prose\n"
+            "class XnnpackThing:\n"
+            "    'a class docstring naming Vulkan'\n"
+            "    def f(self, use_qnn: bool = False) -> str:\n"
+            "        return g(backend='CoreML', params='warm') + f'on {self}: Vulkan'\n"
+            "def native_layer_norm(param, dumps, harm):\n"
+            "    return param.VulkanBackend\n")
+    names = frozenset({"vulkan", "xnnpack", "et_vk", "qnn", "coreml", "arm", "mps"})
+    assert backend_names_in_code("m", ast.parse(code), names) == [
+        "m:2 vulkan", "m:3 xnnpack", "m:4 et_vk", "m:5 xnnpack", "m:7 qnn", "m:8 coreml",
+        "m:8 vulkan", "m:10 vulkan"]
+    assert {"vulkan", "xnnpack", "et_vk"} <= backend_names()
+
+
+def test_no_backend_names_in_the_core() -> None:
+    """Backend knowledge lives with its backend (issue 22 item 5): the code of fusionkit/
+    (but fusionkit/app/, the CLI above the adapters) names no backend. A backend tells the
+    core what it must know with ``fusionkit.register_delegate`` (passes/vulkan_delegate.py)."""
+    names = backend_names()
+    core = {m: p for m, p in MODULES.items() if p.is_relative_to(ROOT / "fusionkit")
+            and not p.is_relative_to(ROOT / "fusionkit" / "app")}
+    assert len(core) > 40
+    found = [f for m, p in core.items()
+             for f in backend_names_in_code(m, ast.parse(p.read_text(), str(p)), names)]
+    assert found == [], "move it to the backend (passes/<backend>*, backends/<backend>_adapter)"
+
+
+def test_a_delegates_ops_are_judged_with_nothing_but_fusionkit_imported() -> None:
+    """The core finds what a delegate told it through the ``fusionkit.delegates`` entry point:
+    a user's rule creating ``et_vk`` ops, in a fresh interpreter that imported only
+    ``fusionkit``, resolves the op and has it assumed delegated, as when the knowledge sat in
+    the core. Failing here after a pull: ``bash scripts/bootstrap`` (re-installs the package)."""
+    import subprocess
+    import sys
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    code = (
+        "import sys, torch\n"
+        "from executorch.exir import to_edge\n"
+        "from fusionkit import Rule, capture, find_matches, op, ref, replace_with\n"
+        "from fusionkit.match.targets import delegate_entry_points as points\n"
+        "print(sorted({(e.name, e.value) for e in points()}))\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x): return torch.relu(x) + 1\n"
+        "ep = to_edge(torch.export.export(M(), (torch.rand(2, 5),))).exported_program()\n"
+        "print(any(m.startswith('fusionkit.passes') for m in sys.modules))\n"
+        "for target in ('et_vk.rms_norm.default', 'aten.silu.default'):\n"
+        "    rule = Rule('r', op('aten.relu.default', capture('x')),\n"
+        "                replace_with(target, ref('x'), *([ref('x'), 1e-6] if 'et_vk' in target"
+        " else [])))\n"
+        "    ms = find_matches(ep, [rule], strict=False)\n"
+        "    print(len(ms.accepted), [str(d.step) for d in ms.declined])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == str(sorted(declared["fusionkit.delegates"].items())), \
+        "the installed entry points are stale: run `bash scripts/bootstrap`"
+    # nothing but fusionkit imported; et_vk assumed delegated, silu (no CPU kernel) declined
+    assert lines[1:] == ["False", "1 []", "0 ['executable']"]

@@ -29,6 +29,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from fusionkit.integration.hooks import TESTED_EXECUTORCH
+from fusionkit.passes import vulkan_delegate  # noqa: F401  (tells the core of et_vk, on import)
 
 from .install import (
     PATCHES,

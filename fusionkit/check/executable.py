@@ -23,6 +23,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,7 +32,14 @@ from torch.fx import Node
 from fusionkit.apply.builder import FusionError
 from fusionkit.apply.meta_cache import metadata_key
 from fusionkit.apply.probe import build_in_scratch
-from fusionkit.match.targets import is_assertion, is_edge_target, op_key, resolve_op
+from fusionkit.match.targets import (
+    is_assertion,
+    is_edge_target,
+    load_delegate_descriptions,
+    op_key,
+    register_op_library,
+    resolve_op,
+)
 from fusionkit.result import MatchResult, Status, Step
 
 if TYPE_CHECKING:
@@ -40,11 +48,13 @@ if TYPE_CHECKING:
 
 __all__ = ["DELEGATE_ONLY_NAMESPACES", "Delegate", "ExecutionTarget", "NotRunnable",
            "ReplacementCheck", "cpu_refusal", "dtype_refusal", "program_exceptions",
-           "registered_kernels"]
+           "register_delegate", "registered_kernels"]
 
-#: op namespaces that exist only inside a delegate (no CPU kernel by design): assumed
-#: delegated unless the target names that delegate's real check (the Vulkan adapter does)
-DELEGATE_ONLY_NAMESPACES: Mapping[str, str] = {"et_vk": "Vulkan"}
+_DELEGATE_ONLY: dict[str, str] = {}
+#: op namespace -> the delegate it exists only inside (no CPU kernel by design): assumed
+#: delegated unless the target names that delegate's real check (its adapter does). Filled
+#: by :func:`register_delegate`; the core names no backend.
+DELEGATE_ONLY_NAMESPACES: Mapping[str, str] = MappingProxyType(_DELEGATE_ONLY)
 
 #: namespaces whose ops ``to_executorch`` handles itself (symbolic ints, prims)
 _RUNTIME_NAMESPACES = frozenset({"executorch_prim"})
@@ -252,22 +262,47 @@ class Delegate:
             in self.namespaces
 
 
+#: delegate name -> what lists the targets of its operator registry (register_delegate)
+_SUPPORTED_OPS: dict[str, Callable[[], Iterable[Any]]] = {}
+
+
+def register_delegate(name: str, *, namespaces: Mapping[str, Sequence[str]] | None = None,
+                      supported_ops: Callable[[], Iterable[Any]] | None = None) -> None:
+    """Describe a backend's delegate to the default :class:`ExecutionTarget`, which judges a
+    replacement's ops without the backend's partitioner at hand (a backend's own code calls
+    this, so the core names no backend; the ``fusionkit.delegates`` entry point finds it).
+
+    ``namespaces``: op namespaces that exist only inside this delegate (no CPU kernel by
+    design), each with the modules whose import registers its ops; their ops are assumed
+    delegated. ``supported_ops``: returns the targets of the delegate's operator registry
+    (op overloads or ``"ns::op"`` names), called once when first needed; an op outside ATen
+    it lists is assumed delegated. If it raises (the backend is not installed) it lists none.
+    """
+    for namespace, modules in (namespaces or {}).items():
+        _DELEGATE_ONLY[namespace] = name
+        register_op_library(namespace, *modules)
+    if supported_ops is not None:
+        _SUPPORTED_OPS[name] = supported_ops
+        _REGISTRY.clear()
+
+
 def _registry_keys() -> frozenset[str]:
-    """``ns.op`` (and ``ns.op.overload``) of every op a shipped backend's registry lists."""
+    """``ns.op`` (and ``ns.op.overload``) of every op a registered delegate's registry lists."""
     if not _REGISTRY:
         keys: set[str] = set()
-        try:
-            from executorch.backends.vulkan.op_registry import vulkan_supported_ops
-        except Exception:  # pragma: no cover - a wheel without the Vulkan backend
-            vulkan_supported_ops = {}
-        for k in vulkan_supported_ops:
-            if isinstance(k, str):
-                keys.add(k.replace("::", "."))
-            else:
-                key = op_key(k)
-                if key:
-                    keys.add(key)
-                    keys.add(key.rsplit(".", 1)[0])
+        for list_ops in _SUPPORTED_OPS.values():
+            try:
+                listed = list(list_ops())
+            except Exception:  # the backend is not installed, or its registry fails to load
+                listed = []
+            for k in listed:
+                if isinstance(k, str):
+                    keys.add(k.replace("::", "."))
+                else:
+                    key = op_key(k)
+                    if key:
+                        keys.add(key)
+                        keys.add(key.rsplit(".", 1)[0])
         _REGISTRY.append(frozenset(keys))
     return _REGISTRY[0]
 
@@ -276,6 +311,7 @@ _REGISTRY: list[frozenset[str]] = []
 
 
 def _known_backend_op(node: Node) -> str | None:
+    load_delegate_descriptions()
     key = op_key(node.target) or ""
     ns = key.split(".", 1)[0]
     if ns in DELEGATE_ONLY_NAMESPACES:
@@ -291,8 +327,8 @@ class ExecutionTarget:
 
     A node is runnable when the CPU runtime can run it (:func:`cpu_refusal`) or a
     delegate asked about it takes it. The default (no delegates named) also
-    accepts an op outside ATen that a shipped backend's operator registry lists
-    or whose namespace exists only inside a delegate (``et_vk``): without a
+    accepts an op outside ATen that a registered delegate's operator registry lists
+    or whose namespace exists only inside a delegate (:func:`register_delegate`): without a
     partitioner at hand nothing better is known, and the backend adapters check
     those for real. An ATen op is never assumed delegated: it must run on the CPU
     unless a named delegate takes it.

@@ -16,13 +16,17 @@ import torch
 
 __all__ = [
     "ASSERTION_OPS",
+    "DELEGATE_ENTRY_POINTS",
     "OpTarget",
     "UnknownOpError",
+    "delegate_entry_points",
     "dialect_target",
     "is_assertion",
     "is_edge_target",
+    "load_delegate_descriptions",
     "memo_per_target",
     "op_key",
+    "register_op_library",
     "resolve_op",
     "schema_of",
     "target_name",
@@ -95,9 +99,9 @@ def op_key(target: Any) -> str | None:
     return key
 
 
-#: modules whose import registers an op namespace ExecuTorch graphs use
+#: modules whose import registers an op namespace ExecuTorch graphs use; a backend adds its
+#: own with :func:`register_op_library` (the core names no backend)
 _OP_LIBRARIES: dict[str, tuple[str, ...]] = {
-    "et_vk": ("executorch.backends.vulkan.custom_ops_lib",),
     "dim_order_ops": ("executorch.exir.passes.dim_order_ops_registry",),
     "quantized_decomposed": ("torch.ao.quantization.fx._decomposed",),
     "torchao": ("torchao",),
@@ -105,10 +109,59 @@ _OP_LIBRARIES: dict[str, tuple[str, ...]] = {
 }
 
 
+def register_op_library(namespace: str, *modules: str) -> None:
+    """Op namespace ``namespace`` registers when ``modules`` are imported: resolving a
+    name in it (``"ns.op.overload"``) imports them first if need be."""
+    known = _OP_LIBRARIES.get(namespace, ())
+    _OP_LIBRARIES[namespace] = (*known, *(m for m in modules if m not in known))
+
+
+#: the entry-point group of modules that describe a backend's delegate to the core when
+#: imported (they call ``fusionkit.register_delegate``); how a rule naming a backend's ops is
+#: judged right when nothing but fusionkit was imported
+DELEGATE_ENTRY_POINTS = "fusionkit.delegates"
+_DESCRIBED: list[bool] = []
+
+
+def load_delegate_descriptions() -> None:
+    """Import every module of :data:`DELEGATE_ENTRY_POINTS`, once: the first time the core
+    needs what backends know (an op namespace it cannot resolve, an op no CPU kernel runs).
+    A module that fails to import is logged and skipped: it never stops a lowering."""
+    if _DESCRIBED:
+        return
+    _DESCRIBED.append(True)
+    import logging
+
+    for point in delegate_entry_points():
+        try:
+            point.load()
+        except Exception as e:
+            logging.getLogger(__name__).warning("delegate description %s (%s) failed to "
+                                                "load: %s", point.name, point.value, e)
+
+
+def delegate_entry_points() -> list[Any]:
+    """The entry points of :data:`DELEGATE_ENTRY_POINTS`, of every distribution found.
+
+    Not ``importlib.metadata.entry_points(group=...)``: that reads only the first copy of a
+    distribution's metadata on ``sys.path``, and a stale ``*.egg-info`` in a source checkout
+    (the working directory) would hide the installed one."""
+    from importlib.metadata import distributions
+
+    points: dict[str, Any] = {}
+    for dist in distributions():
+        for point in dist.entry_points:
+            if point.group == DELEGATE_ENTRY_POINTS:
+                points.setdefault(point.value, point)
+    return sorted(points.values(), key=lambda p: (p.name, p.value))
+
+
 def _import_op_libraries(namespace: str) -> None:
     """Custom op namespaces register on import; import the ones we know of."""
     import importlib
 
+    if namespace not in _OP_LIBRARIES:
+        load_delegate_descriptions()
     for module in (*_OP_LIBRARIES.get(namespace, ()), "executorch.exir"):
         try:
             importlib.import_module(module)

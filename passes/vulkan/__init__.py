@@ -14,6 +14,7 @@ import importlib
 import warnings
 
 from fusionkit import Rule
+from fusionkit.passes import vulkan_delegate  # noqa: F401  (tells the core of et_vk, on import)
 from fusionkit.passes.registry import register_rules, registered
 from fusionkit.passes.rms_norm import VULKAN_DTYPES, rms_norm_rule
 

@@ -17,6 +17,9 @@ from executorch.exir import to_edge_transform_and_lower
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from torch import nn
+from vulkan_runtime_oracle import assert_real, pte_of, session
+
+real_vulkan = session()  # the real runtime, one child for the module (simulator-only without)
 
 logging.getLogger().setLevel(logging.WARNING)
 
@@ -72,8 +75,9 @@ def _layer_norms(prog: Any) -> list[Any]:
        rank=st.integers(2, 4),
        eps=st.sampled_from([1e-5, 1e-6]),
        split=st.booleans())
-def test_layer_norm_without_affine_lowers_and_equals_eager(affine: str, dim: int, rank: int,
-                                                           eps: float, split: bool) -> None:
+def test_layer_norm_without_affine_lowers_and_equals_eager(real_vulkan: Any, affine: str, dim: int,
+                                                           rank: int, eps: float, split: bool
+                                                           ) -> None:
     from fusionkit.backends.vulkan_adapter import check, simulate
     from fusionkit.backends.vulkan_adapter.inspect.simulator import SimulationError
 
@@ -93,7 +97,11 @@ def test_layer_norm_without_affine_lowers_and_equals_eager(affine: str, dim: int
     assert norms and all(w is not None and b is not None for w, b in norms), norms
     assert check(prog) == []
     torch.testing.assert_close(simulate(prog, x), want, atol=1e-5, rtol=1e-5)
-    prog.to_executorch()  # the constants given to each partition serialize
+    # the constants given to each partition serialize, and the runtime agrees
+    assert_real(real_vulkan, prog.to_executorch(), (x,), want, atol=1e-4, rtol=1e-4)
+    if real_vulkan is not None:  # stock's is refused for real, as the simulator said
+        res = real_vulkan.run(pte_of(stock), [x])
+        assert not res.ok and "native_layer_norm" in (res.message or ""), res
 
 
 def test_layer_norm_with_affine_is_left_alone() -> None:

@@ -28,8 +28,11 @@ from torchao.quantization import (
     quantize_,
 )
 from torchao.quantization.granularity import PerGroup
+from vulkan_runtime_oracle import assert_real, session
 
 from fusionkit import op_key
+
+real_vulkan = session()  # the real runtime, one child for the module (simulator-only without)
 
 #: torch's 4-bit dtype (missing from torch's type stubs)
 INT4: Any = torch.int4  # type: ignore[attr-defined]
@@ -121,9 +124,11 @@ def decoder(config: Any, embedding: bool = False, seed: int = 0) -> nn.Module:
     return m
 
 
-def check_decoder(m: nn.Module, fused: str, seqs: tuple[int, ...]) -> Any:
-    """Lower for each sequence length, simulate, compare with the quantized eager model."""
-    from fusionkit.backends.vulkan_adapter import simulate
+def check_decoder(m: nn.Module, fused: str, seqs: tuple[int, ...], real: Any = None,
+                  real_tol: float = 1e-4) -> Any:
+    """Lower for each sequence length, simulate, compare with the quantized eager model;
+    ``check()`` finds nothing, and the real runtime (``real``) computes the same."""
+    from fusionkit.backends.vulkan_adapter import check, simulate
 
     prog = None
     for s in seqs:
@@ -138,28 +143,32 @@ def check_decoder(m: nn.Module, fused: str, seqs: tuple[int, ...]) -> Any:
             want = m(tokens)
         got = simulate(prog, tokens)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert check(prog) == []
+        assert_real(real, prog, (tokens,), want, atol=real_tol, rtol=real_tol)
     return prog
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("group", "seq"), [(32, 5), (128, 1)])
-def test_llama_decoder_int4_weight_only(group: int, seq: int) -> None:
+def test_llama_decoder_int4_weight_only(real_vulkan: Any, group: int, seq: int) -> None:
     m = decoder(IntxWeightOnlyConfig(weight_dtype=INT4, granularity=PerGroup(group)))
-    check_decoder(m, "et_vk.linear_q4gsw.default", seqs=(seq,))
+    check_decoder(m, "et_vk.linear_q4gsw.default", seqs=(seq,), real=real_vulkan)
 
 
 @pytest.mark.slow
-def test_llama_decoder_8da4w() -> None:
+def test_llama_decoder_8da4w(real_vulkan: Any) -> None:
     m = decoder(Int8DynamicActivationIntxWeightConfig(weight_dtype=INT4,
                                                       weight_granularity=PerGroup(32)))
-    check_decoder(m, "et_vk.linear_dq8ca_q4gsw.default", seqs=(3,))
+    # on the runtime the int8 activations' rounding may land one step away: 1e-3
+    check_decoder(m, "et_vk.linear_dq8ca_q4gsw.default", seqs=(3,), real=real_vulkan,
+                  real_tol=1e-3)
 
 
 @pytest.mark.slow
-def test_llama_decoder_with_quantized_embedding() -> None:
+def test_llama_decoder_with_quantized_embedding(real_vulkan: Any) -> None:
     m = decoder(IntxWeightOnlyConfig(weight_dtype=INT4, granularity=PerGroup(64)),
                 embedding=True, seed=1)
-    prog = check_decoder(m, "et_vk.linear_q4gsw.default", seqs=(4,))
+    prog = check_decoder(m, "et_vk.linear_q4gsw.default", seqs=(4,), real=real_vulkan)
     assert delegate_ops(prog).count("et_vk.embedding_q4gsw.default") == 1
 
 
@@ -203,7 +212,7 @@ def unused_user_inputs(ep: Any) -> list[str]:
 
 
 @pytest.mark.slow
-def test_kv_cache_decoder_several_steps() -> None:
+def test_kv_cache_decoder_several_steps(real_vulkan: Any) -> None:
     from fusionkit.backends.vulkan_adapter import simulate
 
     torch.manual_seed(3)
@@ -218,7 +227,8 @@ def test_kv_cache_decoder_several_steps() -> None:
     assert unused_user_inputs(ep) == []
     prog = lower_exported(ep)
     assert delegate_ops(prog).count("et_vk.linear_q4gsw.default") == 7
-    kc = vc = ek = ev = cache
+    et = prog.to_executorch()
+    kc = vc = ek = ev = rk = rv = cache
     for step in range(5):
         x, pos = torch.randn(1, 1, DIM), torch.tensor([step])
         y, kc, vc = simulate(prog, x, kc, vc, pos)
@@ -226,6 +236,11 @@ def test_kv_cache_decoder_several_steps() -> None:
             want, ek, ev = m(x, ek, ev, pos)
         torch.testing.assert_close(y, want, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close((kc, vc), (ek, ev), atol=1e-4, rtol=1e-4)
+        # the runtime carries its own caches from step to step
+        real = assert_real(real_vulkan, et, (x, rk, rv, pos), (want, ek, ev), atol=1e-4,
+                           rtol=1e-4)
+        if real is not None:
+            rk, rv = real[1], real[2]
     assert bool(kc[:, :, 4].abs().sum() > 0) and bool(kc[:, :, 5:].eq(0).all())
 
 
@@ -247,7 +262,7 @@ class ConvNet(nn.Module):
 
 
 @pytest.mark.slow
-def test_pt2e_quantized_conv_net() -> None:
+def test_pt2e_quantized_conv_net(real_vulkan: Any) -> None:
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
         get_symmetric_quantization_config,
@@ -273,3 +288,4 @@ def test_pt2e_quantized_conv_net() -> None:
     # the last conv's output is dequantized from int8: one output step is the resolution
     step = float((want.abs().max() / 127).item())
     assert float((got - want).abs().max()) <= 1.01 * step
+    assert_real(real_vulkan, prog, (x,), want, atol=1.01 * step, rtol=0.0)

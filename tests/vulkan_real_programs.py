@@ -336,8 +336,15 @@ def write_fidelity(path: str, programs: Sequence[Program], seconds: float) -> No
         "**refused** the runtime stopped (its own message). The simulator *agrees* when it "
         "predicts the same outcome; `check()` agrees when it reports problems exactly for "
         "the programs that are not ok.\n\n" + fidelity_markdown(programs))
+    import re
+
+    try:  # the delegate suite's section (tests/vulkan_delegate_stock.py) and what follows it
+        with open(path) as f:
+            kept = re.search(r"<!-- delegate-suite:begin -->.*", f.read(), re.S)
+    except OSError:
+        kept = None
     with open(path, "w") as f:
-        f.write(text)
+        f.write(text + ("\n" + kept.group(0) if kept else ""))
 
 
 def main(argv: list[str]) -> int:
@@ -345,7 +352,9 @@ def main(argv: list[str]) -> int:
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     t0 = time.perf_counter()
-    programs = rmsnorm_programs() + zoo_programs() + extra_programs()
+    from test_vulkan_real_runtime_gqa import gqa_programs
+
+    programs = rmsnorm_programs() + zoo_programs() + extra_programs() + gqa_programs()
     run_all(programs)
     write_fidelity(argv[0] if argv else "docs/vulkan-runtime-fidelity.md", programs,
                    time.perf_counter() - t0)

@@ -17,7 +17,16 @@ Loaded with ``-p stock_vulkan_tests.simulator_runtime_plugin`` when running
   ``FUSIONKIT_SHARD=k/n`` is set (the suite is split into shards that run on
   separate workers), and writes what ran to the JSON file named by
   ``FUSIONKIT_DELEGATE_SPY``: simulate calls, the ops the delegates ran, the
-  tests selected.
+  tests selected;
+* with ``FUSIONKIT_DELEGATE_REAL=1``, makes ExecuTorch's real Vulkan runtime the oracle
+  too (:mod:`stock_vulkan_tests.real_runtime_oracle`): every program a test runs is kept
+  with its inputs, the eager outputs and the test's tolerances, and at the end of the
+  session all of them run in one child process on the real runtime (the runtime load is
+  the cost, not the programs); what each did, and whether the simulator predicted it,
+  goes to the spy file under ``real``;
+* with ``FUSIONKIT_DELEGATE_PATH=stock``, leaves fusionkit uninstalled (ExecuTorch's own
+  lowering), to compare stock's programs with ours; ``FUSIONKIT_DELEGATE_ONLY=a,b`` keeps
+  only the named tests (the CI subset).
 """
 
 from __future__ import annotations
@@ -28,9 +37,12 @@ import sys
 from collections import Counter
 from typing import Any
 
+from stock_vulkan_tests import real_runtime_oracle as oracle
+
 OPS: Counter[str] = Counter()
 CALLS: list[int] = [0]
 SELECTED: list[str] = []
+CURRENT: list[str] = [""]
 
 
 class SimulatedModule:
@@ -38,21 +50,35 @@ class SimulatedModule:
 
     def __init__(self, program: Any) -> None:
         self.program = program
+        #: per run_method call: the outputs, or the SimulationError raised
+        self.calls: list[Any] = []
 
     def run_method(self, method: str, inputs: Any) -> list[Any]:
         from torch.utils import _pytree as pytree
 
-        from fusionkit.backends.vulkan_adapter.inspect.simulator import DelegateRun, simulate
+        from fusionkit.backends.vulkan_adapter.inspect.simulator import (
+            DelegateRun,
+            SimulationError,
+            simulate,
+        )
 
         trace: list[DelegateRun] = []
-        out = simulate(self.program, *inputs, method=method, trace=trace)
+        try:
+            out = simulate(self.program, *inputs, method=method, trace=trace)
+        except SimulationError as e:
+            self.calls.append(e)
+            raise
         CALLS[0] += 1
         for run in trace:
             OPS.update(run.ops)
-        return list(pytree.tree_leaves(out))
+        leaves = list(pytree.tree_leaves(out))
+        self.calls.append(leaves)
+        return leaves
 
 
 def pytest_configure(config: Any) -> None:
+    if os.environ.get("FUSIONKIT_DELEGATE_PATH", "fusionkit") == "stock":
+        return  # ExecuTorch's own lowering; the simulator still stands in for the runtime
     from fusionkit.backends.vulkan_adapter import install
 
     install()
@@ -65,16 +91,24 @@ def _patch(cls: Any) -> None:
     def run_delegated_model_and_check_output(self: Any, et_program: Any, *args: Any,
                                              **kwargs: Any) -> Any:
         saved = mod._load_for_executorch_from_buffer
-        mod._load_for_executorch_from_buffer = lambda _buffer: SimulatedModule(et_program)
+        sim = SimulatedModule(et_program)
+        mod._load_for_executorch_from_buffer = lambda _buffer: sim
         try:
             return original(self, et_program, *args, **kwargs)
         finally:
             mod._load_for_executorch_from_buffer = saved
+            if oracle.ENABLED:
+                oracle.record(CURRENT[0], original, self, et_program, args, kwargs, sim.calls)
 
     cls.run_delegated_model_and_check_output = run_delegated_model_and_check_output
 
 
 def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
+    only = os.environ.get("FUSIONKIT_DELEGATE_ONLY")
+    if only:
+        names = set(only.split(","))
+        config.hook.pytest_deselected(items=[it for it in items if it.name not in names])
+        items[:] = [it for it in items if it.name in names]
     shard = os.environ.get("FUSIONKIT_SHARD")
     if shard:
         k, n = (int(v) for v in shard.split("/"))
@@ -91,9 +125,17 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -
             patched.add(cls)
 
 
+def pytest_runtest_setup(item: Any) -> None:
+    CURRENT[0] = item.name
+
+
 def pytest_unconfigure(config: Any) -> None:
     out = os.environ.get("FUSIONKIT_DELEGATE_SPY")
     if not out:
         return
+    data: dict[str, Any] = {"simulate_calls": CALLS[0], "ops": dict(OPS), "selected": SELECTED,
+                            "path": os.environ.get("FUSIONKIT_DELEGATE_PATH", "fusionkit")}
+    if oracle.ENABLED:
+        data.update(oracle.run_recorded())
     with open(out, "w") as f:
-        json.dump({"simulate_calls": CALLS[0], "ops": dict(OPS), "selected": SELECTED}, f)
+        json.dump(data, f)

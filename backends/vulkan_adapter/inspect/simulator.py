@@ -517,13 +517,30 @@ class _Delegate:
                 self.values[vid] = x.to(_vk_dtype(t, f"input {k}")).contiguous()
             else:
                 self.write(vid, x, f"input {k}")
+        #: the first condition under which the runtime computes garbage: raised once every
+        #: op ran, since an abort anywhere (the runtime builds every op first) comes first
+        self.garbage: RuntimeConditionError | None = None
         for index, call in enumerate(self.g.chain):
             if index in self.prepacked:
                 continue
             self.call(index, call.name, call.args)
             if call.name == PREPACK:
                 self.prepacked.add(index)
+        if self.garbage is not None:
+            raise self.garbage
         return [self.read(vid, f"output {k}") for k, vid in enumerate(self.g.output_ids)]
+
+    def condition_broken(self, who: str, name: str, bad: Sequence[RuntimeCondition]) -> None:
+        """Raise for the first abort among ``bad``; a garbage condition is kept for the end
+        of the run (the op still computes what it would have)."""
+        for c in sorted(bad, key=lambda c: c.effect != "abort"):
+            err = RuntimeConditionError(f"{self.label}: {who} argument {c.args[0]!r}: "
+                                        f"{c.message()}", name, c.args[0], c)
+            if c.effect == "abort":
+                raise err
+            if getattr(self, "garbage", None) is None:
+                self.garbage = err
+            return
 
     def require_constant(self, name: str, index: int, arg_name: str, vid: int) -> None:
         v = self.g.value(vid)
@@ -567,6 +584,8 @@ class _Delegate:
         except SimulationError:
             raise
         except Exception as e:
+            if getattr(self, "garbage", None) is not None:  # past garbage, nothing is sound
+                raise self.garbage from e
             raise self.err(f"{who} failed on the CPU: {type(e).__name__}: {e}") from e
         self.write(out, result, who)
 
@@ -603,10 +622,7 @@ class _Delegate:
             named.update(kwargs)
             bad = violated(name, self.marked_symints(named, op._schema.arguments, ins))
             if bad:
-                c = bad[0]
-                raise RuntimeConditionError(
-                    f"{self.label}: {who} argument {c.args[0]!r}: {c.message()}", name,
-                    c.args[0], c)
+                self.condition_broken(who, name, bad)
         return op(*args, **kwargs)
 
     def schema_args(self, who: str, name: str, ins: list[int], out: int
@@ -741,9 +757,7 @@ def _runtime_op(op_name: str) -> Callable[..., Any]:
                  for a, vid in zip(schema.arguments, ins, strict=True)}
         bad = violated(op_name, d.marked_symints(named, schema.arguments, ins))
         if bad:
-            c = bad[0]
-            raise RuntimeConditionError(
-                f"{d.label}: {who} argument {c.args[0]!r}: {c.message()}", op_name, c.args[0], c)
+            d.condition_broken(who, op_name, bad)
         if impl is not None:
             return impl(named)
         return op(*[named[a.name] for a in schema.arguments if not a.kwarg_only],

@@ -1,0 +1,121 @@
+"""ExecuTorch's real Vulkan runtime as the oracle of its own Vulkan delegate suite.
+
+Used by ``stock_vulkan_tests.simulator_runtime_plugin`` when ``FUSIONKIT_DELEGATE_REAL=1``.
+Each call of ``TestVulkanBackend.run_delegated_model_and_check_output`` is recorded —
+the program's bytes, every input set the test runs (``sample_inputs`` and each of
+``test_inputs``), the eager outputs and the test's own tolerances — together with what
+the simulator (the test's runtime inside the session) did on each. At the end of the
+session :func:`run_recorded` runs them all on the real runtime in one child process (a
+fresh child only after an abort: the runtime load, not the programs, is the cost) and
+judges each as the suite would: ``ok`` equal to eager under the test's
+``torch.allclose(atol, rtol)``, ``wrong`` ran but differs, ``refused`` the runtime stopped
+(its own message). The simulator *agrees* when it predicted the same outcome.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+ENABLED = os.environ.get("FUSIONKIT_DELEGATE_REAL") == "1"
+#: tests whose programs are not recorded (comma-separated names)
+SKIP = frozenset(filter(None, os.environ.get("FUSIONKIT_DELEGATE_REAL_SKIP", "").split(",")))
+RECORDS: list[dict[str, Any]] = []
+
+
+def _flat(inputs: Any) -> list[Any]:
+    from torch.utils import _pytree as pytree
+
+    return [x.clone() if hasattr(x, "clone") else x for x in pytree.tree_leaves(inputs)]
+
+
+def close(got: Sequence[Any] | None, rec: dict[str, Any]) -> tuple[bool, float | None]:
+    """The suite's ``assert_outputs_equal`` on ``got``; with the largest |got - eager|."""
+    import torch
+
+    if got is None:
+        return False, None
+    ref = rec["ref"]
+    if rec["single"]:
+        pairs = [(got[0], ref[0])] if got else []
+    elif len(got) != len(ref):
+        return False, None
+    else:
+        pairs = list(zip(got, ref, strict=True))[: 1 if rec["first_output_only"] else None]
+    if not pairs:
+        return False, None
+    worst = 0.0
+    ok = True
+    for g, w in pairs:
+        try:
+            same = bool(torch.allclose(g, w, atol=rec["atol"], rtol=rec["rtol"], equal_nan=True))
+            if g.numel():
+                diff = (g.double() - w.double()).abs().nan_to_num(0.0)
+                worst = max(worst, float(diff.max()))
+        except (RuntimeError, TypeError):  # shapes or dtypes the suite would also reject
+            return False, None
+        ok = ok and same
+    return ok, worst
+
+
+def _simulated(call: Any, rec: dict[str, Any]) -> str:
+    if call is None:
+        return "not run"  # the test stopped before this input set
+    if isinstance(call, Exception):  # a condition under which the runtime computes garbage
+        garbage = getattr(getattr(call, "condition", None), "effect", None) == "garbage"
+        return "wrong" if garbage else "refused"
+    return "ok" if close(call, rec)[0] else "wrong"
+
+
+def record(test: str, original: Callable[..., Any], case: Any, et_program: Any,
+           args: Sequence[Any], kwargs: dict[str, Any], sim_calls: Sequence[Any]) -> None:
+    """Keep what one ``run_delegated_model_and_check_output`` call ran (after it ran)."""
+    import torch
+
+    if test in SKIP:
+        return
+    bound = inspect.signature(original).bind(case, et_program, *args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    model, sets = a["model"], [a["sample_inputs"], *(a.get("test_inputs") or [])]
+    pte = bytes(et_program.buffer)
+    for k, inputs in enumerate(sets):
+        with torch.no_grad():
+            ref = model(*inputs)
+        single = not isinstance(ref, (tuple, list))
+        rec = {"test": test, "run": k, "pte": pte, "inputs": _flat(inputs),
+               "ref": [ref] if single else list(ref), "single": single,
+               "atol": a["atol"], "rtol": a["rtol"],
+               "first_output_only": bool(a.get("first_output_only"))}
+        rec["sim"] = _simulated(sim_calls[k] if k < len(sim_calls) else None, rec)
+        RECORDS.append(rec)
+
+
+def run_recorded(timeout: float = 120.0) -> dict[str, Any]:
+    """Run every recorded program on the real runtime; the JSON-able verdicts."""
+    from fusionkit.backends.vulkan_adapter import runtime as rt
+
+    if not RECORDS:
+        return {"real": [], "real_seconds": 0.0}
+    t0 = time.perf_counter()
+    try:
+        results = rt.run_many_in_child([rt.Job(r["pte"], r["inputs"]) for r in RECORDS],
+                                       timeout=timeout)
+    except rt.RuntimeNotFoundError as e:
+        return {"real_error": str(e)}
+    out = []
+    for rec, res in zip(RECORDS, results, strict=True):
+        if res.ok:
+            equal, worst = close(res.outputs, rec)
+            real = "ok" if equal else "wrong"
+        else:
+            real, worst = "refused", None
+        out.append({"test": rec["test"], "run": rec["run"], "real": real,
+                    "status": res.status, "message": res.message, "max_abs_err": worst,
+                    "sim": rec["sim"], "seconds": res.seconds, "device": res.device,
+                    "pte_bytes": len(rec["pte"])})
+    return {"real": out, "real_seconds": time.perf_counter() - t0,
+            "device": next((r["device"] for r in out if r["device"]), "")}

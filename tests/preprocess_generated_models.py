@@ -282,3 +282,45 @@ def specs(draw: Any, quantized: bool | None = None) -> Spec:
         head = Block("linear", out=draw(_channels), bn=draw(st.booleans()), acts=draw(_acts))
     return Spec(draw(_channels), draw(st.integers(4, 12)), draw(st.integers(4, 12)),
                 tuple(draw(blocks(k, q)) for k in kinds), head, q, draw(st.integers(0, 999)))
+
+
+#: one fixed block per piece: what :func:`completed` adds when the draws miss a piece
+FIXED = {
+    "conv": Block("conv", out=4, kernel=3, bn=True, acts=("relu",)),
+    "conv1d": Block("conv1d", out=4, kernel=3, bn=True, acts=("relu",)),
+    "residual": Block("residual", acts=("relu",)),
+    "cat": Block("cat", n=6),
+    "prelu": Block("prelu"),
+    "batch_norm": Block("batch_norm", acts=("relu6",)),
+    "clone": Block("clone"),
+    "pad_conv": Block("pad_conv", out=4, kernel=2),
+    "compare": Block("compare"),
+}
+
+
+def _float_kinds(drawn: list[Spec]) -> set[str]:
+    out: set[str] = set()
+    for spec in drawn:
+        if not spec.quantized:
+            out |= spec.kinds()
+            if any(b.kind == "conv" and b.bn and b.acts for b in spec.blocks):
+                out.add("conv+bn+act")
+    return out
+
+
+def completed(drawn: list[Spec]) -> list[Spec]:
+    """``drawn``, plus one float32 model of the pieces no float32 draw has (and a conv +
+    batch norm + activation and a linear head, which every backend's rules act on) and a
+    quantized one if none was drawn. Hypothesis' derandomized draws are not the same in
+    every environment; with this the pieces are covered whatever was drawn."""
+    out = list(drawn)
+    have = _float_kinds(drawn)
+    missing = [k for k in KINDS if k not in have]
+    if "conv+bn+act" not in have and "conv" not in missing:
+        missing.insert(0, "conv")
+    if missing or "linear" not in have:
+        out.append(Spec(4, 6, 6, tuple(FIXED[k] for k in missing),
+                        Block("linear", out=4, bn=True, acts=("relu",)), False, 7))
+    if not any(s.quantized for s in drawn):
+        out.append(Spec(4, 6, 6, (FIXED["conv"], FIXED["conv1d"], FIXED["cat"]), None, True, 8))
+    return out

@@ -584,8 +584,9 @@ class _Delegate:
         except SimulationError:
             raise
         except Exception as e:
-            if getattr(self, "garbage", None) is not None:  # past garbage, nothing is sound
-                raise self.garbage from e
+            garbage: RuntimeConditionError | None = getattr(self, "garbage", None)
+            if garbage is not None:  # past garbage, nothing is sound
+                raise garbage from e
             raise self.err(f"{who} failed on the CPU: {type(e).__name__}: {e}") from e
         self.write(out, result, who)
 

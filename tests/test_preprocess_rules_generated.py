@@ -294,13 +294,12 @@ KNOWN_STOCK_BUGS: dict[str, list[tuple[Any, str]]] = {
 }
 
 #: payloads that differ in debug handles only (the serialized graphs are equal without
-#: them; values equal): found by this file, reported, pinned by a strict xfail below
+#: them; values equal) that are explained; none now
 KNOWN_DEBUG_HANDLE_ONLY: dict[str, list[tuple[Any, str]]] = {
-    "xnnpack": [
-        (lambda spec: any(b.kind == "batch_norm" and b.acts for b in spec.blocks),
-         "the FuseActivation rule gives an op created bare (DecomposeBatchNorm's "
-         "convolution, no debug handle) the activation's debug handle; stock leaves none"),
-    ],
+    # (the one this file found, an activation fused into DecomposeBatchNorm's bare
+    # convolution taking the activation's debug handle, is fixed: passes/xnnpack/_common
+    # keep_provenance; test_an_activation_after_a_lone_batch_norm_keeps_stock_debug_handles)
+    "xnnpack": [],
 }
 
 #: a program the runtime refuses, the same with the stock passes (byte-identical), so not
@@ -426,16 +425,13 @@ def test_vulkan_payloads_identical_or_a_stock_bug_fixed(examples: list[Example])
 # ----------------------------------------------------------------------------- found, pinned
 
 
-@pytest.mark.xfail(strict=True, reason="found by this file, reported (not fixed here: "
-                   "passes/xnnpack is being edited): the FuseActivation rule's fused op takes "
-                   "the activation's debug handle where stock's op has none")
 def test_an_activation_after_a_lone_batch_norm_keeps_stock_debug_handles() -> None:
     """``relu(BatchNorm2d(4)(x * 1.5))``: the batch norm becomes a depthwise convolution
     (DecomposeBatchNorm, created bare: no debug handle, as stock creates it), then the
-    relu is fused into it. Stock's fused convolution keeps no handle (serialized 0xffff);
-    the rule's (``fuse_activation._fused`` -> ``_common.keep_provenance``, which copies
-    the old op's keys but leaves the handle the rewriter gave the new node) carries the
-    relu's (3). Values are equal; the serialized graphs differ in that handle only."""
+    relu is fused into it. Stock's fused convolution keeps no handle (serialized 0xffff).
+    Found by this file: the rule's carried the relu's (3), because
+    ``_common.keep_provenance`` copied the old op's keys but left the handle the rewriter
+    gave the new node; it now drops what the old node lacks, and the payloads are equal."""
     spec = Spec(4, 6, 11, (Block("batch_norm", acts=("relu",)),), None, False, 654)
     model, x = Generated(spec).eval(), inputs(spec)
     ep = torch.export.export(model, x)

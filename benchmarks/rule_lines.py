@@ -8,7 +8,8 @@ compares it with the README.
     python -m benchmarks.rule_lines      # the markdown table
 
 Code lines: no blank, comment-only or docstring lines. A stock pass counts its whole
-module (detection, rewrite and re-trace, as ExecuTorch wrote them); a rule counts the
+module and, where it subclasses another pass's rewrite, that one's (detection, rewrite and
+re-trace, as ExecuTorch wrote them; only the class where the module is a package ``__init__`` holding other things); a rule counts the
 modules of the factories registered ``takes_over=`` that pass, and the rule modules they
 import theirs from (constraints and declines included); shared helper modules
 (``_common.py`` and other ``_`` modules) are not counted on either side.
@@ -22,6 +23,7 @@ import inspect
 import io
 import os
 import sys
+import textwrap
 import tokenize
 from dataclasses import dataclass
 
@@ -34,9 +36,13 @@ _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, token
 def code_lines(path: str) -> int:
     """Lines of ``path`` holding code: not blank, not only a comment, not a docstring."""
     with open(path, encoding="utf-8") as f:
-        src = f.read()
+        return source_code_lines(f.read(), path)
+
+
+def source_code_lines(src: str, name: str = "<source>") -> int:
+    """:func:`code_lines` of a source text."""
     docstrings: set[int] = set()
-    for node in ast.walk(ast.parse(src, path)):
+    for node in ast.walk(ast.parse(src, name)):
         body = getattr(node, "body", None)
         if not isinstance(body, list) or not body:
             continue
@@ -64,13 +70,32 @@ class TakeoverRow:
     rule_lines: int
 
 
-def _stock_module(backend: str, stock_pass: str) -> str:
+def _stock_class(backend: str, stock_pass: str) -> type:
     if backend == "vulkan":
         from fusionkit.backends.vulkan_adapter.preprocess_rules import STOCK_PASSES
 
-        return STOCK_PASSES[stock_pass].qualname.rsplit(".", 1)[0]
-    cls = getattr(importlib.import_module("executorch.backends.xnnpack._passes"), stock_pass)
-    return str(cls.__module__)
+        module, name = STOCK_PASSES[stock_pass].qualname.rsplit(".", 1)
+        return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module("executorch.backends.xnnpack._passes"),  # type: ignore[no-any-return]
+                   stock_pass)
+
+
+def _stock_lines(cls: type) -> int:
+    """The pass's module, and those of its stock base classes that hold its rewrite
+    (``call``: the pass a backend subclasses);
+    only the class itself where it shares a package ``__init__`` with other things
+    (``XNNPACKRemoveCloneOpsTransform`` beside the pass manager)."""
+    total = 0
+    for k in cls.__mro__:
+        if not k.__module__.startswith("executorch.backends.") or \
+                (k is not cls and "call" not in vars(k)):
+            continue  # pass infrastructure (ExportPass, XNNPACKPass), not this rewrite
+        path = str(inspect.getsourcefile(k))
+        if os.path.basename(path) == "__init__.py":
+            total += source_code_lines(textwrap.dedent(inspect.getsource(k)), path)
+        else:
+            total += code_lines(path)
+    return total
 
 
 def rows() -> list[TakeoverRow]:
@@ -83,15 +108,14 @@ def rows() -> list[TakeoverRow]:
     for backend, adapter in (("vulkan", vulkan), ("xnnpack", xnnpack)):
         factories = registered(adapter.RULE_SET)
         for stock_pass in adapter.TAKEN_OVER_PASSES:
-            module = _stock_module(backend, stock_pass)
-            stock_file = inspect.getsourcefile(importlib.import_module(module))
+            cls = _stock_class(backend, stock_pass)
             mine = [f for f in factories if f.takes_over == stock_pass]
             own = [f.make.__module__ for f in mine]
             rule_modules = tuple(dict.fromkeys(
                 [*own, *(m for o in own for m in _imported_rule_modules(o))]))
             files = {m: inspect.getsourcefile(importlib.import_module(m)) for m in rule_modules}
             out.append(TakeoverRow(
-                backend, stock_pass, module, code_lines(str(stock_file)), rule_modules,
+                backend, stock_pass, cls.__module__, _stock_lines(cls), rule_modules,
                 tuple(r.name for f in mine for r in f.rules()),
                 sum(code_lines(str(p)) for p in files.values())))
     return out

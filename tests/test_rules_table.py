@@ -1,0 +1,65 @@
+"""The README's table of stock preprocess passes and the rules taking them over is the
+one ``python -m benchmarks.rule_lines`` computes (no drift), and its line counts count
+code, not docstrings or comments."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import rule_lines  # noqa: E402
+
+
+def test_code_lines_count_code_only(tmp_path: Path) -> None:
+    src = textwrap.dedent('''\
+        """Module docstring,
+        two lines."""
+        # a comment
+
+        import os  # trailing comment counts: the line holds code
+
+
+        def f(x):
+            """Docstring."""
+            y = (x +
+                 1)
+            return "not a docstring"
+
+
+        class C:
+            """Doc."""
+            z = 1
+        ''')
+    path = tmp_path / "m.py"
+    path.write_text(src)
+    # import, def, y = (x + / 1), return, class, z = 1
+    assert rule_lines.code_lines(str(path)) == 7
+
+
+def test_every_taken_over_pass_is_a_row_with_its_rule_modules() -> None:
+    from fusionkit.backends.vulkan_adapter import preprocess_rules as vulkan
+    from fusionkit.backends.xnnpack_adapter import preprocess_rules as xnnpack
+
+    table = rule_lines.rows()
+    assert [(r.backend, r.stock_pass) for r in table] == \
+        [("vulkan", p) for p in vulkan.TAKEN_OVER_PASSES] + \
+        [("xnnpack", p) for p in xnnpack.TAKEN_OVER_PASSES]
+    for r in table:
+        assert r.stock_lines > 0 and r.rule_modules, r
+        assert all(m.startswith("fusionkit.passes.") for m in r.rule_modules), r
+        # the rules counted are the ones the adapter runs in the stock pass's place
+        adapter = vulkan if r.backend == "vulkan" else xnnpack
+        assert tuple(x.name for x in adapter.rules_for(r.stock_pass)) == r.rule_names
+
+
+def test_readme_table_is_the_computed_one() -> None:
+    readme = (ROOT / "README.md").read_text()
+    table = rule_lines.markdown()
+    assert table in readme, (
+        "README.md's table of taken-over preprocess passes is stale: replace it with the "
+        "output of `python -m benchmarks.rule_lines`:\n" + table)

@@ -119,6 +119,28 @@ def linear_q4gsw(a: A) -> torch.Tensor:
     return out.to(x.dtype)
 
 
+def linear_qcs4w(a: A) -> torch.Tensor:
+    """``et_vk.linear_qcs4w`` (QuantizedLinearQCSNW.cpp, ``linear_qcsnw_tiled`` 4-bit).
+
+    Weight-only 4-bit, one scale per output channel, packed by
+    ``FuseQuantizedOpsTransform``'s ``pack_4bit_weight_tensor``: byte ``j`` of row n
+    holds ``w[n, 2j] + 8`` in the HIGH nibble and ``w[n, 2j+1] + 8`` in the low one.
+    The shader reads the raw nibbles and subtracts ``8 * sum_k x[m, k]``:
+    ``out[m, n] = sum_k x[m, k] * (nibble[n, k] - 8) * s[n]``, float accumulation.
+    DIFFERS from ExecuTorch's reference, which drops the ``- 8`` (errors of several
+    units on every weight-only int4 linear, where the real runtime matches eager).
+    """
+    x, packed = a["self"], a["weight"].to(torch.uint8).to(torch.int16)
+    n, k = packed.shape[0], x.shape[-1]
+    w = torch.empty((n, packed.shape[1] * 2), dtype=torch.int16)
+    w[:, 0::2] = (packed >> 4) & 0x0F
+    w[:, 1::2] = packed & 0x0F
+    w = w[:, :k] - 8  # an odd K was padded with a zero weight
+    scales = a["scales"].reshape(-1)[:n].to(torch.float32)  # read flat, like _vec
+    wf = w.to(torch.float32) * scales.reshape(n, 1)
+    return (x.to(torch.float32) @ wf.t()).to(x.dtype)
+
+
 def linear_dq8ca_q4gsw(a: A) -> torch.Tensor:
     """``et_vk.linear_dq8ca_q4gsw`` (QuantizedLinear.cpp: quantized_linear_impl, dynamic path).
 
@@ -423,6 +445,7 @@ def sdpa_with_kv_cache(a: A) -> torch.Tensor:
 #: serialized op name -> implementation taking the schema arguments by name
 RUNTIME_OPS: dict[str, Callable[[A], Any]] = {
     "et_vk.linear_q4gsw.default": linear_q4gsw,
+    "et_vk.linear_qcs4w.default": linear_qcs4w,
     "et_vk.linear_dq8ca_q4gsw.default": linear_dq8ca_q4gsw,
     "et_vk.linear_q8ta_q8csw.default": linear_q8ta_q8csw,
     "et_vk.q8ta_linear.default": q8ta_linear,

@@ -197,6 +197,61 @@ def _q4gsw_conditions(op: str, x: str, src: str) -> list[RuntimeCondition]:
     ]
 
 
+def _qcs4w_conditions() -> list[RuntimeCondition]:
+    """``linear_qcs4w`` (QuantizedLinearQCSNW.cpp): ``check_linear_qcsnw_args``, then
+    ``VK_CHECK_COND(can_use_tiled_impl(...))``; N % 8 and M == 1 measured on lavapipe."""
+    op, src = LINEAR_QCS4W, "QuantizedLinearQCSNW.cpp: "
+    n = lambda a: _size(a["weight"], 0)  # noqa: E731
+    return [
+        RuntimeCondition(op, "input_rank", ("self",), "mat1_sizes.size() == 2 || "
+                         "mat1_sizes.size() == 3", src + "check_linear_qcsnw_args", "abort",
+                         lambda a: _dim(a["self"]) in (2, 3)),
+        RuntimeCondition(op, "input_k", ("self", "weight"), "val_at(-1, mat1_sizes) == "
+                         "val_at(-1, qmat2_sizes) * 2", src + "check_linear_qcsnw_args",
+                         "abort", lambda a: _size(a["self"], -1) == 2 * _size(a["weight"], -1)),
+        RuntimeCondition(op, "scales_size", ("scales",), "val_at(-1, scales_sizes) == "
+                         "val_at(-2, qmat2_sizes)", src + "check_linear_qcsnw_args", "abort",
+                         lambda a: _dim(a["scales"]) == 1 and _size(a["scales"], 0) == n(a)),
+        RuntimeCondition(op, "one_batch", ("self",), "dim_of(mat1) != 3 || size_at(0, mat1) "
+                         "== 1", src + "can_use_tiled_impl", "abort",
+                         lambda a: _dim(a["self"]) != 3 or _size(a["self"], 0) == 1),
+        RuntimeCondition(op, "k_multiple_of_4", ("self",), "size_at(-1, mat1) % 4 == 0",
+                         src + "can_use_tiled_impl", "abort",
+                         lambda a: _size(a["self"], -1) % 4 == 0),
+        RuntimeCondition(op, "n_multiple_of_4", ("weight",), "size_at(-1, out) % 4 == 0",
+                         src + "can_use_tiled_impl", "abort", lambda a: n(a) % 4 == 0),
+        RuntimeCondition(
+            op, "n_multiple_of_8", ("weight",), "N % 8 == 0",
+            "pack_int4_linear_weight_transposed_interleaved.glsl", "garbage",
+            lambda a: n(a) % 8 == 0,
+            "the weight is interleaved in blocks of 8 output channels; with N % 8 == 4 the "
+            "last block is read past the [N, K/2] buffer (lavapipe, N = 12 / 20: errors "
+            "1.1-1.9 in 4 or 8 of the N outputs)"),
+        RuntimeCondition(
+            op, "not_gemv", ("self",), "size_at(-2, mat1) != 1",
+            src + "add_linear_qcsnw_tiled_node (get_shader_info)", "abort",
+            lambda a: _size(a["self"], -2) != 1,
+            "one input row takes the coop kernel, whose 4-bit variants read a texture2d "
+            "weight while the prepack makes a buffer: linear_qcs4w_coop_texture3d_texture3d_"
+            "buffer_texture2d_float_o4x1 is not in the shader registry"),
+    ]
+
+
+def _channels(v: Any) -> int:
+    return _size(v, -3) if _dim(v) >= 3 else 1
+
+
+#: measured on lavapipe: pt2e conv -> max-pool -> x.sum(1, keepdim=True) + x (or x[:, :1] + x),
+#: C = 1 against C = 8: errors 1.1-5.2 on outputs of magnitude 2-7 (equal shapes: exact)
+_Q8TA_ADD_CHANNELS = RuntimeCondition(
+    "et_vk.q8ta_add.default", "no_channel_broadcast", ("input_a", "input_b"),
+    "input_a.size(-3) == input_b.size(-3)", "q8ta_binary.glsl (Q8taBinary.cpp)", "garbage",
+    lambda a: _channels(a["input_a"]) == _channels(a["input_b"]),
+    "the int8 tensors are packed 4 channels to a block; Q8taBinary.cpp resizes the output "
+    "to the broadcast size, but an operand with one channel is not broadcast across the "
+    "blocks of the other")
+
+
 def _dq8ca_extra() -> list[RuntimeCondition]:
     op = LINEAR_DQ8CA_Q4GSW
     return [
@@ -314,6 +369,8 @@ CONDITIONS: tuple[RuntimeCondition, ...] = (
     *_q4gsw_conditions(LINEAR_Q4GSW, "self", "Q4gswLinear.cpp"),
     *_q4gsw_conditions(LINEAR_DQ8CA_Q4GSW, "input", "QuantizedLinear.cpp"),
     *_dq8ca_extra(),
+    *_qcs4w_conditions(),
+    _Q8TA_ADD_CHANNELS,
     *_q8_linear_conditions(LINEAR_Q8TA_Q8CSW),
     *_q8_linear_conditions(Q8TA_LINEAR),
     *_q8_linear_conditions(Q8TA_LINEAR_GEMV),

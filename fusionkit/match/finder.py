@@ -121,13 +121,18 @@ class Decline(MatchResult):
         return self.matched
 
     @classmethod
-    def of(cls, result: MatchResult) -> Decline:
+    def of(cls, result: MatchResult, *, rule: str | None = None, root: Node | None = None,
+           matched: tuple[Node, ...] | None = None) -> Decline:
         """The finder's decline for a result another layer made (the matcher's near miss,
-        a replacement check's verdict): the same rule, root, step, node, reason and nodes."""
-        if isinstance(result, Decline):
+        a constraint's refusal, a replacement check's verdict): the same step, node and
+        reason; rule, root and matched nodes are the result's unless given (a constraint
+        knows the node at fault, the finder the match it was checking)."""
+        if isinstance(result, Decline) and rule is None and root is None and matched is None:
             return result
-        return cls(result.rule, result.at, result.step, result.node, result.reason,
-                   result.matched, result.error_type)
+        return cls(result.rule if rule is None else rule,
+                   result.at if root is None else root, result.step, result.node,
+                   result.reason, result.matched if matched is None else matched,
+                   result.error_type)
 
     @classmethod
     def from_exception(cls, rule: str, root: Node, during: str, exc: BaseException,
@@ -419,8 +424,7 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
             label = f"constraint {c.kind}" + (f" {name!r}" if isinstance(name, str) else "")
             return Decline.from_exception(rule.name, root, label, e)
         if failure is not None:
-            return Decline(rule.name, root, failure.constraint, failure.node, failure.reason,
-                           b.claimed)
+            return Decline.of(failure, rule=rule.name, root=root, matched=b.claimed)
     if replacement_check is not None:  # last: it builds the replacement (memoised)
         olds = (root, *(b.captures[name] for name in outputs))
         bad = replacement_check(rule).verdict(ctx, olds, strict)

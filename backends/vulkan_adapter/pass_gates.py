@@ -16,10 +16,7 @@ from typing import Any
 from fusionkit.integration.pass_gating import (
     GateTable,
     PassGate,
-    arg,
-    nodes,
     present,
-    retracing,
     transform_patches,
 )
 
@@ -28,13 +25,6 @@ __all__ = ["PASS_GATES", "PATCHES"]
 
 # ----------------------------------------------------------------------------- triggers
 # Each reads the pass's own detection code; the docstring names what the pass rewrites.
-
-
-def _squeeze_inputs(ep: Any, p: Any) -> bool:
-    """vulkan/_passes/squeeze_unsqueeze_inputs.py: relu/gelu whose input its own
-    ``should_squeeze`` accepts."""
-    return any(p.should_squeeze(n.target, arg(n, 0).meta["val"].shape)
-               for n in nodes(ep, *p._squeezable_ops))
 
 
 def _asserts(ep: Any, p: Any) -> bool:
@@ -47,15 +37,13 @@ def _asserts(ep: Any, p: Any) -> bool:
 #: ``module.QualName`` of a pass class of ``vulkan_preprocess.apply_passes`` -> its gate.
 #: ``AddmmToLinearTransform``, ``FuseBatchNormPass``, ``InsertDtypePromotionPass``,
 #: ``FuseClampPass``, ``RemoveRedundantOpsTransform``, ``FuseQuantizedOpsTransform``,
-#: ``FoldQDQPass``, ``FuseViewCopyTransform`` and ``ViewCopyToSqueezeUnsqueezePass``
-#: have none: fusionkit rules run in their place
+#: ``FoldQDQPass``, ``SqueezeUnsqueezeInputs``, ``FuseViewCopyTransform`` and
+#: ``ViewCopyToSqueezeUnsqueezePass`` have none: fusionkit rules run in their place
 #: (:mod:`.preprocess_rules`), and a rule whose ops are absent costs nothing
 PASS_GATES: GateTable = {
     # fusionkit's rules run inside it (the takeover): no cheap trigger
     "executorch.backends.vulkan._passes.fuse_patterns.FusePatternsPass":
         PassGate(None, retraces=True),
-    "executorch.backends.vulkan._passes.squeeze_unsqueeze_inputs.SqueezeUnsqueezeInputs":
-        retracing(_squeeze_inputs),
     "executorch.exir.passes.spec_prop_pass.SpecPropPass": PassGate(None, retraces=True),
     "executorch.backends.vulkan._passes.remove_asserts.RemoveAssertsTransform":
         PassGate(_asserts, always_modified=True, dce=True),

@@ -89,6 +89,9 @@ STOCK_PASSES: dict[str, StockPass] = {
     "FoldQDQPass": StockPass(
         "executorch.backends.vulkan._passes.fold_qdq.FoldQDQPass",
         drop_dead_constants=False, dead_code_elimination=True),
+    "SqueezeUnsqueezeInputs": StockPass(
+        "executorch.backends.vulkan._passes.squeeze_unsqueeze_inputs.SqueezeUnsqueezeInputs",
+        drop_dead_constants=False),
     "FuseViewCopyTransform": StockPass(
         "executorch.backends.transforms.fuse_view_copy.FuseViewCopyTransform",
         drop_dead_constants=False, dead_code_elimination_if_changed=True),

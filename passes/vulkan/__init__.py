@@ -35,7 +35,8 @@ RULE_MODULES: tuple[str, ...] = (
 #: run by the adapter inside preprocess, not by ``transform_passes()``)
 PREPROCESS_RULE_MODULES: tuple[str, ...] = ("addmm_to_linear", "batch_norm", "conv_clamp",
                                              "fuse_view_copy", "redundant_ops", "view_to_squeeze",
-                                             "dtype_promotion", "weight_only_linear", "fold_qdq")
+                                             "dtype_promotion", "weight_only_linear", "fold_qdq",
+                                             "squeeze_unsqueeze_inputs")
 for _module in (*RULE_MODULES, *PREPROCESS_RULE_MODULES):
     importlib.import_module(f"{__name__}.{_module}")
 

@@ -55,11 +55,13 @@ def disabled_tests() -> set[str]:
 
 
 def run_shard(shard: int, tmp: Path, *, real: bool = False, path: str = "fusionkit",
-              only: Sequence[str] = (), real_skip: Sequence[str] = ()
+              only: Sequence[str] = (), real_skip: Sequence[str] = (), static: bool = False,
+              timeout: float = 1800.0
               ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     """One shard in a pytest subprocess; ``real``: every program the tests run also runs on
     the real Vulkan runtime (one child for the shard) but ``real_skip``'s;
-    ``path="stock"``: fusionkit not installed; ``only``: just these tests (before sharding)."""
+    ``path="stock"``: fusionkit not installed; ``only``: just these tests (before sharding);
+    ``static``: each recorded program also judged by check() and the probed simulator."""
     spy = tmp / "spy.json"
     env = {**os.environ, "FUSIONKIT_DELEGATE_SPY": str(spy),
            "FUSIONKIT_SHARD": f"{shard}/{SHARDS}", "FUSIONKIT_DELEGATE_PATH": path,
@@ -69,10 +71,12 @@ def run_shard(shard: int, tmp: Path, *, real: bool = False, path: str = "fusionk
         env["FUSIONKIT_DELEGATE_REAL_SKIP"] = ",".join(real_skip)
     if only:
         env["FUSIONKIT_DELEGATE_ONLY"] = ",".join(only)
+    if static:
+        env["FUSIONKIT_DELEGATE_STATIC"] = "1"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", str(stock_suite()), "-q", "-p", "no:cacheprovider",
          "-p", "no:xdist", "-p", "stock_vulkan_tests.simulator_runtime_plugin", "-W", "ignore"],
-        capture_output=True, text=True, env=env, cwd=str(tmp), timeout=1800,
+        capture_output=True, text=True, env=env, cwd=str(tmp), timeout=timeout,
     )
     data = json.loads(spy.read_text()) if spy.exists() else {}
     return proc, data
@@ -173,16 +177,19 @@ def real_failures(data: dict[str, Any]) -> list[str]:
 
 
 def run_whole_suite(out_json: Path, paths: Sequence[str] = ("fusionkit", "stock")) -> None:
-    """Every shard, both lowerings, on the real runtime; the spies saved to ``out_json``."""
+    """Every shard, both lowerings, on the real runtime, every program also judged by
+    check() and the probed simulator; the spies saved to ``out_json`` after each shard
+    (a run already there is kept, so one lowering can be added to the other's)."""
     import tempfile
     import time
 
-    runs: dict[str, Any] = {}
+    runs: dict[str, Any] = json.loads(out_json.read_text()) if out_json.exists() else {}
     for path in paths:
         for shard in range(SHARDS):
             with tempfile.TemporaryDirectory() as d:
                 t0 = time.perf_counter()
-                proc, data = run_shard(shard, Path(d), real=True, path=path)
+                proc, data = run_shard(shard, Path(d), real=True, path=path, static=True,
+                                       timeout=3600.0)
                 data["wall_seconds"] = time.perf_counter() - t0
                 data["returncode"] = proc.returncode
                 data["summary"] = (proc.stdout.strip().splitlines() or [""])[-1]
@@ -192,8 +199,82 @@ def run_whole_suite(out_json: Path, paths: Sequence[str] = ("fusionkit", "stock"
                 out_json.write_text(json.dumps(runs, indent=1))
 
 
-def suite_markdown(runs: dict[str, Any]) -> str:
-    """The fidelity doc's section on ExecuTorch's delegate suite, from :func:`run_whole_suite`."""
+#: op families of the suite's tests, by the first keyword in the test's name (in order)
+FAMILIES = (
+    ("quantized", ("quantized", "torchao", "pt2e")),
+    ("convolution", ("conv",)),
+    ("pooling", ("pool",)),
+    ("normalization", ("norm", "softmax")),
+    ("linear / matmul", ("linear", "matmul", "bmm")),
+    ("indexing / arange", ("index", "arange", "embedding", "select", "slice", "grid_priors",
+                           "flip", "pad")),
+    ("shape / copy", ("view", "reshape", "squeeze", "permute", "cat", "split", "clone",
+                      "repeat", "t_default", "full", "upsample", "high_dimensional",
+                      "different_required_reprs", "sym_size", "zero_dim", "internal_data",
+                      "partial")),
+    ("reduction", ("sum", "mean")),
+    ("binary", ("add", "sub", "mul", "div", "pow", "minimum", "arithmetic")),
+    ("unary / activation", ("clamp", "cos", "sin", "exp", "neg", "relu", "sqrt", "abs",
+                            "sigmoid", "tanh", "gelu", "hardshrink", "hardtanh")),
+)
+
+
+def family(test: str) -> str:
+    name = test.removeprefix("test_vulkan_backend_")
+    for fam, words in FAMILIES:
+        if any(w in name for w in words):
+            return fam
+    return "other"
+
+
+def outcome(rec: dict[str, Any]) -> str:
+    """What the real runtime did: ok, wrong, refused (it raised: at load or execute),
+    aborted (the child process died), timed out."""
+    if rec["real"] != "refused":
+        return str(rec["real"])
+    return {"abort": "aborted", "timeout": "timed out"}.get(rec.get("status", ""), "refused")
+
+
+def _coarse(real: str) -> str:
+    return "refused" if real in ("refused", "aborted", "timed out") else real
+
+
+def agreement(rec: dict[str, Any]) -> dict[str, bool | None]:
+    """Whether each static tool predicted the runtime's outcome (None: it said nothing —
+    the simulator did not run that input set, or no probe was cached)."""
+    real = _coarse(outcome(rec))
+    out: dict[str, bool | None] = {}
+    for key in ("sim", "sim_probed"):
+        said = rec.get(key)
+        out[key] = None if said in (None, "not run", "no probe") else said == real
+    for key in ("check", "check_probed"):
+        said = rec.get(key)
+        out[key] = None if said is None else bool(said) == (real != "ok")
+    return out
+
+
+TOOLS = (("sim", "simulator"), ("sim_probed", "simulator + probe"), ("check", "check()"),
+         ("check_probed", "check() + probe"))
+OUTCOMES = ("ok", "wrong", "refused", "aborted", "timed out")
+
+
+def _agree_cell(recs: list[dict[str, Any]], key: str) -> str:
+    said = [agreement(r)[key] for r in recs]
+    judged = [s for s in said if s is not None]
+    silent = len(said) - len(judged)
+    return f"{sum(judged)}/{len(judged)}" + (f" (+{silent} silent)" if silent else "")
+
+
+def _tool_cell(rec: dict[str, Any], key: str) -> str:
+    said = rec.get(key)
+    text = ((f"{len(said)} problem(s)" if said else "no problems")
+            if key.startswith("check") and said is not None else str(said))
+    return text + (" **no**" if agreement(rec)[key] is False else "")
+
+
+def suite_markdown(runs: dict[str, Any], *, detail: bool = True) -> str:
+    """The fidelity doc's section on ExecuTorch's delegate suite, stock vs fusionkit, from
+    :func:`run_whole_suite`; ``detail``: with every program not ok or mispredicted."""
     by_path: dict[str, list[dict[str, Any]]] = {}
     meta: dict[str, dict[str, Any]] = {}
     for name, data in runs.items():
@@ -205,51 +286,85 @@ def suite_markdown(runs: dict[str, Any]) -> str:
         m["real"] += data.get("real_seconds", 0.0)
         m["failed"] += data.get("failed", [])
     device = next((d.get("device") for d in runs.values() if d.get("device")), "unknown")
-    lines = [SECTION[0], "", "## ExecuTorch's own Vulkan delegate suite on the real runtime", "",
-             "Written by `python3 tests/vulkan_delegate_stock.py --real` (device: "
-             f"{device}). Every test of `executorch/backends/vulkan/test/test_vulkan_delegate.py` "
-             "(1.5.1 wheel) runs with the simulator as its in-session runtime; every program a "
-             "test runs (each input set of `sample_inputs` and `test_inputs`) is recorded and "
-             "run afterwards on the real runtime, one child process per shard, and judged with "
-             "the test's own `torch.allclose(atol, rtol)` against eager. *fusionkit*: the suite "
-             "with fusionkit's takeover installed; *stock*: ExecuTorch 1.5.1 alone.", "",
-             "| lowering | pytest (2 shards) | programs run | equal to eager | wrong | refused "
-             "| simulator agrees | wall (s) | of it on the runtime (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [SECTION[0], "", "## ExecuTorch's Vulkan delegate suite, stock vs fusionkit", "",
+             "Written by `python3 tests/vulkan_delegate_stock.py --real JSON stock fusionkit` "
+             f"(device: {device}). Every test of "
+             "`executorch/backends/vulkan/test/test_vulkan_delegate.py` (1.5.1 wheel) runs in "
+             "two shards with the simulator as its in-session runtime; every program a test "
+             "runs (each input set of `sample_inputs` and `test_inputs`) is recorded and run "
+             "afterwards on the real runtime, one child process per shard (a fresh one after "
+             "an abort), and judged with the test's own `torch.allclose(atol, rtol)` against "
+             "eager: **ok**, **wrong** (ran, values differ), **refused** (the runtime raised, "
+             "at load or execute), **aborted** (it killed the process). Each program is also "
+             "judged by `check()` and the simulator, plain and given the probed runtime's "
+             "inventory. *fusionkit*: the suite with fusionkit's takeover installed (as the CI "
+             "shards run it); *stock*: ExecuTorch 1.5.1 alone (`FUSIONKIT_DELEGATE_PATH=stock`; "
+             "its constant pattern graphs built once per shard). The simulator *agrees* when it "
+             "predicts the runtime's outcome (ok / wrong / stopped); `check()` when it reports "
+             "problems exactly for the programs not ok; *silent*: the simulator did not run "
+             "that input set (its test had stopped at an earlier one).", "",
+             "| lowering | pytest (2 shards) | programs | ok | wrong | refused | aborted "
+             "| simulator agrees | simulator + probe | check() agrees | check() + probe "
+             "| wall (s) | on the runtime (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path, recs in by_path.items():
         m = meta[path]
-        count = {k: sum(r["real"] == k for r in recs) for k in ("ok", "wrong", "refused")}
-        agree = sum(r["sim"] == r["real"] for r in recs)
-        lines.append(f"| {path} | {'; '.join(m['summary'])} | {len(recs)} | {count['ok']} | "
-                     f"{count['wrong']} | {count['refused']} | {agree}/{len(recs)} | "
-                     f"{m['wall']:.0f} | {m['real']:.0f} |")
-    notok = [(p, r) for p, recs in by_path.items() for r in recs
-             if r["real"] != "ok" or r["sim"] != r["real"]]
-    if notok:
-        lines += ["", "Programs not equal to eager on the runtime, or whose outcome the simulator "
-                  "did not predict:", "", "| lowering | test#program | real runtime | simulator "
-                  "| max abs err |", "|---|---|---|---|---|"]
-        for path, r in notok:
-            msg = f": `{_short(r['message'] or '', 130)}`" if r["message"] else ""
-            lines.append(f"| {path} | {r['key']} | {r['real']}{msg} | {r['sim']} | "
-                         f"{r['max_abs_err']} |")
+        count = {k: sum(outcome(r) == k for r in recs) for k in OUTCOMES}
+        summary = "; ".join(re.sub(r" in [\d.]+s( \(.*?\))?", "", s) for s in m["summary"])
+        lines.append(f"| {path} | {summary} | {len(recs)} | {count['ok']} | {count['wrong']} | "
+                     f"{count['refused']} | {count['aborted'] + count['timed out']} | "
+                     + " | ".join(_agree_cell(recs, k) for k, _ in TOOLS)
+                     + f" | {m['wall']:.0f} | {m['real']:.0f} |")
+    fams = sorted({family(r["test"]) for recs in by_path.values() for r in recs})
+    lines += ["", "Per op family (the test's name): programs not ok on the runtime, and the "
+              "static tools' agreement, both lowerings together:", "",
+              "| family | lowering | programs | not ok | simulator | simulator + probe "
+              "| check() | check() + probe |", "|---|---|---|---|---|---|---|---|"]
+    for fam in fams:
+        for path, recs in by_path.items():
+            rs = [r for r in recs if family(r["test"]) == fam]
+            if rs:
+                lines.append(f"| {fam} | {path} | {len(rs)} | "
+                             f"{sum(outcome(r) != 'ok' for r in rs)} | "
+                             + " | ".join(_agree_cell(rs, k) for k, _ in TOOLS) + " |")
     if {"fusionkit", "stock"} <= set(by_path):
         ours = {r["key"]: r for r in by_path["fusionkit"]}
         theirs = {r["key"]: r for r in by_path["stock"]}
-        differ = [k for k in ours if k in theirs and ours[k]["real"] != theirs[k]["real"]]
+        both = [k for k in ours if k in theirs]
+        same_bytes = sum(ours[k].get("pte_sha256") is not None
+                         and ours[k].get("pte_sha256") == theirs[k].get("pte_sha256")
+                         for k in both)
+        differ = [k for k in both if outcome(ours[k]) != outcome(theirs[k])]
         only = sorted(set(ours) ^ set(theirs))
-        lines += ["", f"Stock's program and fusionkit's differ in outcome on {len(differ)} of "
-                  f"{len(set(ours) & set(theirs))} programs both ran"
-                  + (":" if differ else ".")]
-        for k in differ:
-            lines.append(f"- {k}: fusionkit {ours[k]['real']}, stock {theirs[k]['real']}"
-                         + (f" (`{_short(theirs[k]['message'] or ours[k]['message'] or '', 110)}`)"
-                            if (theirs[k]["message"] or ours[k]["message"]) else ""))
+        lines += ["", f"Both lowerings ran {len(both)} programs; {same_bytes} are byte-identical "
+                  "`.pte`s. Their outcomes on the runtime differ on "
+                  f"{len(differ)}" + (":" if differ else "."), ""]
+        if differ:
+            lines += ["| test#program | fusionkit | stock | stock's message / ours |",
+                      "|---|---|---|---|"]
+            for k in differ:
+                msg = theirs[k]["message"] or ours[k]["message"] or ""
+                lines.append(f"| {k} | {outcome(ours[k])} | {outcome(theirs[k])} | "
+                             f"`{_short(msg, 120)}` |" if msg else
+                             f"| {k} | {outcome(ours[k])} | {outcome(theirs[k])} | |")
         if only:
-            lines.append(f"- run by one lowering only: {', '.join(only)}")
+            lines.append(f"\nRun by one lowering only: {', '.join(only)}")
+    bad = [(p, r) for p, recs in by_path.items() for r in recs
+           if outcome(r) != "ok" or any(v is False for v in agreement(r).values())]
+    if bad and detail:
+        lines += ["", "Every program not ok on the runtime, or whose outcome a static tool did "
+                  "not predict (**no**: it disagrees):", "",
+                  "| lowering | test#program | real runtime | simulator | simulator + probe "
+                  "| check() | check() + probe | max abs err |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for path, r in bad:
+            msg = f": `{_short(r['message'] or '', 110)}`" if r["message"] else ""
+            lines.append(f"| {path} | {r['key']} | {outcome(r)}{msg} | "
+                         + " | ".join(_tool_cell(r, k) for k, _ in TOOLS)
+                         + f" | {r['max_abs_err']} |")
     for path, m in meta.items():
         if m["failed"]:
-            lines.append(f"- {path}: pytest failures (the simulator as runtime): "
+            lines.append(f"\n{path}: pytest failures (the simulator as runtime): "
                          f"{', '.join(m['failed'])}")
     lines += ["", SECTION[1]]
     return "\n".join(lines) + "\n"
@@ -273,15 +388,29 @@ def write_section(doc: Path, section: str) -> None:
     doc.write_text(text)
 
 
+def write_results(prefix: Path, runs: dict[str, Any]) -> None:
+    """A dated results pair: every program's verdicts (JSON) and the section (md)."""
+    keep = ("path", "selected", "failed", "summary", "returncode", "wall_seconds",
+            "real_seconds", "simulate_calls", "device", "real", "real_error")
+    slim = {name: {k: data[k] for k in keep if k in data} for name, data in runs.items()}
+    prefix.with_suffix(".json").write_text(json.dumps(slim, indent=1) + "\n")
+    body = suite_markdown(runs, detail=False).replace(SECTION[0], "").replace(SECTION[1], "").strip()
+    prefix.with_suffix(".md").write_text(body.replace("## ", "# ", 1) + "\n")
+
+
 def main(argv: list[str]) -> int:
-    """``--real [JSON]``: the whole suite both ways on the real runtime (about 15 minutes of
-    CPU), spies kept in JSON; ``--render JSON``: rewrite the doc's section from them."""
+    """``--real [JSON [PATH ...]]``: the whole suite on the real runtime, lowered by each
+    PATH (``fusionkit``, ``stock``; default both: about 20 minutes of CPU each, niced),
+    spies kept in JSON (added to a run already there); ``--render JSON [--results PREFIX]``:
+    rewrite the doc's section from them (and write PREFIX.json / PREFIX.md)."""
     doc = HERE.parent / "docs" / "vulkan-runtime-fidelity.md"
     if argv[:1] == ["--render"]:
         runs = json.loads(Path(argv[1]).read_text())
+        if argv[2:3] == ["--results"]:  # also benchmarks/results/<PREFIX>.json and .md
+            write_results(Path(argv[3]), runs)
     elif argv[:1] == ["--real"]:
         out = Path(argv[1] if len(argv) > 1 else "/tmp/fusionkit-delegate-suite-real.json")
-        run_whole_suite(out)
+        run_whole_suite(out, tuple(argv[2:]) or ("fusionkit", "stock"))
         runs = json.loads(out.read_text())
     else:
         print(main.__doc__)

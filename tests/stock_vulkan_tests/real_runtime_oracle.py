@@ -10,10 +10,17 @@ fresh child only after an abort: the runtime load, not the programs, is the cost
 judges each as the suite would: ``ok`` equal to eager under the test's
 ``torch.allclose(atol, rtol)``, ``wrong`` ran but differs, ``refused`` the runtime stopped
 (its own message). The simulator *agrees* when it predicted the same outcome.
+
+With ``FUSIONKIT_DELEGATE_STATIC=1`` each recorded program is also judged by the static
+tools a user without Vulkan has: ``check()`` plain and given the probed runtime's
+inventory (per program), and the simulator given that inventory (per input set). The CI
+shards leave it off (it costs seconds per test); ``tests/vulkan_delegate_stock.py --real``
+turns it on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import os
 import time
@@ -23,6 +30,7 @@ from typing import Any
 ENABLED = os.environ.get("FUSIONKIT_DELEGATE_REAL") == "1"
 #: tests whose programs are not recorded (comma-separated names)
 SKIP = frozenset(filter(None, os.environ.get("FUSIONKIT_DELEGATE_REAL_SKIP", "").split(",")))
+STATIC = os.environ.get("FUSIONKIT_DELEGATE_STATIC") == "1"
 RECORDS: list[dict[str, Any]] = []
 
 
@@ -82,6 +90,7 @@ def record(test: str, original: Callable[..., Any], case: Any, et_program: Any,
     a = bound.arguments
     model, sets = a["model"], [a["sample_inputs"], *(a.get("test_inputs") or [])]
     pte = bytes(et_program.buffer)
+    static = _static_check(et_program) if STATIC else {}
     for k, inputs in enumerate(sets):
         with torch.no_grad():
             ref = model(*inputs)
@@ -91,7 +100,53 @@ def record(test: str, original: Callable[..., Any], case: Any, et_program: Any,
                "atol": a["atol"], "rtol": a["rtol"],
                "first_output_only": bool(a.get("first_output_only"))}
         rec["sim"] = _simulated(sim_calls[k] if k < len(sim_calls) else None, rec)
+        if STATIC:
+            rec.update(static, sim_probed=_simulate_probed(et_program, inputs, rec))
         RECORDS.append(rec)
+
+
+def _inventory() -> Any:
+    from fusionkit.backends.vulkan_adapter.runtime_probe import cached_inventory
+
+    return cached_inventory()
+
+
+def _static_check(et_program: Any) -> dict[str, Any]:
+    """``check()``'s problems on the program, plain and given the probed inventory."""
+    import fusionkit.backends.vulkan_adapter as va
+
+    out: dict[str, Any] = {}
+    inv = _inventory()
+    for key, given in (("check", None), ("check_probed", inv)):
+        if key == "check_probed" and given is None:
+            out[key] = None  # no probe cached: nothing to say
+            continue
+        try:
+            out[key] = [str(p) for p in va.check(et_program, runtime=given)]
+        except Exception as e:  # a crash of check() is a finding, not a lost record
+            out[key] = [f"check() raised {type(e).__name__}: {str(e)[:200]}"]
+    return out
+
+
+def _simulate_probed(et_program: Any, inputs: Any, rec: dict[str, Any]) -> str:
+    """What the simulator given the probed inventory predicts for one input set."""
+    from torch.utils import _pytree as pytree
+
+    from fusionkit.backends.vulkan_adapter import simulate
+    from fusionkit.backends.vulkan_adapter.inspect.simulator import SimulationError, unload
+
+    inv = _inventory()
+    if inv is None:
+        return "no probe"
+    try:
+        out = simulate(et_program, *_flat(inputs), runtime=inv)
+        return _simulated(list(pytree.tree_leaves(out)), rec)
+    except SimulationError as e:
+        return _simulated(e, rec)
+    except Exception as e:  # the simulator crashing is a finding too
+        return f"simulator raised {type(e).__name__}"
+    finally:
+        unload(et_program)
 
 
 def run_recorded(timeout: float = 120.0) -> dict[str, Any]:
@@ -116,6 +171,8 @@ def run_recorded(timeout: float = 120.0) -> dict[str, Any]:
         out.append({"test": rec["test"], "run": rec["run"], "real": real,
                     "status": res.status, "message": res.message, "max_abs_err": worst,
                     "sim": rec["sim"], "seconds": res.seconds, "device": res.device,
-                    "pte_bytes": len(rec["pte"])})
+                    "pte_bytes": len(rec["pte"]),
+                    "pte_sha256": hashlib.sha256(rec["pte"]).hexdigest(),
+                    **{k: rec[k] for k in ("check", "check_probed", "sim_probed") if k in rec}})
     return {"real": out, "real_seconds": time.perf_counter() - t0,
             "device": next((r["device"] for r in out if r["device"]), "")}

@@ -25,8 +25,11 @@ Loaded with ``-p stock_vulkan_tests.simulator_runtime_plugin`` when running
   the cost, not the programs); what each did, and whether the simulator predicted it,
   goes to the spy file under ``real``;
 * with ``FUSIONKIT_DELEGATE_PATH=stock``, leaves fusionkit uninstalled (ExecuTorch's own
-  lowering), to compare stock's programs with ours; ``FUSIONKIT_DELEGATE_ONLY=a,b`` keeps
-  only the named tests (the CI subset).
+  lowering), to compare stock's programs with ours — its Vulkan pattern graphs (constant:
+  rope, hf_rope, sdpa, the quantized ones) built once per session instead of re-exported on
+  every partitioner and preprocess call (what makes a stock lowering 3-5x ours; the graphs
+  and so the lowerings are the same); ``FUSIONKIT_DELEGATE_ONLY=a,b`` keeps only the named
+  tests (the CI subset).
 """
 
 from __future__ import annotations
@@ -78,10 +81,31 @@ class SimulatedModule:
 
 def pytest_configure(config: Any) -> None:
     if os.environ.get("FUSIONKIT_DELEGATE_PATH", "fusionkit") == "stock":
+        _pattern_graphs_once()
         return  # ExecuTorch's own lowering; the simulator still stands in for the runtime
     from fusionkit.backends.vulkan_adapter import install
 
     install()
+
+
+def _pattern_graphs_once() -> None:
+    """Each stock pattern entry's graphs built on first use and handed back after (as
+    benchmarks/harness.py's cached run and tests/vulkan_real_programs.py do)."""
+    import executorch.backends.vulkan.patterns  # noqa: F401  registers every stock pattern
+    from executorch.backends.vulkan.patterns.pattern_registry import fusable_patterns
+
+    for entry in fusable_patterns.values():
+        fn = entry.get_graphs_fn
+        if fn is None:
+            continue
+        memo: list[Any] = []
+
+        def once(fn: Any = fn, memo: list[Any] = memo) -> Any:
+            if not memo:
+                memo.append(list(fn()))
+            return memo[0]
+
+        entry.get_graphs_fn = once
 
 
 def _patch(cls: Any) -> None:

@@ -1,7 +1,9 @@
 """The Vulkan patterns ported last (hf_rope, causal_sdpa, quantized_convolution,
 the dynamic-activation and bmm routes of quantized_linear): positive match,
 declined near miss (with its reason), numerics against eager through the et_vk
-reference implementations."""
+reference implementations. The hf_rope programs and the two drop-in lowerings also
+run on ExecuTorch's real Vulkan runtime (one child for the module; the simulator is
+the oracle without one)."""
 
 from __future__ import annotations
 
@@ -15,11 +17,12 @@ pytest.importorskip("torchao")
 
 from executorch.exir import EdgeCompileConfig
 from vulkan_pattern_helpers import I8, declined, edge, fuse, ops, qd
+from vulkan_real_programs import Program, lower
 from vulkan_runtime_oracle import assert_real, session
 
 from fusionkit.match.targets import op_key
 
-# the two drop-in lowerings below also run on the real runtime (one child for the module)
+# the hf_rope programs and the two drop-in lowerings below also run on the real runtime
 real_vulkan = session()
 
 # ----------------------------------------------------------------------------- hf_rope
@@ -55,15 +58,59 @@ class HfRopeTable(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.register_buffer("cos", torch.randn(16, 24))
-        self.register_buffer("sin", torch.randn(16, 24))
+        cos, sin = _hf_freqs(16, 24)
+        self.register_buffer("cos", cos)
+        self.register_buffer("sin", sin)
 
     def forward(self, xq, xk):  # type: ignore[no-untyped-def]
         return _hf(xq, xk, self.cos[3:8], self.sin[3:8])
 
 
+def _hf_freqs(seq: int, rd: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [seq, rd] as transformers builds them: ``cat((freqs, freqs), -1)``, so the
+    two halves are equal (the real runtime's shader reads the first half only)."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rd, 2).float() / rd))
+    emb = torch.outer(torch.arange(seq).float(), inv_freq).repeat(1, 2)
+    return emb.cos(), emb.sin()
+
+
+#: (name, path) -> the program lowered for the real runtime: once per module
+_LOWERED: dict[tuple[str, str], Program] = {}
+
+
+def _vulkan(name: str, path: str, model: torch.nn.Module, args: tuple[Any, ...]) -> Program:
+    """``model`` lowered for Vulkan (fusionkit's drop-in, or stock 1.5.1), judged by
+    check() and the simulator on ``args``."""
+    if (name, path) not in _LOWERED:
+        with torch.no_grad():
+            eager = model(*args)
+        _LOWERED[name, path] = lower(name, "hf_rope", path, torch.export.export(model, args),
+                                     args, eager)
+    return _LOWERED[name, path]
+
+
+def _delegated_ops(p: Program) -> set[str]:
+    from fusionkit.backends.vulkan_adapter.inspect.payload import decode_payload
+    from fusionkit.backends.vulkan_adapter.inspect.prepack_check import vulkan_delegates
+
+    assert p.pte is not None and p.lower_error is None, p.describe()
+    return {c.name for d in vulkan_delegates(p.pte) for c in decode_payload(d.payload).graph.chain}
+
+
+def _on_runtime(real: Any, p: Program) -> str:
+    """What the real runtime did (ok / wrong / refused); the simulator's verdict without one."""
+    if real is None:
+        return p.simulator_outcome
+    assert p.pte is not None
+    p.real = real.run(p.pte, list(p.inputs))
+    return p.outcome
+
+
+HF = "et_vk.apply_rotary_emb_hf.default"
+
+
 @pytest.mark.parametrize("rd", [32, 24])
-def test_hf_rope_full_and_partial(rd: int) -> None:
+def test_hf_rope_full_and_partial(rd: int, real_vulkan: Any) -> None:
     a = (torch.randn(1, 5, 4, 32), torch.randn(1, 5, 2, 32), torch.randn(5, rd), torch.randn(5, rd))
     ep = edge(HfRope(), a)
     ms = fuse(ep)
@@ -72,9 +119,13 @@ def test_hf_rope_full_and_partial(rd: int) -> None:
     assert "aten.neg.default" not in ops(ep)
     for got, want in zip(ep.module()(*a), HfRope()(*a), strict=True):
         assert torch.allclose(got, want, atol=1e-5)
+    # lowered by the drop-in and run for real, with the freqs a model computes
+    p = _vulkan(f"hf_rope rd={rd}", "fusionkit", HfRope(), (*a[:2], *_hf_freqs(5, rd)))
+    assert HF in _delegated_ops(p) and p.check_problems == []
+    assert p.simulator == "ok" and _on_runtime(real_vulkan, p) == "ok", p.describe()
 
 
-def test_hf_rope_sliced_table_passes_table_and_start() -> None:
+def test_hf_rope_sliced_table_passes_table_and_start(real_vulkan: Any) -> None:
     a = (torch.randn(1, 5, 4, 32), torch.randn(1, 5, 2, 32))
     m = HfRopeTable()
     ep = edge(m, a)
@@ -84,13 +135,53 @@ def test_hf_rope_sliced_table_passes_table_and_start() -> None:
     assert node.args[4] == 3 and tuple(node.args[2].meta["val"].shape) == (16, 24)
     for got, want in zip(ep.module()(*a), m(*a), strict=True):
         assert torch.allclose(got, want, atol=1e-5)
+    p = _vulkan("hf_rope table", "fusionkit", m, a)  # the table is a prepacked constant
+    assert HF in _delegated_ops(p) and p.check_problems == []
+    assert p.simulator == "ok" and _on_runtime(real_vulkan, p) == "ok", p.describe()
 
 
-def test_hf_rope_near_miss_rotate_half_split_elsewhere() -> None:
+def test_hf_rope_near_miss_rotate_half_split_elsewhere(real_vulkan: Any) -> None:
     a = (torch.randn(1, 5, 4, 32), torch.randn(1, 5, 2, 32), torch.randn(5, 32), torch.randn(5, 32))
     ms = fuse(edge(HfRope(split=8), a))
     assert not any(x.rule.name == "hf_rope" for x in ms.accepted)
     assert any("splits at 8, not at rotary_dim / 2 = 16" in r for r in declined(ms, "hf_rope"))
+    # on the runtime: ours (not fused) equals eager; stock's hf_rope pattern fuses this
+    # rotate_half too, and its program computes a rotation the model does not do
+    args = (*a[:2], *_hf_freqs(5, 32))
+    ours = _vulkan("hf_rope split=8", "fusionkit", HfRope(split=8), args)
+    stock = _vulkan("hf_rope split=8", "stock", HfRope(split=8), args)
+    assert HF not in _delegated_ops(ours) and HF in _delegated_ops(stock)
+    assert ours.simulator == "ok" and _on_runtime(real_vulkan, ours) == "ok", ours.describe()
+    assert stock.simulator == "wrong" and _on_runtime(real_vulkan, stock) == "wrong", \
+        stock.describe()
+
+
+def test_hf_rope_with_freqs_whose_halves_differ(real_vulkan: Any) -> None:
+    """The fused op's CPU reference rotates with all of cos/sin; found here: the real
+    runtime's shader reads their first half only (it assumes transformers' duplicated
+    halves), so a program fed other freqs differs from eager in the second half of the
+    rotated dims. The rule fuses graph-input freqs it cannot prove duplicated."""
+    if real_vulkan is None:  # the simulator runs the op's reference: the tests above
+        return
+    p = _vulkan("hf_rope rd=24", "fusionkit", HfRope(), (  # test_hf_rope_full_and_partial's
+        torch.randn(1, 5, 4, 32), torch.randn(1, 5, 2, 32), *_hf_freqs(5, 24)))
+    g = torch.Generator().manual_seed(5)
+    a = (torch.randn(1, 5, 4, 32, generator=g), torch.randn(1, 5, 2, 32, generator=g),
+         torch.randn(5, 24, generator=g), torch.randn(5, 24, generator=g))
+    want = HfRope()(*a)
+    assert p.pte is not None
+    res = real_vulkan.run(p.pte, list(a))
+    assert res.ok, res.message
+    wrong = [not torch.allclose(g_, w, atol=1e-4) for g_, w in zip(res.outputs, want, strict=True)]
+    if any(wrong):
+        # exactly this: the first rotary half and the pass-through dims are right; the
+        # second half is what cos/sin's first half gives
+        half = 12
+        c, s_ = a[2][:, :half].repeat(1, 2), a[3][:, :half].repeat(1, 2)
+        for got, w in zip(res.outputs, _hf(*a[:2], c, s_), strict=True):
+            torch.testing.assert_close(got, w, atol=1e-4, rtol=1e-4)
+        pytest.xfail("the real runtime's apply_rotary_emb_hf reads the first half of "
+                     "cos/sin only: the hf_rope rule fuses freqs it cannot prove duplicated")
 
 
 # ------------------------------------------------------- quantized_linear: dq8ca and bmm

@@ -15,19 +15,32 @@ be delegated": it builds the rule's replacement in a scratch graph
 partitioner's own options (:class:`PartitionerSupport`), about every ``et_vk``
 node the replacement would create. A fusion the partitioner would refuse is
 declined with the partitioner's own reason. The same check evaluates the
-Vulkan runtime's conditions on those nodes (:func:`runtime_condition_broken`).
+Vulkan runtime's conditions on those nodes (:func:`runtime_condition_broken`), and
+asks the probed runtime (:mod:`.runtime_probe`) whether it has an operator under the
+name the payload would give each node the replacement builds (:func:`missing_operator`):
+a fusion into an op the runtime lacks is declined there, with the op and the runtime
+named, before the program changes.
 :func:`~.rules.transform_passes` attaches it to every rule; inside
 ``VulkanBackend.preprocess`` (the ``FusePatternsPass`` stand-in) it runs without
 a partitioner (``support=None``): the nodes are already delegated there, so only
 the runtime's conditions are checked, and a fusion declined before partitioning
 is made there when the partitioner took the unfused ops, as stock ExecuTorch fuses.
+
+Which runtime: :data:`AUTO` (the default everywhere) is the one ``scripts/vulkan-runtime``
+installed, once probed (:func:`~.runtime_probe.cached_inventory`), or the inventory
+:func:`use_runtime` sets for a block; none (no runtime, not probed): the 1.5.1 registry
+is trusted. :func:`preprocess_fusions` answers "what would the Vulkan preprocess fuse and
+decline in this program" for the partitioner.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from executorch.backends.vulkan import utils as vk_utils
 from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanSupportedOperators
@@ -38,8 +51,19 @@ from fusionkit.apply.meta_cache import metadata_key
 
 from .probe import probe
 
-__all__ = ["NO_CPU_KERNEL_NAMESPACES", "DelegatedByVulkan", "PartitionerSupport",
-           "runtime_condition_broken", "with_delegation_check"]
+if TYPE_CHECKING:
+    from fusionkit import MatchSet
+
+    from .runtime_probe import RuntimeInventory
+
+__all__ = ["AUTO", "NO_CPU_KERNEL_NAMESPACES", "DelegatedByVulkan", "PartitionerSupport",
+           "missing_operator", "preprocess_fusions", "runtime_condition_broken",
+           "runtime_inventory", "use_runtime", "with_delegation_check"]
+
+#: "the runtime in effect": :func:`use_runtime`'s, else the installed one once probed
+AUTO = "auto"
+_RUNTIME: contextvars.ContextVar[Any] = contextvars.ContextVar("fusionkit_vulkan_runtime",
+                                                               default=AUTO)
 
 #: op namespaces without a kernel in ExecuTorch's portable CPU runtime: a node of
 #: these outside every Vulkan partition makes the program unloadable
@@ -118,6 +142,75 @@ def runtime_condition_broken(node: Node) -> str | None:
             f"{', '.join(c.args)}: {c.message()}")
 
 
+@contextlib.contextmanager
+def use_runtime(inventory: RuntimeInventory | None) -> Iterator[None]:
+    """In this block (this thread or task), fusions are judged against ``inventory``
+    (None: the 1.5.1 registry is trusted) wherever :data:`AUTO` would look it up: the
+    transform passes' and preprocess's delegation checks. E.g. around a whole lowering,
+    for a device runtime probed elsewhere."""
+    token = _RUNTIME.set(inventory)
+    try:
+        yield
+    finally:
+        _RUNTIME.reset(token)
+
+
+def runtime_inventory(runtime: Any = AUTO) -> RuntimeInventory | None:
+    """``runtime`` resolved: an inventory or None as given; :data:`AUTO`: the one
+    :func:`use_runtime` set, else the installed runtime's cached probe (never probes)."""
+    if isinstance(runtime, str):
+        runtime = _RUNTIME.get()
+    if isinstance(runtime, str):
+        return _installed_inventory()
+    return runtime
+
+
+#: (runtime override, cache dir) -> (the library found, its probe file's stamp, inventory)
+_INSTALLED: dict[tuple[str | None, str], tuple[Any, Any, Any]] = {}
+
+
+def _installed_inventory() -> RuntimeInventory | None:
+    """The installed runtime's cached probe. Finding the runtime hashes its library, so it
+    is found once per process (per ``FUSIONKIT_VULKAN_RUNTIME``); its probe file is
+    re-read when it changes (a probe made later in the process is seen)."""
+    import os
+
+    from . import runtime as rt
+    from .runtime_probe import cached_inventory
+
+    key = (os.environ.get(rt.RUNTIME_ENV), str(rt.cache_dir()))
+    found = _INSTALLED.get(key)
+    path = rt.find_runtime() if found is None else found[0]
+    if path is None:
+        _INSTALLED[key] = (None, None, None)
+        return None
+    try:
+        st = (path.parent / "probe.json").stat()
+        stamp: Any = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = None
+    if found is not None and found[1] == stamp:
+        return found[2]  # type: ignore[no-any-return]
+    inventory = cached_inventory(path)
+    _INSTALLED[key] = (path, stamp, inventory)
+    return inventory
+
+
+def missing_operator(node: Node, inventory: RuntimeInventory | None) -> str | None:
+    """Why ``inventory``'s runtime cannot run the fused ``node``: it has no operator under
+    the name the Vulkan payload gives it (``VkGraphBuilder``: ``node.target.__name__``,
+    ``llama.sdpa_with_kv_cache.default`` for the edge op, ``sdpa_with_kv_cache.default``
+    for the ATen one). None: it has it, or nothing is known (no inventory)."""
+    if inventory is None or node.op != "call_function":
+        return None
+    name = getattr(node.target, "__name__", None)
+    if not isinstance(name, str) or inventory.has_operator(name):
+        return None
+    return (f"{inventory.describe()} has no operator {name}, which the fused "
+            f"{op_key(node.target)} is serialized as: the program would be refused at load "
+            f"(`Missing operator: {name}`); left unfused")
+
+
 def needs_delegation(node: Node) -> bool:
     """``node`` calls an op that exists only inside a Vulkan delegate."""
     key = op_key(node.target) if node.op == "call_function" else None
@@ -134,6 +227,9 @@ class DelegatedByVulkan(Constraint):
     #: are already delegated and only the runtime's conditions are checked
     support: PartitionerSupport | None = field(default_factory=PartitionerSupport)
     rule_name: str = ""
+    #: the runtime whose operators the fused nodes need: a RuntimeInventory, None (trust
+    #: the 1.5.1 registry) or :data:`AUTO` (resolved at each check: :func:`runtime_inventory`)
+    runtime: Any = AUTO
     kind: str = "delegated_by_vulkan_partitioner"
     #: captures' metadata -> the verdict's reason (None: delegated). A transformer asks
     #: the same question for every layer; building the replacement and asking the
@@ -145,7 +241,7 @@ class DelegatedByVulkan(Constraint):
     def captures(self) -> set[str]:
         return self.replacement.captures()
 
-    def _memo_key(self, ctx: CheckContext) -> Any:
+    def _memo_key(self, ctx: CheckContext, inventory: RuntimeInventory | None) -> Any:
         if self.support is not None and not self.support.by_metadata:
             return None
         names = sorted(self.replacement.captures() | set(ctx.folds))
@@ -153,27 +249,36 @@ class DelegatedByVulkan(Constraint):
         folds = metadata_key(tuple(ctx.folds[n] for n in sorted(ctx.folds)))
         if key is None or folds is None:
             return None
-        return (tuple(names), key, folds)
+        # the same match judged against another runtime is another question
+        runtime = None if inventory is None else (inventory.library_sha256,
+                                                  tuple(inventory.missing_operators()))
+        return (tuple(names), key, folds, runtime)
 
     def check(self, ctx: CheckContext) -> Failure | None:
-        key = self._memo_key(ctx)
+        inventory = runtime_inventory(self.runtime)
+        key = self._memo_key(ctx, inventory)
         if key is None:
-            why = self._verdict(ctx)
+            why = self._verdict(ctx, inventory)
         elif key in self.memo:
             why = self.memo[key]
         else:
-            why = self.memo[key] = self._verdict(ctx)
+            why = self.memo[key] = self._verdict(ctx, inventory)
         # the fused op goes at the root: that is the node at fault
         return None if why is None else self.refuse(ctx, None, ctx.root, why)
 
-    def _verdict(self, ctx: CheckContext) -> str | None:
-        """None when every et_vk node of the replacement would be delegated, else why not."""
+    def _verdict(self, ctx: CheckContext, inventory: RuntimeInventory | None = None
+                 ) -> str | None:
+        """None when every et_vk node of the replacement would be delegated, and the
+        runtime has every op the replacement builds, else why not."""
         try:
             built = probe(self.replacement, ctx, self.rule_name)
         except Exception as e:  # a user's lowering never dies inside fusionkit
             return ("the fused op could not be built to ask the Vulkan partitioner about it "
                     f"({type(e).__name__}: {e})")
         for n in built.ops():
+            missing = missing_operator(n, inventory)
+            if missing is not None:
+                return missing
             broken = runtime_condition_broken(n)
             if broken is not None:
                 return broken
@@ -188,10 +293,34 @@ class DelegatedByVulkan(Constraint):
         return None
 
 
-def with_delegation_check(rule: Rule, support: PartitionerSupport | None) -> Rule:
+def with_delegation_check(rule: Rule, support: PartitionerSupport | None,
+                          runtime: Any = AUTO) -> Rule:
     """``rule`` with :class:`DelegatedByVulkan` as its last constraint (checked after the rest).
 
-    ``support`` None: inside preprocess, where only the runtime's conditions are checked.
+    ``support`` None: inside preprocess, where only the runtime's conditions (and its
+    operators) are checked. ``runtime``: see :attr:`DelegatedByVulkan.runtime`.
     """
-    check = DelegatedByVulkan(rule.replacement, support, rule.name)
+    check = DelegatedByVulkan(rule.replacement, support, rule.name, runtime=runtime)
     return dataclasses.replace(rule, constraints=(*rule.constraints, check))
+
+
+def preprocess_fusions(program: Any, runtime: Any = AUTO) -> MatchSet:
+    """What the Vulkan preprocess's fusion rules would fuse and decline in ``program``,
+    judged as inside ``VulkanBackend.preprocess`` (the runtime's conditions and
+    operators, no partitioner): ``.accepted`` the fusions it would make, ``.declined``
+    each with its reason (a fusion into an op ``runtime`` lacks names the op). Nothing is
+    applied. For the partitioner: the ops of a declined fusion stay in the payload as
+    they are, so an op among them that the runtime lacks would be refused at load.
+
+    The rules are the ``FusePatternsPass`` stand-in's and the preprocess takeover's
+    (:data:`~.rule_ops.RULE_SETS`); they match the program as given, so a program before
+    preprocess (functional cache updates, say) shows fewer fusions than preprocess makes.
+    """
+    from fusionkit import find_matches
+    from fusionkit.passes import rule_set
+
+    from .rule_ops import RULE_SETS
+
+    rules = [with_delegation_check(r, None, runtime) for s in RULE_SETS for r in rule_set(s)]
+    return find_matches(program, rules, structural_declines=False, allow_folding=False,
+                        check_replacements=False)

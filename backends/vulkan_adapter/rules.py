@@ -21,7 +21,7 @@ from fusionkit._compat import deprecated_names
 from fusionkit.integration.constant_subgraphs import FoldConstantSubgraphsPass
 from fusionkit.passes.registry import RuleFactory, registered, rule_set
 
-from .delegation import PartitionerSupport, with_delegation_check
+from .delegation import AUTO, PartitionerSupport, with_delegation_check
 
 __all__ = ["PASS_NAME", "fusion_rules", "transform_passes"]
 
@@ -64,10 +64,14 @@ def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
     then judges the unfused ops, and ``VulkanBackend.preprocess`` fuses those it
     delegated. ``partitioner``: the ``VulkanPartitioner`` the program will be
     lowered with, when it has non-default options (texture or buffer limits,
-    operator or nn.Module lists), so that both answer the same question the same way.
+    operator or nn.Module lists), so that both answer the same question the same way;
+    its probed runtime (the adapter's ``VulkanPartitioner(runtime=...)``) is then the one
+    whose operators the fused ops need, else :data:`~.delegation.AUTO` (a fusion into an
+    op that runtime lacks is declined, naming both: :func:`~.delegation.missing_operator`).
     """
     support = PartitionerSupport(partitioner)
-    rules = [with_delegation_check(r, support) for r in _built_rules()]
+    runtime = getattr(partitioner, "runtime", AUTO) if partitioner is not None else AUTO
+    rules = [with_delegation_check(r, support, runtime) for r in _built_rules()]
     # values computed from lifted constants alone (attention masks) are folded first:
     # delegated on their own, stock Vulkan preprocess cannot re-trace them (Gemma2)
     return [FoldConstantSubgraphsPass(), FusionPass(rules, name=PASS_NAME)]

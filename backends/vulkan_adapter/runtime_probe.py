@@ -1,13 +1,18 @@
 """What the loaded Vulkan runtime actually has: operators and shader variants, probed.
 
-The 1.5.1 partitioner delegates what *its* Python registry lists; a device runtime
-built from another tree may lack some of it (the public tree has no
-``aten.logical_not.default``), and then the program is refused at load
-(``Missing operator: ...``). Nothing here is a hand-made list:
+The 1.5.1 partitioner delegates what *its* Python registry lists, and the Vulkan
+preprocess adds the ops its fusions create; a device runtime built from another tree
+may lack some of them (the public tree has no ``aten.logical_not.default``, and no
+``llama.sdpa_with_kv_cache.default`` under that name), and then the program is refused
+at load (``Missing operator: ...``). Nothing here is a hand-made list:
 
-* :func:`operators` asks the runtime about every operator the partitioner can
-  delegate whose name the library does not contain (a registered operator's name is
-  in it: ``VK_REGISTER_OP`` stringifies it): one tiny program per operator (the same
+* :func:`candidate_operators`: every op the partitioner's registry lists and every op
+  fusionkit's Vulkan rules (transform passes, preprocess) can create (:mod:`.rule_ops`,
+  read from the rules' replacements), by the name the payload gives it.
+* :func:`operators` asks the runtime about each candidate whose name the library does
+  not contain (a registered operator's name is in it: ``VK_REGISTER_OP`` stringifies
+  it; one found only as the tail of a longer name is asked about too): one tiny program
+  per operator (the same
   one-op Vulkan graph with the operator's name in it), all run in a child process;
   the runtime answers ``Missing operator: NAME`` for an operator it lacks and goes on
   to the operator's own argument checks for one it has.
@@ -29,12 +34,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from fusionkit.match.targets import resolve_op
+
 from . import runtime as rt
 
 __all__ = ["PROBE_VERSION", "RuntimeInventory", "cached_inventory", "candidate_operators", "inventory",
            "operators", "shader_names"]
 
-PROBE_VERSION = 2
+#: 5: the candidates include the ops the rules create and the registry's string keys; a
+#: name found in the library only as the tail of a longer name is asked about
+PROBE_VERSION = 5
 _MISSING = re.compile(r"Missing operator: (\S+)")
 _SHADER = re.compile(rb"[a-z][a-z0-9_]{2,80}")
 
@@ -44,7 +53,8 @@ class RuntimeInventory:
     """The operators and shaders a runtime library has."""
 
     library_sha256: str
-    #: operator name -> present, for every operator the partitioner can delegate
+    #: operator name (as a Vulkan payload names it) -> present, for every
+    #: :func:`candidate_operators` name
     operators: dict[str, bool]
     shaders: frozenset[str]
 
@@ -52,20 +62,47 @@ class RuntimeInventory:
         return sorted(k for k, v in self.operators.items() if not v)
 
     def has_operator(self, name: str) -> bool:
-        """Unprobed names count as present (the probe covers the partitioner's registry)."""
+        """Unprobed names count as present (the probe covers the partitioner's registry
+        and what the rules create)."""
         return self.operators.get(name, True)
+
+    def describe(self) -> str:
+        """How a reason names this runtime."""
+        return f"the Vulkan runtime probed (library sha256 {self.library_sha256[:12]})"
 
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def candidate_operators() -> list[str]:
-    """The serialized names of every operator the 1.5.1 partitioner can delegate."""
+def _registry_names() -> set[str]:
+    """The payload names of the 1.5.1 partitioner's registry: its op objects' names, and
+    each overload of an op it lists by ``"ns::name"`` string (the llama KV-cache ops)."""
     from executorch.backends.vulkan.op_registry import vulkan_supported_ops
 
-    names = {getattr(k, "__name__", str(k)) for k in vulkan_supported_ops}
-    return sorted(n for n in names if n.count(".") >= 1)
+    from .rule_ops import payload_names
+
+    names: set[str] = set()
+    for key in vulkan_supported_ops:
+        if not isinstance(key, str):
+            names.add(getattr(key, "__name__", str(key)))
+            continue
+        ns, _, name = key.partition("::")
+        try:
+            packet = resolve_op(f"{ns}.{name}.default")._overloadpacket
+        except Exception:  # the op's library is not importable here: nothing to ask
+            continue
+        for overload in packet.overloads():
+            names.update(payload_names(getattr(packet, overload)))
+    return {n for n in names if n.count(".") >= 1}
+
+
+def candidate_operators() -> list[str]:
+    """The payload names of every operator the 1.5.1 partitioner can delegate and every
+    operator fusionkit's Vulkan rules can create (:func:`.rule_ops.created_operators`)."""
+    from .rule_ops import created_operators
+
+    return sorted(_registry_names() | set(created_operators()))
 
 
 def shader_names(path: Path) -> frozenset[str]:
@@ -122,10 +159,12 @@ def operators(path: Path | None = None, *, timeout: float = 60.0) -> dict[str, b
     if path is None:
         raise rt.RuntimeNotFoundError("no real Vulkan runtime to probe: bash scripts/vulkan-runtime")
     # an operator is registered under its name (VK_REGISTER_OP stringifies it): a name
-    # the library does not contain at all is asked about; the others are present
+    # the library does not contain is asked about, and so is one found only as the tail
+    # of a longer name ("custom_sdpa.default" in "llama.custom_sdpa.default"); the
+    # others are present
     data = path.read_bytes()
     every = candidate_operators()
-    present = {n: True for n in every if n.encode() in data}
+    present = {n: True for n in every if _contains_name(data, n)}
     names = [n for n in every if n not in present]
     results = rt.run_many_in_child([rt.Job(p, None) for p in _probe_programs(names)],
                                    timeout=timeout)
@@ -133,6 +172,12 @@ def operators(path: Path | None = None, *, timeout: float = 60.0) -> dict[str, b
         said = _MISSING.search(res.stderr or "") or _MISSING.search(res.message or "")
         present[name] = not (said and said.group(1) == name)
     return present
+
+
+def _contains_name(data: bytes, name: str) -> bool:
+    """``name`` occurs in ``data`` not preceded by a name character (then it is the tail
+    of another name, not a registration of its own)."""
+    return re.search(rb"(?<![\w.])" + re.escape(name.encode()), data) is not None
 
 
 def _cache_file(path: Path) -> Path:
@@ -186,5 +231,6 @@ if __name__ == "__main__":  # python3 -m fusionkit.backends.vulkan_adapter.runti
     inv = inventory()
     if inv is None:
         raise SystemExit("no real Vulkan runtime: bash scripts/vulkan-runtime")
-    print(f"{len(inv.operators)} operators probed, missing: {', '.join(inv.missing_operators())}")
+    missing = inv.missing_operators()
+    print(f"{len(inv.operators)} operators probed, {len(missing)} missing: {', '.join(missing)}")
     print(f"{len(inv.shaders)} shader variants")

@@ -120,8 +120,11 @@ def build_in_scratch(replacement: Replacement, ctx: CheckContext, rule_name: str
 
 def schema_arguments(node: Node) -> dict[str, Any]:
     """The node's arguments by schema name, each node replaced by its ``meta['val']``."""
-    target: Any = getattr(node.target, "_op", node.target)
-    schema = getattr(target, "_schema", None)
+    # an EdgeOpOverload and a torch OpOverload carry their schema (the latter's ``_op`` is
+    # the bare C++ callable, which has none); other edge targets wrap an op in ``_op``
+    target: Any = node.target
+    schema = getattr(target, "_schema", None) or getattr(getattr(target, "_op", None),
+                                                         "_schema", None)
     if schema is None:
         return {}
 

@@ -9,7 +9,12 @@ The KV-cache attention of ExecuTorch's Llama export, in the in-place form
 
 -> ``llama.sdpa_with_kv_cache(q, k_proj, v_proj, k_cache, v_cache, start_pos, 1,
 mask, dropout_p, is_causal, scale)`` at the ``custom_sdpa``; the two
-``update_cache`` nodes are erased (the fused op updates the caches itself). The
+``update_cache`` nodes are erased (the fused op updates the caches itself). The fused
+node calls the ATen ``OpOverload``, as stock's replacement does, not its edge form: the
+Vulkan payload names an op ``node.target.__name__``, ``sdpa_with_kv_cache.default`` for
+the ATen overload, which is the name the runtime registers (``SDPA.cpp``), while the
+edge op's ``llama.sdpa_with_kv_cache.default`` is refused at load (``Missing operator``,
+found on the real runtime). The
 updates are further outputs of the match (``also``) whose replacement is
 ``None``: they must be unused. In the functional form (``auto_functionalized``
 cache updates, e.g. in ``transform_passes()``) nothing matches, as with the
@@ -47,11 +52,13 @@ from fusionkit import (
     op,
     outputs,
 )
+from fusionkit.match.targets import resolve_op
 from fusionkit.passes.registry import register_rules
 
 from ._common import FP_T, constraint, shape
 
 UPDATE = "llama.update_cache.default"
+SDPA_WITH_KV_CACHE = "llama.sdpa_with_kv_cache.default"
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -97,8 +104,10 @@ def _sdpa_shapes(ctx: CheckContext, q: Node, k_proj: Node, v_proj: Node, k_cache
 def _sdpa_build(rw: Rewriter, q: Node, k_proj: Node, v_proj: Node, k_cache: Node,
                 v_cache: Node, start_pos: Any, attn_mask: Any, dropout_p: Any, is_causal: Any,
                 scale: Any) -> tuple[Node, None, None]:
-    fused = rw.call("llama.sdpa_with_kv_cache.default", q, k_proj, v_proj, k_cache, v_cache,
+    fused = rw.call(SDPA_WITH_KV_CACHE, q, k_proj, v_proj, k_cache, v_cache,
                     start_pos, 1, attn_mask, dropout_p, is_causal, scale)
+    # stock's target: the ATen overload, serialized as the name the runtime has (module doc)
+    fused.target = resolve_op(SDPA_WITH_KV_CACHE)
     return fused, None, None
 
 

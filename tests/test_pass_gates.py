@@ -339,10 +339,10 @@ def test_a_gate_that_raises_lets_its_pass_run(monkeypatch: pytest.MonkeyPatch, l
     def broken(ep: Any, p: Any) -> bool:
         raise RuntimeError("gate bug")
 
-    for cls in ("ConvertToLinearPass", "ConstPropPass", "RemoveRedundantCopyPass"):
+    for cls in ("PropagateCustomMetaPass", "ConstPropPass", "RemoveRedundantCopyPass"):
         _with_gate(monkeypatch, cls, broken)
     on = lower(cases("quantized"), "xnnpack", True)
-    for cls in ("ConvertToLinearPass", "ConstPropPass", "RemoveRedundantCopyPass"):
+    for cls in ("PropagateCustomMetaPass", "ConstPropPass", "RemoveRedundantCopyPass"):
         assert on.counts[cls]["skipped"] == 0 and on.counts[cls]["ran"] > 0
     assert on.pte == off.pte
 

@@ -42,59 +42,6 @@ __all__ = ["PASS_GATES", "PATCHES"]
 # Each reads the pass's own detection code; the docstring names what the pass rewrites.
 
 
-def _addmm_to_linear(ep: Any, p: Any) -> bool:
-    """transforms/addmm_mm_to_linear.py (run by ConvertToLinearPass): mm/addmm whose
-    weight is t_copy/permute_copy become linear; a linear whose input is a view_copy
-    chain from a dequantize gets it bypassed; a linear's single view_copy user of the
-    same shape is bypassed."""
-    from executorch.backends.transforms.addmm_mm_to_linear import get_dqlinear_input
-
-    ops = edge_ops()
-    transposes = (ops.aten.t_copy.default, ops.aten.permute_copy.default)
-    weights = [*(arg(n, 1) for n in nodes(ep, ops.aten.mm.default)),
-               *(arg(n, 2) for n in nodes(ep, ops.aten.addmm.default))]
-    for w in weights:
-        if not isinstance(w, Node) or w.target in transposes:
-            return True
-    for node in nodes(ep, ops.aten.linear.default):
-        inp = arg(node, 0)
-        dq = get_dqlinear_input(inp)  # type: ignore[arg-type]
-        if dq is not None and dq != inp:
-            return True
-        if _view_bypassed(node, inp, arg(node, 1)):
-            return True
-    return False
-
-
-def _view_bypassed(node: Node, inp: Any, weight: Any) -> bool:
-    """Would ``replace_linear_view_copy_input_output`` bypass ``node``'s view_copy user
-    (its single user, of the shape the linear computes)? True where the pass would raise."""
-    from executorch.backends.transforms.addmm_mm_to_linear import get_shape
-
-    if len(node.users) != 1:
-        return False
-    user = next(iter(node.users))
-    if user.op != "call_function" or user.target != edge_ops().aten.view_copy.default:
-        return False
-    if not isinstance(weight, Node) or "val" not in weight.meta:
-        return True  # the pass raises: let it
-    out = list(get_shape(inp))
-    out[-1] = weight.meta["val"].shape[0]
-    return out == list(get_shape(user))
-
-
-def _convert_to_linear(ep: Any, p: Any) -> bool:
-    """xnnpack/_passes/convert_to_linear.py: mm/addmm/bmm inside a Linear source
-    partition become linear; then the addmm->linear transform runs."""
-    if present(ep, *p.targets):
-        from torch.fx.passes.utils.source_matcher_utils import get_source_partitions
-
-        parts = get_source_partitions(ep.graph_module.graph, p.linear_modules)
-        if any(n.target in p.targets for ps in parts.values() for sp in ps for n in sp.nodes):
-            return True
-    return _addmm_to_linear(ep, p)
-
-
 def _clone_ops(ep: Any, p: Any) -> bool:
     """transforms/remove_clone_ops.py: an identity clone it does not preserve."""
     for n in nodes(ep, *p.clone_ops):
@@ -175,8 +122,6 @@ PASS_GATES: GateTable = {
     "executorch.backends.transforms.remove_clone_ops.RemoveCloneOpsTransform": PassGate(_clone_ops),
     "executorch.exir.passes.memory_format_ops_pass.DimOrderOpsRevertPass":
         retracing(_dim_order_revert),
-    "executorch.backends.xnnpack._passes.convert_to_linear.ConvertToLinearPass":
-        retracing(_convert_to_linear, dce=True),
     "executorch.backends.xnnpack._passes.propagate_custom_meta_pass.PropagateCustomMetaPass":
         retracing(_custom_meta),
     "executorch.exir.passes.const_prop_pass.ConstPropPass": retracing(_const_prop),

@@ -36,7 +36,8 @@ from fusionkit.match.finder import Decline, MatchSet, find_matches
 from fusionkit.passes.registry import rules_taking_over, taken_over_patterns
 from fusionkit.report import FusionReport
 
-__all__ = ["MAX_ROUNDS", "RULE_PASSES", "TAKEN_OVER_PASSES", "TAKEOVER", "RulePass", "counts",
+__all__ = ["MAX_ROUNDS", "RULE_PASSES", "SWEEPS_DEAD_CODE", "TAKEN_OVER_PASSES", "TAKEOVER",
+           "RulePass", "counts",
            "disabled", "is_enabled", "reset_counts", "rules_for", "transform"]
 
 _PASSES_MODULE = "executorch.backends.xnnpack._passes"
@@ -47,6 +48,13 @@ RULE_SET = "xnnpack"
 #: stock pass class name (in ``executorch.backends.xnnpack._passes``) -> the factory
 #: whose rules replace it. A stock pass not listed here runs as ExecuTorch wrote it.
 TAKEN_OVER_PASSES: dict[str, str] = taken_over_patterns(RULE_SET)
+
+#: taken-over stock passes that sweep dead code on every run (``ConvertToLinearPass``:
+#: ``graph.eliminate_dead_code()`` in ``apply_addmm_mm_to_linear_transform``); their rule
+#: pass does too, after its rules -- the shape arithmetic of a dynamic batch
+#: (``operator.mul`` of SymInts, which no rule claims) goes dead with the reshapes a rule
+#: replaced, and XNNPACK's serializer has no visitor for it
+SWEEPS_DEAD_CODE: frozenset[str] = frozenset({"ConvertToLinearPass"})
 
 #: rounds of one rule pass at most (each round: find every match, apply the accepted)
 MAX_ROUNDS = 8
@@ -98,6 +106,11 @@ class RulePass(FusionPass):
                 break
             modified = True
             fused += sum(r.fused for r in self.report.rules.values())
+        if self.stock_pass in SWEEPS_DEAD_CODE:
+            gm = exported_program.graph_module
+            if gm.graph.eliminate_dead_code():
+                gm.recompile()
+                modified = True
         RULE_PASSES.count(self.stock_pass, "runs")
         RULE_PASSES.count(self.stock_pass, "fused", fused)
         return ExportedProgramPassResult(exported_program, modified)

@@ -22,7 +22,7 @@ from fusionkit.passes.registry import registered
 
 #: the rule modules, in the order of the stock passes they take over
 RULE_MODULES: tuple[str, ...] = (
-    "remove_clone", "upsample_bilinear", "convert_to_sdpa", "fuse_batch_norm",
+    "remove_clone", "upsample_bilinear", "convert_to_linear", "convert_to_sdpa", "fuse_batch_norm",
     "decompose_batch_norm", "fuse_activation", "decompose_cat", "remove_getitem",
     "insert_pad_qdq", "conv1d_unsqueeze", "prelu_reshape",
 )

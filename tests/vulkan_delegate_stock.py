@@ -337,7 +337,9 @@ def suite_markdown(runs: dict[str, Any], *, detail: bool = True) -> str:
         differ = [k for k in both if outcome(ours[k]) != outcome(theirs[k])]
         only = sorted(set(ours) ^ set(theirs))
         lines += ["", f"Both lowerings ran {len(both)} programs; {same_bytes} are byte-identical "
-                  "`.pte`s. Their outcomes on the runtime differ on "
+                  "`.pte`s (the others hold weights the tests draw unseeded in each process, "
+                  "so their bytes differ between any two runs). Their outcomes on the runtime "
+                  "differ on "
                   f"{len(differ)}" + (":" if differ else "."), ""]
         if differ:
             lines += ["| test#program | fusionkit | stock | stock's message / ours |",

@@ -105,10 +105,20 @@ def record(test: str, original: Callable[..., Any], case: Any, et_program: Any,
         RECORDS.append(rec)
 
 
+_INVENTORY: list[Any] = []
+
+
 def _inventory() -> Any:
+    """The probed inventory, read once per session (the cache file may be rewritten
+    while a shard runs: a re-probe reads as absent until it is written)."""
     from fusionkit.backends.vulkan_adapter.runtime_probe import cached_inventory
 
-    return cached_inventory()
+    if not _INVENTORY:
+        inv = cached_inventory()
+        if inv is None:
+            return None
+        _INVENTORY.append(inv)
+    return _INVENTORY[0]
 
 
 def _static_check(et_program: Any) -> dict[str, Any]:

@@ -20,9 +20,12 @@ happens only through an explicit :func:`~.install.install`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
+from executorch.backends.vulkan.partitioner import vulkan_partitioner as _stock
 from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
     VulkanPartitioner as _StockVulkanPartitioner,
 )
@@ -33,12 +36,13 @@ from fusionkit import op_key
 from fusionkit.integration.scoped import PreprocessScope
 
 from .install import PATCHES
+from .runtime_support import KeptOff, RuntimeSupport, cpu_has_kernel
 
 #: VulkanBackend.preprocess runs under the takeover for this adapter's partitions only
 PREPROCESS_SCOPE = PreprocessScope("executorch.backends.vulkan.vulkan_preprocess",
                                    "VulkanBackend", b"vulkan", PATCHES)
 
-__all__ = ["PREPROCESS_SCOPE", "FusedOpNotDelegatedError", "VulkanPartitioner"]
+__all__ = ["PREPROCESS_SCOPE", "FusedOpNotDelegatedError", "KeptOff", "VulkanPartitioner"]
 
 
 class FusedOpNotDelegatedError(RuntimeError):
@@ -54,9 +58,13 @@ class VulkanPartitioner(_StockVulkanPartitioner):
 
     After partitioning it verifies that every ``et_vk`` node that fusionkit's
     ``transform_passes()`` created was delegated (:class:`FusedOpNotDelegatedError`
-    otherwise, e.g. when the op is in ``operator_blocklist``). Ops the probed real
-    runtime lacks are kept off the delegate, each with its reason in :attr:`kept_off`
-    (``runtime=``, see :meth:`_keep_off_missing`).
+    otherwise, e.g. when the op is in ``operator_blocklist``). What the probed real
+    runtime would refuse is kept off the delegate (``runtime=``, see
+    :meth:`_keep_off_missing`): an operator it lacks everywhere (:attr:`kept_off`, by
+    op), and, node by node as it partitions, what :class:`~.runtime_support.RuntimeSupport`
+    finds with ``check()``'s own facts (a shader variant it lacks, an argument it prepacks
+    that is not a constant, a broken runtime condition, an op a preprocess fusion
+    declines to remove): :attr:`kept_off_nodes`, one :class:`KeptOff` per node.
     """
 
     def __init__(self, *args: Any, runtime: Any = "auto", **kwargs: Any) -> None:
@@ -64,6 +72,9 @@ class VulkanPartitioner(_StockVulkanPartitioner):
         PREPROCESS_SCOPE.mark(self.delegation_spec)
         #: op name -> why it is kept off the delegate (the probed runtime lacks it)
         self.kept_off: dict[str, str] = {}
+        #: the nodes of the last :meth:`partition` kept off, each with the runtime fact
+        self.kept_off_nodes: list[KeptOff] = []
+        self.runtime: Any = None
         self._keep_off_missing(runtime)
 
     def _keep_off_missing(self, runtime: Any) -> None:
@@ -72,39 +83,81 @@ class VulkanPartitioner(_StockVulkanPartitioner):
         ``runtime``: a :class:`~.runtime_probe.RuntimeInventory`, None (trust the 1.5.1
         registry), or "auto": the inventory of the runtime ``scripts/vulkan-runtime``
         installed, when it was already probed (``python3 -m
-        fusionkit.backends.vulkan_adapter.runtime_probe``). Kept off are the missing ops
-        the CPU runtime can run and the Vulkan preprocess does not remove itself
-        (``RemoveRedundantOpsTransform.redundant_ops``); any other missing op stays, and
-        ``check(program, runtime=...)`` reports it if it reaches the payload.
+        fusionkit.backends.vulkan_adapter.runtime_probe``). Blocklisted here are the
+        missing ops the CPU runtime can run that no preprocess removes: neither
+        ``RemoveRedundantOpsTransform.redundant_ops`` nor an op a preprocess rule's
+        pattern consumes (``dequantize_per_channel`` is fused into the weight-only
+        kernels: whether a given node is, is decided per node in :meth:`partition`). Any
+        other missing op stays, and ``check(program, runtime=...)`` reports it if it
+        reaches the payload.
         """
         if isinstance(runtime, str):
             from .runtime_probe import cached_inventory
 
             runtime = cached_inventory()
+        self.runtime = runtime
         if runtime is None:
             return
         from executorch.backends.vulkan._passes.remove_redundant_ops import (
             RemoveRedundantOpsTransform,
         )
         from executorch.backends.vulkan.op_registry import vulkan_supported_ops
-        from executorch.extension.pybindings.portable_lib import _get_operator_names
 
-        cpu = {n.split(".")[0] for n in _get_operator_names()}  # "aten::logical_not"
         removed = RemoveRedundantOpsTransform.redundant_ops
+        consumed = _preprocess_pattern_ops()
         for op in vulkan_supported_ops:
             name = getattr(op, "__name__", "")
-            if runtime.has_operator(name) or op in removed:
-                continue
-            ns, _, rest = name.partition(".")
-            if f"{ns}::{rest.split('.')[0]}" not in cpu:
+            if (runtime.has_operator(name) or op in removed or name in consumed
+                    or not cpu_has_kernel(name)):
                 continue
             self.operator_blocklist.add(op)
             self.kept_off[name] = (f"the Vulkan runtime (probed, library sha256 "
                                    f"{runtime.library_sha256[:12]}) has no {name}: it runs on "
                                    "the CPU")
 
+    def _texture_limits(self) -> Any:
+        from executorch.backends.vulkan import utils as vk_utils
+
+        options = self.options or {}
+        if "texture_limits" in options:  # the precedence of the stock partition()
+            return options["texture_limits"]
+        if options.get("small_texture_limits", False):
+            return vk_utils.SMALL_TEXTURE_LIMITS
+        return vk_utils.DEFAULT_TEXTURE_LIMITS
+
+    @contextlib.contextmanager
+    def _runtime_aware(self, ep: ExportedProgram) -> Iterator[None]:
+        """While the stock partition() runs, its per-node support check also asks the
+        probed runtime (:class:`~.runtime_support.RuntimeSupport`)."""
+        self.kept_off_nodes = []
+        if self.runtime is None:
+            yield
+            return
+        support = RuntimeSupport(self.runtime, self._texture_limits())
+        support.prepare(ep, _preprocess_pattern_ops())
+        kept: dict[str, KeptOff] = {}
+        stock_support = _stock.VulkanSupportedOperators
+
+        class RuntimeAwareSupport(stock_support):  # type: ignore[misc,valid-type]
+            def _is_node_supported(self, node: Any) -> bool:
+                if not super()._is_node_supported(node):
+                    return False
+                refused = support.refusal(node)
+                if refused is None:
+                    return True
+                kept.setdefault(node.name, refused)
+                self.log_skip(node, refused.reason)
+                return False
+
+        _stock.VulkanSupportedOperators = RuntimeAwareSupport  # this partition() only
+        try:
+            yield
+        finally:
+            _stock.VulkanSupportedOperators = stock_support
+            self.kept_off_nodes = list(kept.values())
+
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        with PATCHES.install():
+        with PATCHES.install(), self._runtime_aware(exported_program):
             result = super().partition(exported_program)
         stranded = [
             n for n in result.tagged_exported_program.graph_module.graph.nodes
@@ -125,6 +178,23 @@ class VulkanPartitioner(_StockVulkanPartitioner):
             )
         PREPROCESS_SCOPE.expect(len(result.partition_tags))
         return result
+
+
+@functools.cache
+def _preprocess_pattern_ops() -> frozenset[str]:
+    """Every op a preprocess rule's pattern matches (the ops a preprocess fusion may remove)."""
+    from fusionkit.match.pattern import Op
+
+    from .preprocess_rules import TAKEN_OVER_PASSES, rules_for
+
+    found: set[str] = set()
+    todo = [r.pattern for p in TAKEN_OVER_PASSES for r in rules_for(p)]
+    while todo:
+        pat = todo.pop()
+        if isinstance(pat, Op):
+            found |= pat.targets
+        todo.extend(pat.children())
+    return frozenset(found)
 
 
 # the same signature and docs as ExecuTorch's constructor (inspect.signature follows __wrapped__)

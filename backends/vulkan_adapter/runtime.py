@@ -49,6 +49,7 @@ __all__ = [
     "device_name",
     "find_runtime",
     "load",
+    "load_cpu_kernels",
     "run",
     "run_in_child",
     "run_many_in_child",
@@ -152,6 +153,17 @@ def device_name() -> str:
 _LOADED: LoadedRuntime | None = None
 
 
+def load_cpu_kernels() -> None:
+    """The CPU kernels a delegated program's other nodes run on: the wheel's portable ones
+    and its quantized ones (``quantized_decomposed::*``, which the quantized part of a
+    program left to the CPU calls; ExecuTorch's quantized runners link them too). The
+    partitioner keeps a node off the delegate only if these run it (:mod:`.runtime_support`)."""
+    try:
+        import executorch.kernels.quantized  # noqa: F401  (registers them with portable_lib)
+    except ImportError:  # a wheel without them: the portable kernels only
+        pass
+
+
 def load() -> LoadedRuntime:
     """Load the runtime into this process, once; raises :class:`RuntimeNotFoundError` when
     there is none or it does not register an available ``VulkanBackend``."""
@@ -164,6 +176,7 @@ def load() -> LoadedRuntime:
     from executorch.extension.pybindings import portable_lib  # loads libexecutorch.so first
 
     ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    load_cpu_kernels()
     backends = tuple(portable_lib._get_registered_backend_names())
     if "VulkanBackend" not in backends:
         raise RuntimeNotFoundError(f"{path} loaded but registered no VulkanBackend ({backends})")

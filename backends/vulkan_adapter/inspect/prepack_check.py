@@ -76,6 +76,11 @@ PREPACKED_ARGS: dict[str, tuple[PrepackedArg, ...]] = {
         PrepackedArg(4, "running_var"),
     ),
     "aten.embedding.default": (PrepackedArg(0, "weight"),),
+    # Linear.cpp linear_packed_weight: prepack_fp_linear_weight(weight) and, when there is
+    # one, prepack_standard(bias, passthrough=false); a weight computed at run time (a
+    # dequantize left on the CPU) aborts in toTensorRef: "Expected value to have type
+    # TensorRef"
+    "aten.linear.default": (PrepackedArg(1, "weight"), PrepackedArg(2, "bias", none_ok=True)),
 }
 
 

@@ -1,0 +1,379 @@
+"""Will the probed Vulkan runtime run this node? Asked per node, before partitioning.
+
+The 1.5.1 partitioner delegates what its Python registry accepts; the runtime a user
+deploys may still refuse the program at load. :class:`RuntimeSupport` answers, for one
+graph node, whether the runtime would refuse (or miscompute) it once delegated, with the
+facts ``check()`` and the simulator judge a payload by, applied to the node instead of
+its serialized call (no list of its own):
+
+* ``missing_operator`` -- :meth:`RuntimeInventory.has_operator` is False for the op
+  (as ``check()``'s ``missing_operator``), unless the Vulkan preprocess removes the node
+  first: ``RemoveRedundantOpsTransform``'s ops, and nodes an accepted match of the
+  preprocess rules (:mod:`.preprocess_rules`, the rules ``VulkanBackend.preprocess``
+  runs, judged here by the same constraints) consumes. A node such a rule *declines*
+  (an int4 weight-only linear with N % 8 != 0 or one input row leaves its
+  ``dequantize_per_channel``) reaches the runtime: the reason names the decline;
+* ``missing_shader`` -- a binary op whose shader name, composed as ``BinaryOp.cpp`` does
+  (:func:`~.inspect.shaders.missing_shader`), is not in the probed registry, for any
+  storage the partitioner's own representation sets allow the node (the tagging pass
+  picks among them by the node's neighbours);
+* ``not_constant`` -- an argument the runtime prepacks (:data:`~.inspect.prepack_check.
+  PREPACKED_ARGS`) that will not be a constant: None, or a value computed by the graph
+  (a ``BatchNorm2d(affine=False)`` has no weight);
+* ``runtime_condition`` -- a condition of :mod:`.inspect.runtime_conditions` broken by the
+  node's arguments (``violated``, what the rules' delegation check and the simulator ask).
+
+A node is kept off only when ExecuTorch's CPU runtime has a kernel for it (the wheel's
+portable and quantized kernels, :func:`~.runtime.load_cpu_kernels`); one that has none
+stays, and ``check(program, runtime=...)`` reports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from functools import cache
+from typing import Any
+
+from torch.fx import Node
+
+from fusionkit import op_key
+
+__all__ = ["KeptOff", "RuntimeSupport", "cpu_has_kernel", "serialized_name"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptOff:
+    """One node the partitioner left to the CPU, and the runtime fact that made it."""
+
+    #: the graph node's name
+    node: str
+    #: its op as a Vulkan payload would name it
+    op: str
+    #: missing_operator | missing_shader | not_constant | runtime_condition
+    fact: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"`{self.node}` ({self.op}): {self.reason}"
+
+
+def serialized_name(node: Node) -> str:
+    """The op name ``VkGraphBuilder`` writes for ``node`` (``node.target.__name__``)."""
+    return str(getattr(node.target, "__name__", "") or op_key(node.target) or "")
+
+
+@cache
+def _cpu_operators() -> frozenset[str]:
+    from executorch.extension.pybindings.portable_lib import _get_operator_names
+
+    from .runtime import load_cpu_kernels
+
+    load_cpu_kernels()
+    return frozenset(n.split(".")[0] for n in _get_operator_names())  # "aten::logical_not"
+
+
+def cpu_has_kernel(name: str) -> bool:
+    """ExecuTorch's CPU runtime (portable + quantized kernels) runs op ``name``."""
+    ns, _, rest = name.partition(".")
+    return f"{ns}::{rest.split('.')[0]}" in _cpu_operators()
+
+
+def _removed_by_redundant_ops() -> frozenset[str]:
+    from executorch.backends.vulkan._passes.remove_redundant_ops import (
+        RemoveRedundantOpsTransform,
+    )
+
+    return frozenset(getattr(o, "__name__", str(o))
+                     for o in RemoveRedundantOpsTransform.redundant_ops)
+
+
+@dataclasses.dataclass
+class _Preprocess:
+    """What the preprocess rules would do to a program: nodes consumed, declines by node."""
+
+    consumed: set[Node] = dataclasses.field(default_factory=set)
+    #: node -> the preprocess rules declining a match that claims it, with their reasons
+    declined: dict[Node, str] = dataclasses.field(default_factory=dict)
+
+
+def _rule_passes() -> list[tuple[str, list[Any]]]:
+    from .preprocess_rules import TAKEN_OVER_PASSES, rules_for
+
+    return [(p, list(rules_for(p))) for p in TAKEN_OVER_PASSES]
+
+
+def _find(ep: Any, rules: list[Any]) -> Any:
+    from fusionkit import find_matches
+
+    # as RulePass asks inside preprocess: every node is delegated there
+    return find_matches(ep, rules, structural_declines=False, allow_folding=False,
+                        check_replacements=False, strict=False)
+
+
+def _note_declines(ms: Any, declined: dict[Any, tuple[list[str], list[str]]],
+                   key: Any = lambda n: n) -> None:
+    for d in ms.declined:
+        for n in {*d.claimed, d.root}:
+            # the fusions that would consume it from a user first, then its own rules
+            declined.setdefault(key(n), ([], []))[n is d.root].append(f"{d.rule!r} ({d.reason})")
+
+
+def _declines_text(said: tuple[list[str], list[str]]) -> str:
+    return "the preprocess rules decline it: " + "; ".join(dict.fromkeys(said[0] + said[1]))
+
+
+def _preprocess_verdicts(ep: Any) -> _Preprocess:
+    """The preprocess rules' matches on ``ep`` itself, each pass's rules on their own,
+    decided by their own constraints (and the runtime's conditions on what they create),
+    changing nothing."""
+    out = _Preprocess()
+    declined: dict[Any, tuple[list[str], list[str]]] = {}
+    for _, rules in _rule_passes():
+        if not rules:
+            continue
+        try:
+            ms = _find(ep, rules)
+        except Exception:  # a user's lowering never dies here: nothing is known consumed
+            continue
+        for m in ms.accepted:
+            out.consumed.update(m.claimed)
+        _note_declines(ms, declined)
+    out.declined = {n: _declines_text(said) for n, said in declined.items()
+                    if n not in out.consumed}
+    return out
+
+
+def _shared_tensors(ep: Any) -> dict[int, Any]:
+    """A deepcopy memo sharing the program's tensors (weights, fake values) with the copy:
+    the rules add constants, never write into one, and inside a lowering some of them
+    are tensor subclasses that cannot be copied."""
+    import torch
+
+    memo: dict[int, Any] = {}
+    found = [*ep.state_dict.values(), *ep.constants.values(),
+             *ep.graph_module.state_dict(keep_vars=True).values()]
+    found += [n.meta.get("val") for n in ep.graph_module.graph.nodes]
+    for t in found:
+        for leaf in (t if isinstance(t, (tuple, list)) else (t,)):
+            if isinstance(leaf, torch.Tensor):
+                memo[id(leaf)] = leaf
+    return memo
+
+
+@dataclasses.dataclass
+class _Preprocessed:
+    """A copy of the program after the preprocess rule passes, in their order, and where
+    its nodes came from."""
+
+    ep: Any
+    #: copy node name -> the original nodes' names it stands for (a fusion's new node:
+    #: every node its match claimed); a node left alone keeps its name
+    origin: dict[str, set[str]]
+    #: copy node name -> the preprocess rules' declines of matches claiming it
+    declined: dict[str, tuple[list[str], list[str]]]
+
+
+def _preprocessed(ep: Any) -> _Preprocessed | None:
+    """Run the preprocess rules on a copy of ``ep`` the way ``RulePass`` runs them (one
+    pass after the other, each up to ``MAX_ROUNDS``): one pass's fusion may make the next
+    one's (``mm`` -> ``linear``, then the weight-only linear). None if that fails."""
+    import copy
+
+    from fusionkit.apply.rewrite import apply_matches
+
+    from .preprocess_rules import MAX_ROUNDS
+
+    try:
+        work = copy.deepcopy(ep, _shared_tensors(ep))
+    except Exception:  # something in the program that cannot be copied: not judged here
+        return None
+    origin: dict[str, set[str]] = {}
+    declined: dict[str, tuple[list[str], list[str]]] = {}
+    for _, rules in _rule_passes():
+        for _ in range(MAX_ROUNDS if rules else 0):
+            try:
+                ms = _find(work, rules)
+                _note_declines(ms, declined, lambda n: n.name)
+                if not ms.accepted:
+                    break
+                done = apply_matches(work, ms.accepted, drop_dead_constants=False, strict=False)
+            except Exception:  # a user's lowering never dies here
+                return None
+            for m, root in zip(done.applied, done.new_roots, strict=False):
+                origin[root.name] = set().union(*(origin.get(n.name, {n.name}) for n in m.claimed))
+            if len(done.applied) < len(ms.accepted):
+                break
+    return _Preprocessed(work, origin, declined)
+
+
+class RuntimeSupport:
+    """Per node: what the probed runtime would refuse, with the facts ``check()`` uses.
+
+    ``inventory``: a :class:`~.runtime_probe.RuntimeInventory`; ``texture_limits``: the
+    partitioner's (for the storages a node may get). :meth:`prepare` reads the program
+    once (the preprocess rules' verdicts) before :meth:`refusal` is asked per node.
+    """
+
+    def __init__(self, inventory: Any, texture_limits: Any) -> None:
+        self.inventory = inventory
+        self.texture_limits = texture_limits
+        self._ep: Any = None
+        self._pre = _Preprocess()
+        self._redundant = _removed_by_redundant_ops()
+        #: original node name -> what the preprocessed copy says of it (missing operators
+        #: the preprocess fusions may remove, and the nodes needing them as constants)
+        #: (None: decided there, delegated)
+        self._after_preprocess: dict[str, KeptOff | None] | None = None
+
+    def prepare(self, ep: Any, fused_by_preprocess: frozenset[str] = frozenset()) -> None:
+        """Read ``ep`` once. ``fused_by_preprocess``: ops a preprocess rule's pattern
+        matches; a node of one the runtime lacks is judged on the program as the
+        preprocess rules would leave it (:func:`_preprocessed`)."""
+        self._ep = ep
+        self._pre = _preprocess_verdicts(ep)
+        self._after_preprocess = None
+        if any(n.op == "call_function" and serialized_name(n) in fused_by_preprocess
+               and not self.inventory.has_operator(serialized_name(n))
+               for n in ep.graph_module.graph.nodes):
+            after = _preprocessed(ep)
+            if after is not None:
+                self._after_preprocess = self._judge_preprocessed(ep, after, fused_by_preprocess)
+
+    def _runtime(self) -> str:
+        return f"the Vulkan runtime (probed, library sha256 {self.inventory.library_sha256[:12]})"
+
+    def refusal(self, node: Node) -> KeptOff | None:
+        """Why ``node`` must stay on the CPU for the runtime to load and run the program
+        right, or None (delegating it is fine, or the CPU could not run it either)."""
+        if node.op != "call_function":
+            return None
+        if self._after_preprocess is not None and node.name in self._after_preprocess:
+            return self._after_preprocess[node.name]
+        if node in self._pre.consumed:
+            return None
+        name = serialized_name(node)
+        if not name or not cpu_has_kernel(name):
+            return None
+        found = (self._missing_operator(node, name) or self._missing_shader(node, name)
+                 or self._not_constant(node, name) or self._condition(node, name))
+        if found is None:
+            return None
+        fact, why = found
+        return KeptOff(node.name, name, fact, f"{why}: it runs on the CPU")
+
+    def _judge_preprocessed(self, ep: Any, after: _Preprocessed, fused: frozenset[str]
+                            ) -> dict[str, KeptOff | None]:
+        """The missing operators the preprocess rules leave in the copy, and the nodes
+        that prepack what they compute, mapped back to the original nodes."""
+        from .inspect.prepack_check import ABORT, PREPACKED_ARGS
+
+        original = {n.name: n for n in ep.graph_module.graph.nodes}
+        out: dict[str, KeptOff | None] = {}
+
+        def keep(copy_node: Node, fact: str, why: str) -> None:
+            for name in sorted(after.origin.get(copy_node.name, {copy_node.name})):
+                n = original.get(name)
+                if n is not None and n.op == "call_function" and name not in out:
+                    out[name] = KeptOff(name, serialized_name(n), fact, f"{why}: it runs on the CPU")
+
+        left: set[Node] = set()
+        for n in after.ep.graph_module.graph.nodes:
+            name = serialized_name(n) if n.op == "call_function" else ""
+            if name not in fused or self.inventory.has_operator(name) or not cpu_has_kernel(name):
+                continue
+            left.add(n)
+            why = f"{self._runtime()} has no {name} (it aborts with 'Missing operator: {name}')"
+            said = after.declined.get(n.name)
+            if said is not None:
+                why += f", and {_declines_text(said)}, so the Vulkan preprocess leaves it"
+            keep(n, "missing_operator", why)
+        for n in after.ep.graph_module.graph.nodes:
+            name = serialized_name(n) if n.op == "call_function" else ""
+            for arg in PREPACKED_ARGS.get(name, ()):
+                v = n.args[arg.index] if arg.index < len(n.args) else None
+                if v in left and cpu_has_kernel(name):
+                    assert isinstance(v, Node)
+                    whose = ", ".join(f"`{o}`" for o in sorted(after.origin.get(n.name, {n.name})))
+                    keep(n, "not_constant", (
+                        f"{self._runtime()} prepacks argument {arg.index} ({arg.name}) of "
+                        f"{name} (what the Vulkan preprocess makes of {whose}), which `{v.name}` "
+                        f"computes on the CPU, not a constant: {ABORT}"))
+        # a missing operator the preprocess removes is delegated, where it is fused
+        for n in original.values():
+            name = serialized_name(n) if n.op == "call_function" else ""
+            if name in fused and n.name not in out and not self.inventory.has_operator(name):
+                out[n.name] = None
+        return out
+
+    def _missing_operator(self, node: Node, name: str) -> tuple[str, str] | None:
+        if self.inventory.has_operator(name) or name in self._redundant:
+            return None
+        why = f"{self._runtime()} has no {name} (it aborts with 'Missing operator: {name}')"
+        declined = self._pre.declined.get(node)
+        if declined is not None:
+            why += f", and {declined}, so the Vulkan preprocess would not remove it"
+        return "missing_operator", why
+
+    def _missing_shader(self, node: Node, name: str) -> tuple[str, str] | None:
+        from executorch.backends.vulkan.op_registry import get_op_features, has_impl
+        from executorch.backends.vulkan.utils import get_vk_datatype
+
+        from .inspect.shaders import missing_shader
+
+        if not node.args or not isinstance(node.args[0], Node) or not has_impl(node.target):
+            return None
+        val, first = node.meta.get("val"), node.args[0].meta.get("val")
+        if getattr(val, "dtype", None) is None or getattr(first, "dtype", None) is None:
+            return None
+        try:
+            repsets = get_op_features(node.target).make_op_repsets(node, self.texture_limits)
+            out_set = repsets.get_out_repset(0)
+            storages = ([1] if out_set.texture_is_valid() else []) + (
+                [0] if out_set.buffer_is_valid() else [])
+            in1 = types.SimpleNamespace(datatype=int(get_vk_datatype(first.dtype)))
+        except Exception:  # not a representable tensor op: the partitioner decides
+            return None
+        lacking = [s for s in (missing_shader(name, types.SimpleNamespace(storage_type=st), in1,
+                                              self.inventory.shaders) for st in storages) if s]
+        if not lacking:
+            return None
+        return "missing_shader", (f"{self._runtime()} has no shader {' / '.join(lacking)} "
+                                  f"(it aborts with 'Could not find ShaderInfo with name "
+                                  f"{lacking[0]}')")
+
+    def _not_constant(self, node: Node, name: str) -> tuple[str, str] | None:
+        from executorch.backends.vulkan.utils import is_param_node
+
+        from .inspect.prepack_check import ABORT, PREPACKED_ARGS
+
+        for arg in PREPACKED_ARGS.get(name, ()):
+            v = node.args[arg.index] if arg.index < len(node.args) else None
+            if v is None and arg.none_ok:
+                continue
+            if isinstance(v, Node) and (v in self._pre.consumed or (
+                    self._ep is not None and is_param_node(self._ep, v))):
+                continue
+            what = "None" if v is None else (f"`{v.name}`, computed by the graph"
+                                             if isinstance(v, Node) else repr(v))
+            return "not_constant", (f"{self._runtime()} prepacks argument {arg.index} "
+                                    f"({arg.name}) of {name}, which is {what}, not a constant: "
+                                    f"{ABORT}")
+        return None
+
+    def _condition(self, node: Node, name: str) -> tuple[str, str] | None:
+        from .inspect.runtime_conditions import conditions_for, violated
+        from .probe import schema_arguments
+
+        key = op_key(node.target) or name
+        if not conditions_for(key):
+            return None
+        try:
+            bad = violated(key, schema_arguments(node))
+        except Exception:  # arguments the conditions cannot read: the partitioner decides
+            return None
+        if not bad:
+            return None
+        c = bad[0]
+        return "runtime_condition", (f"{name} breaks {self._runtime()}'s condition {c.name!r} "
+                                     f"on {', '.join(c.args)}: {c.message()}")

@@ -50,6 +50,7 @@ its batched weight as a linear weight).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -116,6 +117,11 @@ def _partition_of(mm: Node) -> Any:
     return None
 
 
+def _dims(permute: Node) -> list[Any]:
+    dims: Any = permute.args[1]
+    return list(dims)
+
+
 def _walk(node: Any, inside: set[Node]) -> tuple[Any, list[Node]]:
     """``ConvertToLinearPass.find``: follow ``args[0]`` while inside the partition."""
     chain: list[Node] = []
@@ -161,7 +167,7 @@ def module_plan(mm: Node) -> tuple[Node, ModulePlan] | str:
         return f"`{mm.name}`'s input or bias is computed inside the module"
     t = w_chain[0] if len(w_chain) == 1 else None
     if t is None or _key(t) not in TRANSPOSES or (
-            _key(t) == TRANSPOSES[1] and [int(d) % 2 for d in t.args[1]] != [1, 0]):  # type: ignore[union-attr]
+            _key(t) == TRANSPOSES[1] and [int(d) % 2 for d in _dims(t)] != [1, 0]):
         return f"`{mm.name}`'s weight is not one transpose of a weight"
     xs, ws, out_shape, bs = _shape(x), _shape(w), _shape(out), _shape(b)
     if xs is None or ws is None or len(ws) != 2 or not xs or xs[-1] != ws[1] \
@@ -296,7 +302,7 @@ def convert_to_linear_rules() -> list[Rule]:
               | op(MM, capture("a"), capture("wt"))).bind("mm")
     module = constraint("linear_source_partition")(_linear_module)
     as_module = PythonReplacement(_module_linear)
-    half_2 = {"addmm_to_linear": _addmm_to_linear, "mm_to_linear": _mm_to_linear,
+    half_2: dict[str, Callable[..., Node]] = {"addmm_to_linear": _addmm_to_linear, "mm_to_linear": _mm_to_linear,
               "linear_identity_view": _keep_linear}
     fallback = []
     for r in addmm_to_linear_rules():

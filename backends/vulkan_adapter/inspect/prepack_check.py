@@ -18,7 +18,10 @@ flatc-JSON reader, copes with infinite scalars) and reports:
 * ``runtime_condition`` — an operator whose arguments break one of its
   :mod:`.runtime_conditions` (the rotary ops' ``size_at(-3, xq) == size_at(-3, xk)``,
   the quantized ops' group sizes, ...): the conditions the simulator stops on, read
-  from the payload's tensor sizes and scalars.
+  from the payload's tensor sizes and scalars; and a delegate input or output whose
+  dim order in the program is not contiguous (``executorch_call_delegate``,
+  :data:`.runtime_conditions.DELEGATE_DIM_ORDER`): the runtime copies it in contiguous
+  order, so a channels_last output holds the NCHW result's bytes.
 """
 
 from __future__ import annotations
@@ -35,7 +38,13 @@ from .payload import (
     VulkanPayload,
     decode_payload,
 )
-from .runtime_conditions import RuntimeSymInt, conditions_for, violated
+from .runtime_conditions import (
+    DELEGATE_DIM_ORDER,
+    RuntimeSymInt,
+    conditions_for,
+    contiguous_dim_order,
+    violated,
+)
 from .shaders import missing_shader
 
 __all__ = [
@@ -116,6 +125,9 @@ class VulkanDelegate:
     named_sizes: dict[str, int] | None = None
     #: the named data holds every key (False for a .pte, whose .ptd may hold more)
     named_complete: bool = True
+    #: the delegate call's tensors in the program: ("input" | "output", index, shape,
+    #: dim order), when the program around the payload is at hand
+    boundary: tuple[tuple[str, int, tuple[int, ...], tuple[int, ...]], ...] = ()
 
 
 # -------------------------------------------------------------------- the checks
@@ -213,17 +225,20 @@ def _check_constants(g: VkGraph, p: VulkanPayload, d: VulkanDelegate) -> Iterato
 
 def check_payload(payload: bytes | VulkanPayload, delegate: int = 0, method: str = "forward",
                   named_sizes: dict[str, int] | None = None,
-                  named_complete: bool = True) -> list[Problem]:
-    """Problems of one decoded (or raw) Vulkan delegate payload."""
+                  named_complete: bool = True,
+                  boundary: tuple[tuple[str, int, tuple[int, ...], tuple[int, ...]], ...] = (),
+                  ) -> list[Problem]:
+    """Problems of one decoded (or raw) Vulkan delegate payload (``boundary``: see
+    :attr:`VulkanDelegate.boundary`)."""
     raw = b"" if isinstance(payload, VulkanPayload) else bytes(payload)
-    d = VulkanDelegate(delegate, method, raw, named_sizes, named_complete)
+    d = VulkanDelegate(delegate, method, raw, named_sizes, named_complete, boundary)
     try:
         p = payload if isinstance(payload, VulkanPayload) else decode_payload(raw)
     except PayloadError as e:
         return [Problem("bad_payload", delegate, None, None, None, None,
                         f"the payload cannot be decoded: {e}", method)]
     return [*_check_args(p.graph, d), *_check_constants(p.graph, p, d),
-            *_check_conditions(p.graph, d)]
+            *_check_conditions(p.graph, d), *_check_boundary(p.graph, d)]
 
 
 @dataclass(frozen=True)
@@ -261,6 +276,22 @@ def _condition_arguments(g: VkGraph, name: str, ins: tuple[int, ...]) -> dict[st
         else:
             out[a.name] = list(v.value) if isinstance(v.value, tuple) else v.value
     return out
+
+
+def _check_boundary(g: VkGraph, d: VulkanDelegate) -> Iterator[Problem]:
+    """Each delegate input / output the runtime copies in the wrong order (its dim order)."""
+    for kind, k, shape, order in d.boundary:
+        if contiguous_dim_order(shape, order):
+            continue
+        ids = g.input_ids if kind == "input" else g.output_ids
+        vid = ids[k] if k < len(ids) else None
+        verb = "reads" if kind == "input" else "writes"
+        yield Problem("runtime_condition", d.index, DELEGATE_DIM_ORDER.op, k,
+                      f"{kind} {k}", vid,
+                      f"the delegate's {kind} {k} ({list(shape)}) has dim order "
+                      f"{tuple(order)}: the runtime {verb} it in contiguous order "
+                      f"({DELEGATE_DIM_ORDER.source}), so its values are wrong",
+                      d.method)
 
 
 def _check_conditions(g: VkGraph, d: VulkanDelegate) -> Iterator[Problem]:
@@ -307,13 +338,44 @@ def _from_edge(prog: Any) -> Iterator[VulkanDelegate]:
         for module in gm.modules():
             if not hasattr(module, "graph"):
                 continue
-            for _, lm, _ in get_lowered_submodules(module):
+            for _, lm, call in get_lowered_submodules(module):
                 if lm.backend_id != BACKEND_ID:
                     continue
                 named = _named_sizes(getattr(lm, "named_data_store_output", None))
                 yield VulkanDelegate(index, method, bytes(lm.processed_bytes),
-                                     named if named is not None else {})
+                                     named if named is not None else {},
+                                     boundary=_edge_boundary(call))
                 index += 1
+
+
+def _edge_boundary(call: Any) -> tuple[tuple[str, int, tuple[int, ...], tuple[int, ...]], ...]:
+    """The tensors of one ``executorch_call_delegate`` node, from its fake values."""
+    import torch
+
+    def of(kind: str, vals: list[Any]) -> list[tuple[str, int, tuple[int, ...], tuple[int, ...]]]:
+        return [(kind, k, tuple(int(s) for s in v.shape), tuple(int(d) for d in v.dim_order()))
+                for k, v in enumerate(vals) if isinstance(v, torch.Tensor)]
+
+    ins = [a.meta.get("val") if hasattr(a, "meta") else None for a in call.args[1:]]
+    val = call.meta.get("val")
+    return (*of("input", ins), *of("output", list(val) if isinstance(val, (tuple, list))
+                                   else [val]))
+
+
+def _pte_boundary(plan: Any, args: list[int], n_outputs: int
+                  ) -> tuple[tuple[str, int, tuple[int, ...], tuple[int, ...]], ...]:
+    """The tensors of one ``DelegateCall`` (its inputs, then its outputs) in the plan."""
+    from executorch.exir.schema import Tensor
+
+    out = []
+    n_inputs = len(args) - n_outputs
+    for j, vi in enumerate(args):
+        v = plan.values[vi].val
+        if isinstance(v, Tensor):
+            kind, k = ("input", j) if j < n_inputs else ("output", j - n_inputs)
+            out.append((kind, k, tuple(int(s) for s in v.sizes),
+                        tuple(int(d) for d in v.dim_order)))
+    return tuple(out)
 
 
 def _from_pte(pte: bytes) -> Iterator[VulkanDelegate]:
@@ -324,9 +386,16 @@ def _from_pte(pte: bytes) -> Iterator[VulkanDelegate]:
     program = pf.program
     # named data only lists what lives in the .pte itself; constants kept in a
     # separate .ptd are not visible here, so missing keys are not reported
+    from executorch.exir.schema import DelegateCall
+
     index = 0
     for plan in program.execution_plan:
-        for delegate in plan.delegates:
+        calls: dict[int, list[int]] = {}  # delegate index -> the args of its (first) call
+        for chain in plan.chains:
+            for ins in chain.instructions:
+                if isinstance(ins.instr_args, DelegateCall):
+                    calls.setdefault(ins.instr_args.delegate_index, list(ins.instr_args.args))
+        for di, delegate in enumerate(plan.delegates):
             if delegate.id != BACKEND_ID:
                 continue
             ref = delegate.processed
@@ -338,7 +407,16 @@ def _from_pte(pte: bytes) -> Iterator[VulkanDelegate]:
             if pf.named_data is not None:
                 sizes = {k: len(pf.named_data.buffers[e.buffer_index])
                          for k, e in pf.named_data.pte_data.items()}
-            yield VulkanDelegate(index, plan.name, data, sizes, named_complete=False)
+            boundary: tuple[tuple[str, int, tuple[int, ...], tuple[int, ...]], ...] = ()
+            if di in calls:
+                try:
+                    n_out = len(decode_payload(data).graph.output_ids)
+                except PayloadError:
+                    n_out = None
+                if n_out is not None:
+                    boundary = _pte_boundary(plan, calls[di], n_out)
+            yield VulkanDelegate(index, plan.name, data, sizes, named_complete=False,
+                                 boundary=boundary)
             index += 1
 
 
@@ -379,7 +457,7 @@ def check(program: Any, runtime: Any = None) -> list[Problem]:
     problems: list[Problem] = []
     for d in vulkan_delegates(program):
         problems.extend(check_payload(d.payload, d.index, d.method, d.named_sizes,
-                                      d.named_complete))
+                                      d.named_complete, d.boundary))
         if runtime is not None:
             problems.extend(_check_available(d, runtime))
     return problems

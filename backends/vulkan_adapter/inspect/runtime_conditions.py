@@ -35,10 +35,14 @@ from typing import Any, Literal
 
 __all__ = [
     "CONDITIONS",
+    "DELEGATE_DIM_ORDER",
     "PREPACKED",
     "RuntimeCondition",
     "RuntimeSymInt",
+    "as_read_by_runtime",
+    "as_written_by_runtime",
     "conditions_for",
+    "contiguous_dim_order",
     "violated",
 ]
 
@@ -570,3 +574,42 @@ def violated(op: str, args: Mapping[str, Any]) -> list[RuntimeCondition]:
         if not ok:
             bad.append(c)
     return bad
+
+
+# ------------------------------------------------------- the delegate's boundary
+
+
+def contiguous_dim_order(shape: Any, dim_order: Any) -> bool:
+    """True when a tensor of ``shape`` laid out in ``dim_order`` has the bytes of a
+    contiguous one (the dims of size > 1 keep their order)."""
+    moved = [int(d) for d in dim_order if int(shape[int(d)]) != 1]
+    return moved == sorted(moved)
+
+
+#: found on the real runtime (a conv with a channels_last weight, whose output is
+#: channels_last as in eager; tests/test_vulkan_real_runtime_dim_order.py): not an op's
+#: condition but one of every delegate input and output, so it is not in :data:`CONDITIONS`
+DELEGATE_DIM_ORDER = RuntimeCondition(
+    "executorch_call_delegate", "contiguous_dim_order", ("dim_order",),
+    "the delegate input's / output's dim order is contiguous (0, 1, ..., n-1)",
+    "VulkanBackend.cpp: VulkanBackend::execute (maybe_cast_and_copy_into_staging / "
+    "maybe_cast_and_copy_from_staging of data_ptr, numel)", "garbage",
+    lambda a: contiguous_dim_order(a["shape"], a["dim_order"]),
+    "the runtime copies a delegate input's memory, and the result into an output's memory, "
+    "in contiguous order whatever the tensor's dim order: a channels_last (0, 2, 3, 1) "
+    "tensor is read and written as if it were NCHW")
+
+
+def as_read_by_runtime(x: Any, dim_order: Any) -> Any:
+    """What the delegate computes on, given the program's tensor ``x`` held in
+    ``dim_order``: its memory read in contiguous order, with ``x``'s shape."""
+    order = [int(d) for d in dim_order]
+    return x.permute(order).contiguous().reshape(x.shape)
+
+
+def as_written_by_runtime(y: Any, dim_order: Any) -> Any:
+    """The program's tensor (laid out in ``dim_order``) after the runtime copies the
+    delegate's result ``y`` into its memory in contiguous order."""
+    order = [int(d) for d in dim_order]
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return y.contiguous().reshape([y.shape[d] for d in order]).permute(inverse)

@@ -71,6 +71,18 @@ Dtypes, storage types and memory layouts
   runtime's staging copies convert to and from contiguous order. Likewise the
   ``dim_order`` of ``_to_dim_order_copy``/``_clone_dim_order`` only changes strides.
   Texture-size limits are not checked.
+* At the delegate's boundary the program's dim orders do matter: the runtime copies
+  each input's memory into staging, and each result into an output's memory, in
+  contiguous order whatever the tensor's dim order (``VulkanBackend::execute``; found
+  on the real runtime). The simulator does the same
+  (:func:`.runtime_conditions.as_read_by_runtime` / ``as_written_by_runtime``), so a
+  channels_last (0, 2, 3, 1) delegate output holds the NCHW result's bytes, as on the
+  runtime; :func:`.prepack_check.check` reports it
+  (:data:`.runtime_conditions.DELEGATE_DIM_ORDER`). It computes, it does not raise: an
+  elementwise delegate whose input and output share one dim order is right on the
+  runtime too.
+* ``aten.gelu`` computes the tanh approximation whatever ``approximate`` says, as the
+  runtime's only gelu shader does (``unary_op.yaml``; 4.7e-4 from the erf form).
 * ``mem_obj_id`` (memory planning: tensors sharing one allocation) is not
   simulated: every value has its own storage.
 
@@ -188,7 +200,10 @@ from .runtime_conditions import (
     PREPACKED,
     RuntimeCondition,
     RuntimeSymInt,
+    as_read_by_runtime,
+    as_written_by_runtime,
     conditions_for,
+    contiguous_dim_order,
     violated,
 )
 from .shaders import missing_shader
@@ -214,6 +229,7 @@ VK_TORCH_DTYPES: dict[int, torch.dtype] = {
 }
 
 PREPACK = "et_vk.prepack.default"
+GELU = "aten.gelu.default"
 
 
 class SimulationError(RuntimeError):
@@ -623,6 +639,8 @@ class _Delegate:
             bad = violated(name, self.marked_symints(named, op._schema.arguments, ins))
             if bad:
                 self.condition_broken(who, name, bad)
+        if name == GELU:  # the runtime's shader has the tanh form only (unary_op.yaml)
+            args, kwargs = args[:1], {"approximate": "tanh"}
         return op(*args, **kwargs)
 
     def schema_args(self, who: str, name: str, ins: list[int], out: int
@@ -878,6 +896,25 @@ def _is_delegate_call(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target is executorch_call_delegate
 
 
+def _dim_order(v: Any) -> tuple[int, ...] | None:
+    """The dim order of a program value (its node's ``meta["val"]``), None for a non-tensor
+    or one whose layout is that of a contiguous tensor anyway."""
+    if not isinstance(v, torch.Tensor) or v.dim() < 2:
+        return None
+    order = tuple(int(d) for d in v.dim_order())
+    return None if contiguous_dim_order(v.shape, order) else order
+
+
+def _boundary_dim_orders(node: torch.fx.Node) -> tuple[list[Any], list[Any]]:
+    """The dim orders of a delegate call's inputs and outputs in the program (None where
+    contiguous): the runtime copies each in contiguous order whatever it is."""
+    ins = [_dim_order(a.meta.get("val")) if isinstance(a, torch.fx.Node) else None
+           for a in node.args[1:]]
+    val = node.meta.get("val")
+    outs = [_dim_order(v) for v in (val if isinstance(val, (tuple, list)) else [val])]
+    return ins, outs
+
+
 def _expected_dtypes(node: torch.fx.Node) -> list[torch.dtype | None]:
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else [val]
@@ -981,7 +1018,11 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
         elif _is_delegate_call(node):
             lm = value_of(node.args[0])
             assert isinstance(lm, LoweredBackendModule)
-            args = [value_of(a) for a in node.args[1:]]
+            in_orders, out_orders = _boundary_dim_orders(node)
+            # the runtime reads an input's memory in contiguous order, whatever its dim order
+            args = [as_read_by_runtime(x, o) if o is not None and isinstance(x, torch.Tensor)
+                    else x for x, o in zip([value_of(a) for a in node.args[1:]], in_orders,
+                                           strict=True)]
             label = f"{method}: delegate {delegate_no} ({lm.backend_id})"
             if source.pte_delegates is not None:
                 if delegate_no >= len(source.pte_delegates):
@@ -1010,10 +1051,13 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
                 trace.append(DelegateRun(delegate_no, label, decoded.graph.op_names(),
                                          before, list(outs), lm))
             want = _expected_dtypes(node)
+            outs = [o.to(w) if isinstance(o, torch.Tensor) and w is not None else o
+                    for o, w in zip(outs, want + [None] * (len(outs) - len(want)), strict=False)]
+            # ... and writes the result into an output's memory in contiguous order too
             env[node] = tuple(
-                o.to(w) if isinstance(o, torch.Tensor) and w is not None else o
-                for o, w in zip(outs, want + [None] * (len(outs) - len(want)), strict=False)
-            )
+                as_written_by_runtime(o, d) if d is not None and isinstance(o, torch.Tensor)
+                else o for o, d in zip(outs, out_orders + [None] * (len(outs) - len(out_orders)),
+                                       strict=False))
             delegate_no += 1
         elif node.op == "call_function":
             args, kwargs = pytree.tree_map(value_of, (node.args, node.kwargs))

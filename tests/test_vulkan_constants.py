@@ -7,8 +7,10 @@ for every VkTensor with a constant in the VkGraph, its ``VkBytes`` (named key, l
 is followed to the named data of the serialized .pte, and each source constant must be
 found there byte for byte. Then both programs run: on the simulator and on ExecuTorch's
 real Vulkan runtime (one child for the module, ``vulkan_runtime_oracle``; the simulator
-alone without one). The fixed program equals eager; stock's outputs that read a view
-constant are wrong, the conv's (stock copies a channels_last slice first) is right.
+alone without one). The fixed program's view constants are right; stock's outputs that
+read a view constant are wrong. The conv's output is channels_last, and the runtime writes
+a delegate's result into it in contiguous order (wrong on both, the simulator predicts
+it, ``check()`` names it: tests/test_vulkan_real_runtime_dim_order.py).
 """
 
 from __future__ import annotations
@@ -217,46 +219,63 @@ def real_runs(lowered: dict[str, Any], real_vulkan: Any) -> dict[str, list[Any]]
             for path in ("fixed", "stock")}
 
 
+def _dim_order_problems(program: Any) -> list[Any]:
+    from fusionkit.backends.vulkan_adapter import check
+
+    return [p for p in check(program) if p.kind == "runtime_condition"]
+
+
 def test_fixed_equals_eager_and_stock_reads_the_wrong_bytes(lowered: dict[str, Any],
                                                             real_runs: Any) -> None:
-    """What the bytes mean when the program runs: on the simulator, and on the real runtime
-    (there, the conv's output is test_channels_last_conv_output_on_the_real_runtime's)."""
+    """What the bytes mean when the program runs: on the simulator, and on the real runtime.
+    ``z`` (the channels_last conv output) is wrong on both for both programs: it is
+    test_channels_last_conv_output_is_predicted's."""
     from fusionkit.backends.vulkan_adapter import check, simulate
 
     inputs, eager = lowered["inputs"], lowered["eager"]
     fixed: VkConstants = lowered["fixed"]
     stock: VkConstants = lowered["stock"]
     stock_wrong = {name for name, wrong in OUTPUTS.items() if wrong}
-    assert check(fixed.program) == []
-    assert {p.kind for p in check(stock.program)} == {"constant_size"}
-    assert _wrong_outputs(simulate(fixed.program, *inputs), eager) == set()
-    assert _wrong_outputs(simulate(stock.program, *inputs), eager) == stock_wrong
+    assert {p.kind for p in check(fixed.program)} == {"runtime_condition"}  # z's dim order
+    assert {p.kind for p in check(stock.program)} == {"constant_size", "runtime_condition"}
+    sims = {"fixed": simulate(fixed.program, *inputs), "stock": simulate(stock.program, *inputs)}
+    assert _wrong_outputs(sims["fixed"], eager) == {"z"}
+    assert _wrong_outputs(sims["stock"], eager) == stock_wrong | {"z"}
     if real_runs is not None:
-        assert _wrong_outputs(real_runs["fixed"], eager) - {"z"} == set(), "on the runtime"
-        assert _wrong_outputs(real_runs["stock"], eager) - {"z"} == stock_wrong  # wrong bytes
+        for path in ("fixed", "stock"):  # the simulator predicts every output
+            assert _wrong_outputs(real_runs[path], eager) == _wrong_outputs(sims[path], eager)
+            for name, g, w in zip(OUTPUTS, real_runs[path], sims[path], strict=True):
+                tol = 2e-2 if w.dtype == torch.float16 else 1e-4
+                torch.testing.assert_close(g, w, atol=tol, rtol=tol,
+                                           msg=lambda m, n=f"{path} {name}": f"{n}: {m}")
 
 
-def test_channels_last_conv_output_on_the_real_runtime(lowered: dict[str, Any],
-                                                       real_runs: Any) -> None:
+def test_channels_last_conv_output_is_predicted(lowered: dict[str, Any],
+                                                real_runs: Any) -> None:
     """``z`` (conv with a channels_last weight) is channels_last, as in eager, so the
     program's output has dim order (0, 2, 3, 1). Found here: the real runtime writes the
     delegate's result into it in contiguous order, stock's and the fixed program's alike
-    (the weight's bytes are right in both); the simulator ignores dim orders and says ok."""
+    (the weight's bytes are right in both). The simulator computes the same, and check()
+    names that delegate output and its dim order."""
+    from fusionkit.backends.vulkan_adapter import simulate
+
     z = lowered["eager"][1]
     assert z.is_contiguous(memory_format=torch.channels_last) and not z.is_contiguous()
-    if real_runs is None:
-        return  # the simulator's z is checked above
-    wrong = []
-    for path, got in real_runs.items():
-        if torch.allclose(got[1], z, atol=1e-4, rtol=1e-4):
-            continue
-        # exactly this: the output's memory holds eager's NCHW data
-        memory = got[1].permute(0, 2, 3, 1).flatten()
-        assert torch.allclose(memory, z.contiguous().flatten(), atol=1e-4, rtol=1e-4), path
-        wrong.append(path)
-    if wrong:
-        pytest.xfail(f"the real Vulkan runtime writes {wrong}'s channels_last delegate output "
-                     "in contiguous order (not modelled by the simulator or check())")
+    for path in ("fixed", "stock"):
+        program = lowered[path].program
+        problems = _dim_order_problems(program)
+        assert len(problems) == 1, [str(p) for p in problems]
+        p = problems[0]
+        assert p.op == "executorch_call_delegate" and p.arg_name is not None
+        assert p.arg_name.startswith("output ")
+        assert f"({list(z.shape)}) has dim order (0, 2, 3, 1)" in p.message, p.message
+        got = [simulate(program, *lowered["inputs"])[1]]
+        if real_runs is not None:
+            got.append(real_runs[path][1])
+        for g in got:  # exactly this: the output's memory holds eager's NCHW data
+            assert not torch.allclose(g, z, atol=1e-4, rtol=1e-4), path
+            memory = g.permute(0, 2, 3, 1).flatten()
+            assert torch.allclose(memory, z.contiguous().flatten(), atol=1e-4, rtol=1e-4), path
 
 
 def test_no_constant_carries_extra_bytes(lowered: dict[str, Any]) -> None:

@@ -289,7 +289,12 @@ def test_hf_rope_full_and_partial_from_model_code_match_the_port(vulkan_ops: Any
     # one model function traced at two shapes: the full and the partial rotation
     traced = rule_from_functions([_hf_rope, _hf_rope], hf_vk, [full, partial], name="hf_traced",
                                  output_names=("xq_out", "xk_out"))
-    hand = hf_rope_rule()
+    # the graph-input freqs cannot be shown to have equal halves, which the shipped rule
+    # requires (tests/test_vulkan_rope_hf_tables.py): the geometry is what is compared here
+    shipped = hf_rope_rule()
+    hand = dataclasses.replace(shipped, constraints=[
+        c for c in shipped.constraints if getattr(c, "name", "") != "hf_rope_tables_duplicated"])
+    assert len(hand.constraints) == len(shipped.constraints) - 1
     seen = []
     for m, args in ((HfRope(), full), (HfRope(), partial), (HfRope(split=8), full)):
         ep = edge(m, args)

@@ -109,22 +109,6 @@ def _on_runtime(real: Any, p: Program) -> str:
 HF = "et_vk.apply_rotary_emb_hf.default"
 
 
-@pytest.mark.parametrize("rd", [32, 24])
-def test_hf_rope_full_and_partial(rd: int, real_vulkan: Any) -> None:
-    a = (torch.randn(1, 5, 4, 32), torch.randn(1, 5, 2, 32), torch.randn(5, rd), torch.randn(5, rd))
-    ep = edge(HfRope(), a)
-    ms = fuse(ep)
-    assert [x.rule.name for x in ms.accepted] == ["hf_rope"]
-    assert ops(ep).count("et_vk.apply_rotary_emb_hf.default") == 1
-    assert "aten.neg.default" not in ops(ep)
-    for got, want in zip(ep.module()(*a), HfRope()(*a), strict=True):
-        assert torch.allclose(got, want, atol=1e-5)
-    # lowered by the drop-in and run for real, with the freqs a model computes
-    p = _vulkan(f"hf_rope rd={rd}", "fusionkit", HfRope(), (*a[:2], *_hf_freqs(5, rd)))
-    assert HF in _delegated_ops(p) and p.check_problems == []
-    assert p.simulator == "ok" and _on_runtime(real_vulkan, p) == "ok", p.describe()
-
-
 def test_hf_rope_sliced_table_passes_table_and_start(real_vulkan: Any) -> None:
     a = (torch.randn(1, 5, 4, 32), torch.randn(1, 5, 2, 32))
     m = HfRopeTable()
@@ -154,34 +138,6 @@ def test_hf_rope_near_miss_rotate_half_split_elsewhere(real_vulkan: Any) -> None
     assert ours.simulator == "ok" and _on_runtime(real_vulkan, ours) == "ok", ours.describe()
     assert stock.simulator == "wrong" and _on_runtime(real_vulkan, stock) == "wrong", \
         stock.describe()
-
-
-def test_hf_rope_with_freqs_whose_halves_differ(real_vulkan: Any) -> None:
-    """The fused op's CPU reference rotates with all of cos/sin; found here: the real
-    runtime's shader reads their first half only (it assumes transformers' duplicated
-    halves), so a program fed other freqs differs from eager in the second half of the
-    rotated dims. The rule fuses graph-input freqs it cannot prove duplicated."""
-    if real_vulkan is None:  # the simulator runs the op's reference: the tests above
-        return
-    p = _vulkan("hf_rope rd=24", "fusionkit", HfRope(), (  # test_hf_rope_full_and_partial's
-        torch.randn(1, 5, 4, 32), torch.randn(1, 5, 2, 32), *_hf_freqs(5, 24)))
-    g = torch.Generator().manual_seed(5)
-    a = (torch.randn(1, 5, 4, 32, generator=g), torch.randn(1, 5, 2, 32, generator=g),
-         torch.randn(5, 24, generator=g), torch.randn(5, 24, generator=g))
-    want = HfRope()(*a)
-    assert p.pte is not None
-    res = real_vulkan.run(p.pte, list(a))
-    assert res.ok, res.message
-    wrong = [not torch.allclose(g_, w, atol=1e-4) for g_, w in zip(res.outputs, want, strict=True)]
-    if any(wrong):
-        # exactly this: the first rotary half and the pass-through dims are right; the
-        # second half is what cos/sin's first half gives
-        half = 12
-        c, s_ = a[2][:, :half].repeat(1, 2), a[3][:, :half].repeat(1, 2)
-        for got, w in zip(res.outputs, _hf(*a[:2], c, s_), strict=True):
-            torch.testing.assert_close(got, w, atol=1e-4, rtol=1e-4)
-        pytest.xfail("the real runtime's apply_rotary_emb_hf reads the first half of "
-                     "cos/sin only: the hf_rope rule fuses freqs it cannot prove duplicated")
 
 
 # ------------------------------------------------------- quantized_linear: dq8ca and bmm

@@ -11,7 +11,7 @@ kernel cannot take), int8 with the full [-128, 127] range the kernels assume.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -163,13 +163,16 @@ ROPE_READS = ("xq", "xk", "freqs_cos", "freqs_sin")
 
 
 def qk_rope_rule(name: str, pattern: Pattern, geometry: Custom,
-              build: Callable[..., Any], description: str) -> Rule:
-    """A RoPE fusion over q and k: fp32 rank-4 operands plus the rule's own geometry check."""
+                 build: Callable[..., Any], description: str,
+                 extra: Sequence[Custom] = ()) -> Rule:
+    """A RoPE fusion over q and k: fp32 rank-4 operands plus the rule's own geometry check
+    (and ``extra`` checks after it)."""
     return Rule(
         name=name,
         pattern=pattern,
         constraints=[Rank("xq", frozenset({4})), Rank("xk", frozenset({4})),
-                     *(DtypeIn(n, frozenset({torch.float32})) for n in ROPE_READS), geometry],
+                     *(DtypeIn(n, frozenset({torch.float32})) for n in ROPE_READS), geometry,
+                     *extra],
         replacement=PythonReplacement(build),
         description=description,
     )

@@ -23,6 +23,11 @@ the freqs unsqueezed at dim 1; the halves split the rotary dim exactly
 and runs to the end; freqs_cos/freqs_sin fp32 of the same shape
 ``[seq_len, rotary_dim]``; a sliced table is sliced on dim 0, step 1, with the
 same start for cos and sin and ``seq_len`` rows (what the kernel reads).
+
+Found on the real runtime (not in the stock detector): its shader reads only the first
+half of cos/sin, for both halves, so the tables must provably have two equal halves
+(transformers' ``cat((freqs, freqs), -1)``, or constants that compare equal:
+:mod:`.rope_tables`); graph-input tables are declined.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 from torch.fx import Node
 
 from fusionkit import (
+    Blame,
     CheckContext,
     Pattern,
     Rewriter,
@@ -47,6 +53,7 @@ from fusionkit import (
 from fusionkit.passes.registry import register_rules
 
 from ._common import ABSENT, constraint, et_vk, is_last_dim, qk_rope_rule, shape
+from .rope_tables import not_duplicated
 
 SLICE = "aten.slice_copy.Tensor"
 
@@ -139,6 +146,18 @@ def _hf_rope_geometry(ctx: CheckContext, xq: Node, xk: Node, xq_out: Node, xk_ou
     return None
 
 
+def _hf_rope_tables(ctx: CheckContext, freqs_cos: Node, freqs_sin: Node) -> Blame | None:
+    """The runtime's apply_rotary_emb_hf reads only the first half of each table (for both
+    halves): fuse only tables whose halves are provably equal (:mod:`.rope_tables`)."""
+    for label, n in (("freqs_cos", freqs_cos), ("freqs_sin", freqs_sin)):
+        why = not_duplicated(ctx, n)
+        if why is not None:
+            return ctx.fail(f"{label} `{n.name}` is not provably two equal halves ({why}): "
+                            "the runtime's apply_rotary_emb_hf reads only the first half of "
+                            "the table", at=n)
+    return None
+
+
 def _hf_rope_build(rw: Rewriter, xq: Node, xk: Node, freqs_cos: Node, freqs_sin: Node
                    ) -> tuple[Node, Node]:
     cos, start, _ = _freqs_source(freqs_cos)
@@ -153,10 +172,12 @@ def hf_rope_rule(name: str = "hf_rope") -> Rule:
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
 
     geometry = constraint("hf_rope_geometry")(_hf_rope_geometry)
+    tables = constraint("hf_rope_tables_duplicated")(_hf_rope_tables)
     build = _hf_rope_build
 
     return qk_rope_rule(name, pattern, geometry, build,
-                     "HuggingFace rotate_half RoPE on q and k into et_vk.apply_rotary_emb_hf")
+                        "HuggingFace rotate_half RoPE on q and k into et_vk.apply_rotary_emb_hf",
+                        extra=(tables,))
 
 
 __all__ = ["hf_rope_rule"]

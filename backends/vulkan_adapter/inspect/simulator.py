@@ -97,7 +97,9 @@ Most run generically through their schema (ATen, or the reference kernels of
 are ``et_vk.prepack`` (the constant rule, then a copy), ``et_vk.conv_with_clamp``
 (bounds cast to the tensor's dtype like the runtime: ``FuseClampPass`` writes
 relu's upper bound as ``sys.float_info.max``), ``sym_size.int``,
-``et_vk.select_as_symint``, the symbolic-int ``operator`` functions, the graph's
+``et_vk.select_as_symint``, ``et_vk.apply_rotary_emb_hf`` (its reference
+with the first half of cos/sin for both halves, as the runtime's shader reads them:
+:func:`first_half_twice`), the symbolic-int ``operator`` functions, the graph's
 asserts, and the quantized / KV-cache ops of :data:`RUNTIME_OP_NAMES`, which run
 with what the Vulkan *runtime* computes (:mod:`.quantized_ops`: weight layouts as
 the prepack shaders read them, integer accumulation with the serialized weight
@@ -230,6 +232,15 @@ VK_TORCH_DTYPES: dict[int, torch.dtype] = {
 
 PREPACK = "et_vk.prepack.default"
 GELU = "aten.gelu.default"
+HF_ROPE = "et_vk.apply_rotary_emb_hf.default"
+
+
+def first_half_twice(table: torch.Tensor) -> torch.Tensor:
+    """What the runtime's ``apply_rotary_emb_hf`` shader reads of a cos/sin table: the first
+    half of the last dim, for both halves (it assumes transformers' ``cat((f, f), -1)``;
+    found on the real runtime, where the op's CPU reference reads the whole table)."""
+    half = table.shape[-1] // 2
+    return torch.cat((table[..., :half], table[..., :half]), dim=-1)
 
 
 class SimulationError(RuntimeError):
@@ -776,6 +787,8 @@ def _runtime_op(op_name: str) -> Callable[..., Any]:
         bad = violated(op_name, d.marked_symints(named, schema.arguments, ins))
         if bad:
             d.condition_broken(who, op_name, bad)
+        if op_name == HF_ROPE:  # the shader reads cos/sin's first half only
+            named.update((k, first_half_twice(named[k])) for k in ("freqs_cos", "freqs_sin"))
         if impl is not None:
             return impl(named)
         return op(*[named[a.name] for a in schema.arguments if not a.kwarg_only],

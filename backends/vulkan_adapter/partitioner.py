@@ -36,7 +36,7 @@ from fusionkit import op_key
 from fusionkit.integration.scoped import PreprocessScope
 
 from .install import PATCHES
-from .runtime_support import KeptOff, RuntimeSupport, cpu_has_kernel
+from .runtime_support import KeptOff, RuntimeSupport, cpu_has_kernel, pattern_ops
 
 #: VulkanBackend.preprocess runs under the takeover for this adapter's partitions only
 PREPROCESS_SCOPE = PreprocessScope("executorch.backends.vulkan.vulkan_preprocess",
@@ -183,18 +183,10 @@ class VulkanPartitioner(_StockVulkanPartitioner):
 @functools.cache
 def _preprocess_pattern_ops() -> frozenset[str]:
     """Every op a preprocess rule's pattern matches (the ops a preprocess fusion may remove)."""
-    from fusionkit.match.pattern import Op
-
     from .preprocess_rules import TAKEN_OVER_PASSES, rules_for
 
-    found: set[str] = set()
-    todo = [r.pattern for p in TAKEN_OVER_PASSES for r in rules_for(p)]
-    while todo:
-        pat = todo.pop()
-        if isinstance(pat, Op):
-            found |= pat.targets
-        todo.extend(pat.children())
-    return frozenset(found)
+    return frozenset().union(*(pattern_ops(r.pattern)
+                               for p in TAKEN_OVER_PASSES for r in rules_for(p)))
 
 
 # the same signature and docs as ExecuTorch's constructor (inspect.signature follows __wrapped__)

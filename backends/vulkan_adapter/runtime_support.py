@@ -30,8 +30,10 @@ stays, and ``check(program, runtime=...)`` reports it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import types
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -39,7 +41,7 @@ from torch.fx import Node
 
 from fusionkit import op_key
 
-__all__ = ["KeptOff", "RuntimeSupport", "cpu_has_kernel", "serialized_name"]
+__all__ = ["KeptOff", "RuntimeSupport", "cpu_has_kernel", "pattern_ops", "serialized_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +90,20 @@ def _removed_by_redundant_ops() -> frozenset[str]:
                      for o in RemoveRedundantOpsTransform.redundant_ops)
 
 
+def pattern_ops(pattern: Any) -> frozenset[str]:
+    """Every op a rule's pattern matches."""
+    from fusionkit.match.pattern import Op
+
+    found: set[str] = set()
+    todo = [pattern]
+    while todo:
+        pat = todo.pop()
+        if isinstance(pat, Op):
+            found |= pat.targets
+        todo.extend(pat.children())
+    return frozenset(found)
+
+
 @dataclasses.dataclass
 class _Preprocess:
     """What the preprocess rules would do to a program: nodes consumed, declines by node."""
@@ -111,10 +127,20 @@ def _find(ep: Any, rules: list[Any]) -> Any:
                         check_replacements=False, strict=False)
 
 
-def _note_declines(ms: Any, declined: dict[Any, tuple[list[str], list[str]]],
-                   key: Any = lambda n: n) -> None:
+def _note_declines(ms: Any, rules: list[Any], declined: dict[Any, tuple[list[str], list[str]]],
+                   key: Any = lambda n: n, errors: set[Any] | None = None) -> None:
+    """Each decline, noted at the nodes its match claimed, its root, and the root's inputs
+    of an op the rule's pattern matches (a fusion declined at its user: the weight-only
+    linear at the ``linear``, for its ``dequantize_per_channel``)."""
+    by_name = {r.name: r for r in rules}
+    errors = set() if errors is None else errors
     for d in ms.declined:
-        for n in {*d.claimed, d.root}:
+        if d.step == "error":  # the rule could not judge it: it may yet fuse (undecided)
+            errors.update(key(n) for n in {*d.claimed, d.root})
+        rule = by_name.get(d.rule)
+        ops = pattern_ops(rule.pattern) if rule is not None else frozenset()
+        inputs = {n for n in d.root.all_input_nodes if serialized_name(n) in ops}
+        for n in {*d.claimed, d.root, *inputs}:
             # the fusions that would consume it from a user first, then its own rules
             declined.setdefault(key(n), ([], []))[n is d.root].append(f"{d.rule!r} ({d.reason})")
 
@@ -138,10 +164,41 @@ def _preprocess_verdicts(ep: Any) -> _Preprocess:
             continue
         for m in ms.accepted:
             out.consumed.update(m.claimed)
-        _note_declines(ms, declined)
+        _note_declines(ms, rules, declined)
     out.declined = {n: _declines_text(said) for n, said in declined.items()
                     if n not in out.consumed}
     return out
+
+
+@contextlib.contextmanager
+def _real_constants(ep: Any) -> Iterator[None]:
+    """``to_edge_transform_and_lower`` partitions a fake copy of the program (ExecuTorch's
+    ``get_fake_program``: the state dict made of FakeTensors); the preprocess rules judge
+    the weights' values. While this is active, each fake entry holds the real tensor it
+    was made from (found through its fake mode's converter), put back after."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    fakes = {k: v for k, v in ep.state_dict.items() if isinstance(v, FakeTensor)}
+    if not fakes:
+        yield
+        return
+    real: dict[int, Any] = {}
+    try:
+        modes = {id(f.fake_mode): f.fake_mode for f in fakes.values()}
+        for mode in modes.values():
+            conv = mode.fake_tensor_converter
+            for t, i in conv.meta_converter.describer.lookup_tensor.items():
+                fake = conv.tensor_memo.get(i)
+                if fake is not None:
+                    real[id(fake)] = t
+    except AttributeError:  # another torch: the rules decline on what they cannot read
+        pass
+    swapped = {k: real[id(v)] for k, v in fakes.items() if id(v) in real}
+    ep.state_dict.update(swapped)
+    try:
+        yield
+    finally:
+        ep.state_dict.update({k: fakes[k] for k in swapped})
 
 
 def _shared_tensors(ep: Any) -> dict[int, Any]:
@@ -172,6 +229,8 @@ class _Preprocessed:
     origin: dict[str, set[str]]
     #: copy node name -> the preprocess rules' declines of matches claiming it
     declined: dict[str, tuple[list[str], list[str]]]
+    #: copy node names a rule raised on (it could not judge them: left to the partitioner)
+    undecided: set[str]
 
 
 def _preprocessed(ep: Any) -> _Preprocessed | None:
@@ -190,11 +249,12 @@ def _preprocessed(ep: Any) -> _Preprocessed | None:
         return None
     origin: dict[str, set[str]] = {}
     declined: dict[str, tuple[list[str], list[str]]] = {}
+    undecided: set[str] = set()
     for _, rules in _rule_passes():
         for _ in range(MAX_ROUNDS if rules else 0):
             try:
                 ms = _find(work, rules)
-                _note_declines(ms, declined, lambda n: n.name)
+                _note_declines(ms, rules, declined, lambda n: n.name, undecided)
                 if not ms.accepted:
                     break
                 done = apply_matches(work, ms.accepted, drop_dead_constants=False, strict=False)
@@ -204,7 +264,7 @@ def _preprocessed(ep: Any) -> _Preprocessed | None:
                 origin[root.name] = set().union(*(origin.get(n.name, {n.name}) for n in m.claimed))
             if len(done.applied) < len(ms.accepted):
                 break
-    return _Preprocessed(work, origin, declined)
+    return _Preprocessed(work, origin, declined, undecided)
 
 
 class RuntimeSupport:
@@ -230,6 +290,12 @@ class RuntimeSupport:
         """Read ``ep`` once. ``fused_by_preprocess``: ops a preprocess rule's pattern
         matches; a node of one the runtime lacks is judged on the program as the
         preprocess rules would leave it (:func:`_preprocessed`)."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily(), _real_constants(ep):  # the rules read their values
+            self._prepare(ep, fused_by_preprocess)
+
+    def _prepare(self, ep: Any, fused_by_preprocess: frozenset[str]) -> None:
         self._ep = ep
         self._pre = _preprocess_verdicts(ep)
         self._after_preprocess = None
@@ -280,7 +346,8 @@ class RuntimeSupport:
         left: set[Node] = set()
         for n in after.ep.graph_module.graph.nodes:
             name = serialized_name(n) if n.op == "call_function" else ""
-            if name not in fused or self.inventory.has_operator(name) or not cpu_has_kernel(name):
+            if (name not in fused or self.inventory.has_operator(name)
+                    or not cpu_has_kernel(name) or n.name in after.undecided):
                 continue
             left.add(n)
             why = f"{self._runtime()} has no {name} (it aborts with 'Missing operator: {name}')"
@@ -323,15 +390,16 @@ class RuntimeSupport:
 
         if not node.args or not isinstance(node.args[0], Node) or not has_impl(node.target):
             return None
-        val, first = node.meta.get("val"), node.args[0].meta.get("val")
-        if getattr(val, "dtype", None) is None or getattr(first, "dtype", None) is None:
+        val = node.meta.get("val")
+        dtype = getattr(node.args[0].meta.get("val"), "dtype", None)
+        if getattr(val, "dtype", None) is None or dtype is None:
             return None
         try:
             repsets = get_op_features(node.target).make_op_repsets(node, self.texture_limits)
             out_set = repsets.get_out_repset(0)
             storages = ([1] if out_set.texture_is_valid() else []) + (
                 [0] if out_set.buffer_is_valid() else [])
-            in1 = types.SimpleNamespace(datatype=int(get_vk_datatype(first.dtype)))
+            in1 = types.SimpleNamespace(datatype=int(get_vk_datatype(dtype)))
         except Exception:  # not a representable tensor op: the partitioner decides
             return None
         lacking = [s for s in (missing_shader(name, types.SimpleNamespace(storage_type=st), in1,

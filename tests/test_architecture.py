@@ -393,6 +393,9 @@ NOT_RESULTS: dict[str, tuple[bool, str]] = {
     "fusionkit.check.executable.NotRunnable": (
         True, "the verdict ReplacementCheck memoises by metadata, shared by matches alike, so "
               "it names no rule, root or node; .result(rule, root) is one match's"),
+    "fusionkit.backends.vulkan_adapter.runtime_support.KeptOff": (
+        False, "a node the Vulkan partitioner left to the CPU and the probed runtime's fact "
+               "(missing shader, operator, ...): no rule was tried, so no match to report"),
     "fusionkit.app.html_report.Item": (
         False, "one drawing of the HTML page, made from a Match or a MatchResult (Item.of); "
                "never handed to users as a verdict"),

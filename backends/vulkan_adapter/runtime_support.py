@@ -40,6 +40,7 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import op_key
+from fusionkit.match.pattern import Op, Pattern, PatternVisitor
 
 __all__ = ["KeptOff", "RuntimeSupport", "cpu_has_kernel", "pattern_ops", "serialized_name"]
 
@@ -90,18 +91,19 @@ def _removed_by_redundant_ops() -> frozenset[str]:
                      for o in RemoveRedundantOpsTransform.redundant_ops)
 
 
-def pattern_ops(pattern: Any) -> frozenset[str]:
-    """Every op a rule's pattern matches."""
-    from fusionkit.match.pattern import Op
+class _PatternOps(PatternVisitor[frozenset[str]]):
+    """The ops a pattern matches, every node kind through its own ``accept``."""
 
-    found: set[str] = set()
-    todo = [pattern]
-    while todo:
-        pat = todo.pop()
-        if isinstance(pat, Op):
-            found |= pat.targets
-        todo.extend(pat.children())
-    return frozenset(found)
+    def generic(self, p: Pattern) -> frozenset[str]:
+        return frozenset().union(*(c.accept(self) for c in p.children()))
+
+    def visit_op(self, p: Op) -> frozenset[str]:
+        return p.targets | self.generic(p)
+
+
+def pattern_ops(pattern: Pattern) -> frozenset[str]:
+    """Every op a rule's pattern matches."""
+    return pattern.accept(_PatternOps())
 
 
 @dataclasses.dataclass

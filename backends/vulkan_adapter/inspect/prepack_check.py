@@ -128,6 +128,8 @@ class VulkanDelegate:
     #: the delegate call's tensors in the program: ("input" | "output", index, shape,
     #: dim order), when the program around the payload is at hand
     boundary: tuple[tuple[str, int, tuple[int, ...], tuple[int, ...]], ...] = ()
+    #: named-data key -> its bytes, when the program's named data is at hand
+    named_data: dict[str, bytes] | None = None
 
 
 # -------------------------------------------------------------------- the checks
@@ -227,6 +229,7 @@ def check_payload(payload: bytes | VulkanPayload, delegate: int = 0, method: str
                   named_sizes: dict[str, int] | None = None,
                   named_complete: bool = True,
                   boundary: tuple[tuple[str, int, tuple[int, ...], tuple[int, ...]], ...] = (),
+                  named_data: dict[str, bytes] | None = None,
                   ) -> list[Problem]:
     """Problems of one decoded (or raw) Vulkan delegate payload (``boundary``: see
     :attr:`VulkanDelegate.boundary`)."""
@@ -238,7 +241,58 @@ def check_payload(payload: bytes | VulkanPayload, delegate: int = 0, method: str
         return [Problem("bad_payload", delegate, None, None, None, None,
                         f"the payload cannot be decoded: {e}", method)]
     return [*_check_args(p.graph, d), *_check_constants(p.graph, p, d),
-            *_check_conditions(p.graph, d), *_check_boundary(p.graph, d)]
+            *_check_conditions(p.graph, d), *_check_boundary(p.graph, d),
+            *_check_rope_tables(p, d, named_data)]
+
+
+HF_ROPE = "et_vk.apply_rotary_emb_hf.default"
+
+
+def _constant_fp32(p: VulkanPayload, vid: int, named_data: dict[str, bytes] | None) -> Any:
+    """The fp32 constant value ``vid`` of ``p`` (or the one an ``et_vk.prepack`` packed into
+    it) as a tensor, else None."""
+    import torch
+
+    packed = {c.args[-1]: c.args[0] for c in p.graph.chain
+              if c.name == "et_vk.prepack.default" and len(c.args) == 2}
+    vid = packed.get(vid, vid)  # a prepacked constant: its TensorRef
+    v = p.graph.value(vid)
+    t = None if v is None else v.tensor
+    if t is None or not t.is_constant or t.constant_id >= len(p.graph.constants):
+        return None
+    if t.dtype_name != "FLOAT32" or not t.dims:
+        return None
+    c = p.graph.constants[t.constant_id]
+    data = ((named_data or {}).get(c.named_key) if c.in_named_data
+            else p.raw[c.offset:c.offset + c.length])
+    need = t.numel * 4
+    if data is None or len(data) < need:
+        return None
+    return torch.frombuffer(bytearray(data[:need]), dtype=torch.float32).reshape(t.dims)
+
+
+def _check_rope_tables(p: VulkanPayload, d: VulkanDelegate,
+                       named_data: dict[str, bytes] | None) -> Iterator[Problem]:
+    """The runtime's apply_rotary_emb_hf reads only the first half of cos/sin (for both
+    halves): a constant table whose halves differ computes garbage. A table that is not a
+    constant (a delegate input, or computed by the payload) cannot be judged here."""
+    import torch
+
+    for ci, call in enumerate(p.graph.chain):
+        if call.name != HF_ROPE or len(call.args) < 4:
+            continue
+        for i, arg in ((2, "freqs_cos"), (3, "freqs_sin")):
+            table = _constant_fp32(p, call.args[i], named_data)
+            if table is None:
+                continue
+            half = table.shape[-1] // 2
+            if torch.equal(table[..., :half], table[..., half:2 * half]):
+                continue
+            yield Problem("runtime_condition", d.index, call.name, i, arg, call.args[i],
+                          f"{call.name} argument {arg!r}: the runtime computes garbage "
+                          "(rotary_embedding_hf shader): it reads only the first half of the "
+                          "table's last dim, for both halves, and this constant's halves "
+                          "differ", d.method, ci)
 
 
 @dataclass(frozen=True)
@@ -324,6 +378,14 @@ def _named_sizes(nd: Any) -> dict[str, int] | None:
     return out
 
 
+def _named_bytes(nd: Any) -> dict[str, bytes] | None:
+    """key -> bytes of a NamedDataStoreOutput's .pte data."""
+    if nd is None:
+        return None
+    return {key: bytes(nd.buffers[entry.buffer_index])
+            for key, entry in (getattr(nd, "pte_data", None) or {}).items()}
+
+
 def _from_edge(prog: Any) -> Iterator[VulkanDelegate]:
     """The delegates of an ``EdgeProgramManager`` (every method) or of one lowered
     ``ExportedProgram`` (reported as ``forward``)."""
@@ -341,10 +403,11 @@ def _from_edge(prog: Any) -> Iterator[VulkanDelegate]:
             for _, lm, call in get_lowered_submodules(module):
                 if lm.backend_id != BACKEND_ID:
                     continue
-                named = _named_sizes(getattr(lm, "named_data_store_output", None))
+                nd = getattr(lm, "named_data_store_output", None)
+                named = _named_sizes(nd)
                 yield VulkanDelegate(index, method, bytes(lm.processed_bytes),
                                      named if named is not None else {},
-                                     boundary=_edge_boundary(call))
+                                     boundary=_edge_boundary(call), named_data=_named_bytes(nd))
                 index += 1
 
 
@@ -353,8 +416,16 @@ def _edge_boundary(call: Any) -> tuple[tuple[str, int, tuple[int, ...], tuple[in
     import torch
 
     def of(kind: str, vals: list[Any]) -> list[tuple[str, int, tuple[int, ...], tuple[int, ...]]]:
-        return [(kind, k, tuple(int(s) for s in v.shape), tuple(int(d) for d in v.dim_order()))
-                for k, v in enumerate(vals) if isinstance(v, torch.Tensor)]
+        out = []
+        for k, v in enumerate(vals):
+            if not isinstance(v, torch.Tensor):
+                continue
+            try:
+                out.append((kind, k, tuple(int(s) for s in v.shape),
+                            tuple(int(d) for d in v.dim_order())))
+            except Exception:  # symbolic sizes / strides: the .pte's values say
+                continue
+        return out
 
     ins = [a.meta.get("val") if hasattr(a, "meta") else None for a in call.args[1:]]
     val = call.meta.get("val")
@@ -415,8 +486,12 @@ def _from_pte(pte: bytes) -> Iterator[VulkanDelegate]:
                     n_out = None
                 if n_out is not None:
                     boundary = _pte_boundary(plan, calls[di], n_out)
+            blobs = None
+            if pf.named_data is not None:
+                blobs = {k: bytes(pf.named_data.buffers[e.buffer_index])
+                         for k, e in pf.named_data.pte_data.items()}
             yield VulkanDelegate(index, plan.name, data, sizes, named_complete=False,
-                                 boundary=boundary)
+                                 boundary=boundary, named_data=blobs)
             index += 1
 
 
@@ -457,7 +532,7 @@ def check(program: Any, runtime: Any = None) -> list[Problem]:
     problems: list[Problem] = []
     for d in vulkan_delegates(program):
         problems.extend(check_payload(d.payload, d.index, d.method, d.named_sizes,
-                                      d.named_complete, d.boundary))
+                                      d.named_complete, d.boundary, d.named_data))
         if runtime is not None:
             problems.extend(_check_available(d, runtime))
     return problems

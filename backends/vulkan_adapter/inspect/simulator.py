@@ -914,8 +914,11 @@ def _dim_order(v: Any) -> tuple[int, ...] | None:
     or one whose layout is that of a contiguous tensor anyway."""
     if not isinstance(v, torch.Tensor) or v.dim() < 2:
         return None
-    order = tuple(int(d) for d in v.dim_order())
-    return None if contiguous_dim_order(v.shape, order) else order
+    try:
+        order = tuple(int(d) for d in v.dim_order())
+        return None if contiguous_dim_order(v.shape, order) else order
+    except Exception:  # symbolic sizes / strides: like the runtime's tensors, contiguous
+        return None
 
 
 def _boundary_dim_orders(node: torch.fx.Node) -> tuple[list[Any], list[Any]]:

@@ -172,6 +172,14 @@ def test_differing_halves_ours_declines_stock_is_wrong_as_the_simulator_says(
     stock = _lowered(name, "stock", m, a)
     assert HF not in ours[3] and HF in stock[3]
     assert _close(ours[1], want) and not _close(stock[1], want)
+    # check(): a constant table is read and judged; a graph input cannot be from the payload
+    assert ours[2] == []
+    tables = [x for x in stock[2] if "reads only the first half" in x]
+    assert tables == ([] if name == "input" else [
+        f"runtime_condition: {HF} argument {a!r}: the runtime computes garbage "
+        "(rotary_embedding_hf shader): it reads only the first half of the table's last "
+        "dim, for both halves, and this constant's halves differ"
+        for a in ("freqs_cos", "freqs_sin")]), stock[2]
     # the simulator computes what the runtime's shader does: cos/sin's first half twice
     rd = 32
     c, s = (t[:, : rd // 2].repeat(1, 2) for t in

@@ -35,7 +35,7 @@ class Conv(torch.nn.Module):
         super().__init__()
         self.c = torch.nn.Conv2d(3, 4, 3, padding=1)
         if weight_cl:
-            self.c.to(memory_format=CL)
+            self.c.weight.data = self.c.weight.data.contiguous(memory_format=CL)
         self.after = after
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -71,6 +71,12 @@ PROGRAMS: dict[str, tuple[Callable[[], torch.nn.Module], bool]] = {
     "relu_cl_in_out": (lambda: Elementwise(_same), True),   # both CL: the two copies cancel
     "relu_cl_in": (lambda: Elementwise(_to_contiguous), True),   # input CL only
     "relu_cl_out": (lambda: Elementwise(_to_cl), False),    # output CL only
+}
+IN, OUT = ("input", 0), ("output", 0)
+#: the delegate's tensors each program makes channels_last (as eager lays them out)
+LAYOUTS: dict[str, set[tuple[str, int]]] = {
+    "conv_cl_weight": {OUT}, "conv_cl_input": {IN, OUT}, "conv_plain": set(),
+    "relu_cl_in_out": {IN, OUT}, "relu_cl_in": {IN}, "relu_cl_out": {OUT},
 }
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 #: every program in fp32; fp16 where a lone or a double channels_last tensor is read or
@@ -127,6 +133,7 @@ def lowered() -> dict[str, Lowered]:
             edge, et = _lower(model, x)
             marks = {("input", 0)} if _is_cl(x) else set()
             marks |= {("output", 0)} if _is_cl(eager) else set()
+            assert marks == LAYOUTS[prog], (case, marks)  # the layouts the case is about
             out[case] = Lowered(edge, et, x, eager, marks)
         gelu = torch.nn.GELU(approximate="none").eval()
         x = torch.linspace(-4, 4, 2 * 3 * 64).reshape(2, 3, 64)

@@ -220,9 +220,10 @@ def check_shard(shard: int, tmp: Path) -> None:
     assert not not_fused, not_fused
     # two gated runs per preprocess (the real one, the rules-off twin); four gated passes
     # are left (ConstProp, DimOrderOpsRevert, PropagateCustomMeta, RemoveRedundantCopy):
-    # at least one and a half of them skipped per gated run on average (the floor was 4 per
-    # call with five; ConvertToLinearPass, skipped in nearly every call, is now rules)
-    assert skipped >= 3 * twin["preprocess_calls"], data["gate_counts"]
+    # at least one skip per call on average (the floor was 4 per call with five; the
+    # ConvertToLinearPass gate, which skipped in nearly every call, is rules now; the
+    # linear op tests alone skipped 1.57 per call with the four left)
+    assert skipped >= 1 * twin["preprocess_calls"], data["gate_counts"]
     assert ran >= twin["preprocess_calls"], data["gate_counts"]  # ChannelsLast always runs
     # ... and let a pass run where its trigger is present
     not_run = {(t, p) for t in selected for p in MUST_RUN.get(t, ())

@@ -366,7 +366,8 @@ def test_other_delegated_ops(lowered: Lowerer) -> None:
 #: every op ExecuTorch's Vulkan partitioner delegated in this module's models (fusionkit's
 #: lowering; stock's delegates no other op), each simulated above against eager
 EXERCISED = frozenset({
-    "aten._softmax.default", "aten.add.Tensor", "aten.bmm.default", "aten.cat.default",
+    "aten._softmax.default", "aten.add.Tensor", "aten.addmm.default", "aten.bmm.default",
+    "aten.cat.default",
     "aten.clamp.default", "aten.clone.default", "aten.div.Tensor", "aten.embedding.default",
     "aten.eq.Scalar", "aten.full_like.default", "aten.gelu.default", "aten.gt.Scalar",
     "aten.linear.default", "aten.logical_not.default", "aten.mean.dim", "aten.mul.Tensor",

@@ -89,21 +89,51 @@ def _keep_linear(rw: Rewriter, linear: Node, x: Node, w: Node, b: Any = ABSENT) 
     return rw.call(LINEAR, x, w) if b is ABSENT else rw.call(LINEAR, x, w, b)
 
 
+def _is_constant(ctx: CheckContext, v: Any) -> bool:
+    return isinstance(v, Node) and v.op == "placeholder" and ctx.inputs.constant(v) is not None
+
+
+def _constant_weight(ctx: CheckContext, wt: Any) -> str | None:
+    """Vulkan's ``linear`` prepacks its weight (``Linear.cpp``: ``prepack_fp_linear_weight``),
+    while its ``addmm`` / ``mm`` also take a weight computed at run time (``addmm_tiled``'s
+    ``val_is_tref`` branch): a ``linear`` of a computed weight makes the runtime abort."""
+    w = wt.args[0] if isinstance(wt, Node) and wt.args else None
+    if _is_constant(ctx, w):
+        return None
+    if isinstance(w, Node) and w.op == "call_function" \
+            and "dequantize" in getattr(w.target, "__name__", "") and _is_constant(ctx, w.args[0]):
+        return None  # a quantized weight: FuseQuantizedOps packs it (or the partitioner keeps it off)
+    what = ctx.inputs.describe(w) if isinstance(w, Node) else repr(w)
+    return (f"the weight `{getattr(w, 'name', w)}` transposed by `{wt.name}` is {what}, not a "
+            "constant: Vulkan's linear prepacks its weight (the runtime aborts in "
+            "prepack_fp_linear_weight), its addmm/mm does not")
+
+
 @register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
-def addmm_to_linear_rules() -> list[Rule]:
-    """addmm / mm of a transposed weight -> linear; an identity view after a linear goes."""
+def vulkan_addmm_to_linear_rules() -> list[Rule]:
+    """The rules below for Vulkan: only a constant weight becomes a linear's (prepacked)."""
+    return addmm_to_linear_rules(prepacked_weight=True)
+
+
+def addmm_to_linear_rules(prepacked_weight: bool = False) -> list[Rule]:
+    """addmm / mm of a transposed weight -> linear; an identity view after a linear goes.
+
+    ``prepacked_weight``: the target's linear prepacks its weight, so a weight computed
+    in the graph is declined (Vulkan); XNNPACK's ConvertToLinear takes any weight."""
     transposed = constraint("transposed_weight")(_transposed_weight)
+    weight_checks = [transposed, constraint("constant_weight")(_constant_weight)] \
+        if prepacked_weight else [transposed]
     linear = (op(LINEAR, capture("x"), capture("w"))
               | op(LINEAR, capture("x"), capture("w"), capture("b"))).bind("linear")
     return [
         Rule(name="addmm_to_linear",
              pattern=op(ADDMM, capture("b"), capture("x"), capture("wt")),
-             constraints=[transposed],
+             constraints=weight_checks,
              replacement=PythonReplacement(_addmm_to_linear),
              description="addmm(b, x, t(w)) -> linear(x, w, b)"),
         Rule(name="mm_to_linear",
              pattern=op(MM, capture("x"), capture("wt")),
-             constraints=[transposed],
+             constraints=weight_checks,
              replacement=PythonReplacement(_mm_to_linear),
              description="mm(x, t(w)) -> linear(x, w)"),
         Rule(name="linear_identity_view",

@@ -446,20 +446,34 @@ def test_an_activation_after_a_lone_batch_norm_keeps_stock_debug_handles() -> No
 
 
 def test_known_outside_the_rules_vulkan() -> None:
-    """Found by this file: a lone ``BatchNorm2d(affine=False)`` (after a mul) is delegated
-    by ``VulkanPartitioner`` and the runtime refuses it (its weight is None, not a constant
-    tensor ref). The rules change nothing there (byte-identical); ``check()`` predicts the
-    refusal. Pins :data:`KNOWN_OUTSIDE_THE_RULES`: when the partitioner keeps such a batch
-    norm off Vulkan this fails -- remove the entry."""
+    """Found by this file: a lone ``BatchNorm2d(affine=False)`` (after a mul), which the
+    runtime refuses (its weight is None, not a constant tensor ref). The rules change
+    nothing there (byte-identical, given the same partitioner). The 1.5.1 registry's
+    partitioner (``runtime=None``, a machine without the runtime) delegates it and
+    ``check()`` predicts the refusal -- :data:`KNOWN_OUTSIDE_THE_RULES`; the adapter's
+    partitioner with the probed runtime keeps it off the delegate, with its reason."""
+    from executorch.exir import to_edge_transform_and_lower
+
     import fusionkit.backends.vulkan_adapter as vk
+    from fusionkit.backends.vulkan_adapter.runtime_probe import cached_inventory
 
     spec = Spec(4, 4, 4, (Block("batch_norm", twice=True),), None, False, 0)
     ep = torch.export.export(Generated(spec).eval(), inputs(spec))
-    ours, stock = lower_vulkan(ep, True), lower_vulkan(ep, False)
-    assert ours.error is None and ours.pte == stock.pte
-    problems = vk.check(ours.program)
+    blind = to_edge_transform_and_lower(copy.deepcopy(ep), transform_passes=vk.transform_passes(),
+                                        partitioner=[vk.VulkanPartitioner(runtime=None)])
+    problems = vk.check(blind)
     assert any(p.kind == "not_constant" and "batch_norm" in p.op and p.arg_name == "weight"
                for p in problems), problems
+    inventory = cached_inventory()
+    if inventory is None:
+        return  # no probed runtime here: the registry's partitioner is the adapter's
+    ours, stock = lower_vulkan(ep, True), lower_vulkan(ep, False)
+    assert ours.error is None and ours.pte == stock.pte
+    assert not [p for p in vk.check(ours.program) if "batch_norm" in p.op]
+    part = vk.VulkanPartitioner(runtime=inventory)
+    to_edge_transform_and_lower(copy.deepcopy(ep), transform_passes=vk.transform_passes(part),
+                                partitioner=[part])
+    assert any("batch_norm" in k.op for k in part.kept_off_nodes), part.kept_off_nodes
 
 
 def test_a_quantized_conv1d_applied_twice_is_refused_by_xnnpack_stock_or_not() -> None:

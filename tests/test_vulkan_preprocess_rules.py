@@ -100,13 +100,16 @@ class Lowered:
     pass_counts: dict[str, dict[str, int]]
 
 
-def lower(model: nn.Module, inputs: tuple[torch.Tensor, ...], rules: bool) -> Lowered:
+def lower(model: nn.Module, inputs: tuple[torch.Tensor, ...], rules: bool,
+          runtime: Any = "auto") -> Lowered:
+    """``runtime``: the partitioner's (None: trust the 1.5.1 registry, so that a program
+    the probed runtime cannot run is still made, to test what runs it)."""
     ep = torch.export.export(model, inputs)
     pr.reset_counts()
     pass_gating.reset_counts()
     with pass_gating.checking(), (pr.disabled() if not rules else contextlib.nullcontext()):
         prog = to_edge_transform_and_lower(copy.deepcopy(ep), transform_passes=vk.transform_passes(),
-                                           partitioner=[vk.VulkanPartitioner()])
+                                           partitioner=[vk.VulkanPartitioner(runtime=runtime)])
         pte = bytes(prog.to_executorch().buffer)
     return Lowered(pte, prog, pr.counts(), pass_gating.counts())
 

@@ -18,6 +18,8 @@ compare with eager PyTorch. The plugin
   uninstalled (ExecuTorch's own preprocess), and compares each with the real result
   (delegate bytes, named data, debug handles): the gates must change no byte, the rules
   none either, and fusionkit's serializer none for constants that own their storage;
+* with ``FUSIONKIT_XNNPACK_SEED=s`` seeds ``random`` and ``torch`` before each test (the
+  op tests draw weights, inputs and the dynamic batch size at random, unseeded);
 * keeps the tests whose index in the collected order is ``k`` modulo ``n`` when
   ``FUSIONKIT_SHARD=k/n`` is set;
 * writes to the JSON file named by ``FUSIONKIT_XNNPACK_SPY``: the tests selected, each
@@ -202,6 +204,14 @@ def _rule_totals() -> dict[str, dict[str, int]]:
 
 def pytest_runtest_setup(item: Any) -> None:
     STATE["current"] = test_key(item)
+    seed = os.environ.get("FUSIONKIT_XNNPACK_SEED")
+    if seed:  # the same weights, inputs and random batch sizes in every run (stock or ours)
+        import random
+
+        import torch
+
+        random.seed(int(seed))
+        torch.manual_seed(int(seed))
     STATE["before"] = _gate_totals()
     STATE["rules_before"] = _rule_totals()
 

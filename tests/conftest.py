@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from fusionkit.backends.vulkan_adapter.runtime_probe import RuntimeInventory
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -49,3 +54,14 @@ def vulkan_runtime() -> object:
             pytest.fail(why)
         pytest.skip(why)
     return path
+
+
+@pytest.fixture(scope="session")
+def probed(vulkan_runtime: Path) -> RuntimeInventory:
+    """The inventory of the real Vulkan runtime (its operators and shader variants),
+    probed once per runtime and cached beside it."""
+    from fusionkit.backends.vulkan_adapter.runtime_probe import inventory
+
+    inv = inventory(vulkan_runtime)
+    assert inv is not None
+    return inv

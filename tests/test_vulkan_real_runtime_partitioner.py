@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from fusionkit.backends.vulkan_adapter import runtime as rt
-from fusionkit.backends.vulkan_adapter.runtime_probe import RuntimeInventory, inventory
+from fusionkit.backends.vulkan_adapter.runtime_probe import RuntimeInventory
 
 pytest.importorskip("torchao")
 
@@ -168,13 +168,6 @@ def _outcome(case: Case, low: Lowered) -> str:
     if not low.real.ok:
         return "refused"
     return "ok" if _close(low.real.outputs, _eager(case)) else "wrong"
-
-
-@pytest.fixture(scope="module")
-def probed(vulkan_runtime: Any) -> RuntimeInventory:
-    inv = inventory(vulkan_runtime)
-    assert inv is not None
-    return inv
 
 
 @pytest.fixture(scope="module")

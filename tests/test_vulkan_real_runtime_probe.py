@@ -3,22 +3,12 @@ what it lacks off the delegate (a program stock ExecuTorch lowers is refused at 
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
 import torch
 from vulkan_real_programs import lower, run_all
 
 from fusionkit.backends.vulkan_adapter import VulkanPartitioner
 from fusionkit.backends.vulkan_adapter.rule_ops import created_operators
-from fusionkit.backends.vulkan_adapter.runtime_probe import RuntimeInventory, inventory
-
-
-@pytest.fixture(scope="module")
-def probed(vulkan_runtime: Any) -> RuntimeInventory:
-    inv = inventory(vulkan_runtime)  # probes once per runtime, cached beside it
-    assert inv is not None
-    return inv
+from fusionkit.backends.vulkan_adapter.runtime_probe import RuntimeInventory
 
 
 def test_the_probe_finds_what_the_runtime_lacks_and_has(probed: RuntimeInventory) -> None:

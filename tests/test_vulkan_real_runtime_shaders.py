@@ -11,7 +11,7 @@ import torch
 from vulkan_real_programs import Program, lower, run_all
 
 from fusionkit.backends.vulkan_adapter.inspect.shaders import missing_shader
-from fusionkit.backends.vulkan_adapter.runtime_probe import RuntimeInventory, inventory
+from fusionkit.backends.vulkan_adapter.runtime_probe import RuntimeInventory
 
 #: (torch function, dtype): a comparison, an arithmetic op, in the dtypes models use
 CASES = [(torch.eq, torch.int32), (torch.lt, torch.int32), (torch.add, torch.int32),
@@ -25,13 +25,6 @@ class Binary(torch.nn.Module):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return self.fn(a, b)
-
-
-@pytest.fixture(scope="module")
-def probed(vulkan_runtime: Any) -> RuntimeInventory:
-    inv = inventory(vulkan_runtime)
-    assert inv is not None
-    return inv
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ XA_INSTALL = importlib.import_module("fusionkit.backends.xnnpack_adapter.install
 
 def _parts(adapter: Any) -> list[Any]:
     if adapter is xa:
-        return [xa.serializer.SERIALIZER_PATCHES, xa.preprocess_rules.TAKEOVER,
+        return [xa.serializer.SERIALIZER_PATCHES, xa.preprocess_rules.PATCHES,
                 importlib.import_module("fusionkit.backends.xnnpack_adapter.pass_gates").PATCHES]
     return [vk.constant_serializer.PATCHES, vk.preprocess_rules.PATCHES,
             importlib.import_module("fusionkit.backends.vulkan_adapter.pass_gates").PATCHES]
@@ -61,6 +61,8 @@ def test_former_install_names_warn_and_are_the_adapters() -> None:
             assert getattr(xa.serializer, name) == getattr(XA_INSTALL, name)
     with pytest.warns(DeprecationWarning, match="PATCHES"):
         assert VK_INSTALL.TAKEOVER is VK_INSTALL.PATCHES is vk.PATCHES
+    with pytest.warns(DeprecationWarning, match="preprocess_rules.TAKEOVER is deprecated: use PATCHES"):
+        assert xa.preprocess_rules.TAKEOVER is xa.preprocess_rules.PATCHES
     with pytest.raises(AttributeError):
         xa.serializer.no_such_name  # noqa: B018
 

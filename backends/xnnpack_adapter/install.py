@@ -22,7 +22,7 @@ __all__ = ["PATCHES", "Installation", "UnsupportedExecuTorchError", "install", "
 
 #: the serializer, the rules in place of the stock rewrite passes, the gates (same bytes)
 PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter", lambda: [],
-                   includes=(serializer.SERIALIZER_PATCHES, preprocess_rules.TAKEOVER,
+                   includes=(serializer.SERIALIZER_PATCHES, preprocess_rules.PATCHES,
                              pass_gates.PATCHES))
 
 install = PATCHES.install

@@ -11,9 +11,11 @@ created). Every other pass (layout, constant propagation, the rest) runs as
 ExecuTorch wrote it, through the module's ``_transform`` (so gated by
 :mod:`.pass_gates` when that is installed too).
 
-:data:`TAKEOVER` is the reversible patch of ``XNNPACKPassManager.transform``;
-the adapter includes it in the patch set its scoped preprocess installs, so only
-the partitions a fusionkit partitioner made are rewritten by rules.
+:data:`PATCHES` is the reversible patch of ``XNNPACKPassManager.transform`` (the
+name of a patch set in either adapter: the Vulkan adapter's preprocess rules' is
+``preprocess_rules.PATCHES`` too; the former name ``TAKEOVER`` warns). The adapter
+includes it in the patch set its scoped preprocess installs, so only the partitions a
+fusionkit partitioner made are rewritten by rules.
 :func:`disabled` runs the stock passes instead, in this thread (the op-test
 twins compare both).
 """
@@ -28,6 +30,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from fusionkit import FusionPass, Rule
+from fusionkit._compat import deprecated_names
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.check.executable import Delegate, ExecutionTarget
 from fusionkit.integration.hooks import PatchSet, UnsupportedExecuTorchError
@@ -36,9 +39,8 @@ from fusionkit.match.finder import Decline, MatchSet, find_matches
 from fusionkit.passes.registry import rules_taking_over, taken_over_patterns
 from fusionkit.report import FusionReport
 
-__all__ = ["MAX_ROUNDS", "RULE_PASSES", "SWEEPS_DEAD_CODE", "TAKEN_OVER_PASSES", "TAKEOVER",
-           "RulePass", "counts",
-           "disabled", "is_enabled", "reset_counts", "rules_for", "transform"]
+__all__ = ["MAX_ROUNDS", "PATCHES", "RULE_PASSES", "SWEEPS_DEAD_CODE", "TAKEN_OVER_PASSES",
+           "RulePass", "counts", "disabled", "is_enabled", "reset_counts", "rules_for", "transform"]
 
 _PASSES_MODULE = "executorch.backends.xnnpack._passes"
 
@@ -196,6 +198,9 @@ def _patches() -> list[tuple[Any, str, Any]]:
     return [(module.XNNPACKPassManager, "transform", transform)]
 
 
-TAKEOVER = PatchSet(
+PATCHES = PatchSet(
     f"fusionkit.backends.xnnpack_adapter.preprocess_rules (takes over "
     f"{sorted(TAKEN_OVER_PASSES)} in {_PASSES_MODULE}.XNNPACKPassManager)", _patches)
+
+__getattr__ = deprecated_names(__name__, {
+    "TAKEOVER": (lambda: PATCHES, "use PATCHES (every adapter's patch set has that name)")})

@@ -16,6 +16,7 @@ pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")
 pytest.importorskip("torchao")
 
 from executorch.exir import EdgeCompileConfig
+from kv_cache_models import KVAttention
 from vulkan_pattern_helpers import I8, declined, edge, fuse, ops, qd
 from vulkan_real_programs import Program, lower
 from vulkan_runtime_oracle import assert_real, session
@@ -220,23 +221,6 @@ def test_quantized_linear_bmm_anchor_and_batch_near_miss() -> None:
 
 
 # ------------------------------------------------------------------------- causal_sdpa
-
-
-class KVAttention(torch.nn.Module):
-    def __init__(self, read_pos: int | None = None) -> None:
-        super().__init__()
-        self.register_buffer("kc", torch.zeros(1, 16, 2, 8))
-        self.register_buffer("vc", torch.zeros(1, 16, 2, 8))
-        self.read_pos = read_pos
-
-    def forward(self, q, k, v, pos):  # type: ignore[no-untyped-def]
-        start = pos[0].item()
-        torch._check(start >= 0)
-        torch._check(start < 12)
-        torch.ops.llama.update_cache(k, self.kc, start)
-        torch.ops.llama.update_cache(v, self.vc, start)
-        at = start if self.read_pos is None else self.read_pos
-        return torch.ops.llama.custom_sdpa(q, self.kc, self.vc, at, None, 0.0, True)
 
 
 def _in_place_edge(m: torch.nn.Module, a: tuple[Any, ...]) -> Any:

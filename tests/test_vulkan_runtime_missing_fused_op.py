@@ -14,6 +14,7 @@ import torch
 
 pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")
 
+from kv_cache_models import KVAttention
 from vulkan_pattern_helpers import edge
 from vulkan_runtime_oracle import assert_real, session
 
@@ -47,21 +48,6 @@ class RMSNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
-
-
-class KVAttention(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("kc", torch.zeros(1, 16, 2, 8))
-        self.register_buffer("vc", torch.zeros(1, 16, 2, 8))
-
-    def forward(self, q, k, v, pos):  # type: ignore[no-untyped-def]
-        start = pos[0].item()
-        torch._check(start >= 0)
-        torch._check(start < 12)
-        torch.ops.llama.update_cache(k, self.kc, start)
-        torch.ops.llama.update_cache(v, self.vc, start)
-        return torch.ops.llama.custom_sdpa(q, self.kc, self.vc, start, None, 0.0, True)
 
 
 KV_ARGS = (torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8),

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kv_cache_models import KVAttention
 
 from fusionkit.backends.vulkan_adapter.inspect import quantized_ops as Q
 from fusionkit.backends.vulkan_adapter.inspect import runtime_conditions as RC
@@ -559,24 +560,6 @@ def test_quantized_mlp_simulates_to_the_quantized_eager_model(
         assert rep.max_abs_error is not None and rep.max_abs_error <= atol * 10, rep
 
 
-class _KVAttention(torch.nn.Module):
-    """Llama-style decode attention: in-place cache updates + causal custom_sdpa."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("kc", torch.zeros(1, 16, 2, 8))
-        self.register_buffer("vc", torch.zeros(1, 16, 2, 8))
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                pos: torch.Tensor) -> torch.Tensor:
-        start = pos[0].item()
-        torch._check(start >= 0)
-        torch._check(start < 12)
-        torch.ops.llama.update_cache(k, self.kc, start)
-        torch.ops.llama.update_cache(v, self.vc, start)
-        return torch.ops.llama.custom_sdpa(q, self.kc, self.vc, start, None, 0.0, True)
-
-
 def test_kv_cache_is_carried_between_calls() -> None:
     """The drop-in lowering fuses the cache updates into llama.sdpa_with_kv_cache; the
     simulated program keeps its cache between calls like a loaded program does."""
@@ -593,7 +576,7 @@ def test_kv_cache_is_carried_between_calls() -> None:
         return (torch.randn(1, 2, 4, 8, generator=gen), torch.randn(1, 2, 2, 8, generator=gen),
                 torch.randn(1, 2, 2, 8, generator=gen), torch.tensor([pos]))
 
-    m = _KVAttention()
+    m = KVAttention()
     ep = torch.export.export(copy.deepcopy(m), step(0))
     prog = to_edge_transform_and_lower(ep, transform_passes=transform_passes(),
                                        partitioner=[VulkanPartitioner()]).to_executorch()
@@ -606,5 +589,5 @@ def test_kv_cache_is_carried_between_calls() -> None:
     assert sum(r.ops.count("sdpa_with_kv_cache.default") for r in runs) == 5
     S.unload(prog)  # a fresh load starts from the serialized (zero) caches again
     x = step(2)
-    fresh = _KVAttention()
+    fresh = KVAttention()
     torch.testing.assert_close(S.simulate(prog, *x), fresh(*x), atol=1e-5, rtol=1e-5)

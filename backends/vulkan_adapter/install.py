@@ -13,9 +13,11 @@ including ones whose weight is not a constant, which the runtime then aborts on.
 that dict (fusionkit's ``transform_passes()`` does their job, with
 constraints), so neither the partitioner nor preprocess fuses anything on its
 own. It also puts fusionkit rules in place of six of ``VulkanBackend.preprocess``'s
-rewrite passes (:mod:`.preprocess_rules`), gates the passes left (:mod:`.pass_gates`)
-and installs :mod:`.constant_serializer` (constants that are views serialized as
-themselves, not as their whole base storage). Everything is one
+rewrite passes (:mod:`.preprocess_rules`), gates the passes left (:mod:`.pass_gates`),
+installs :mod:`.constant_serializer` (constants that are views serialized as
+themselves, not as their whole base storage) and :mod:`.boundary_dim_order` (a delegate
+input or output whose dim order is not contiguous is converted inside the delegate, where
+the runtime's contiguous-order copies need it). Everything is one
 :class:`~fusionkit.integration.hooks.PatchSet`, :data:`PATCHES`, and as in every adapter
 :func:`install` / :func:`uninstall` / :func:`is_installed` are its own methods:
 :func:`uninstall` puts the very same entry objects back, in their order (and uninstalls
@@ -36,7 +38,7 @@ from fusionkit.integration import hooks
 from fusionkit.integration.hooks import REMOVE, Installation, PatchSet, UnsupportedExecuTorchError
 from fusionkit.passes.registry import taken_over_patterns
 
-from . import constant_serializer, pass_gates, preprocess_rules
+from . import boundary_dim_order, constant_serializer, pass_gates, preprocess_rules
 from .delegation import with_delegation_check
 from .rules import _built_rules
 
@@ -122,12 +124,13 @@ def _patches() -> list[tuple[Any, str, Any]]:
             (patterns, "replace_all_fusable_subgraphs", _replace_all_fusable_subgraphs)]
 
 
-#: the adapter's patch set: the pattern takeover, the constant serializer, the pass gates
-#: and the preprocess rules
+#: the adapter's patch set: the pattern takeover, the constant serializer, the pass gates,
+#: the preprocess rules and the delegate boundary's dim orders (:mod:`.boundary_dim_order`)
 PATCHES = PatchSet(
     f"fusionkit.backends.vulkan_adapter (takes over {sorted(TAKEN_OVER_PATTERNS)} in "
     f"{_REGISTRY_MODULE}.fusable_patterns)",
-    _patches, includes=(constant_serializer.PATCHES, pass_gates.PATCHES, preprocess_rules.PATCHES))
+    _patches, includes=(constant_serializer.PATCHES, pass_gates.PATCHES, preprocess_rules.PATCHES,
+                        boundary_dim_order.PATCHES))
 
 install = PATCHES.install
 uninstall = PATCHES.uninstall

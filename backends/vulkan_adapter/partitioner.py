@@ -35,6 +35,7 @@ from torch.export import ExportedProgram
 from fusionkit import op_key
 from fusionkit.integration.scoped import PreprocessScope
 
+from .boundary_dim_order import BoundaryDimOrder, partition_boundaries
 from .install import PATCHES
 from .runtime_support import KeptOff, RuntimeSupport, cpu_has_kernel, pattern_ops
 
@@ -64,7 +65,10 @@ class VulkanPartitioner(_StockVulkanPartitioner):
     op), and, node by node as it partitions, what :class:`~.runtime_support.RuntimeSupport`
     finds with ``check()``'s own facts (a shader variant it lacks, an argument it prepacks
     that is not a constant, a broken runtime condition, an op a preprocess fusion
-    declines to remove): :attr:`kept_off_nodes`, one :class:`KeptOff` per node.
+    declines to remove): :attr:`kept_off_nodes`, one :class:`KeptOff` per node. A tensor
+    crossing a partition's boundary in a non-contiguous dim order, which the runtime would
+    copy in contiguous order, is converted inside the delegate (:mod:`.boundary_dim_order`):
+    :attr:`boundary_dim_orders`.
     """
 
     def __init__(self, *args: Any, runtime: Any = "auto", **kwargs: Any) -> None:
@@ -74,6 +78,9 @@ class VulkanPartitioner(_StockVulkanPartitioner):
         self.kept_off: dict[str, str] = {}
         #: the nodes of the last :meth:`partition` kept off, each with the runtime fact
         self.kept_off_nodes: list[KeptOff] = []
+        #: the last :meth:`partition`'s boundary tensors whose dim order is not contiguous,
+        #: converted inside the delegate by its preprocess (:mod:`.boundary_dim_order`)
+        self.boundary_dim_orders: list[BoundaryDimOrder] = []
         self.runtime: Any = None
         self._keep_off_missing(runtime)
 
@@ -176,6 +183,8 @@ class VulkanPartitioner(_StockVulkanPartitioner):
                 "refuse are not made."
                 .format(stranded[0].meta["fusionkit_rule"])
             )
+        self.boundary_dim_orders = partition_boundaries(result.tagged_exported_program,
+                                                        result.partition_tags)
         PREPROCESS_SCOPE.expect(len(result.partition_tags))
         return result
 

@@ -333,12 +333,18 @@ def _condition_arguments(g: VkGraph, name: str, ins: tuple[int, ...]) -> dict[st
 
 
 def _check_boundary(g: VkGraph, d: VulkanDelegate) -> Iterator[Problem]:
-    """Each delegate input / output the runtime copies in the wrong order (its dim order)."""
+    """Each delegate input / output the runtime copies in the wrong order (its dim order),
+    unless the payload converts it (fusionkit's :mod:`..boundary_dim_order`)."""
+    from ..boundary_dim_order import converts_input, converts_output
+
     for kind, k, shape, order in d.boundary:
         if contiguous_dim_order(shape, order):
             continue
         ids = g.input_ids if kind == "input" else g.output_ids
         vid = ids[k] if k < len(ids) else None
+        converts = converts_input if kind == "input" else converts_output
+        if vid is not None and converts(g, vid, shape, order):
+            continue
         verb = "reads" if kind == "input" else "writes"
         yield Problem("runtime_condition", d.index, DELEGATE_DIM_ORDER.op, k,
                       f"{kind} {k}", vid,

@@ -32,7 +32,8 @@ def _parts(adapter: Any) -> list[Any]:
         return [xa.serializer.SERIALIZER_PATCHES, xa.preprocess_rules.PATCHES,
                 importlib.import_module("fusionkit.backends.xnnpack_adapter.pass_gates").PATCHES]
     return [vk.constant_serializer.PATCHES, vk.preprocess_rules.PATCHES,
-            importlib.import_module("fusionkit.backends.vulkan_adapter.pass_gates").PATCHES]
+            importlib.import_module("fusionkit.backends.vulkan_adapter.pass_gates").PATCHES,
+            vk.boundary_dim_order.PATCHES]
 
 
 @pytest.mark.parametrize("adapter", [vk, xa], ids=["vulkan", "xnnpack"])

@@ -53,7 +53,8 @@ def _patchable_objects() -> dict[str, Any]:
     # the adapters' patch sets (vk.PATCHES, xa.PATCHES) and every set they include
     for patches in (vk.PATCHES, vk.constant_serializer.PATCHES, xa.serializer.SERIALIZER_PATCHES,
                     vulkan_gates.PATCHES, xnnpack_gates.PATCHES,
-                    vk.preprocess_rules.PATCHES, xa.preprocess_rules.PATCHES):
+                    vk.preprocess_rules.PATCHES, xa.preprocess_rules.PATCHES,
+                    vk.boundary_dim_order.PATCHES):
         for owner, name, _ in patches._patches():
             if not isinstance(owner, dict):
                 objects[f"{getattr(owner, '__name__', owner)}.{name}"] = vars(owner).get(

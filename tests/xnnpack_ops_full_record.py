@@ -78,16 +78,20 @@ def summarize(out: Path) -> dict[str, Any]:
         outcomes = data["outcomes"]
         by_outcome: dict[str, int] = {}
         for t in data["selected"]:
-            o = outcomes.get(t, "not run")
+            o = outcomes.get(t, "not run (stopped)")
             by_outcome[o] = by_outcome.get(o, 0) + 1
         shards.append({
             "shard": folder.name, "mode": data["mode"],
             "installed_at_start": data["installed_at_start"],
             "restored_at_end": data["restored_at_end"],
+            # a record rewritten after each test says whether the session reached its end
+            "finished": data.get("finished", data["restored_at_end"] is not None),
+            "tests_run": len(outcomes),
             "tests": len(data["selected"]), "outcomes": by_outcome,
             "not_passed": {t: {"outcome": outcomes.get(t, "not run"),
                                "reason": data["reasons"].get(t, "")}
-                           for t in data["selected"] if outcomes.get(t) != "passed"},
+                           for t in data["selected"] if t in outcomes
+                           and outcomes[t] != "passed"},
             "test_seconds": round(sum(data["seconds"].values()), 1),
             "wall": wall,
             "preprocess_calls": twin.get("preprocess_calls", 0),
@@ -148,6 +152,10 @@ def markdown(fig: dict[str, Any], repeats: list[dict[str, Any]]) -> str:
         + ", ".join(f"{n} {o}" for o, n in sorted(tot["outcomes"].items()))
         + f" | {tot['preprocess_calls']} | {tot['identical']['rules_off']} / "
           f"{tot['identical']['gates_off']} / {tot['identical']['stock']} | | |")
+    for s in fig["shards"]:
+        if not s["finished"]:
+            lines += ["", f"**{s['shard']} did not finish**: stopped after {s['tests_run']} of "
+                      f"{s['tests']} tests; its figures cover those."]
     lines += ["", "Installed at start / restored at end: "
               + ", ".join(f"{s['shard']}: {s['installed_at_start']}/{s['restored_at_end']}"
                           for s in fig["shards"]), ""]

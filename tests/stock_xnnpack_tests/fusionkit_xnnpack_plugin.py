@@ -25,7 +25,8 @@ compare with eager PyTorch. The plugin
 * writes to the JSON file named by ``FUSIONKIT_XNNPACK_SPY``: the tests selected, each
   test's outcome (with the reason of any non-pass) and time, how often each pass ran and
   was skipped in each test, :func:`fusionkit.integration.pass_gating.counts` for the
-  session, and the twin comparisons.
+  session, and the twin comparisons; rewritten after each test (``finished`` false until
+  the session ends), so a run stopped early still leaves what it ran.
 """
 
 from __future__ import annotations
@@ -229,6 +230,7 @@ def pytest_runtest_teardown(item: Any) -> None:
         if any(d.values()):
             delta[name] = d
     GATES_BY_TEST[test_key(item)] = delta
+    _write(None, now)
 
 
 def pytest_runtest_logreport(report: Any) -> None:
@@ -255,6 +257,24 @@ def pytest_runtest_logreport(report: Any) -> None:
         REASONS[key] = (getattr(report, "wasxfail", "") or (lines[-1] if lines else ""))[:500]
 
 
+def _write(restored: bool | None, gates: dict[str, dict[str, int]]) -> None:
+    """The record so far (``finished`` false, ``restored_at_end`` None: written after each
+    test, so a run stopped before its end still leaves the tests it ran), or the final one."""
+    out = os.environ.get("FUSIONKIT_XNNPACK_SPY")
+    if not out:
+        return
+    tmp = f"{out}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"mode": MODE, "installed_at_start": STATE["installed_at_start"],
+                   "restored_at_end": restored, "finished": restored is not None,
+                   "selected": SELECTED, "outcomes": OUTCOMES,
+                   "reasons": REASONS, "seconds": SECONDS, "gates_by_test": GATES_BY_TEST,
+                   "gate_counts": gates,
+                   "rules_by_test": RULES_BY_TEST, "rule_counts": _rule_totals(),
+                   "twin": TWINS if TWIN else None}, f, indent=1, sort_keys=True)
+    os.replace(tmp, out)
+
+
 def pytest_unconfigure(config: Any) -> None:
     _uninstall_twin()
     gates = _gate_totals()
@@ -265,12 +285,4 @@ def pytest_unconfigure(config: Any) -> None:
         xnnpack_adapter.uninstall()
         passes = importlib.import_module("executorch.backends.xnnpack._passes")
         restored = not xnnpack_adapter.is_installed() and passes._transform is _SAVED["_transform"]
-    out = os.environ.get("FUSIONKIT_XNNPACK_SPY")
-    if not out:
-        return
-    with open(out, "w") as f:
-        json.dump({"mode": MODE, "installed_at_start": STATE["installed_at_start"],
-                   "restored_at_end": restored, "selected": SELECTED, "outcomes": OUTCOMES,
-                   "reasons": REASONS, "seconds": SECONDS, "gates_by_test": GATES_BY_TEST, "gate_counts": gates,
-                   "rules_by_test": RULES_BY_TEST, "rule_counts": _rule_totals(),
-                   "twin": TWINS if TWIN else None}, f, indent=1, sort_keys=True)
+    _write(restored, gates)

@@ -39,6 +39,7 @@ from typing import Any
 __all__ = [
     "LAVAPIPE_ICD",
     "LIBRARY",
+    "UNINITIALIZED_STATE_OPS",
     "Job",
     "LoadedRuntime",
     "RunResult",
@@ -53,6 +54,7 @@ __all__ = [
     "run",
     "run_in_child",
     "run_many_in_child",
+    "uninitialized_state",
 ]
 
 LIBRARY = "libexecutorch_backend_vulkan.so"
@@ -189,9 +191,42 @@ def load() -> LoadedRuntime:
     return _LOADED
 
 
+#: Vulkan payload ops whose runtime makes state it never initialises. ``SDPA.cpp``
+#: (``sdpa_with_kv_cache_impl``, ``compute_attn_weight_with_kv_cache_impl``) makes the
+#: k/v caches with ``graph.add_tensor_like(k_cache_data, ...)``: the constant's sizes and
+#: dtype, never its bytes. So the caches start as whatever device memory the allocator
+#: hands out: zeros in a process that has freed no graph (lavapipe's fresh pages), the
+#: data a freed graph left there after one. A program reading cache positions it has not
+#: written yet (eager: the buffers' initial zeros) is right in a fresh process and wrong
+#: after another program was freed (found: a KV-cache program run at position 3 equal to
+#: eager alone, 1.8 off after the same program at position 0 - its caches held the first
+#: run's k/v). The unfused ``update_cache`` + ``llama.custom_sdpa`` prepack the caches from
+#: the constants (``et_vk.prepack``) and are not affected.
+UNINITIALIZED_STATE_OPS = frozenset({"sdpa_with_kv_cache.default",
+                                     "testing.compute_attn_weight_with_kv_cache.default"})
+
+
+def uninitialized_state(pte: bytes) -> list[str]:
+    """The ops of ``pte``'s Vulkan delegates whose state the runtime does not initialise
+    (:data:`UNINITIALIZED_STATE_OPS`), in payload order; [] when there are none or the
+    bytes are not a readable program (the runtime then says what is wrong with them).
+    :class:`RuntimeSession` and :func:`run_many_in_child` run such a program in a child
+    that has run nothing else, so its result does not depend on what ran before it."""
+    from .inspect.payload import decode_payload
+    from .inspect.prepack_check import vulkan_delegates
+
+    try:
+        chains = [decode_payload(d.payload).graph.chain for d in vulkan_delegates(bytes(pte))]
+    except Exception:  # not a program the inspector reads: nothing to isolate for
+        return []
+    return [c.name for chain in chains for c in chain if c.name in UNINITIALIZED_STATE_OPS]
+
+
 def run(pte: bytes, inputs: Sequence[Any], method: str = "forward") -> list[Any]:
     """Run ``method`` of ``pte`` in *this* process. A program the runtime aborts on kills
-    the process: use :func:`run_in_child` for anything not known to load."""
+    the process: use :func:`run_in_child` for anything not known to load. A program with
+    :func:`uninitialized_state` run here after another program was freed may read that
+    program's data as its initial KV caches; the child runners isolate it."""
     load()
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
@@ -255,12 +290,14 @@ def run_in_child(pte_bytes: bytes, inputs: Sequence[Any] | None = None, method: 
 
 
 def run_many_in_child(jobs: Sequence[Job], *, timeout: float = 120.0,
-                      startup_timeout: float = 180.0) -> list[RunResult]:
+                      startup_timeout: float = 180.0, isolate: bool = True) -> list[RunResult]:
     """Run ``jobs`` in order in as few child processes as possible (one import of torch and
     the runtime per child): a job that aborts its child is reported with the runtime's
-    message and the remaining jobs go on in a fresh child. ``timeout`` bounds each job,
-    ``startup_timeout`` the child's imports. Raises :class:`RuntimeNotFoundError` when
-    there is no runtime."""
+    message and the remaining jobs go on in a fresh child. A job with
+    :func:`uninitialized_state` starts a fresh child unless it is the first of one
+    (``isolate=False``: it does not, for tests of the runtime itself). ``timeout`` bounds
+    each job, ``startup_timeout`` the child's imports. Raises
+    :class:`RuntimeNotFoundError` when there is no runtime."""
     import torch
 
     env = child_environment()
@@ -272,8 +309,11 @@ def run_many_in_child(jobs: Sequence[Job], *, timeout: float = 120.0,
             torch.save({"inputs": None if job.inputs is None else list(job.inputs),
                         "method": job.method}, work / f"{i}.job")
         pending = list(range(len(jobs)))
+        fresh = {i for i, job in enumerate(jobs) if isolate and uninitialized_state(job.pte)}
         while pending:
-            done = _one_child(work, pending, env, timeout, startup_timeout, results)
+            # up to the next job that needs a child of its own
+            cut = next((k for k in range(1, len(pending)) if pending[k] in fresh), len(pending))
+            done = _one_child(work, pending[:cut], env, timeout, startup_timeout, results)
             pending = [i for i in pending if results[i] is None]
             if not done:  # the child made no progress at all: report the rest as it
                 break
@@ -347,10 +387,15 @@ class RuntimeSession:
     module's programs, a CLI's): the runtime loads once per child, not per program.
     A program that kills the child comes back as ``abort`` with the runtime's message and
     the next program starts a fresh child; one past ``timeout`` is killed (``timeout``).
+    A program with :func:`uninitialized_state` (the fused KV-cache op, whose caches the
+    runtime does not initialise) runs in a fresh child unless the current one has run
+    nothing yet, so that it does not read a freed program's data (``isolate=False``: it
+    does not, for tests of the runtime itself).
     Raises :class:`RuntimeNotFoundError` at construction when there is no runtime. Use as
     a context manager, or call :meth:`close`."""
 
-    def __init__(self, *, timeout: float = 120.0, startup_timeout: float = 180.0) -> None:
+    def __init__(self, *, timeout: float = 120.0, startup_timeout: float = 180.0,
+                 isolate: bool = True) -> None:
         self.env = child_environment()
         self.timeout, self.startup_timeout = timeout, startup_timeout
         self._tmp = tempfile.TemporaryDirectory(prefix="fusionkit-vksession-")
@@ -358,7 +403,11 @@ class RuntimeSession:
         self._proc: subprocess.Popen[bytes] | None = None
         self._t_start = 0.0
         self._next = 0
-        #: child processes started so far (1 unless a program killed one)
+        self.isolate = isolate
+        #: programs run in the current child
+        self._ran = 0
+        #: child processes started so far (1 unless a program killed one or needed a
+        #: fresh one: :func:`uninitialized_state`)
         self.children = 0
 
     def __enter__(self) -> RuntimeSession:
@@ -369,6 +418,7 @@ class RuntimeSession:
 
     def _start(self) -> None:
         (self.work / "ready").unlink(missing_ok=True)
+        (self.work / "stop").unlink(missing_ok=True)
         (self.work / "first").write_text(str(self._next))
         code = (f"import runpy; runpy.run_path({__file__!r})['_child_main']"
                 f"({str(self.work)!r}, serve=True)")
@@ -376,6 +426,7 @@ class RuntimeSession:
             self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
                                           stdout=err, stderr=err, env=self.env)
         self._t_start = time.monotonic()
+        self._ran = 0
         self.children += 1
 
     def run(self, pte: bytes, inputs: Sequence[Any] | None = None,
@@ -383,8 +434,11 @@ class RuntimeSession:
         """Run one program (``inputs`` None: random ones from the method's meta)."""
         import torch
 
+        if self.isolate and self._ran and self._proc is not None and uninitialized_state(pte):
+            self._stop()  # a child that has run nothing: no freed graph's data in its caches
         if self._proc is None or self._proc.poll() is not None:
             self._start()
+        self._ran += 1
         proc = self._proc
         assert proc is not None
         i, work = self._next, self.work
@@ -435,16 +489,20 @@ class RuntimeSession:
         for suffix in ("pte", "job", "started", "result"):
             (self.work / f"{i}.{suffix}").unlink(missing_ok=True)
 
-    def close(self) -> None:
-        """Stop the child (it finishes the program it runs) and remove the work files."""
+    def _stop(self) -> None:
+        """Stop the child (it finishes the program it runs)."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             (self.work / "stop").touch()
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                proc.kill()  # our own child, by its handle
                 proc.wait()
+
+    def close(self) -> None:
+        """Stop the child (it finishes the program it runs) and remove the work files."""
+        self._stop()
         self._tmp.cleanup()
 
 

@@ -28,13 +28,22 @@ their results are unused; the caches are graph inputs (mutable buffers the
 fused op writes) used only by their update, the sdpa and the program output
 (no other reader that the move of the update would change); q, the projections
 and the caches are fp32/fp16 rank 4 with matching batch/heads/head_dim and the
-projections' seq_len equal to q's.
+projections' seq_len equal to q's. And, unlike the stock detector, the caches start
+at zero: the runtime's ``sdpa_with_kv_cache`` makes its caches from device memory, not
+from the buffers (``SDPA.cpp`` ``sdpa_with_kv_cache_impl``: ``add_tensor_like``, the
+buffer's sizes, never its bytes), so a buffer's non-zero initial values would be lost
+(found on the real runtime: caches filled with 0.5 / 1.0, the fused program 0.77 off
+eager, equal to eager with zero caches); unfused, ``update_cache`` and ``custom_sdpa``
+read the buffers prepacked (``et_vk.prepack``). Zero caches are what a fresh process's
+memory holds; after a freed program the memory holds its data
+(``runtime.uninitialized_state``: the child runners isolate such a program).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.fx import Node
 
 from fusionkit import (
@@ -87,6 +96,31 @@ def _sdpa_updates(ctx: CheckContext, k_update: Node, v_update: Node, k_cache: No
     return None
 
 
+def _initial_value(ctx: CheckContext, n: Node) -> torch.Tensor | None:
+    """The real initial value of a buffer placeholder (mutable or not), else None."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    spec = next((s for s in ctx.ep.graph_signature.input_specs
+                 if getattr(s.arg, "name", None) == n.name), None)
+    if spec is None or spec.target is None:
+        return None
+    t = ctx.ep.state_dict.get(spec.target, ctx.ep.constants.get(spec.target))
+    return t if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) else None
+
+
+def _sdpa_initial_caches(ctx: CheckContext, k_cache: Node, v_cache: Node) -> str | Blame | None:
+    for p, cache in (("k", k_cache), ("v", v_cache)):
+        t = _initial_value(ctx, cache)
+        if t is not None and bool(t.any()):
+            return ctx.fail(
+                f"{p}_cache `{cache.name}` starts non-zero ({int(t.count_nonzero())} of "
+                f"{t.numel()} values): the runtime's sdpa_with_kv_cache makes its caches from "
+                "device memory, not from the buffer (SDPA.cpp sdpa_with_kv_cache_impl: "
+                "add_tensor_like), so the fused program would lose them; unfused, update_cache "
+                "and custom_sdpa read the buffer prepacked", at=cache)
+    return None
+
+
 def _sdpa_shapes(ctx: CheckContext, q: Node, k_proj: Node, v_proj: Node, k_cache: Node,
                  v_cache: Node) -> str | None:
     qs, kp, vp = shape(q), shape(k_proj), shape(v_proj)
@@ -127,6 +161,7 @@ def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
 
     updates = constraint("cache_updates_fused")(_sdpa_updates)
     shapes = constraint("sdpa_shapes")(_sdpa_shapes)
+    initial = constraint("caches_start_zero")(_sdpa_initial_caches)
     build = _sdpa_build
 
     tensors = ("q", "k_proj", "v_proj", "k_cache", "v_cache")
@@ -134,7 +169,7 @@ def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
         name=name,
         pattern=pattern,
         constraints=[*(DtypeIn(n, FP_T) for n in tensors), *(Rank(n, frozenset({4})) for n in tensors),
-                     GraphLeaf("k_cache"), GraphLeaf("v_cache"), updates, shapes],
+                     GraphLeaf("k_cache"), GraphLeaf("v_cache"), updates, shapes, initial],
         replacement=PythonReplacement(build),
         description="llama.update_cache x2 + llama.custom_sdpa into llama.sdpa_with_kv_cache",
     )

@@ -9,6 +9,16 @@ here on :mod:`fusionkit.check.program_inputs` and :mod:`fusionkit.integration.te
 constant's own bytes in logical C order (after the builder's dtype conversion),
 keyed by the sha256 of exactly those bytes, 16-byte aligned as before.
 
+Scalar constants too: ``VkGraphBuilder.get_or_create_scalar_value`` shares one value
+among equal scalars keyed by the Python scalar, and ``1 == 1.0`` (``0.0 == -0.0``), so
+an int argument serialized after an equal float gets the float's ``Double`` value. The
+runtime reads some int arguments with the strict ``graph.get_int`` (``Value::toInt``):
+a conv's ``groups`` of 1 after a ``clamp(x, -1.0, 1.0)`` or an ``x > 1.0`` in the same
+delegate aborts the load with ``(isInt()) is false! Expected value to have type Int,
+got DOUBLE instead`` (issue 24: the OpMix program), and ``avg_pool2d`` ignores a
+``divisor_override`` that is not an Int. :func:`get_or_create_scalar_value` keys the
+shared values by the scalar's type and ``repr``, so each is serialized as its own type.
+
 :func:`install` / :func:`uninstall` (idempotent, reversible to the identical
 objects; ``with install():`` scopes it) also hold the shared NamedDataStore
 ``_tensor_to_bytes`` fix. Only ExecuTorch 1.5.1 is accepted.
@@ -36,6 +46,7 @@ from fusionkit.integration.tensor_bytes import (
 __all__ = [
     "PATCHES",
     "UnsupportedExecuTorchError",
+    "get_or_create_scalar_value",
     "install",
     "is_installed",
     "maybe_add_constant_tensor",
@@ -80,6 +91,28 @@ def maybe_add_constant_tensor(self: Any, node: torch.fx.Node) -> int:
     return constant_id
 
 
+def get_or_create_scalar_value(self: Any, scalar: bool | int | float) -> int:
+    """``VkGraphBuilder.get_or_create_scalar_value`` sharing a value only among scalars of
+    one type and one ``repr`` (stock's key is the scalar itself: ``1``, ``1.0`` and ``True``
+    fall together but for its bool special case, and so do ``0.0`` and ``-0.0``)."""
+    from executorch.backends.vulkan.serialization import vulkan_graph_schema as vk_schema
+
+    key = ("fusionkit", type(scalar).__name__, repr(scalar))
+    if key in self.const_scalar_to_value_ids:
+        return int(self.const_scalar_to_value_ids[key])
+    new_id = len(self.values)
+    if isinstance(scalar, bool):
+        self.values.append(vk_schema.VkValue(vk_schema.Bool(scalar)))
+    elif isinstance(scalar, int):
+        self.values.append(vk_schema.VkValue(vk_schema.Int(scalar)))
+    elif isinstance(scalar, float):
+        self.values.append(vk_schema.VkValue(vk_schema.Double(scalar)))
+    else:
+        raise TypeError(f"not a scalar the Vulkan graph can hold: {type(scalar).__name__}")
+    self.const_scalar_to_value_ids[key] = new_id
+    return new_id
+
+
 def serialize_constant_tensors(vk_graph: Any, const_tensors: list[Any], raw_bytes: bytearray) -> None:
     """``vulkan_graph_serialize.serialize_constant_tensors`` with exact bytes for raw tensors."""
     from executorch.backends.vulkan.serialization.vulkan_graph_schema import VkBytes
@@ -108,6 +141,7 @@ def _patches() -> list[tuple[Any, str, Any]]:
     ser = importlib.import_module(_SERIALIZE)
     return [
         (builder_mod.VkGraphBuilder, "maybe_add_constant_tensor", maybe_add_constant_tensor),
+        (builder_mod.VkGraphBuilder, "get_or_create_scalar_value", get_or_create_scalar_value),
         (ser, "serialize_constant_tensors", serialize_constant_tensors),
     ]
 

@@ -538,8 +538,53 @@ _SUITE_FOUND: tuple[RuntimeCondition, ...] = (
         "before it is computed"),
 )
 
+def _serialized_int(v: Any) -> bool:
+    """Not an argument the payload holds as a ``Double`` or a ``Bool`` (which the
+    simulator and ``check()`` pass to the conditions as a float / a bool; an ``Int`` is an
+    int, a ``SymInt`` a RuntimeSymInt, and a node's argument a Python or torch SymInt)."""
+    return not isinstance(v, (bool, float))
+
+
+def _int_read(op: str, arg: str, source: str, effect: Effect = "abort",
+              why: str = "") -> RuntimeCondition:
+    return RuntimeCondition(
+        op, f"{arg}_is_int", (arg,), f"values_.at({arg}).isInt()", source, effect,
+        lambda a: _serialized_int(a.get(arg)),
+        why or f"the runtime reads {arg} with the strict graph.get_int (Value::toInt: "
+        "'Expected value to have type Int, got DOUBLE instead'); extract_scalar would "
+        "have cast a Double")
+
+
+#: int arguments the runtime reads only as an ``Int`` value (``graph.get_int`` ->
+#: ``Value::toInt``, ``val_is_int``, ``get_or_create_int_param_buffer``), found for issue
+#: 24's OpMix program: stock's ``VkGraphBuilder`` shares one value among equal scalars,
+#: so ``groups=1`` after a ``1.0`` in the same delegate is serialized as ``Double``
+#: (fusionkit's :mod:`..constant_serializer` keys them by type). The float arguments
+#: are read with the lenient ``extract_scalar<T>``, which casts Int/Double/Bool.
+_INT_READ: tuple[RuntimeCondition, ...] = (
+    _int_read("aten.convolution.default", "groups",
+              "Value.h: toInt, from Convolution.cpp: conv (graph.get_int(args[8]))"),
+    _int_read("et_vk.conv_with_clamp.default", "groups",
+              "Value.h: toInt, from Convolution.cpp: conv (graph.get_int(args[8]))"),
+    _int_read(Q8TA_CONV2D, "groups",
+              "Value.h: toInt, from Q8taConv2d.cpp: prepack_quantized_conv2d_weight"),
+    _int_read(Q8TA_CONV2D_T, "groups",
+              "Value.h: toInt, from Q8taConv2d.cpp: prepack_quantized_conv2d_weight"),
+    _int_read("aten.avg_pool2d.default", "divisor_override",
+              "Pool.cpp: create_divisor_params (val_is_int(divisor_override) ? "
+              "get_int(divisor_override) : 0)", "garbage",
+              "a divisor_override serialized as a Double is taken as none: the window's "
+              "size divides instead"),
+    *(_int_read(op, "start_pos",
+                "ComputeGraph.cpp: get_or_create_int_param_buffer / read_symint, from "
+                "SDPA.cpp", why="the runtime takes start_pos as an Int or a SymInt only "
+                "('Cannot create a int param buffer for the given value')")
+      for op in (UPDATE_CACHE, CUSTOM_SDPA, SDPA_WITH_KV_CACHE)),
+)
+
 CONDITIONS = (*CONDITIONS, *_rotary_conditions("et_vk.apply_rotary_emb.default"),
-              *_rotary_conditions("et_vk.apply_rotary_emb_hf.default"), *_SUITE_FOUND)
+              *_rotary_conditions("et_vk.apply_rotary_emb_hf.default"), *_SUITE_FOUND,
+              *_INT_READ)
 
 _BY_OP: dict[str, tuple[RuntimeCondition, ...]] = {}
 for _c in CONDITIONS:

@@ -44,6 +44,12 @@ The runtime's rules that are enforced
   channel counts, alignment, shapes the runtime accepts: its ``VK_CHECK_COND``
   text, or what the shader would misread) raise :class:`RuntimeConditionError`
   naming op, argument and condition before the op runs.
+* A scalar is read as the runtime reads it: a float argument from an ``Int``, ``Double``
+  or ``Bool`` (``extract_scalar<T>`` casts); an argument the runtime reads only as an
+  ``Int`` (``graph.get_int``: a conv's ``groups``, ``avg_pool2d``'s ``divisor_override``,
+  the KV-cache ops' ``start_pos``) serialized as a ``Double`` breaks a runtime condition
+  (``<arg>_is_int``; stock's serializer gives ``groups=1`` the value of an earlier
+  ``1.0``: ``Expected value to have type Int, got DOUBLE instead``).
 * An operator the simulator cannot execute raises :class:`UnsupportedOperatorError`
   naming it; nothing is skipped.
 * A constant whose bytes are shorter than its tensor raises; a longer one is read
@@ -633,23 +639,39 @@ class _Delegate:
 
     def marked_symints(self, named: dict[str, Any], arguments: Sequence[Any], ins: list[int]
                        ) -> dict[str, Any]:
-        """``named`` with each scalar the graph computes as it runs (a SymInt value) marked
-        as :class:`RuntimeSymInt`, for the conditions on what the runtime reads once."""
+        """``named`` as the runtime conditions read it: each scalar the graph computes as it
+        runs (a SymInt value) marked as :class:`RuntimeSymInt`, for the conditions on what
+        the runtime reads once; a scalar serialized as a ``Double`` or a ``Bool`` where the
+        schema wants an int is its float / bool again (:func:`resolve` cast it, as
+        ``extract_scalar`` does), for the conditions on what the runtime reads only as an
+        ``Int`` (``graph.get_int``)."""
         out = dict(named)
         for a, vid in zip(arguments, ins, strict=False):
             v = self.g.value(vid)
-            if v is not None and v.kind == "SymInt" and isinstance(out.get(a.name), int):
+            if v is None:
+                continue
+            if v.kind == "SymInt" and isinstance(out.get(a.name), int):
                 out[a.name] = RuntimeSymInt(out[a.name])
+            elif v.kind == "Double" and isinstance(out.get(a.name), int):
+                out[a.name] = float(v.value)
+            elif v.kind == "Bool" and type(out.get(a.name)) is int:
+                out[a.name] = bool(v.value)
         return out
+
+    def check_conditions(self, who: str, name: str, op: Any, args: Sequence[Any],
+                         kwargs: dict[str, Any], ins: list[int]) -> None:
+        """Stop (or note garbage) where ``name``'s runtime conditions do not hold."""
+        if not conditions_for(name):
+            return
+        named = dict(zip([a.name for a in op._schema.arguments], args, strict=False))
+        named.update(kwargs)
+        bad = violated(name, self.marked_symints(named, op._schema.arguments, ins))
+        if bad:
+            self.condition_broken(who, name, bad)
 
     def call_schema(self, who: str, name: str, ins: list[int], out: int) -> Any:
         op, args, kwargs = self.schema_args(who, name, ins, out)
-        if conditions_for(name):  # e.g. the rotary ops' shape checks
-            named = dict(zip([a.name for a in op._schema.arguments], args, strict=False))
-            named.update(kwargs)
-            bad = violated(name, self.marked_symints(named, op._schema.arguments, ins))
-            if bad:
-                self.condition_broken(who, name, bad)
+        self.check_conditions(who, name, op, args, kwargs, ins)  # e.g. the rotary ops' shapes
         if name == GELU:  # the runtime's shader has the tanh form only (unary_op.yaml)
             args, kwargs = args[:1], {"approximate": "tanh"}
         return op(*args, **kwargs)
@@ -694,9 +716,11 @@ class _Delegate:
             x = x.tensor
         if isinstance(x, list):
             x = [e.tensor if isinstance(e, _Const) else e for e in x]
-        # The serializer dedups scalars by Python equality (1 == 1.0 == True share an
-        # entry), and the runtime's extract_scalar<T> casts Int/Double/Bool to the type it
-        # wants: do the same.
+        # Stock's serializer dedups scalars by Python equality (1 == 1.0 share an entry;
+        # fusionkit's constant_serializer keys them by type), and the runtime's
+        # extract_scalar<T> casts Int/Double/Bool to the type it wants: do the same. What
+        # it reads only as an Int (graph.get_int: a conv's groups) is a runtime condition
+        # (runtime_conditions._INT_READ), judged on the serialized kind (marked_symints).
         if ty == "float" and isinstance(x, (int, bool)):
             x = float(x)
         elif ty in ("int", "SymInt") and isinstance(x, (float, bool)):
@@ -736,7 +760,8 @@ def _prepack(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
 def _conv_with_clamp(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
     # FuseClampPass writes relu's upper bound as sys.float_info.max; the runtime casts the
     # bounds to the tensor's float type (+inf), torch.clamp refuses the overflow
-    _, args, _ = d.schema_args(who, "et_vk.conv_with_clamp.default", ins, out)
+    op, args, kwargs = d.schema_args(who, "et_vk.conv_with_clamp.default", ins, out)
+    d.check_conditions(who, "et_vk.conv_with_clamp.default", op, args, kwargs, ins)
     y = torch.convolution(*args[:9])
     lo, hi = (None if b is None else torch.tensor(float(b), dtype=torch.float64).to(y.dtype)
               for b in args[9:11])

@@ -989,6 +989,7 @@ def unload(program: Any) -> None:
     _LOADED.pop(program, None)
 
 
+@torch.no_grad()  # a runtime computes no gradients; out= CPU kernels refuse autograd
 def simulate(program: Any, *inputs: Any, method: str = "forward",
              trace: list[DelegateRun] | None = None, runtime: Any = None) -> Any:
     """Run ``program`` on the CPU, executing its Vulkan delegates from their payloads.

@@ -297,7 +297,7 @@ KNOWN_STOCK_BUGS: dict[str, list[tuple[Any, str]]] = {
 #: them; values equal) that are explained; none now
 KNOWN_DEBUG_HANDLE_ONLY: dict[str, list[tuple[Any, str]]] = {
     # (the one this file found, an activation fused into DecomposeBatchNorm's bare
-    # convolution taking the activation's debug handle, is fixed: passes/xnnpack/_common
+    # convolution taking the activation's debug handle, is fixed: passes/_provenance.py
     # keep_provenance; test_an_activation_after_a_lone_batch_norm_keeps_stock_debug_handles)
     "xnnpack": [],
 }

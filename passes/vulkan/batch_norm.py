@@ -56,10 +56,10 @@ from fusionkit import (
     lit,
     op,
 )
+from fusionkit.passes._provenance import keep_provenance
 from fusionkit.passes.registry import register_rules
 
 from ._common import constraint, optional_constant
-from ._provenance import keep_provenance
 
 CONV = "aten.convolution.default"
 LINEAR = "aten.linear.default"

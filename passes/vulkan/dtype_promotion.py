@@ -31,10 +31,10 @@ import torch
 from torch.fx import Node
 
 from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit.passes._provenance import keep_provenance
 from fusionkit.passes.registry import register_rules
 
 from ._common import constraint
-from ._provenance import keep_provenance
 
 STOCK_PASS = "InsertDtypePromotionPass"
 

@@ -18,9 +18,8 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import PythonReplacement, Rewriter, Rule, capture, int_list, op, through
+from fusionkit.passes._provenance import keep_provenance
 from fusionkit.passes.registry import register_rules
-
-from ._provenance import keep_provenance
 
 VIEW = "aten.view_copy.default"
 STOCK_PASS = "FuseViewCopyTransform"

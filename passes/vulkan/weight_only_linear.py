@@ -52,10 +52,10 @@ from fusionkit import (
     op,
     op_key,
 )
+from fusionkit.passes._provenance import keep_provenance
 from fusionkit.passes.registry import register_rules
 
 from ._common import DQ_PER_CHANNEL, constant_tensor, constraint, et_vk, shape, zero_points_are_zero
-from ._provenance import keep_provenance
 
 STOCK_PASS = "FuseQuantizedOpsTransform"
 LINEAR = "aten.linear.default"

@@ -9,6 +9,7 @@ import torch
 from torch.fx import Node
 
 from fusionkit import Custom
+from fusionkit.passes._provenance import keep_provenance as keep_provenance  # (shared)
 
 #: ``FuseActivationPass.FUSED_ACTIVATION_TAG``: the node meta key XNNPACK's conv, linear,
 #: add, sub and mul visitors read their ``output_min``/``output_max`` from
@@ -38,17 +39,3 @@ def rank_of(v: Any) -> int | None:
     return val.dim() if isinstance(val, torch.Tensor) else None
 
 
-def keep_provenance(new: Node, old: Node) -> None:
-    """``new`` takes ``old``'s metadata (debug handle, stack trace, ...) but its own value.
-
-    A stock pass that rewrites a node in place keeps that node's metadata, and only
-    that; the serializer writes its debug handle into the payload. So keys the rewriter
-    gave ``new`` from the match's root that ``old`` lacks go too: an op a stock pass
-    created bare (no debug handle) stays without one when an activation is fused into it.
-    """
-    own = ("val", "tensor_meta", "fusionkit_rule")  # its value, and which rule made it
-    for key in [k for k in new.meta if k not in own and k not in old.meta]:
-        del new.meta[key]
-    for key, value in old.meta.items():
-        if key not in own:
-            new.meta[key] = value

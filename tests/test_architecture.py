@@ -396,6 +396,10 @@ NOT_RESULTS: dict[str, tuple[bool, str]] = {
     "fusionkit.backends.vulkan_adapter.runtime_support.KeptOff": (
         False, "a node the Vulkan partitioner left to the CPU and the probed runtime's fact "
                "(missing shader, operator, ...): no rule was tried, so no match to report"),
+    "fusionkit.backends.vulkan_adapter.runtime_support.Unrunnable": (
+        False, "a node whose op neither the probed Vulkan runtime nor the CPU runtime has "
+               "(UnrunnableOpError): the preprocess rules' declines are in its reason, as "
+               "their own MatchResults say them; it is a fact of the runtimes, no match"),
     "fusionkit.app.html_report.Item": (
         False, "one drawing of the HTML page, made from a Match or a MatchResult (Item.of); "
                "never handed to users as a verdict"),

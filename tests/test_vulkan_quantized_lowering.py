@@ -111,17 +111,19 @@ def test_torchao_quantized_linear_lowers_like_stock(kind: str, group: int, bias:
     assert our_fused == stock_fused == ([fused] * 2 if fused else [])
     want = m(x)
     if kind == "w8":
-        # No 8-bit weight-only fused op: the delegate holds linear(x, dequantize_affine(w)).
-        # The real runtime refuses both lowerings (stock's and ours alike: "Missing operator:
+        # No 8-bit weight-only fused op in stock: its delegate holds linear(x,
+        # dequantize_affine(w)), which the real runtime refuses ("Missing operator:
         # torchao.dequantize_affine.default"; with it, linear's prepacked weight would be
-        # computed), and the CPU runtime has no kernel to keep the dequantize on. The
-        # simulator predicts the refusal (the linear's weight is not a constant).
+        # computed) and the CPU runtime has no kernel for; the simulator predicts the
+        # refusal. Ours: the preprocess rule linear_weight_int8_affine makes it
+        # _weight_int8pack_mm (the real runtime: tests/test_vulkan_real_runtime_w8.py).
         from fusionkit.backends.vulkan_adapter.inspect.simulator import NotConstantError
 
-        for prog in (ours, stock):
-            with pytest.raises(NotConstantError, match=r"aten\.linear\.default argument 1"):
-                simulate(prog, x)
-        return
+        with pytest.raises(NotConstantError, match=r"aten\.linear\.default argument 1"):
+            simulate(stock, x)
+        ops = delegate_ops(ours)
+        assert ops.count("aten._weight_int8pack_mm.default") == 2, ops
+        assert "torchao.dequantize_affine.default" not in ops, ops
     torch.testing.assert_close(simulate(ours, x), want, atol=1e-4, rtol=1e-4)
 
 

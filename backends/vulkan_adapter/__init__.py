@@ -40,7 +40,7 @@ from .install import (
     is_installed,
     uninstall,
 )
-from .partitioner import FusedOpNotDelegatedError, VulkanPartitioner
+from .partitioner import FusedOpNotDelegatedError, UnrunnableOpError, VulkanPartitioner
 from .rules import fusion_rules, transform_passes
 
 #: names served from the inspect subpackage, imported on first use
@@ -90,6 +90,7 @@ __all__ = [
     "PayloadError",
     "PrepackedArg",
     "Problem",
+    "UnrunnableOpError",
     "UnsupportedExecuTorchError",
     "VulkanPartitioner",
     "VulkanPayload",

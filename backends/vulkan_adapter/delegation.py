@@ -304,7 +304,8 @@ def with_delegation_check(rule: Rule, support: PartitionerSupport | None,
     return dataclasses.replace(rule, constraints=(*rule.constraints, check))
 
 
-def preprocess_fusions(program: Any, runtime: Any = AUTO) -> MatchSet:
+def preprocess_fusions(program: Any, runtime: Any = AUTO, *, rules: list[Rule] | None = None,
+                       strict: bool = True) -> MatchSet:
     """What the Vulkan preprocess's fusion rules would fuse and decline in ``program``,
     judged as inside ``VulkanBackend.preprocess`` (the runtime's conditions and
     operators, no partitioner): ``.accepted`` the fusions it would make, ``.declined``
@@ -315,12 +316,20 @@ def preprocess_fusions(program: Any, runtime: Any = AUTO) -> MatchSet:
     The rules are the ``FusePatternsPass`` stand-in's and the preprocess takeover's
     (:data:`~.rule_ops.RULE_SETS`); they match the program as given, so a program before
     preprocess (functional cache updates, say) shows fewer fusions than preprocess makes.
+    ``rules``: judge these instead, as they are (one taken-over pass's
+    :func:`~.preprocess_rules.rules_for`, which carry the check already): the one way
+    the preprocess rules are matched, by :class:`~.preprocess_rules.RulePass` inside
+    preprocess and by the runtime-aware partitioner on its copy of the program
+    (:mod:`.runtime_support`). ``strict``: ``find_matches``'.
     """
     from fusionkit import find_matches
-    from fusionkit.passes import rule_set
 
-    from .rule_ops import RULE_SETS
+    if rules is None:
+        from fusionkit.passes import rule_set
 
-    rules = [with_delegation_check(r, None, runtime) for s in RULE_SETS for r in rule_set(s)]
+        from .rule_ops import RULE_SETS
+
+        rules = [with_delegation_check(r, None, runtime) for s in RULE_SETS for r in rule_set(s)]
+    # every node is delegated already (preprocess runs on a partition)
     return find_matches(program, rules, structural_declines=False, allow_folding=False,
-                        check_replacements=False)
+                        check_replacements=False, strict=strict)

@@ -37,13 +37,22 @@ from fusionkit.integration.scoped import PreprocessScope
 
 from .boundary_dim_order import BoundaryDimOrder, partition_boundaries
 from .install import PATCHES
-from .runtime_support import KeptOff, RuntimeSupport, cpu_has_kernel, pattern_ops
+from .runtime_support import (
+    KeptOff,
+    RuntimeSupport,
+    Unrunnable,
+    cpu_has_kernel,
+    data_movement_islands,
+    pattern_ops,
+    serialized_name,
+)
 
 #: VulkanBackend.preprocess runs under the takeover for this adapter's partitions only
 PREPROCESS_SCOPE = PreprocessScope("executorch.backends.vulkan.vulkan_preprocess",
                                    "VulkanBackend", b"vulkan", PATCHES)
 
-__all__ = ["PREPROCESS_SCOPE", "FusedOpNotDelegatedError", "KeptOff", "VulkanPartitioner"]
+__all__ = ["PREPROCESS_SCOPE", "FusedOpNotDelegatedError", "KeptOff", "Unrunnable",
+           "UnrunnableOpError", "VulkanPartitioner"]
 
 
 class FusedOpNotDelegatedError(RuntimeError):
@@ -52,6 +61,20 @@ class FusedOpNotDelegatedError(RuntimeError):
     ``et_vk.*`` ops have no kernel in ExecuTorch's CPU runtime, so such a program
     would fail when loaded; failing at lowering time says where and why.
     """
+
+
+class UnrunnableOpError(RuntimeError):
+    """A delegated node's op is one neither the probed Vulkan runtime nor ExecuTorch's CPU
+    runtime has, and the Vulkan preprocess would not fuse it away: the program would be
+    refused at load (``Missing operator: ...``). Raised by :meth:`VulkanPartitioner.partition`
+    before the lowering changes the program; :attr:`nodes` holds one :class:`Unrunnable`
+    per node, each naming the node, the op and why (the preprocess rules' declines)."""
+
+    def __init__(self, nodes: list[Unrunnable]) -> None:
+        self.nodes = nodes
+        super().__init__(
+            "the program cannot run on this Vulkan runtime, nor can these nodes run on the CPU "
+            "instead: " + "; ".join(str(n) for n in nodes))
 
 
 class VulkanPartitioner(_StockVulkanPartitioner):
@@ -78,6 +101,8 @@ class VulkanPartitioner(_StockVulkanPartitioner):
         self.kept_off: dict[str, str] = {}
         #: the nodes of the last :meth:`partition` kept off, each with the runtime fact
         self.kept_off_nodes: list[KeptOff] = []
+        #: the nodes of the last :meth:`partition` no runtime runs (:class:`UnrunnableOpError`)
+        self._unrunnable: dict[str, Unrunnable] = {}
         #: the last :meth:`partition`'s boundary tensors whose dim order is not contiguous,
         #: converted inside the delegate by its preprocess (:mod:`.boundary_dim_order`)
         self.boundary_dim_orders: list[BoundaryDimOrder] = []
@@ -137,11 +162,13 @@ class VulkanPartitioner(_StockVulkanPartitioner):
         """While the stock partition() runs, its per-node support check also asks the
         probed runtime (:class:`~.runtime_support.RuntimeSupport`)."""
         self.kept_off_nodes = []
+        self._unrunnable = {}
         if self.runtime is None:
             yield
             return
         support = RuntimeSupport(self.runtime, self._texture_limits())
         support.prepare(ep, _preprocess_pattern_ops())
+        self._unrunnable = support.unrunnable
         kept: dict[str, KeptOff] = {}
         stock_support = _stock.VulkanSupportedOperators
 
@@ -166,6 +193,8 @@ class VulkanPartitioner(_StockVulkanPartitioner):
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         with PATCHES.install(), self._runtime_aware(exported_program):
             result = super().partition(exported_program)
+        self._undelegate_islands(result)
+        self._refuse_unrunnable(result)
         stranded = [
             n for n in result.tagged_exported_program.graph_module.graph.nodes
             if n.op == "call_function" and "fusionkit_rule" in n.meta
@@ -187,6 +216,37 @@ class VulkanPartitioner(_StockVulkanPartitioner):
                                                         result.partition_tags)
         PREPROCESS_SCOPE.expect(len(result.partition_tags))
         return result
+
+    def _undelegate_islands(self, result: PartitionResult) -> None:
+        """A partition that only moves data between nodes on the CPU is not delegated
+        (:func:`~.runtime_support.data_movement_islands`): its nodes are untagged, each
+        noted in :attr:`kept_off_nodes` (fact ``data_movement_only``)."""
+        ep = result.tagged_exported_program
+        islands = data_movement_islands(ep, result.partition_tags)
+        if not islands:
+            return
+        ops = {n.name: n for n in ep.graph_module.graph.nodes}
+        for n in ops.values():
+            if n.meta.get("delegation_tag") in islands:
+                del n.meta["delegation_tag"]
+        for tag, names in islands.items():
+            del result.partition_tags[tag]
+            what = ", ".join(f"`{m}`" for m in names)
+            for m in names:
+                self.kept_off_nodes.append(KeptOff(
+                    m, serialized_name(ops[m]), "data_movement_only",
+                    f"its partition ({what}) only moves data, between values computed on "
+                    "the CPU and read on the CPU: a delegate call would copy them to the GPU "
+                    "and back for nothing: it runs on the CPU"))
+
+    def _refuse_unrunnable(self, result: PartitionResult) -> None:
+        """:class:`UnrunnableOpError` when a delegated node is one no runtime runs (the
+        tags are on ExecuTorch's copy of the program: nothing of the user's changed yet)."""
+        bad = [u for n in result.tagged_exported_program.graph_module.graph.nodes
+               if (u := self._unrunnable.get(n.name)) is not None
+               and n.meta.get("delegation_tag") in result.partition_tags]
+        if bad:
+            raise UnrunnableOpError(bad)
 
 
 @functools.cache

@@ -26,14 +26,14 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from fusionkit import Rule, find_matches, op_key
+from fusionkit import Rule, op_key
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.integration.hooks import PatchSet
 from fusionkit.integration.preprocess_takeover import Takeover
 from fusionkit.passes.registry import rules_taking_over, taken_over_patterns
 from fusionkit.passes.vulkan.addmm_to_linear import FALLBACK_OPS as ADDMM_FALLBACK_OPS
 
-from .delegation import with_delegation_check
+from .delegation import preprocess_fusions, with_delegation_check
 
 __all__ = ["MAX_ROUNDS", "PATCHES", "RULE_PASSES", "STOCK_PASSES", "TAKEN_OVER_PASSES", "RulePass",
            "StockPass", "counts", "disabled", "is_enabled", "reset_counts", "rules_for"]
@@ -148,9 +148,7 @@ class RulePass:
         rules = list(rules_for(self.stock_pass))
         fused = declined = 0
         for _ in range(MAX_ROUNDS):
-            ms = find_matches(program, rules, structural_declines=False, allow_folding=False,
-                              # every node is delegated already (preprocess of a partition)
-                              check_replacements=False)
+            ms = preprocess_fusions(program, rules=rules)
             declined += len(ms.declined)
             if not ms.accepted:
                 break

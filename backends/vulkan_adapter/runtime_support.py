@@ -24,14 +24,18 @@ its serialized call (no list of its own):
   node's arguments (``violated``, what the rules' delegation check and the simulator ask).
 
 A node is kept off only when ExecuTorch's CPU runtime has a kernel for it (the wheel's
-portable and quantized kernels, :func:`~.runtime.load_cpu_kernels`); one that has none
-stays, and ``check(program, runtime=...)`` reports it.
+portable and quantized kernels, :func:`~.runtime.load_cpu_kernels`). One of an op a
+preprocess fusion would remove that neither runtime has, and that the preprocess rules
+leave (they decline), can run nowhere: :attr:`RuntimeSupport.unrunnable` names it
+(:class:`Unrunnable`), and the adapter's partitioner refuses the lowering when it is
+delegated. Any other such node stays, and ``check(program, runtime=...)`` reports it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import types
 from collections.abc import Iterator
 from functools import cache
@@ -42,7 +46,8 @@ from torch.fx import Node
 from fusionkit import op_key
 from fusionkit.match.pattern import Op, Pattern, PatternVisitor
 
-__all__ = ["KeptOff", "RuntimeSupport", "cpu_has_kernel", "pattern_ops", "serialized_name"]
+__all__ = ["DATA_MOVEMENT_OPS", "KeptOff", "RuntimeSupport", "Unrunnable", "cpu_has_kernel",
+           "data_movement_islands", "pattern_ops", "serialized_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +64,31 @@ class KeptOff:
 
     def __str__(self) -> str:
         return f"`{self.node}` ({self.op}): {self.reason}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Unrunnable:
+    """One node of an op neither the probed Vulkan runtime nor the CPU runtime has, that the
+    Vulkan preprocess would leave in the payload: the program would be refused at load."""
+
+    #: the graph node's name
+    node: str
+    #: its op as a Vulkan payload would name it
+    op: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"`{self.node}` ({self.op}): {self.reason}"
+
+
+#: op -> what a user can do about a node of it that no runtime runs (besides the declines)
+UNRUNNABLE_HINTS: dict[str, str] = {
+    "torchao.dequantize_affine.default": (
+        "for an 8-bit weight-only linear, quantize per output channel "
+        "(IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0)), symmetric) "
+        "with a 2-D float input, which the preprocess rule linear_weight_int8_affine makes "
+        "_weight_int8pack_mm; or use 4-bit weights (et_vk.linear_q4gsw)"),
+}
 
 
 def serialized_name(node: Node) -> str:
@@ -91,6 +121,59 @@ def _removed_by_redundant_ops() -> frozenset[str]:
                      for o in RemoveRedundantOpsTransform.redundant_ops)
 
 
+#: ops that only move or reinterpret data (views, transposes, copies, slices, splits)
+DATA_MOVEMENT_OPS: frozenset[str] = frozenset({
+    "aten.permute_copy.default", "aten.view_copy.default", "aten.squeeze_copy.dims",
+    "aten.squeeze_copy.dim", "aten.squeeze_copy.default", "aten.unsqueeze_copy.default",
+    "aten.clone.default", "dim_order_ops._clone_dim_order.default", "aten.expand_copy.default",
+    "aten.t_copy.default", "aten.transpose_copy.int", "aten.slice_copy.Tensor",
+    "aten.select_copy.int", "aten.alias_copy.default", "aten.split_with_sizes_copy.default",
+    "aten.split_copy.Tensor", "aten.unbind_copy.int",
+})
+
+
+def _moves_data(node: Node) -> bool:
+    if node.target is operator.getitem:
+        return True
+    return op_key(node.target) in DATA_MOVEMENT_OPS and cpu_has_kernel(serialized_name(node))
+
+
+def data_movement_islands(ep: Any, partition_tags: Any) -> dict[str, list[str]]:
+    """Partitions that compute nothing: tag -> the names of their call nodes, for each
+    partition whose every op only moves data (:data:`DATA_MOVEMENT_OPS`, each with a CPU
+    kernel), that reads only constants and values computed on the CPU, and whose every
+    result is read on the CPU. Delegating one costs a delegate call and a copy of its
+    inputs to the GPU and of its results back, for a copy the CPU makes once. (The torch
+    partitioner's ``non_compute_ops`` filter drops a partition with at most one compute
+    op; the Vulkan partitioner keeps single-op partitions, so only these go.) A graph
+    input or output next to it keeps the partition: the user may mean a program that is
+    only a view."""
+    from executorch.backends.vulkan.utils import is_param_node
+
+    by_tag: dict[str, list[Node]] = {}
+    for n in ep.graph_module.graph.nodes:
+        tag = n.meta.get("delegation_tag")
+        if tag in partition_tags:
+            by_tag.setdefault(tag, []).append(n)
+
+    def on_cpu(m: Node) -> bool:
+        return m.op == "call_function" and m.meta.get("delegation_tag") not in partition_tags
+
+    out: dict[str, list[str]] = {}
+    for tag, nodes in by_tag.items():
+        calls = [n for n in nodes if n.op == "call_function"]
+        if not calls or not all(_moves_data(n) for n in calls):
+            continue
+        inside = set(nodes)
+        producers = {a for n in calls for a in n.all_input_nodes if a not in inside}
+        consumers = {u for n in nodes for u in n.users if u not in inside}
+        if (consumers and all(on_cpu(u) for u in consumers)
+                and all(on_cpu(a) or (a.op == "placeholder" and is_param_node(ep, a))
+                        for a in producers)):
+            out[tag] = [n.name for n in calls]
+    return out
+
+
 class _PatternOps(PatternVisitor[frozenset[str]]):
     """The ops a pattern matches, every node kind through its own ``accept``."""
 
@@ -116,17 +199,25 @@ class _Preprocess:
 
 
 def _rule_passes() -> list[tuple[str, list[Any]]]:
+    """The preprocess rule passes: the taken-over passes' rules, and the ``FusePatternsPass``
+    stand-in's (the ``"vulkan"`` rules, which fuse in preprocess what the transform passes
+    left to it: a fusion the partitioner would not delegate, ``linear_q4gsw`` say) before
+    ``FuseQuantizedOpsTransform``, as ``VulkanBackend.preprocess`` orders them."""
+    from .delegation import with_delegation_check
     from .preprocess_rules import TAKEN_OVER_PASSES, rules_for
+    from .rules import _built_rules
 
-    return [(p, list(rules_for(p))) for p in TAKEN_OVER_PASSES]
+    out = [(p, list(rules_for(p))) for p in TAKEN_OVER_PASSES]
+    at = next((i for i, (p, _) in enumerate(out) if p == "FuseQuantizedOpsTransform"), len(out))
+    out.insert(at, ("FusePatternsPass", [with_delegation_check(r, None) for r in _built_rules()]))
+    return out
 
 
 def _find(ep: Any, rules: list[Any]) -> Any:
-    from fusionkit import find_matches
+    from .delegation import preprocess_fusions
 
-    # as RulePass asks inside preprocess: every node is delegated there
-    return find_matches(ep, rules, structural_declines=False, allow_folding=False,
-                        check_replacements=False, strict=False)
+    # as RulePass asks inside preprocess (every node is delegated there)
+    return preprocess_fusions(ep, rules=rules, strict=False)
 
 
 def _note_declines(ms: Any, rules: list[Any], declined: dict[Any, tuple[list[str], list[str]]],
@@ -287,6 +378,8 @@ class RuntimeSupport:
         #: the preprocess fusions may remove, and the nodes needing them as constants)
         #: (None: decided there, delegated)
         self._after_preprocess: dict[str, KeptOff | None] | None = None
+        #: the nodes (by original name) neither runtime runs that the preprocess leaves
+        self.unrunnable: dict[str, Unrunnable] = {}
 
     def prepare(self, ep: Any, fused_by_preprocess: frozenset[str] = frozenset()) -> None:
         """Read ``ep`` once. ``fused_by_preprocess``: ops a preprocess rule's pattern
@@ -301,6 +394,7 @@ class RuntimeSupport:
         self._ep = ep
         self._pre = _preprocess_verdicts(ep)
         self._after_preprocess = None
+        self.unrunnable = {}
         if any(n.op == "call_function" and serialized_name(n) in fused_by_preprocess
                and not self.inventory.has_operator(serialized_name(n))
                for n in ep.graph_module.graph.nodes):
@@ -349,13 +443,16 @@ class RuntimeSupport:
         for n in after.ep.graph_module.graph.nodes:
             name = serialized_name(n) if n.op == "call_function" else ""
             if (name not in fused or self.inventory.has_operator(name)
-                    or not cpu_has_kernel(name) or n.name in after.undecided):
+                    or n.name in after.undecided):
                 continue
-            left.add(n)
             why = f"{self._runtime()} has no {name} (it aborts with 'Missing operator: {name}')"
             said = after.declined.get(n.name)
             if said is not None:
                 why += f", and {_declines_text(said)}, so the Vulkan preprocess leaves it"
+            if not cpu_has_kernel(name):
+                self._note_unrunnable(n, name, why, after, original)
+                continue
+            left.add(n)
             keep(n, "missing_operator", why)
         for n in after.ep.graph_module.graph.nodes:
             name = serialized_name(n) if n.op == "call_function" else ""
@@ -374,6 +471,19 @@ class RuntimeSupport:
             if name in fused and n.name not in out and not self.inventory.has_operator(name):
                 out[n.name] = None
         return out
+
+    def _note_unrunnable(self, copy_node: Node, name: str, why: str, after: _Preprocessed,
+                         original: dict[str, Node]) -> None:
+        why += (", and ExecuTorch's CPU runtime (portable and quantized kernels) has no kernel "
+                "for it either, so it cannot be kept off the delegate: the program would be "
+                "refused at load")
+        hint = UNRUNNABLE_HINTS.get(name)
+        if hint is not None:
+            why += f". To run it: {hint}"
+        for o in sorted(after.origin.get(copy_node.name, {copy_node.name})):
+            n = original.get(o)
+            if n is not None and n.op == "call_function":
+                self.unrunnable.setdefault(o, Unrunnable(o, serialized_name(n), why))
 
     def _missing_operator(self, node: Node, name: str) -> tuple[str, str] | None:
         if self.inventory.has_operator(name) or name in self._redundant:

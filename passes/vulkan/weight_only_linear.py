@@ -26,6 +26,17 @@ What the stock pass forgets, declined here before anything changes:
 * a 4-bit weight shared with another user is packed once into a new constant (the stock
   pass overwrites the shared state-dict entry under the other user's feet).
 
+Beyond the stock pass, torchao's 8-bit weight-only linear
+(``IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))``), which stock
+ExecuTorch 1.5.1 leaves as ``linear(x, torchao.dequantize_affine(w, [1, K], scales,
+zeros, int8, qmin, qmax))`` -- an op neither the Vulkan runtime nor the CPU runtime has,
+so the program is refused at load -- is the same computation as the per-channel one:
+``linear_weight_int8_affine`` makes it ``aten._weight_int8pack_mm(x, w, scales)``
+(scales ``[N, 1]`` -> ``[N]``, a new constant). Declined (with the reason) for a block
+size other than one row per output channel (group-wise int8 has no kernel), zero points
+not all 0, an input that is not 2-D float32 / float16, scales of another dtype than the
+input's.
+
 Placement, for the stock payload's bytes: the fused op and the bias ``add`` go where
 the linear was; the packed 4-bit weight takes the source weight's place among the
 placeholders (the stock pass packs it in place) and the source goes when nothing else
@@ -59,6 +70,7 @@ from ._common import DQ_PER_CHANNEL, constant_tensor, constraint, et_vk, shape, 
 
 STOCK_PASS = "FuseQuantizedOpsTransform"
 LINEAR = "aten.linear.default"
+DQ_AFFINE = "torchao.dequantize_affine.default"
 INT8_MM = "aten._weight_int8pack_mm.default"
 #: float dtypes ``_weight_int8pack_mm`` takes that the Vulkan runtime has (no bf16)
 INT8_MM_DTYPES = frozenset({torch.float32, torch.float16})
@@ -67,6 +79,14 @@ INT8_MM_DTYPES = frozenset({torch.float32, torch.float16})
 def _pattern() -> Any:
     wdq = op(DQ_PER_CHANNEL, capture("weight"), capture("scales"), capture("zeros"),
              any_value("axis"), any_value("qmin"), any_value("qmax"), any_value("wdtype"))
+    return (op(LINEAR, capture("x"), wdq)
+            | op(LINEAR, capture("x"), wdq, lit(None) | capture("bias")))
+
+
+def _affine_pattern() -> Any:
+    wdq = op(DQ_AFFINE, capture("weight"), any_value("block_size"), capture("scales"),
+             lit(None) | capture("zeros"), lit(torch.int8), any_value("qmin"),
+             any_value("qmax"))
     return (op(LINEAR, capture("x"), wdq)
             | op(LINEAR, capture("x"), wdq, lit(None) | capture("bias")))
 
@@ -92,6 +112,34 @@ def _per_output_channel(ctx: CheckContext, weight: Node, scales: Node, axis: Any
     if s != (w[0],):
         return ctx.fail(f"the scales have the shape {s}, not [{w[0]}]", at="scales")
     return None
+
+
+def _one_block_per_row(ctx: CheckContext, weight: Node, scales: Node, block_size: Any
+                       ) -> str | Blame | None:
+    """torchao's per-channel int8 weight: block ``[1, K]``, one scale per output channel."""
+    w, s = shape(weight), shape(scales)
+    if w is None or len(w) != 2:
+        return ctx.fail(f"the weight `{weight.name}` has the shape {w}, not [N, K]", at="weight")
+    if not isinstance(block_size, (list, tuple)) or list(block_size) != [1, w[1]]:
+        return (f"the weight is quantized in blocks of {block_size!r}, not one block [1, {w[1]}] "
+                "per output channel: the runtime's only 8-bit weight-only kernel "
+                "(_weight_int8pack_mm) takes one scale per output channel")
+    if s not in ((w[0],), (w[0], 1)):
+        return ctx.fail(f"the scales have the shape {s}, not [{w[0]}] or [{w[0]}, 1]", at="scales")
+    return None
+
+
+def _scales_dtype(ctx: CheckContext, x: Node, scales: Node) -> str | Blame | None:
+    sv, xv = scales.meta.get("val"), x.meta.get("val")
+    sd, xd = getattr(sv, "dtype", None), getattr(xv, "dtype", None)
+    if sd is None or sd != xd:
+        return ctx.fail(f"the scales `{scales.name}` are {sd}, the input `{x.name}` {xd}: "
+                        "_weight_int8pack_mm takes scales of the input's dtype", at="scales")
+    return None
+
+
+def _symmetric_or_none(ctx: CheckContext, zeros: Node | None = None) -> str | Blame | None:
+    return zero_points_are_zero(ctx, zeros)
 
 
 def _symmetric(ctx: CheckContext, zeros: Node) -> str | Blame | None:
@@ -155,6 +203,14 @@ def _int8_mm(rw: Rewriter, x: Node, weight: Node, scales: Node, bias: Any = None
     return _with_bias(rw, rw.call(INT8_MM, x, weight, scales), bias)
 
 
+def _int8_mm_per_row(rw: Rewriter, x: Node, weight: Node, scales: Node, bias: Any = None
+                     ) -> Node:
+    s = rw.tensor(scales)
+    if s.dim() != 1:  # torchao's [N, 1]: the kernel's [N] (a new constant, the source stays)
+        scales = rw.constant(f"{scales.name}_fk_per_channel", s.reshape(-1))
+    return _int8_mm(rw, x, weight, scales, bias)
+
+
 def _placeholder_index(specs: list[Any], name: str) -> int | None:
     for i, s in enumerate(specs):
         if getattr(s.arg, "name", None) == name:
@@ -211,7 +267,8 @@ def _constraints() -> list[Any]:
 
 @register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
 def weight_only_linear_rules() -> list[Rule]:
-    """linear with a per-channel int8 weight -> the 8-bit or the 4-bit weight-only kernel."""
+    """linear with a per-channel int8 weight -> the 8-bit or the 4-bit weight-only kernel;
+    torchao's per-channel int8 ``dequantize_affine`` weight -> the 8-bit one."""
     return [
         Rule(name="linear_weight_int4",
              pattern=_pattern(),
@@ -224,6 +281,20 @@ def weight_only_linear_rules() -> list[Rule]:
                           constraint("int8pack_mm_input")(_int8_mm_input)],
              replacement=PythonReplacement(_int8_mm),
              description="weight-only linear, 8-bit values -> aten._weight_int8pack_mm"),
+        Rule(name="linear_weight_int8_affine",
+             pattern=_affine_pattern(),
+             constraints=[constraint("input_not_dequantized")(_float_input),
+                          PrepackableConstant("weight", role="_weight_int8pack_mm prepacks it"),
+                          PrepackableConstant("scales", role="_weight_int8pack_mm prepacks it"),
+                          constraint("int8_weight")(_int8_weight),
+                          constraint("symmetric_weight")(_symmetric_or_none),
+                          constraint("one_block_per_output_channel")(_one_block_per_row),
+                          constraint("int8pack_mm_input")(_int8_mm_input),
+                          constraint("scales_dtype_of_input")(_scales_dtype),
+                          constraint("bias_is_a_tensor")(_bias_node)],
+             replacement=PythonReplacement(_int8_mm_per_row),
+             description="torchao 8-bit weight-only linear (dequantize_affine, per channel) "
+                         "-> aten._weight_int8pack_mm"),
     ]
 
 

@@ -23,12 +23,26 @@ adapter runs the stock pass (:data:`FALLBACK_OPS`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 from torch.fx import Node
 
-from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, int_list, op
+from fusionkit import (
+    Blame,
+    CheckContext,
+    Custom,
+    Failure,
+    PrepackableConstant,
+    PythonReplacement,
+    Rewriter,
+    Rule,
+    capture,
+    int_list,
+    op,
+    op_key,
+)
 from fusionkit.passes.registry import register_rules
 
 from ._common import ABSENT, constraint
@@ -89,24 +103,28 @@ def _keep_linear(rw: Rewriter, linear: Node, x: Node, w: Node, b: Any = ABSENT) 
     return rw.call(LINEAR, x, w) if b is ABSENT else rw.call(LINEAR, x, w, b)
 
 
-def _is_constant(ctx: CheckContext, v: Any) -> bool:
-    return isinstance(v, Node) and v.op == "placeholder" and ctx.inputs.constant(v) is not None
+#: Vulkan's ``linear`` prepacks its weight (``Linear.cpp``: ``prepack_fp_linear_weight``),
+#: while its ``addmm`` / ``mm`` also take a weight computed at run time (``addmm_tiled``'s
+#: ``val_is_tref`` branch): a ``linear`` of a computed weight makes the runtime abort
+PREPACKED_WEIGHT = PrepackableConstant(
+    "w", role="Vulkan's linear prepacks its weight (the runtime aborts in "
+              "prepack_fp_linear_weight), its addmm/mm does not")
 
 
-def _constant_weight(ctx: CheckContext, wt: Any) -> str | None:
-    """Vulkan's ``linear`` prepacks its weight (``Linear.cpp``: ``prepack_fp_linear_weight``),
-    while its ``addmm`` / ``mm`` also take a weight computed at run time (``addmm_tiled``'s
-    ``val_is_tref`` branch): a ``linear`` of a computed weight makes the runtime abort."""
-    w = wt.args[0] if isinstance(wt, Node) and wt.args else None
-    if _is_constant(ctx, w):
-        return None
-    if isinstance(w, Node) and w.op == "call_function" \
-            and "dequantize" in getattr(w.target, "__name__", "") and _is_constant(ctx, w.args[0]):
-        return None  # a quantized weight: FuseQuantizedOps packs it (or the partitioner keeps it off)
-    what = ctx.inputs.describe(w) if isinstance(w, Node) else repr(w)
-    return (f"the weight `{getattr(w, 'name', w)}` transposed by `{wt.name}` is {what}, not a "
-            "constant: Vulkan's linear prepacks its weight (the runtime aborts in "
-            "prepack_fp_linear_weight), its addmm/mm does not")
+def _prepackable_weight(ctx: CheckContext, wt: Any) -> Failure | None:
+    """:data:`PREPACKED_WEIGHT` of the weight ``wt`` transposes, where a dequantize of a
+    constant counts as one (a quantized weight: FuseQuantizedOps packs it, or the
+    partitioner keeps it off).
+
+    The weight is not a capture of the pattern because the transpose cannot be in it: a
+    node a match claims must be dead after the rewrite, and a transpose shared by several
+    matmuls (``wt = w.t()``; ``x @ wt + y @ wt``) is not until the last one is converted,
+    so none would be (the stock pass converts them all, and so do these rules)."""
+    w = wt.args[0] if isinstance(wt, Node) and wt.args else wt
+    if isinstance(w, Node) and w.op == "call_function" and w.args \
+            and "dequantize" in (op_key(w.target) or ""):
+        w = w.args[0]  # the constant under the dequantize
+    return PREPACKED_WEIGHT.check(dataclasses.replace(ctx, captures={"w": w}))
 
 
 @register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
@@ -121,7 +139,7 @@ def addmm_to_linear_rules(prepacked_weight: bool = False) -> list[Rule]:
     ``prepacked_weight``: the target's linear prepacks its weight, so a weight computed
     in the graph is declined (Vulkan); XNNPACK's ConvertToLinear takes any weight."""
     transposed = constraint("transposed_weight")(_transposed_weight)
-    weight_checks = [transposed, constraint("constant_weight")(_constant_weight)] \
+    weight_checks = [transposed, Custom(_prepackable_weight, "constant_weight")] \
         if prepacked_weight else [transposed]
     linear = (op(LINEAR, capture("x"), capture("w"))
               | op(LINEAR, capture("x"), capture("w"), capture("b"))).bind("linear")

@@ -582,9 +582,32 @@ _INT_READ: tuple[RuntimeCondition, ...] = (
       for op in (UPDATE_CACHE, CUSTOM_SDPA, SDPA_WITH_KV_CACHE)),
 )
 
+def _grouped_conv_ok(a: Mapping[str, Any]) -> bool:
+    w, g = a["weight"], int(a["groups"])
+    if _dim(w) != 4 or g == 1 or a.get("transposed"):
+        return True
+    if _size(w, 0) == g and _size(w, 1) == 1:  # Conv2dMethod::Depthwise
+        return True
+    if _size(w, 2) == 1 and _size(w, 3) == 1:  # Conv2dMethod::Pointwise: not measured
+        return True
+    return _size(w, 1) % 4 == 0
+
+
+def _grouped_conv(op: str) -> RuntimeCondition:
+    return RuntimeCondition(
+        op, "grouped_in_channels_4", ("weight", "groups"),
+        "groups == 1 || depthwise || in_channels / groups % 4 == 0 (2-D, not transposed, "
+        "kernel not 1x1)", "Convolution.cpp: conv2d, Conv2dMethod::SlidingWindow", "garbage",
+        _grouped_conv_ok,
+        "measured on lavapipe (fp32, 3x3): groups > 1 with 1 or 2 input channels per group "
+        "computes wrong values (4->8 g4, 4->8 g2, 8->16 g4, 6->6 g3, 8->8 g4, 4->12 g2: "
+        "1.2-2.6 off eager), 4 or 8 per group and depthwise are right")
+
+
 CONDITIONS = (*CONDITIONS, *_rotary_conditions("et_vk.apply_rotary_emb.default"),
               *_rotary_conditions("et_vk.apply_rotary_emb_hf.default"), *_SUITE_FOUND,
-              *_INT_READ)
+              *_INT_READ, _grouped_conv("aten.convolution.default"),
+              _grouped_conv("et_vk.conv_with_clamp.default"))
 
 _BY_OP: dict[str, tuple[RuntimeCondition, ...]] = {}
 for _c in CONDITIONS:

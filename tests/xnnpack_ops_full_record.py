@@ -43,7 +43,10 @@ def run(shard: int, out: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     start = time.time()
     t0 = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(start))
-    proc, _ = ops.run_shard(shard, folder, mode="fusionkit", which="full", twin=True)
+    # the whole shard takes well over an hour on the loaded machine (run_shard's default
+    # timeout); the plugin's record is rewritten after each test, so a stop keeps what ran
+    proc, _ = ops.run_shard(shard, folder, mode="fusionkit", which="full", twin=True,
+                            timeout=6 * 3600)
     end = time.time()
     (folder / "stdout.txt").write_text(proc.stdout)
     (folder / "stderr.txt").write_text(proc.stderr)
@@ -130,6 +133,29 @@ def summarize(out: Path) -> dict[str, Any]:
     }
 
 
+def probes(out: Path) -> list[dict[str, Any]]:
+    """Pairs of ``xnnpack_ops_seed_probe.py`` records (stock, fusionkit; same test, seed and
+    warm-up): per lowering whether the .pte, the RNG state and the inputs are the same, and
+    each side's max abs error and pass/fail."""
+    found: dict[tuple[str, int, bool], dict[str, Any]] = {}
+    for path in sorted(out.glob("probe-*.json")):
+        rec = json.loads(path.read_text())
+        found.setdefault((rec["test"], rec["seed"], rec.get("warm", False)), {})[
+            rec["mode"]] = rec
+    pairs = []
+    for (test, seed, warm), by_mode in sorted(found.items()):
+        if set(by_mode) != {"stock", "fusionkit"}:
+            continue
+        a, b = by_mode["stock"]["lowerings"], by_mode["fusionkit"]["lowerings"]
+        rows = [{"same_pte": x["pte"] == y["pte"], "same_rng": x["torch_rng"] == y["torch_rng"],
+                 "same_inputs": x.get("inputs") == y.get("inputs"),
+                 "stock": [(e["max_abs"], e["passed"]) for e in x["errors"]],
+                 "fusionkit": [(e["max_abs"], e["passed"]) for e in y["errors"]]}
+                for x, y in zip(a, b, strict=True)]
+        pairs.append({"test": test, "seed": seed, "warm": warm, "lowerings": rows})
+    return pairs
+
+
 def markdown(fig: dict[str, Any], repeats: list[dict[str, Any]]) -> str:
     tot = fig["total"]
     lines = ["# ExecuTorch's whole XNNPACK op suite with fusionkit installed", "",
@@ -145,8 +171,9 @@ def markdown(fig: dict[str, Any], repeats: list[dict[str, Any]]) -> str:
             + ", ".join(f"{n} {o}" for o, n in sorted(s["outcomes"].items()))
             + f" | {s['preprocess_calls']} | {s['identical']['rules_off']} / "
               f"{s['identical']['gates_off']} / {s['identical']['stock']} | "
-              f"{s['test_seconds']:.0f} s | {w.get('wall_s', 0):.0f} s ({w.get('start', '?')}, "
-              f"{load:.1f}) |")
+              f"{s['test_seconds']:.0f} s | "
+              + (f"{w['wall_s']:.0f} s ({w['start']}, {load:.1f}) |" if w else
+                 "still running when summarized |"))
     lines.append(
         f"| **all** | {tot['tests']} | "
         + ", ".join(f"{n} {o}" for o, n in sorted(tot["outcomes"].items()))
@@ -195,6 +222,24 @@ def markdown(fig: dict[str, Any], repeats: list[dict[str, Any]]) -> str:
                                     if r.get("max_abs_error") is not None)
                 lines.append(f"| {mode} | `{t}` | {len(runs)} | {passed} | {failed} | "
                              f"{why.replace('|', '/')} |")
+    if fig.get("probes"):
+        lines += ["", "## Seeded probes, stock vs fusionkit (tests/xnnpack_ops_seed_probe.py)", "",
+                  "Per seed: lowerings with the same .pte / RNG state / inputs in both modes;"
+                  " failures of the harness's check (max abs error).", "",
+                  "| test | seed | warm | lowerings | same .pte | same RNG | same inputs |"
+                  " stock failed | fusionkit failed |", "|---|---:|---|---:|---:|---:|---:|---|---|"]
+        for pr in fig["probes"]:
+            rows = pr["lowerings"]
+
+            def failed(side: str, rows: list[dict[str, Any]] = rows) -> str:
+                errs = [f"{e:.4f}" for r in rows for e, ok in r[side] if not ok]
+                return ", ".join(errs) or "none"
+
+            lines.append(
+                f"| `{pr['test'].split('::')[-1]}` | {pr['seed']} | {pr['warm']} | {len(rows)} | "
+                f"{sum(r['same_pte'] for r in rows)} | {sum(r['same_rng'] for r in rows)} | "
+                f"{sum(r['same_inputs'] for r in rows)} | {failed('stock')} | "
+                f"{failed('fusionkit')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -252,6 +297,7 @@ def main(argv: list[str]) -> None:
         fig = summarize(out)
         repeats = [json.loads(p.read_text()) for p in sorted(out.glob("repeat-*.json"))]
         fig["repeats"] = repeats
+        fig["probes"] = probes(out)
         Path(argv[2]).write_text(json.dumps(fig, indent=1, sort_keys=True) + "\n")
         Path(argv[3]).write_text(markdown(fig, repeats))
     else:

@@ -154,7 +154,8 @@ def selection(which: str = "subset") -> list[str]:
 
 
 def run_shard(shard: int, tmp: Path, mode: str = "fusionkit", which: str = "subset",
-              twin: bool = True) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+              twin: bool = True, timeout: float = 3600,
+              ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     spy = tmp / "spy.json"
     env = {**os.environ, "FUSIONKIT_XNNPACK_SPY": str(spy),
            "FUSIONKIT_SHARD": f"{shard}/{SHARDS}", "FUSIONKIT_XNNPACK_MODE": mode,
@@ -163,7 +164,7 @@ def run_shard(shard: int, tmp: Path, mode: str = "fusionkit", which: str = "subs
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *selection(which), "-q", "-p", "no:cacheprovider",
          "-p", "no:xdist", "-p", "stock_xnnpack_tests.fusionkit_xnnpack_plugin", "-W", "ignore"],
-        capture_output=True, text=True, env=env, cwd=str(tmp), timeout=3600,
+        capture_output=True, text=True, env=env, cwd=str(tmp), timeout=timeout,
     )
     data = json.loads(spy.read_text()) if spy.exists() else {}
     return proc, data

@@ -157,3 +157,25 @@ def test_unfused_caches_that_start_non_zero_equal_eager_after_another_program(
     want = _eager(B, m=_filled())
     assert not _close(want, _eager(B))  # the initial values matter
     torch.testing.assert_close(b.outputs[0], want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_simulator_says_a_first_call_that_reads_unwritten_rows_is_garbage() -> None:
+    """B right in a fresh child is the allocator's zeros, not a promise: the simulator
+    (which keeps a loaded program's caches between calls) names the condition for a first
+    call at position 3, and runs A, which reads only what it writes, equal to eager."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from fusionkit.backends.vulkan_adapter import VulkanPartitioner, transform_passes
+    from fusionkit.backends.vulkan_adapter.inspect import simulator as S
+
+    part = VulkanPartitioner()
+    et = to_edge_transform_and_lower(torch.export.export(KVAttention(), B),
+                                     transform_passes=transform_passes(partitioner=part),
+                                     partitioner=[part]).to_executorch()
+    assert rt.uninitialized_state(bytes(et.buffer)) == ["sdpa_with_kv_cache.default"]
+    with pytest.raises(S.RuntimeConditionError) as e:
+        S.simulate(et, *B)
+    assert e.value.condition.name == "cache_rows_written", e.value
+    S.unload(et)
+    torch.testing.assert_close(S.simulate(et, *A), _eager(A), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(S.simulate(et, *B), _eager(B, caches_from=A), atol=1e-4, rtol=1e-4)

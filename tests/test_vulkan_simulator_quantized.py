@@ -587,7 +587,18 @@ def test_kv_cache_is_carried_between_calls() -> None:
         torch.testing.assert_close(got, m(*x), atol=1e-5, rtol=1e-5)
     # the ATen overload's payload name, as stock's fusion writes it (passes/vulkan/sdpa.py)
     assert sum(r.ops.count("sdpa_with_kv_cache.default") for r in runs) == 5
-    S.unload(prog)  # a fresh load starts from the serialized (zero) caches again
-    x = step(2)
+    # a fresh load does not start from the serialized (zero) caches: the runtime makes
+    # them with add_tensor_like (sizes, not values), so a first call at position 2 reads
+    # rows 0..1 of whatever memory it got (tests/test_vulkan_real_runtime_state.py)
+    S.unload(prog)
+    with pytest.raises(S.RuntimeConditionError, match="not written") as e:
+        S.simulate(prog, *step(2))
+    assert e.value.condition.name == "cache_rows_written" and e.value.arg_name == "key_cache"
+    # ... and the rows stay unwritten: a later call that reads them is garbage too
+    with pytest.raises(S.RuntimeConditionError):
+        S.simulate(prog, *step(4))
+    S.unload(prog)  # a fresh load that starts at position 0 reads only rows it wrote
     fresh = KVAttention()
-    torch.testing.assert_close(S.simulate(prog, *x), fresh(*x), atol=1e-5, rtol=1e-5)
+    for pos in (0, 2):
+        x = step(pos)
+        torch.testing.assert_close(S.simulate(prog, *x), fresh(*x), atol=1e-5, rtol=1e-5)

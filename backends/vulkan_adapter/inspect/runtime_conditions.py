@@ -114,6 +114,10 @@ CHOOSE_QPARAMS_AFFINE = "torchao.choose_qparams_affine.default"
 UPDATE_CACHE = "llama.update_cache.default"
 CUSTOM_SDPA = "llama.custom_sdpa.default"
 SDPA_WITH_KV_CACHE = "llama.sdpa_with_kv_cache.default"
+#: the count of cache rows ``sdpa_with_kv_cache`` reads that it never wrote since load: the
+#: simulator, which keeps the loaded caches between calls, passes it to the conditions
+#: (a static check has no such count, and the condition holds there)
+CACHE_ROWS_UNWRITTEN = "_cache_rows_unwritten"
 
 #: op -> the arguments the runtime prepacks (must be TensorRefs; an optional one may be None)
 PREPACKED: dict[str, tuple[str, ...]] = {
@@ -456,6 +460,14 @@ CONDITIONS: tuple[RuntimeCondition, ...] = (
         SDPA_WITH_KV_CACHE, "kv_seq", ("key", "value"), "size_at(-2, k) == size_at(-2, v)",
         "SDPA.cpp: sdpa_with_kv_cache_impl", "abort",
         lambda a: _size(a["key"], -2) == _size(a["value"], -2)),
+    RuntimeCondition(
+        SDPA_WITH_KV_CACHE, "cache_rows_written", ("key_cache", "value_cache", "start_pos"),
+        "every cache row in [0, start_pos) was written by this op since the program loaded",
+        "SDPA.cpp: sdpa_with_kv_cache_impl (add_tensor_like)", "garbage",
+        lambda a: not a.get(CACHE_ROWS_UNWRITTEN, 0),
+        "the runtime makes the caches with add_tensor_like, which copies the serialized "
+        "cache's sizes but not its values: rows the op has not written hold whatever device "
+        "memory it was given"),
 )
 
 def _rotary_conditions(op: str) -> list[RuntimeCondition]:

@@ -204,8 +204,10 @@ from .payload import VkGraph, VkTensor, VkValue, VulkanPayload, decode_payload
 from .prepack_check import ABORT, BACKEND_ID, PREPACKED_ARGS, describe_value
 from .quantized_ops import RUNTIME_OPS
 from .runtime_conditions import (
+    CACHE_ROWS_UNWRITTEN,
     CONDITIONS,
     PREPACKED,
+    SDPA_WITH_KV_CACHE,
     RuntimeCondition,
     RuntimeSymInt,
     as_read_by_runtime,
@@ -435,8 +437,24 @@ class _Delegate:
         #: the program is loaded, and keeps the packed tensors (and in-place updates
         #: to them, e.g. a KV cache) for every later execution
         self.prepacked: set[int] = set()
+        #: value id of a KV cache -> the rows ``sdpa_with_kv_cache`` wrote since load (the
+        #: runtime does not load a cache's serialized values: ``cache_rows_written``)
+        self.cache_rows: dict[int, torch.Tensor] = {}
         for vid, v in enumerate(self.g.values):
             self.values[vid] = self._initial(vid, v)
+
+    def cache_rows_unwritten(self, caches: Sequence[int], pos: int, rows: int) -> int:
+        """How many rows in ``[0, pos)`` of ``caches`` were not written since load; then
+        marks ``[pos, pos + rows)`` written, as the op is about to write them."""
+        unwritten = 0
+        for vid in caches:
+            t = self.tensor_meta(vid)
+            length = int(t.dims[1]) if t is not None and len(t.dims) > 1 else pos + rows
+            mask = self.cache_rows.setdefault(vid, torch.zeros(max(length, pos + rows),
+                                                               dtype=torch.bool))
+            unwritten += int((~mask[:max(pos, 0)]).sum())
+            mask[max(pos, 0):pos + rows] = True
+        return unwritten
 
     # -- errors
     def err(self, msg: str) -> SimulationError:
@@ -809,7 +827,12 @@ def _runtime_op(op_name: str) -> Callable[..., Any]:
             d.require_constant(op_name, i, arg, ins[i])
         named = {a.name: d.resolve(who, op_name, a, vid, ins, out)
                  for a, vid in zip(schema.arguments, ins, strict=True)}
-        bad = violated(op_name, d.marked_symints(named, schema.arguments, ins))
+        marked = d.marked_symints(named, schema.arguments, ins)
+        if op_name == SDPA_WITH_KV_CACHE:
+            marked[CACHE_ROWS_UNWRITTEN] = d.cache_rows_unwritten(
+                [ins[names.index(c)] for c in ("key_cache", "value_cache")],
+                int(named["start_pos"]), int(named["key"].shape[1]))
+        bad = violated(op_name, marked)
         if bad:
             d.condition_broken(who, op_name, bad)
         if op_name == HF_ROPE:  # the shader reads cos/sin's first half only

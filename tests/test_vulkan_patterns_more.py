@@ -398,14 +398,6 @@ def test_kv_cache_model_lowers_through_the_adapter_drop_in(real_vulkan: Any) -> 
     if probed is not None:  # the probe asks about what the rules create: nothing missing
         assert not probed.has_operator("llama.sdpa_with_kv_cache.default")
         assert check(et, runtime=probed) == []
-    # Its own child: run in the module's RuntimeSession after the hf_rope programs, this
-    # program's results on the real runtime are wrong (0.9 off; alone, or in a fresh child
-    # after the same lowerings, equal to eager) - state the runtime keeps between two
-    # programs loaded in one process, not yet understood (see CHANGELOG, session 8).
-    if real_vulkan is None:
-        assert_real(None, et, a, want, atol=1e-4, rtol=1e-4)
-        return
-    from fusionkit.backends.vulkan_adapter.runtime import RuntimeSession
-
-    with RuntimeSession() as own:
-        assert_real(own, et, a, want, atol=1e-4, rtol=1e-4)
+    # the module's session runs it in a child of its own (its fused op's caches start as
+    # whatever memory it gets: runtime.uninitialized_state, test_vulkan_real_runtime_state)
+    assert_real(real_vulkan, et, a, want, atol=1e-4, rtol=1e-4)

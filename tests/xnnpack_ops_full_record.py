@@ -81,7 +81,7 @@ def summarize(out: Path) -> dict[str, Any]:
         outcomes = data["outcomes"]
         by_outcome: dict[str, int] = {}
         for t in data["selected"]:
-            o = outcomes.get(t, "not run (stopped)")
+            o = outcomes.get(t, "not recorded")
             by_outcome[o] = by_outcome.get(o, 0) + 1
         shards.append({
             "shard": folder.name, "mode": data["mode"],
@@ -181,8 +181,8 @@ def markdown(fig: dict[str, Any], repeats: list[dict[str, Any]]) -> str:
           f"{tot['identical']['gates_off']} / {tot['identical']['stock']} | | |")
     for s in fig["shards"]:
         if not s["finished"]:
-            lines += ["", f"**{s['shard']} did not finish**: stopped after {s['tests_run']} of "
-                      f"{s['tests']} tests; its figures cover those."]
+            lines += ["", f"**{s['shard']} did not finish** (running or stopped): {s['tests_run']} of "
+                      f"{s['tests']} tests recorded; its figures cover those."]
     lines += ["", "Installed at start / restored at end: "
               + ", ".join(f"{s['shard']}: {s['installed_at_start']}/{s['restored_at_end']}"
                           for s in fig["shards"]), ""]

@@ -600,26 +600,50 @@ def _grouped_conv_ok(a: Mapping[str, Any]) -> bool:
         return True
     if _size(w, 0) == g and _size(w, 1) == 1:  # Conv2dMethod::Depthwise
         return True
-    if _size(w, 2) == 1 and _size(w, 3) == 1:  # Conv2dMethod::Pointwise: not measured
-        return True
+    if _size(w, 2) == 1 and _size(w, 3) == 1:
+        # Conv2dMethod::Pointwise: conv2d_pw_impl is not given groups; every output
+        # channel reads the first in_channels / groups input channels (group 0's)
+        return False
     return _size(w, 1) % 4 == 0
 
 
 def _grouped_conv(op: str) -> RuntimeCondition:
     return RuntimeCondition(
         op, "grouped_in_channels_4", ("weight", "groups"),
-        "groups == 1 || depthwise || in_channels / groups % 4 == 0 (2-D, not transposed, "
-        "kernel not 1x1)", "Convolution.cpp: conv2d, Conv2dMethod::SlidingWindow", "garbage",
-        _grouped_conv_ok,
-        "measured on lavapipe (fp32, 3x3): groups > 1 with 1 or 2 input channels per group "
-        "computes wrong values (4->8 g4, 4->8 g2, 8->16 g4, 6->6 g3, 8->8 g4, 4->12 g2: "
-        "1.2-2.6 off eager), 4 or 8 per group and depthwise are right")
+        "groups == 1 || depthwise || (kernel not 1x1 && in_channels / groups % 4 == 0) "
+        "(2-D, not transposed)",
+        "Convolution.cpp: conv2d, Conv2dMethod::SlidingWindow; Conv2dPW.cpp: conv2d_pw_impl",
+        "garbage", _grouped_conv_ok,
+        "measured on lavapipe: a 3x3 conv with groups > 1 and 1, 2, 3 or 6 input channels "
+        "per group computes wrong values (fp32 1.2-2.6 off eager, fp16 0.59), 4 or 8 per "
+        "group and depthwise are right (fp32, fp16); a 1x1 conv with groups > 1 (not "
+        "depthwise) is wrong whatever the group size (0.8-1.3 off: conv2d_pw_impl takes no "
+        "groups, each output channel reads group 0's input channels); conv1d (the "
+        "conv1d shader has in_group_size) is right")
+
+
+def _conv1d_pw_groups_ok(a: Mapping[str, Any]) -> bool:
+    w = a["weight"]
+    return _dim(w) != 3 or _size(w, 2) != 1 or int(a["groups"]) == 1
+
+
+def _conv1d_pw_groups(op: str) -> RuntimeCondition:
+    # op_registry's pick_conv_storage makes a kernel-1 conv1d height-packed, which
+    # Convolution.cpp: conv routes to et_vk.conv1d_pw (before the depthwise check)
+    return RuntimeCondition(
+        op, "conv1d_pw_groups_1", ("groups", "weight"),
+        "graph.get_int(args[6]) == 1", "Conv1dPW.cpp: conv1d_pw", "abort",
+        _conv1d_pw_groups_ok,
+        "a conv1d with kernel size 1 runs as conv1d_pw, which only supports groups=1 "
+        "(grouped and depthwise kernel-1 conv1d refused at load on lavapipe)")
 
 
 CONDITIONS = (*CONDITIONS, *_rotary_conditions("et_vk.apply_rotary_emb.default"),
               *_rotary_conditions("et_vk.apply_rotary_emb_hf.default"), *_SUITE_FOUND,
               *_INT_READ, _grouped_conv("aten.convolution.default"),
-              _grouped_conv("et_vk.conv_with_clamp.default"))
+              _grouped_conv("et_vk.conv_with_clamp.default"),
+              _conv1d_pw_groups("aten.convolution.default"),
+              _conv1d_pw_groups("et_vk.conv_with_clamp.default"))
 
 _BY_OP: dict[str, tuple[RuntimeCondition, ...]] = {}
 for _c in CONDITIONS:

@@ -85,9 +85,10 @@ class Unrunnable:
 UNRUNNABLE_HINTS: dict[str, str] = {
     "torchao.dequantize_affine.default": (
         "for an 8-bit weight-only linear, quantize per output channel "
-        "(IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0)), symmetric) "
-        "with a 2-D float input, which the preprocess rule linear_weight_int8_affine makes "
-        "_weight_int8pack_mm; or use 4-bit weights (et_vk.linear_q4gsw)"),
+        "(IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0)); "
+        "asymmetric needs a float32 input) with a 2-D float input, which the preprocess rule "
+        "linear_weight_int8_affine makes _weight_int8pack_mm; or use 4-bit weights "
+        "(et_vk.linear_q4gsw)"),
 }
 
 

@@ -32,10 +32,13 @@ ExecuTorch 1.5.1 leaves as ``linear(x, torchao.dequantize_affine(w, [1, K], scal
 zeros, int8, qmin, qmax))`` -- an op neither the Vulkan runtime nor the CPU runtime has,
 so the program is refused at load -- is the same computation as the per-channel one:
 ``linear_weight_int8_affine`` makes it ``aten._weight_int8pack_mm(x, w, scales)``
-(scales ``[N, 1]`` -> ``[N]``, a new constant). Declined (with the reason) for a block
-size other than one row per output channel (group-wise int8 has no kernel), zero points
-not all 0, an input that is not 2-D float32 / float16, scales of another dtype than the
-input's.
+(scales ``[N, 1]`` -> ``[N]``, a new constant). Asymmetric zero points (one per output
+channel, constants) are folded: ``x (w - zp)^T s = (x w^T) s - sum_k(x_k) zp s``, so
+``_weight_int8pack_mm(x, w, s) - sum(x, [-1], keepdim) * c`` with ``c = zp * s`` a new
+``[N]`` constant (float32 inputs only: measured on the runtime). Declined (with the
+reason) for a block size other than one row per output channel (group-wise int8 has no
+kernel), non-zero zero points with a float16 input, an input that is not 2-D float32 /
+float16, scales of another dtype than the input's.
 
 Placement, for the stock payload's bytes: the fused op and the bias ``add`` go where
 the linear was; the packed 4-bit weight takes the source weight's place among the
@@ -138,8 +141,26 @@ def _scales_dtype(ctx: CheckContext, x: Node, scales: Node) -> str | Blame | Non
     return None
 
 
-def _symmetric_or_none(ctx: CheckContext, zeros: Node | None = None) -> str | Blame | None:
-    return zero_points_are_zero(ctx, zeros)
+def _zero_points_foldable(ctx: CheckContext, x: Node, weight: Node, zeros: Node | None = None
+                          ) -> str | Blame | None:
+    """Zero points that are 0, or (asymmetric) one constant per output channel with a
+    float32 input: folded into a correction term (:func:`_int8_mm_per_row`)."""
+    if zero_points_are_zero(ctx, zeros) is None:
+        return None
+    assert zeros is not None
+    t, w = constant_tensor(ctx, zeros), shape(weight)
+    if t is None:
+        return ctx.fail(f"zero point `{zeros.name}` is not a constant: it cannot be folded "
+                        "into a constant correction", at="zeros")
+    if w is None or len(w) != 2 or tuple(t.shape) not in ((w[0],), (w[0], 1)):
+        return ctx.fail(f"the zero points `{zeros.name}` have the shape {tuple(t.shape)}, not "
+                        "one per output channel", at="zeros")
+    xd = getattr(x.meta.get("val"), "dtype", None)
+    if xd != torch.float32:
+        return ctx.fail(f"zero point `{zeros.name}` is not all zeros and the input is {xd}: "
+                        "the folded correction (x.sum(-1) * zeros * scales) is measured exact "
+                        "on the runtime for float32 only", at="x")
+    return None
 
 
 def _symmetric(ctx: CheckContext, zeros: Node) -> str | Blame | None:
@@ -203,12 +224,26 @@ def _int8_mm(rw: Rewriter, x: Node, weight: Node, scales: Node, bias: Any = None
     return _with_bias(rw, rw.call(INT8_MM, x, weight, scales), bias)
 
 
-def _int8_mm_per_row(rw: Rewriter, x: Node, weight: Node, scales: Node, bias: Any = None
-                     ) -> Node:
+def _int8_mm_per_row(rw: Rewriter, x: Node, weight: Node, scales: Node, bias: Any = None,
+                     zeros: Node | None = None) -> Node:
     s = rw.tensor(scales)
+    scales_in = scales
     if s.dim() != 1:  # torchao's [N, 1]: the kernel's [N] (a new constant, the source stays)
-        scales = rw.constant(f"{scales.name}_fk_per_channel", s.reshape(-1))
-    return _int8_mm(rw, x, weight, scales, bias)
+        scales = rw.constant(f"{scales_in.name}_fk_per_channel", s.reshape(-1))
+    zp = None if zeros is None else rw.tensor(zeros)
+    if zp is None or not bool((zp != 0).any()):
+        return _int8_mm(rw, x, weight, scales, bias)
+    # x (w - zp)^T s = (x w^T) s - sum_k(x_k) (zp s): the kernel on the int8 weight, less a
+    # constant [N] vector zp * s (computed here, in float64) times each row's sum
+    zs = rw.constant(f"{zeros.name}_{scales_in.name}_fk_zero_times_scale",  # type: ignore[union-attr]
+                     (zp.double().reshape(-1) * s.double().reshape(-1)).to(s.dtype))
+    mm = rw.call(INT8_MM, x, weight, scales)
+    row_sums = rw.call("aten.sum.dim_IntList", x, [-1], True)
+    correction = rw.call("aten.mul.Tensor", row_sums, zs)
+    out = rw.call("aten.sub.Tensor", mm, correction)
+    for n in (mm, row_sums, correction):
+        keep_provenance(n, rw.root)
+    return _with_bias(rw, out, bias)
 
 
 def _placeholder_index(specs: list[Any], name: str) -> int | None:
@@ -287,14 +322,14 @@ def weight_only_linear_rules() -> list[Rule]:
                           PrepackableConstant("weight", role="_weight_int8pack_mm prepacks it"),
                           PrepackableConstant("scales", role="_weight_int8pack_mm prepacks it"),
                           constraint("int8_weight")(_int8_weight),
-                          constraint("symmetric_weight")(_symmetric_or_none),
                           constraint("one_block_per_output_channel")(_one_block_per_row),
+                          constraint("zero_points_foldable")(_zero_points_foldable),
                           constraint("int8pack_mm_input")(_int8_mm_input),
                           constraint("scales_dtype_of_input")(_scales_dtype),
                           constraint("bias_is_a_tensor")(_bias_node)],
              replacement=PythonReplacement(_int8_mm_per_row),
              description="torchao 8-bit weight-only linear (dequantize_affine, per channel) "
-                         "-> aten._weight_int8pack_mm"),
+                         "-> aten._weight_int8pack_mm (- x.sum(-1) * zeros * scales)"),
     ]
 
 

@@ -323,6 +323,39 @@ def extra_programs() -> list[Program]:
     return out
 
 
+def held_out_programs() -> list[Program]:
+    """Programs found on the real runtime after the table's first run (session 9), both
+    ways: issue 24's OpMix, a clamp before a conv (groups serialized next to a 1.0), a
+    clamp before an avg_pool2d with divisor_override, a grouped conv of 2 input channels
+    per group (4->8 g2), a conv with a channels_last input, an int8 weight-only linear."""
+    from test_vulkan_real_runtime_dim_order import _case_model
+    from test_vulkan_real_runtime_grouped_conv import CASES as GROUPED
+    from test_vulkan_real_runtime_scalar_types import _clamp_conv, _clamp_pool, _opmix
+    from test_vulkan_real_runtime_w8 import K, _w8
+    from torchao.quantization.granularity import PerAxis
+
+    made: list[tuple[str, torch.nn.Module, tuple[Any, ...]]] = []
+    for name, make in (("opmix", _opmix), ("clamp_conv", _clamp_conv),
+                       ("clamp_pool", _clamp_pool)):
+        model, args = make()
+        made.append((name, model, args))
+    grouped = next(c for c in GROUPED if c.name == "g2_icg2")
+    model, args = grouped.make()
+    made.append(("conv 4->8 g2", model, args))
+    model, x, _ = _case_model("conv_cl_input-fp32")
+    made.append(("conv channels_last input", model, (x,)))
+    made.append(("w8 linear", _w8(False, granularity=PerAxis(0)),
+                 (torch.randn(1, K, generator=torch.Generator().manual_seed(24)),)))
+    out = []
+    for name, model, args in made:
+        with torch.no_grad():
+            eager = model(*args)
+        ep = torch.export.export(model, args)
+        for path in ("fusionkit", "stock"):
+            out.append(lower(name, "held out (s9)", path, ep, args, eager))
+    return out
+
+
 def write_fidelity(path: str, programs: Sequence[Program], seconds: float) -> None:
     """docs/vulkan-runtime-fidelity.md from a run of ``programs``."""
     device = next((p.real.device for p in programs if p.real and p.real.device), "unknown")
@@ -354,7 +387,8 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     from test_vulkan_real_runtime_gqa import gqa_programs
 
-    programs = rmsnorm_programs() + zoo_programs() + extra_programs() + gqa_programs()
+    programs = (rmsnorm_programs() + zoo_programs() + extra_programs() + gqa_programs()
+                + held_out_programs())
     run_all(programs)
     write_fidelity(argv[0] if argv else "docs/vulkan-runtime-fidelity.md", programs,
                    time.perf_counter() - t0)

@@ -32,12 +32,13 @@ import pytest
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
+from vulkan_runtime_oracle import lower_one_way, simulated_or_condition
 
 import fusionkit.backends.vulkan_adapter as vk
 from fusionkit.backends.vulkan_adapter import constant_serializer, decode_payload
 from fusionkit.backends.vulkan_adapter import runtime as rt
 from fusionkit.backends.vulkan_adapter.inspect.prepack_check import vulkan_delegates
-from fusionkit.backends.vulkan_adapter.inspect.simulator import RuntimeConditionError, unload
+from fusionkit.backends.vulkan_adapter.inspect.simulator import RuntimeConditionError
 
 pytestmark = pytest.mark.usefixtures("vulkan_ops")
 
@@ -111,33 +112,12 @@ def _convs(et: Any) -> int:
 
 
 def _lower(case: Case, path: str) -> dict[str, Any]:
-    from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
-        VulkanPartitioner as StockVulkanPartitioner,
-    )
-    from executorch.exir import to_edge_transform_and_lower
-
     m, args = case.make()
-    ep = torch.export.export(m, args)
-    part: Any
-    if path == "stock":
-        vk.uninstall()
-        constant_serializer.uninstall()
-        part = StockVulkanPartitioner()
-        edge = to_edge_transform_and_lower(ep, partitioner=[part])
-    else:
-        part = vk.VulkanPartitioner()
-        edge = to_edge_transform_and_lower(
-            ep, transform_passes=vk.transform_passes(partitioner=part), partitioner=[part])
-    et = edge.to_executorch()
+    et, part = lower_one_way(m, args, path)
     with torch.no_grad():
         eager = pytree.tree_leaves(m(*args))
-    try:
-        simulated: Any = pytree.tree_leaves(vk.simulate(et, *args))
-    except RuntimeConditionError as e:
-        simulated = e
-    finally:
-        unload(et)
-    return {"pte": bytes(et.buffer), "eager": eager, "simulated": simulated,
+    return {"pte": bytes(et.buffer), "eager": eager,
+            "simulated": simulated_or_condition(et, args),
             "problems": list(vk.check(et)), "convs": _convs(et), "args": args,
             "kept_off": list(getattr(part, "kept_off_nodes", []))}
 

@@ -29,12 +29,13 @@ import torch.nn.functional as F
 from test_vulkan_simulator import OpMix
 from torch import nn
 from torch.utils import _pytree as pytree
+from vulkan_runtime_oracle import lower_one_way, simulated_or_condition
 
 import fusionkit.backends.vulkan_adapter as vk
 from fusionkit.backends.vulkan_adapter import constant_serializer, decode_payload
 from fusionkit.backends.vulkan_adapter import runtime as rt
 from fusionkit.backends.vulkan_adapter.inspect.prepack_check import vulkan_delegates
-from fusionkit.backends.vulkan_adapter.inspect.simulator import RuntimeConditionError, unload
+from fusionkit.backends.vulkan_adapter.inspect.simulator import RuntimeConditionError
 
 pytestmark = pytest.mark.usefixtures("vulkan_ops")
 
@@ -120,31 +121,12 @@ def _kinds(et: Any, op: str, arg: str) -> list[str]:
 
 
 def _lower(case: Case, path: str) -> Lowered:
-    from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
-        VulkanPartitioner as StockVulkanPartitioner,
-    )
-    from executorch.exir import to_edge_transform_and_lower
-
     m, args = case.make()
-    ep = torch.export.export(m, args)
-    if path == "stock":
-        vk.uninstall()
-        constant_serializer.uninstall()
-        edge = to_edge_transform_and_lower(ep, partitioner=[StockVulkanPartitioner()])
-    else:
-        edge = to_edge_transform_and_lower(ep, transform_passes=vk.transform_passes(),
-                                           partitioner=[vk.VulkanPartitioner()])
-    et = edge.to_executorch()
+    et, _ = lower_one_way(m, args, path)
     with torch.no_grad():
         eager = pytree.tree_leaves(m(*args))
-    try:
-        simulated: Any = pytree.tree_leaves(vk.simulate(et, *args))
-    except RuntimeConditionError as e:
-        simulated = e
-    finally:
-        unload(et)
     return Lowered(bytes(et.buffer), _kinds(et, case.op, case.arg), list(vk.check(et)),
-                   simulated, eager)
+                   simulated_or_condition(et, args), eager)
 
 
 @pytest.fixture(scope="module")

@@ -76,3 +76,43 @@ def assert_real(real: rt.RuntimeSession | None, program: Any, inputs: Sequence[A
         torch.testing.assert_close(g, w, atol=atol, rtol=rtol,
                                    msg=lambda m: f"on the real Vulkan runtime: {m}")
     return got
+
+
+def lower_one_way(model: torch.nn.Module, args: tuple[Any, ...], path: str) -> tuple[Any, Any]:
+    """``model`` lowered for Vulkan by stock ExecuTorch 1.5.1 (``path="stock"``: fusionkit's
+    adapter and serializer uninstalled first; the caller restores them) or by fusionkit's
+    drop-in: ``(ExecutorchProgramManager, partitioner)``."""
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
+        VulkanPartitioner as StockVulkanPartitioner,
+    )
+    from executorch.exir import to_edge_transform_and_lower
+
+    import fusionkit.backends.vulkan_adapter as vk
+    from fusionkit.backends.vulkan_adapter import constant_serializer
+
+    ep = torch.export.export(model, args)
+    part: Any
+    if path == "stock":
+        vk.uninstall()
+        constant_serializer.uninstall()
+        part = StockVulkanPartitioner()
+        edge = to_edge_transform_and_lower(ep, partitioner=[part])
+    else:
+        part = vk.VulkanPartitioner()
+        edge = to_edge_transform_and_lower(
+            ep, transform_passes=vk.transform_passes(partitioner=part), partitioner=[part])
+    return edge.to_executorch(), part
+
+
+def simulated_or_condition(et: Any, args: Sequence[Any]) -> Any:
+    """The simulator's flat outputs for ``et``, or the runtime condition it stopped on
+    (the program is unloaded after, so the next case starts from its serialized state)."""
+    import fusionkit.backends.vulkan_adapter as vk
+    from fusionkit.backends.vulkan_adapter.inspect.simulator import RuntimeConditionError, unload
+
+    try:
+        return pytree.tree_leaves(vk.simulate(et, *args))
+    except RuntimeConditionError as e:
+        return e
+    finally:
+        unload(et)

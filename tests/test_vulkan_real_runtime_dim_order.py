@@ -187,15 +187,8 @@ def lowered() -> dict[str, Lowered]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(vk_patterns, "all_fusable_graph_patterns", lambda: graphs)
         for case in CASES:
-            prog, dname = case.rsplit("-", 1)
-            make, cl_input = PROGRAMS[prog]
-            dtype = DTYPES[dname]
-            model = make().to(dtype).eval()
-            x = torch.randn(1, 3, 5, 6, dtype=dtype)
-            if cl_input:
-                x = x.contiguous(memory_format=CL)
-            with torch.no_grad():
-                eager = model(x)
+            prog = case.rsplit("-", 1)[0]
+            model, x, eager = _case_model(case)
             edge, et = _lower(model, x)
             marks = {("input", 0)} if _is_cl(x) else set()
             marks |= {("output", 0)} if _is_cl(eager) else set()

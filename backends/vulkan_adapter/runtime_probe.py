@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -153,8 +154,10 @@ def _probe_programs(names: list[str]) -> list[bytes]:
     return out
 
 
-def operators(path: Path | None = None, *, timeout: float = 60.0) -> dict[str, bool]:
-    """Operator name -> whether the runtime at ``path`` has it (probed, see the module)."""
+def operators(path: Path | None = None, *, timeout: float = 60.0,
+              only: Iterable[str] | None = None) -> dict[str, bool]:
+    """Operator name -> whether the runtime at ``path`` has it (probed, see the module);
+    ``only``: just these candidates (what a cached probe was not asked about)."""
     path = path or rt.find_runtime()
     if path is None:
         raise rt.RuntimeNotFoundError("no real Vulkan runtime to probe: bash scripts/vulkan-runtime")
@@ -163,7 +166,7 @@ def operators(path: Path | None = None, *, timeout: float = 60.0) -> dict[str, b
     # of a longer name ("custom_sdpa.default" in "llama.custom_sdpa.default"); the
     # others are present
     data = path.read_bytes()
-    every = candidate_operators()
+    every = candidate_operators() if only is None else list(only)
     present = {n: True for n in every if _contains_name(data, n)}
     names = [n for n in every if n not in present]
     results = rt.run_many_in_child([rt.Job(p, None) for p in _probe_programs(names)],
@@ -190,19 +193,30 @@ def _inventory(path: Path, sha: str) -> RuntimeInventory:
     try:
         rec = json.loads(cache_file.read_text())
         if rec.get("version") == PROBE_VERSION and rec.get("sha256") == sha:
-            return RuntimeInventory(sha, rec["operators"], frozenset(rec["shaders"]))
+            unasked = [n for n in candidate_operators() if n not in rec["operators"]]
+            if not unasked:
+                return RuntimeInventory(sha, rec["operators"], frozenset(rec["shaders"]))
+            # a rule now creates an op the cached probe was not asked about: ask only that
+            inv = RuntimeInventory(sha, {**rec["operators"], **operators(path, only=unasked)},
+                                   frozenset(rec["shaders"]))
+            _write_cache(cache_file, inv)
+            return inv
     except (OSError, ValueError, KeyError):
         pass
     inv = RuntimeInventory(sha, operators(path), shader_names(path))
+    _write_cache(cache_file, inv)
+    return inv
+
+
+def _write_cache(cache_file: Path, inv: RuntimeInventory) -> None:
     try:
         tmp = cache_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"version": PROBE_VERSION, "sha256": sha,
+        tmp.write_text(json.dumps({"version": PROBE_VERSION, "sha256": inv.library_sha256,
                                    "operators": inv.operators, "shaders": sorted(inv.shaders)},
                                   indent=1))
         tmp.replace(cache_file)
     except OSError:  # a read-only cache: the probe is redone next process
         pass
-    return inv
 
 
 def cached_inventory(path: Path | None = None) -> RuntimeInventory | None:
@@ -216,6 +230,8 @@ def cached_inventory(path: Path | None = None) -> RuntimeInventory | None:
         return None
     if rec.get("version") != PROBE_VERSION or rec.get("sha256") != _sha(path):
         return None
+    if any(n not in rec.get("operators", {}) for n in candidate_operators()):
+        return None  # stale: not asked about an op the rules now create (inventory() asks)
     return RuntimeInventory(rec["sha256"], rec["operators"], frozenset(rec["shaders"]))
 
 

@@ -32,10 +32,10 @@ import pytest
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
-from vulkan_runtime_oracle import lower_one_way, simulated_or_condition
+from vulkan_runtime_oracle import adapter_state_restored, lower_one_way, simulated_or_condition
 
 import fusionkit.backends.vulkan_adapter as vk
-from fusionkit.backends.vulkan_adapter import constant_serializer, decode_payload
+from fusionkit.backends.vulkan_adapter import decode_payload
 from fusionkit.backends.vulkan_adapter import runtime as rt
 from fusionkit.backends.vulkan_adapter.inspect.prepack_check import vulkan_delegates
 from fusionkit.backends.vulkan_adapter.inspect.simulator import RuntimeConditionError
@@ -128,18 +128,12 @@ def cases(vulkan_runtime: object) -> Iterator[list[Case]]:
 
     if cached_inventory() is None:
         pytest.skip("the runtime is not probed: the partitioner judges no conditions")
-    was_installed, serializer_was = vk.is_installed(), constant_serializer.is_installed()
     out = [dataclasses.replace(c, runs={}) for c in CASES]
-    try:
+    with adapter_state_restored():
         for case in out:
             case.runs["ours"] = _lower(case, "ours")
             if case.stock:
                 case.runs["stock"] = _lower(case, "stock")
-    finally:
-        vk.uninstall()
-        (constant_serializer.install if serializer_was else constant_serializer.uninstall)()
-        if was_installed:
-            vk.install()
     todo = [low for case in out for low in case.runs.values()]
     results = rt.run_many_in_child([rt.Job(low["pte"], list(low["args"])) for low in todo],
                                    timeout=300)

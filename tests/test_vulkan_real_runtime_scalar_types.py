@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from test_vulkan_simulator import OpMix
 from torch import nn
 from torch.utils import _pytree as pytree
-from vulkan_runtime_oracle import lower_one_way, simulated_or_condition
+from vulkan_runtime_oracle import adapter_state_restored, lower_one_way, simulated_or_condition
 
 import fusionkit.backends.vulkan_adapter as vk
 from fusionkit.backends.vulkan_adapter import constant_serializer, decode_payload
@@ -131,18 +131,12 @@ def _lower(case: Case, path: str) -> Lowered:
 
 @pytest.fixture(scope="module")
 def cases(vulkan_runtime: object) -> Iterator[list[Case]]:
-    was_installed, serializer_was = vk.is_installed(), constant_serializer.is_installed()
     out = [Case(*c) for c in CASES]
-    try:
+    with adapter_state_restored():
         for case in out:
             case.runs["ours"] = _lower(case, "ours")
             if case.stock is not None:
                 case.runs["stock"] = _lower(case, "stock")
-    finally:
-        vk.uninstall()
-        (constant_serializer.install if serializer_was else constant_serializer.uninstall)()
-        if was_installed:
-            vk.install()
     todo = [(case, low) for case in out for low in case.runs.values()]
     results = rt.run_many_in_child([rt.Job(low.pte, list(case.make()[1])) for case, low in todo],
                                    timeout=300)

@@ -11,6 +11,7 @@ missing runtime fails the module's tests instead of passing them on the simulato
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -116,3 +117,20 @@ def simulated_or_condition(et: Any, args: Sequence[Any]) -> Any:
         return e
     finally:
         unload(et)
+
+
+@contextlib.contextmanager
+def adapter_state_restored() -> Iterator[None]:
+    """Whether fusionkit's Vulkan adapter and serializer are installed, as it was before the
+    block (:func:`lower_one_way`'s stock path uninstalls both)."""
+    import fusionkit.backends.vulkan_adapter as vk
+    from fusionkit.backends.vulkan_adapter import constant_serializer
+
+    was_installed, serializer_was = vk.is_installed(), constant_serializer.is_installed()
+    try:
+        yield
+    finally:
+        vk.uninstall()
+        (constant_serializer.install if serializer_was else constant_serializer.uninstall)()
+        if was_installed:
+            vk.install()

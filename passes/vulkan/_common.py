@@ -30,6 +30,7 @@ from fusionkit import (
     op,
     positive,
 )
+from fusionkit.passes._constraint import constraint as constraint  # (shared)
 from fusionkit.passes.rms_norm import VULKAN_DTYPES
 
 #: the float dtypes of ExecuTorch 1.5.1's Vulkan kernels (``utils.FP_T``)
@@ -104,19 +105,6 @@ def shape(v: Any) -> tuple[Any, ...] | None:
     """The shape of a captured node's example value, else None."""
     t = v.meta.get("val") if isinstance(v, Node) else v
     return tuple(t.shape) if isinstance(t, torch.Tensor) else None
-
-
-def constraint(name: str) -> Callable[[Callable[..., str | Blame | None]], Custom]:
-    """Decorator: a :class:`~fusionkit.Custom` check ``fn(ctx, *captures) -> reason | None``.
-
-    The captures it reads are its parameters after ``ctx``
-    (``constraint("bias_is_constant")(fn)``): the signature is the only list of them.
-    """
-
-    def wrap(fn: Callable[..., str | Blame | None]) -> Custom:
-        return Custom(fn, name)
-
-    return wrap
 
 
 def et_vk(name: str) -> str:

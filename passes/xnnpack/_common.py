@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.fx import Node
 
-from fusionkit import Custom
+from fusionkit.passes._constraint import constraint as constraint  # (shared)
 from fusionkit.passes._provenance import keep_provenance as keep_provenance  # (shared)
 
 #: ``FuseActivationPass.FUSED_ACTIVATION_TAG``: the node meta key XNNPACK's conv, linear,
@@ -19,19 +18,6 @@ CONV = "aten.convolution.default"
 LINEAR = "aten.linear.default"
 Q_PER_TENSOR = "quantized_decomposed.quantize_per_tensor.default"
 DQ_PER_TENSOR = "quantized_decomposed.dequantize_per_tensor.default"
-
-
-def constraint(name: str) -> Callable[[Callable[..., Any]], Custom]:
-    """Decorator: a :class:`~fusionkit.Custom` check ``fn(ctx, *captures) -> reason | None``.
-
-    The captures it reads are its parameters after ``ctx``: the signature is the only list
-    of them.
-    """
-
-    def wrap(fn: Callable[..., Any]) -> Custom:
-        return Custom(fn, name)
-
-    return wrap
 
 
 def rank_of(v: Any) -> int | None:

@@ -248,7 +248,11 @@ def _patches() -> list[tuple[Any, str, Any]]:
 
 
 #: the serializer's own patches; the adapter's patch set (:data:`.install.PATCHES`)
-#: includes them with the preprocess rules and the pass gates
+#: includes them with the preprocess rules and the pass gates. Not ``PATCHES`` as in the
+#: other modules: here ``PATCHES`` (with ``install``/``uninstall``/``is_installed``) is the
+#: deprecated name of the adapter's whole set (below), which installed the whole adapter;
+#: serving the serializer's under it would change what old code installs without a warning.
+#: It can take the name when those go (0.2).
 SERIALIZER_PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter.serializer", _patches,
                               before_install=acquire_named_data_fix,
                               after_uninstall=release_named_data_fix)

@@ -81,6 +81,9 @@ def test_every_registry_op_is_supported() -> None:
 def test_every_checked_op_is_supported() -> None:
     S._load_op_libraries()
     for c in RC.CONDITIONS:
+        if c.op in RC.NOT_SIMULATED:  # in the table for the runtime only: no torch op
+            assert c.op not in S.SUPPORTED_OPS and S._torch_op(c.op) is None, c.op
+            continue
         assert c.op in S.SUPPORTED_OPS, c.op
         schema = {a.name for a in S._torch_op(c.op)._schema.arguments}
         assert set(c.args) <= schema, (c.op, c.name, set(c.args) - schema)

@@ -191,19 +191,27 @@ def load() -> LoadedRuntime:
     return _LOADED
 
 
-#: Vulkan payload ops whose runtime makes state it never initialises. ``SDPA.cpp``
-#: (``sdpa_with_kv_cache_impl``, ``compute_attn_weight_with_kv_cache_impl``) makes the
-#: k/v caches with ``graph.add_tensor_like(k_cache_data, ...)``: the constant's sizes and
-#: dtype, never its bytes. So the caches start as whatever device memory the allocator
-#: hands out: zeros in a process that has freed no graph (lavapipe's fresh pages), the
-#: data a freed graph left there after one. A program reading cache positions it has not
-#: written yet (eager: the buffers' initial zeros) is right in a fresh process and wrong
-#: after another program was freed (found: a KV-cache program run at position 3 equal to
-#: eager alone, 1.8 off after the same program at position 0 - its caches held the first
-#: run's k/v). The unfused ``update_cache`` + ``llama.custom_sdpa`` prepack the caches from
-#: the constants (``et_vk.prepack``) and are not affected.
-UNINITIALIZED_STATE_OPS = frozenset({"sdpa_with_kv_cache.default",
-                                     "testing.compute_attn_weight_with_kv_cache.default"})
+#: Vulkan payload ops whose runtime makes state it never initialises: the ops with an
+#: ``uninitialized_state`` condition in :mod:`.inspect.runtime_conditions` (one table for
+#: the simulator, ``check()`` and these runners; a condition added there isolates here).
+#: ``SDPA.cpp`` (``sdpa_with_kv_cache_impl``, ``compute_attn_weight_with_kv_cache_impl``)
+#: makes the k/v caches with ``graph.add_tensor_like(k_cache_data, ...)``: the constant's
+#: sizes and dtype, never its bytes. So the caches start as whatever device memory the
+#: allocator hands out: zeros in a process that has freed no graph (lavapipe's fresh
+#: pages), the data a freed graph left there after one. A program reading cache positions
+#: it has not written yet (eager: the buffers' initial zeros) is right in a fresh process
+#: and wrong after another program was freed (found: a KV-cache program run at position 3
+#: equal to eager alone, 1.8 off after the same program at position 0 - its caches held
+#: the first run's k/v). The unfused ``update_cache`` + ``llama.custom_sdpa`` prepack the
+#: caches from the constants (``et_vk.prepack``) and are not affected.
+#: (Not defined in the child, which runs this file alone - stdlib, torch and executorch
+#: only - and runs the jobs it is given: the parent chose them.)
+if __package__:
+    from .inspect.runtime_conditions import UNINITIALIZED_STATE_OPS
+
+    #: the op names as the payload's flatbuffer holds them (UTF-8, contiguous): a program
+    #: whose bytes hold none of them has none of the ops, and is not decoded
+    _UNINITIALIZED_STATE_NAMES = tuple(sorted(n.encode() for n in UNINITIALIZED_STATE_OPS))
 
 
 def uninitialized_state(pte: bytes) -> list[str]:
@@ -211,7 +219,23 @@ def uninitialized_state(pte: bytes) -> list[str]:
     (:data:`UNINITIALIZED_STATE_OPS`), in payload order; [] when there are none or the
     bytes are not a readable program (the runtime then says what is wrong with them).
     :class:`RuntimeSession` and :func:`run_many_in_child` run such a program in a child
-    that has run nothing else, so its result does not depend on what ran before it."""
+    that has run nothing else, so its result does not depend on what ran before it.
+
+    Cheap for a program without them: an op's name is stored verbatim in its payload, so
+    bytes that hold none of the names are answered without decoding; the payloads are
+    decoded only when a name is there (it may be a constant's bytes or another op's name,
+    ``llama.sdpa_with_kv_cache.default``, which the decode tells apart)."""
+    try:
+        data = pte if isinstance(pte, (bytes, bytearray)) else bytes(pte)
+    except Exception:  # not bytes: nothing to isolate for, as the decode would say
+        return []
+    if not any(name in data for name in _UNINITIALIZED_STATE_NAMES):
+        return []
+    return _uninitialized_state_decoded(bytes(data))
+
+
+def _uninitialized_state_decoded(pte: bytes) -> list[str]:
+    """:func:`uninitialized_state` by decoding every payload (no byte search first)."""
     from .inspect.payload import decode_payload
     from .inspect.prepack_check import vulkan_delegates
 

@@ -25,6 +25,15 @@ rule can evaluate the same condition before it fuses::
 
 The simulator (:mod:`.simulator`) raises :class:`RuntimeConditionError` for the
 first violated condition of an op, naming the op and argument.
+
+A condition with ``uninitialized_state`` is about state the runtime makes when it loads
+the program and never initialises (the fused KV-cache ops' caches: ``add_tensor_like``);
+:data:`UNINITIALIZED_STATE_OPS`, the names such ops have in a payload, is what the real
+runtime's runners (:mod:`..runtime`) run in a child that has run nothing else, so a
+condition added here updates them. Ops in :data:`NOT_SIMULATED` are in the table for what
+the runtime does with them only: ``testing.compute_attn_weight_with_kv_cache`` (the
+runtime's own C++ op test's entry point, same caches as ``sdpa_with_kv_cache``) has no
+torch op, so neither the simulator nor ``check()`` can run or evaluate it.
 """
 
 from __future__ import annotations
@@ -36,13 +45,16 @@ from typing import Any, Literal
 __all__ = [
     "CONDITIONS",
     "DELEGATE_DIM_ORDER",
+    "NOT_SIMULATED",
     "PREPACKED",
+    "UNINITIALIZED_STATE_OPS",
     "RuntimeCondition",
     "RuntimeSymInt",
     "as_read_by_runtime",
     "as_written_by_runtime",
     "conditions_for",
     "contiguous_dim_order",
+    "serialized_name",
     "violated",
 ]
 
@@ -67,6 +79,11 @@ class RuntimeCondition:
     check: Callable[[Mapping[str, Any]], bool]
     #: why the runtime needs it (one line)
     why: str = ""
+    #: the condition is about state the runtime makes at load and never initialises: the
+    #: op's state starts as whatever memory the allocator gives (another program's data
+    #: after a free), so the runners isolate a program with this op
+    #: (:data:`UNINITIALIZED_STATE_OPS`)
+    uninitialized_state: bool = False
 
     def holds(self, args: Mapping[str, Any]) -> bool:
         return bool(self.check(args))
@@ -114,6 +131,9 @@ CHOOSE_QPARAMS_AFFINE = "torchao.choose_qparams_affine.default"
 UPDATE_CACHE = "llama.update_cache.default"
 CUSTOM_SDPA = "llama.custom_sdpa.default"
 SDPA_WITH_KV_CACHE = "llama.sdpa_with_kv_cache.default"
+#: registered by the runtime (``SDPA.cpp``: ``compute_attn_weight_with_kv_cache_impl``) for
+#: its own C++ op test (``sdpa_test.cpp``); no torch op: not simulated (:data:`NOT_SIMULATED`)
+COMPUTE_ATTN_WEIGHT_WITH_KV_CACHE = "testing.compute_attn_weight_with_kv_cache.default"
 #: the count of cache rows ``sdpa_with_kv_cache`` reads that it never wrote since load: the
 #: simulator, which keeps the loaded caches between calls, passes it to the conditions
 #: (a static check has no such count, and the condition holds there)
@@ -373,6 +393,20 @@ def _conv_conditions(op: str) -> list[RuntimeCondition]:
     return conds
 
 
+def _cache_rows_written(op: str, impl: str) -> RuntimeCondition:
+    """The KV caches ``op`` makes with ``add_tensor_like`` (``SDPA.cpp``: ``impl``, at
+    ``cff6f4dd``): read back only where the op wrote them since load. The simulator counts
+    the rows (:data:`CACHE_ROWS_UNWRITTEN`); a static check has no count, and it holds."""
+    return RuntimeCondition(
+        op, "cache_rows_written", ("key_cache", "value_cache", "start_pos"),
+        "every cache row in [0, start_pos) was written by this op since the program loaded",
+        f"SDPA.cpp: {impl} (add_tensor_like)", "garbage",
+        lambda a: not a.get(CACHE_ROWS_UNWRITTEN, 0),
+        "the runtime makes the caches with add_tensor_like, which copies the serialized "
+        "cache's sizes but not its values: rows the op has not written hold whatever device "
+        "memory it was given", uninitialized_state=True)
+
+
 CONDITIONS: tuple[RuntimeCondition, ...] = (
     *_q4gsw_conditions(LINEAR_Q4GSW, "self", "Q4gswLinear.cpp"),
     *_q4gsw_conditions(LINEAR_DQ8CA_Q4GSW, "input", "QuantizedLinear.cpp"),
@@ -460,15 +494,14 @@ CONDITIONS: tuple[RuntimeCondition, ...] = (
         SDPA_WITH_KV_CACHE, "kv_seq", ("key", "value"), "size_at(-2, k) == size_at(-2, v)",
         "SDPA.cpp: sdpa_with_kv_cache_impl", "abort",
         lambda a: _size(a["key"], -2) == _size(a["value"], -2)),
-    RuntimeCondition(
-        SDPA_WITH_KV_CACHE, "cache_rows_written", ("key_cache", "value_cache", "start_pos"),
-        "every cache row in [0, start_pos) was written by this op since the program loaded",
-        "SDPA.cpp: sdpa_with_kv_cache_impl (add_tensor_like)", "garbage",
-        lambda a: not a.get(CACHE_ROWS_UNWRITTEN, 0),
-        "the runtime makes the caches with add_tensor_like, which copies the serialized "
-        "cache's sizes but not its values: rows the op has not written hold whatever device "
-        "memory it was given"),
+    _cache_rows_written(SDPA_WITH_KV_CACHE, "sdpa_with_kv_cache_impl"),
+    _cache_rows_written(COMPUTE_ATTN_WEIGHT_WITH_KV_CACHE,
+                        "compute_attn_weight_with_kv_cache_impl"),
 )
+
+#: ops of :data:`CONDITIONS` the simulator does not run and ``check()`` does not evaluate
+#: (no torch op, hence no schema to name their arguments by)
+NOT_SIMULATED: frozenset[str] = frozenset({COMPUTE_ATTN_WEIGHT_WITH_KV_CACHE})
 
 def _rotary_conditions(op: str) -> list[RuntimeCondition]:
     """RotaryEmbedding.cpp: add_rotary_embedding_node / add_rotary_embedding_hf_node. With
@@ -655,11 +688,28 @@ def conditions_for(op: str) -> tuple[RuntimeCondition, ...]:
     return _BY_OP.get(_alias(op), ())
 
 
+#: torch.ops.llama.X.default serializes as "X.default" (``VkGraphBuilder`` names an op
+#: ``node.target.__name__``, without a non-aten ``OpOverload``'s namespace)
+_UNQUALIFIED_LLAMA = ("update_cache.default", "custom_sdpa.default",
+                      "sdpa_with_kv_cache.default")
+
+
 def _alias(op: str) -> str:
-    # torch.ops.llama.X.default serializes as "X.default" (no namespace)
-    if op in ("update_cache.default", "custom_sdpa.default", "sdpa_with_kv_cache.default"):
-        return "llama." + op
-    return op
+    return "llama." + op if op in _UNQUALIFIED_LLAMA else op
+
+
+def serialized_name(op: str) -> str:
+    """The name a Vulkan payload gives ``op`` (a :data:`CONDITIONS` op): ``"llama.X.default"``
+    is ``"X.default"`` for the llama ops above, every other op its own name."""
+    bare = op.removeprefix("llama.")
+    return bare if bare in _UNQUALIFIED_LLAMA else op
+
+
+#: the payload names of the ops with an ``uninitialized_state`` condition: state the runtime
+#: makes at load and never initialises. The real runtime's runners run a program with one
+#: in a child that has run nothing else (:func:`..runtime.uninitialized_state`).
+UNINITIALIZED_STATE_OPS: frozenset[str] = frozenset(
+    serialized_name(c.op) for c in CONDITIONS if c.uninitialized_state)
 
 
 def violated(op: str, args: Mapping[str, Any]) -> list[RuntimeCondition]:

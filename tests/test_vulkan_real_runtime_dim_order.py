@@ -30,25 +30,12 @@ import torch
 from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
 from executorch.exir import to_edge_transform_and_lower
 from executorch.exir.dialects._ops import ops as exir_ops
+from held_out_models import CL, Conv, dim_order_case, same
 from vulkan_runtime_oracle import run_real, session
 
 pytestmark = pytest.mark.slow
 
 real_vulkan = session()
-
-CL = torch.channels_last
-
-
-class Conv(torch.nn.Module):
-    def __init__(self, weight_cl: bool, after: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.c = torch.nn.Conv2d(3, 4, 3, padding=1)
-        if weight_cl:
-            self.c.weight.data = self.c.weight.data.contiguous(memory_format=CL)
-        self.after = after
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.after(self.c(x))
 
 
 class Elementwise(torch.nn.Module):
@@ -58,10 +45,6 @@ class Elementwise(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.after(torch.relu(x) * 2)
-
-
-def _same(y: torch.Tensor) -> torch.Tensor:
-    return y
 
 
 class Middle(torch.nn.Module):
@@ -94,10 +77,10 @@ def _to_contiguous(y: torch.Tensor) -> torch.Tensor:
 
 #: name -> (model factory, the input is channels_last)
 PROGRAMS: dict[str, tuple[Callable[[], torch.nn.Module], bool]] = {
-    "conv_cl_weight": (lambda: Conv(True, _same), False),   # output CL
-    "conv_cl_input": (lambda: Conv(False, _same), True),    # input and output CL
-    "conv_plain": (lambda: Conv(False, _same), False),      # nothing CL: the control
-    "relu_cl_in_out": (lambda: Elementwise(_same), True),   # both CL: the two copies cancel
+    "conv_cl_weight": (lambda: Conv(True, same), False),    # output CL
+    "conv_cl_input": (lambda: Conv(False, same), True),     # input and output CL
+    "conv_plain": (lambda: Conv(False, same), False),       # nothing CL: the control
+    "relu_cl_in_out": (lambda: Elementwise(same), True),    # both CL: the two copies cancel
     "relu_cl_in": (lambda: Elementwise(_to_contiguous), True),   # input CL only
     "relu_cl_out": (lambda: Elementwise(_to_cl), False),    # output CL only
 }
@@ -155,14 +138,7 @@ def _is_cl(t: torch.Tensor) -> bool:
 def _case_model(case: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     prog, dname = case.rsplit("-", 1)
     make, cl_input = PROGRAMS[prog]
-    dtype = DTYPES[dname]
-    model = make().to(dtype).eval()
-    x = torch.randn(1, 3, 5, 6, dtype=dtype)
-    if cl_input:
-        x = x.contiguous(memory_format=CL)
-    with torch.no_grad():
-        eager = model(x)
-    return model, x, eager
+    return dim_order_case(make, cl_input, DTYPES[dname])
 
 
 def _middle_model() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import torch
+from held_out_models import grouped_conv
 from torch import nn
 from torch.utils import _pytree as pytree
 from vulkan_runtime_oracle import adapter_state_restored, lower_one_way, simulated_or_condition
@@ -41,17 +42,6 @@ from fusionkit.backends.vulkan_adapter.inspect.prepack_check import vulkan_deleg
 from fusionkit.backends.vulkan_adapter.inspect.simulator import RuntimeConditionError
 
 pytestmark = pytest.mark.usefixtures("vulkan_ops")
-
-
-class GroupedConv(nn.Module):
-    def __init__(self, cin: int, cout: int, groups: int, kernel: int = 3, dim: int = 2,
-                 stride: int = 1) -> None:
-        super().__init__()
-        conv = nn.Conv2d if dim == 2 else nn.Conv1d
-        self.conv = conv(cin, cout, kernel, stride=stride, groups=groups)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.conv(x * 0.5)) + 1.0
 
 
 @dataclass
@@ -80,10 +70,8 @@ class Case:
         return 1e-4 if self.dtype == torch.float32 else 1e-2
 
     def make(self) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-        torch.manual_seed(self.cin * 100 + self.cout * 10 + self.groups)
-        m = GroupedConv(self.cin, self.cout, self.groups, self.kernel, self.dim, self.stride)
-        shape = (1, self.cin, 7, 6) if self.dim == 2 else (1, self.cin, 9)
-        return m.eval().to(self.dtype), (torch.randn(shape).to(self.dtype),)
+        return grouped_conv(self.cin, self.cout, self.groups, self.kernel, self.dim,
+                            self.stride, self.dtype)
 
 
 CASES = (

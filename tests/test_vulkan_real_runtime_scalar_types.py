@@ -10,11 +10,11 @@ to have type Int, got DOUBLE instead`` — ``test_vulkan_simulator``'s OpMix pro
 ``avg_pool2d`` takes a ``divisor_override`` that is not an ``Int`` as none (``val_is_int``):
 wrong values. fusionkit's ``constant_serializer`` keys the shared scalars by type.
 
-Held-out programs (tiny, one child for all): with fusionkit's lowering every one runs
-equal to eager on the runtime, the simulator agrees and ``check()`` finds nothing; stock's
-lowering of the same models is refused (the conv) or wrong (the pool) there, and the
-simulator and ``check()`` say so, naming the argument (``groups_is_int`` /
-``divisor_override_is_int`` in ``inspect/runtime_conditions.py``).
+Held-out programs (tiny, one child for all; the models are ``held_out_models``'): with
+fusionkit's lowering every one runs equal to eager on the runtime, the simulator agrees and
+``check()`` finds nothing; stock's lowering of the same models is refused (the conv) or
+wrong (the pool) there, and the simulator and ``check()`` say so, naming the argument
+(``groups_is_int`` / ``divisor_override_is_int`` in ``inspect/runtime_conditions.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
-from test_vulkan_simulator import OpMix
+from held_out_models import clamp_conv, clamp_pool, opmix
 from torch import nn
 from torch.utils import _pytree as pytree
 from vulkan_runtime_oracle import adapter_state_restored, lower_one_way, simulated_or_condition
@@ -40,24 +39,6 @@ from fusionkit.backends.vulkan_adapter.inspect.simulator import RuntimeCondition
 pytestmark = pytest.mark.usefixtures("vulkan_ops")
 
 TOINT = "Expected value to have type Int, got DOUBLE instead"
-
-
-class ClampConv(nn.Module):
-    """A clamp to [-1.0, 1.0] before a conv of groups=1 (+ relu: conv_with_clamp)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.conv(torch.clamp(x, -1.0, 1.0)))
-
-
-class ClampPool(nn.Module):
-    """A clamp to 3.0 before an avg_pool2d whose divisor_override is 3."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.avg_pool2d(torch.clamp(x, max=3.0), (2, 2), (2, 2), divisor_override=3)
 
 
 @dataclass
@@ -83,26 +64,11 @@ class Lowered:
     real: Any = None
 
 
-def _clamp_conv() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    torch.manual_seed(1)
-    return ClampConv().eval(), (torch.randn(1, 3, 6, 5) * 2,)
-
-
-def _clamp_pool() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    torch.manual_seed(2)
-    return ClampPool().eval(), (torch.randn(1, 4, 6, 8) * 3,)
-
-
-def _opmix() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    torch.manual_seed(3)
-    return OpMix().eval(), (torch.randn(2, 8), torch.randn(1, 4, 6, 6), torch.randn(1, 5, 8))
-
-
 CASES = (
-    ("clamp_conv", _clamp_conv, "et_vk.conv_with_clamp.default", "groups", "refused"),
-    ("clamp_pool", _clamp_pool, "aten.avg_pool2d.default", "divisor_override", "wrong"),
+    ("clamp_conv", clamp_conv, "et_vk.conv_with_clamp.default", "groups", "refused"),
+    ("clamp_pool", clamp_pool, "aten.avg_pool2d.default", "divisor_override", "wrong"),
     # the issue's program; stock's lowering is refused before (linear's weight: toTensorRef)
-    ("opmix", _opmix, "et_vk.conv_with_clamp.default", "groups", None),
+    ("opmix", opmix, "et_vk.conv_with_clamp.default", "groups", None),
 )
 
 #: the schema position of the argument in the payload's call

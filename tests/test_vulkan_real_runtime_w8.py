@@ -24,28 +24,15 @@ from typing import Any
 
 import pytest
 import torch
+from held_out_models import K, w8_linear
 from torch import nn
 
 from fusionkit.backends.vulkan_adapter import runtime as rt
 
 pytest.importorskip("torchao")
 
-from torchao.quantization import IntxWeightOnlyConfig, quantize_
 from torchao.quantization.granularity import PerAxis, PerGroup
 from torchao.quantization.quant_primitives import MappingType
-
-K, N = 64, 16
-
-
-def _w8(bias: bool, shift: float = 0.0, **config: Any) -> nn.Module:
-    torch.manual_seed(8 + bias)
-    m = nn.Sequential(nn.Linear(K, K, bias=bias), nn.ReLU(), nn.Linear(K, N, bias=bias)).eval()
-    with torch.no_grad():
-        for linear in (m[0], m[2]):
-            assert isinstance(linear, nn.Linear)
-            linear.weight.add_(shift)  # off-centre weights: asymmetric zero points far from 0
-    quantize_(m, IntxWeightOnlyConfig(weight_dtype=torch.int8, **config))
-    return m
 
 
 def _delegates(edge: Any) -> list[list[str]]:
@@ -100,11 +87,11 @@ def programs(inv: Any) -> dict[str, Any]:
     g = torch.Generator().manual_seed(24)
     cases: dict[str, tuple[nn.Module, torch.Tensor, bool]] = {}
     for bias, shape in W8_RUNS:
-        cases[f"w8 bias={bias} {list(shape)}"] = (_w8(bias, granularity=PerAxis(0)),
+        cases[f"w8 bias={bias} {list(shape)}"] = (w8_linear(bias, granularity=PerAxis(0)),
                                                    torch.randn(*shape, generator=g), True)
     for bias, shape, shift in W8_ASYM_RUNS:
         cases[f"w8 asymmetric bias={bias} {list(shape)} shift={shift}"] = (
-            _w8(bias, shift, granularity=PerAxis(0), mapping_type=MappingType.ASYMMETRIC),
+            w8_linear(bias, shift, granularity=PerAxis(0), mapping_type=MappingType.ASYMMETRIC),
             torch.randn(*shape, generator=g), True)
     for rows, n in ((6, 12), (1, 8)):
         x = torch.randn(rows, 16, generator=g)
@@ -173,7 +160,7 @@ def test_an_unrunnable_dequantize_is_refused_before_load_naming_node_op_and_reas
 
     if config.get("mapping_type") == "asymmetric":
         config = {**config, "mapping_type": MappingType.ASYMMETRIC}
-    m = _w8(True, **config)
+    m = w8_linear(True, **config)
     x = torch.randn(3, K)
     ep = torch.export.export(m, (x,))
     before = str(ep.graph_module.code)

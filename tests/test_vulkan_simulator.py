@@ -32,6 +32,7 @@ from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
     VulkanPartitioner as StockVulkanPartitioner,
 )
 from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
+from held_out_models import OpMix
 from torch import nn
 
 import fusionkit.backends.vulkan_adapter as vk
@@ -142,22 +143,6 @@ class ViewLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
-
-
-class OpMix(nn.Module):
-    """The other ops the repository's Vulkan tests lower: conv2d, cross-attention
-    (nn.MultiheadAttention), clamp with an infinite bound, ``masked_fill(-inf)``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(4, 8, 3)
-        self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
-
-    def forward(self, x: torch.Tensor, img: torch.Tensor, kv: torch.Tensor) -> Any:
-        y = torch.clamp(x, min=float("-inf"), max=0.5) + torch.softmax(
-            x.masked_fill(x > 1.0, float("-inf")), -1)
-        a = self.mha(x.unsqueeze(0), kv, kv, need_weights=False)[0]
-        return y, F.relu(self.conv(img)), a
 
 
 def _opmix() -> tuple[nn.Module, tuple[Any, ...]]:

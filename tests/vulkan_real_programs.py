@@ -327,24 +327,33 @@ def held_out_programs() -> list[Program]:
     """Programs found on the real runtime after the table's first run (session 9), both
     ways: issue 24's OpMix, a clamp before a conv (groups serialized next to a 1.0), a
     clamp before an avg_pool2d with divisor_override, a grouped conv of 2 input channels
-    per group (4->8 g2), a conv with a channels_last input, an int8 weight-only linear."""
-    from test_vulkan_real_runtime_dim_order import _case_model
-    from test_vulkan_real_runtime_grouped_conv import CASES as GROUPED
-    from test_vulkan_real_runtime_scalar_types import _clamp_conv, _clamp_pool, _opmix
-    from test_vulkan_real_runtime_w8 import K, _w8
+    per group (4->8 g2), a conv with a channels_last input, an int8 weight-only linear.
+    The models are ``held_out_models``' (their test files make them from there too)."""
+    from held_out_models import (
+        Conv,
+        K,
+        clamp_conv,
+        clamp_pool,
+        dim_order_case,
+        grouped_conv,
+        opmix,
+        same,
+        w8_linear,
+    )
     from torchao.quantization.granularity import PerAxis
 
     made: list[tuple[str, torch.nn.Module, tuple[Any, ...]]] = []
-    for name, make in (("opmix", _opmix), ("clamp_conv", _clamp_conv),
-                       ("clamp_pool", _clamp_pool)):
+    for name, make in (("opmix", opmix), ("clamp_conv", clamp_conv),
+                       ("clamp_pool", clamp_pool)):
         model, args = make()
         made.append((name, model, args))
-    grouped = next(c for c in GROUPED if c.name == "g2_icg2")
-    model, args = grouped.make()
+    # test_vulkan_real_runtime_grouped_conv's g2_icg2
+    model, args = grouped_conv(4, 8, 2)
     made.append(("conv 4->8 g2", model, args))
-    model, x, _ = _case_model("conv_cl_input-fp32")
+    # test_vulkan_real_runtime_dim_order's conv_cl_input-fp32
+    model, x, _ = dim_order_case(lambda: Conv(False, same), cl_input=True)
     made.append(("conv channels_last input", model, (x,)))
-    made.append(("w8 linear", _w8(False, granularity=PerAxis(0)),
+    made.append(("w8 linear", w8_linear(False, granularity=PerAxis(0)),
                  (torch.randn(1, K, generator=torch.Generator().manual_seed(24)),)))
     out = []
     for name, model, args in made:

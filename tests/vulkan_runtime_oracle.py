@@ -106,14 +106,19 @@ def lower_one_way(model: torch.nn.Module, args: tuple[Any, ...], path: str) -> t
 
 
 def simulated_or_condition(et: Any, args: Sequence[Any]) -> Any:
-    """The simulator's flat outputs for ``et``, or the runtime condition it stopped on
-    (the program is unloaded after, so the next case starts from its serialized state)."""
+    """The simulator's flat outputs for ``et``, or the runtime condition / the argument that
+    is not a constant it stopped on (the program is unloaded after, so the next case starts
+    from its serialized state)."""
     import fusionkit.backends.vulkan_adapter as vk
-    from fusionkit.backends.vulkan_adapter.inspect.simulator import RuntimeConditionError, unload
+    from fusionkit.backends.vulkan_adapter.inspect.simulator import (
+        NotConstantError,
+        RuntimeConditionError,
+        unload,
+    )
 
     try:
         return pytree.tree_leaves(vk.simulate(et, *args))
-    except RuntimeConditionError as e:
+    except (RuntimeConditionError, NotConstantError) as e:
         return e
     finally:
         unload(et)

@@ -90,6 +90,16 @@ PREPACKED_ARGS: dict[str, tuple[PrepackedArg, ...]] = {
     # dequantize left on the CPU) aborts in toTensorRef: "Expected value to have type
     # TensorRef"
     "aten.linear.default": (PrepackedArg(1, "weight"), PrepackedArg(2, "bias", none_ok=True)),
+    # Convolution.cpp: every path prepacks the weight (conv2d: prepack_weights, a PrepackNode
+    # that calls get_tref; conv1d: prepack_standard(weight, passthrough=false); the resize
+    # functions read get_tref(weight)->sizes) and the bias (prepack_biases: a PrepackNode,
+    # None gives zeros). A weight the graph computes -- weight_norm's g * v / |v|, as in
+    # wav2vec2's positional conv -- is refused at load: "(graph.val_is_tref(tensor_data)) is
+    # false!" (found by a trial of unseen transformers models, session 10)
+    "aten.convolution.default": (PrepackedArg(1, "weight"),
+                                 PrepackedArg(2, "bias", none_ok=True)),
+    "et_vk.conv_with_clamp.default": (PrepackedArg(1, "weight"),
+                                      PrepackedArg(2, "bias", none_ok=True)),
 }
 
 

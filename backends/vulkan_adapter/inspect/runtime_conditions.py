@@ -678,6 +678,28 @@ CONDITIONS = (*CONDITIONS, *_rotary_conditions("et_vk.apply_rotary_emb.default")
               _conv1d_pw_groups("aten.convolution.default"),
               _conv1d_pw_groups("et_vk.conv_with_clamp.default"))
 
+#: the normalization ops' rank, found by a trial of unseen transformers models (session 10):
+#: LeViT's Linear + BatchNorm1d (a 2-D batch norm) refused at load, wav2vec2's GroupNorm over
+#: conv1d features (3-D) all NaN on lavapipe; both pass through ExecuTorch's partitioner
+_NORM_RANK: tuple[RuntimeCondition, ...] = (
+    RuntimeCondition(
+        "aten._native_batch_norm_legit_no_training.default", "batch_norm_4d", ("input",),
+        "in_sizes.size() == 4", "BatchNorm.cpp: add_native_batch_norm_node", "abort",
+        lambda a: _dim(a["input"]) == 4,
+        "BatchNorm only support 4d tensor: a BatchNorm1d (2-D or 3-D input) that no "
+        "conv absorbed is refused when the graph is built"),
+    RuntimeCondition(
+        "aten.native_group_norm.default", "group_norm_4d", ("input",),
+        "input is 4-D (N, C, H, W)", "GroupNorm.cpp: add_native_group_norm_node, "
+        "group_norm_reduce_texture.glsl", "garbage",
+        lambda a: _dim(a["input"]) == 4,
+        "measured on lavapipe: GroupNorm over a 3-D (N, C, L) input computes NaN "
+        "everywhere (16 groups or 4 of 16 channels, 79 positions), the same norm over "
+        "(N, C, L, 1) is right (7e-7); nothing checks the rank"),
+)
+
+CONDITIONS = (*CONDITIONS, *_NORM_RANK)
+
 _BY_OP: dict[str, tuple[RuntimeCondition, ...]] = {}
 for _c in CONDITIONS:
     _BY_OP[_c.op] = (*_BY_OP.get(_c.op, ()), _c)

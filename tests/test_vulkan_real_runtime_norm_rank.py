@@ -1,0 +1,172 @@
+"""Held-out architectures on the real Vulkan runtime: what a trial of unseen transformers
+models (session 10: LeViT, wav2vec2, MobileNetV2, RegNet, SegFormer, MobileViT, Whisper's
+encoder, through both adapters and stock) found that the simulator and ``check()`` passed.
+
+* LeViT's ``MLPLayerWithBN`` is a Linear followed by a ``BatchNorm1d`` over the flattened
+  (tokens, channels) output: a 2-D ``_native_batch_norm_legit_no_training``, which
+  ``BatchNorm.cpp`` refuses at load ("BatchNorm only support 4d tensor"). No conv absorbs
+  it (the Vulkan ``FuseBatchNormPass`` fuses conv + BN only).
+* wav2vec2's feature encoder normalizes its first conv1d's (N, C, L) output with
+  ``GroupNorm(C, C)``: a 3-D ``native_group_norm``, which the runtime computes as NaN
+  everywhere (nothing checks the rank; the same norm over (N, C, L, 1) is right).
+* wav2vec2's positional conv has ``weight_norm``: its weight ``g * v / |v|`` is computed by
+  the graph, and every convolution path prepacks its weight (``prepack_standard`` /
+  ``PrepackNode``): refused at load, "(graph.val_is_tref(tensor_data)) is false!".
+
+The first two are runtime conditions (``batch_norm_4d``, abort; ``group_norm_4d``,
+garbage), the third a prepacked argument (``PREPACKED_ARGS``: convolution's weight), so
+the simulator and ``check()`` predict stock's failures and the runtime-aware partitioner
+keeps such a node on the CPU: ours equal to eager on the runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+from vulkan_runtime_oracle import adapter_state_restored, lower_one_way, simulated_or_condition
+
+import fusionkit.backends.vulkan_adapter as vk
+from fusionkit.backends.vulkan_adapter import runtime as rt
+from fusionkit.backends.vulkan_adapter.inspect.simulator import (
+    NotConstantError,
+    RuntimeConditionError,
+)
+
+pytestmark = pytest.mark.usefixtures("vulkan_ops")
+
+
+class LinearBatchNorm(nn.Module):
+    """LeViT's MLPLayerWithBN: Linear, BatchNorm1d over (tokens, channels), hardswish."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 24, bias=False)
+        self.bn = nn.BatchNorm1d(24)
+        self.out = nn.Linear(24, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        h = self.bn(h.flatten(0, 1)).reshape_as(h)
+        return self.out(nn.functional.hardswish(h))
+
+
+class ConvGroupNorm(nn.Module):
+    """wav2vec2's first feature-encoder layer: conv1d, GroupNorm(C, C) over (N, C, L)."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(1, 16, 10, 5, bias=False)
+        self.norm = nn.GroupNorm(groups, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.norm(self.conv(x)))
+
+
+class WeightNormConv(nn.Module):
+    """wav2vec2's positional conv: a grouped conv1d under ``weight_norm`` (dim 2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        conv = nn.Conv1d(16, 16, 8, padding=4, groups=4)
+        self.conv = nn.utils.parametrizations.weight_norm(conv, name="weight", dim=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.conv(x)[:, :, :-1])
+
+
+def _statistics(m: nn.Module) -> nn.Module:
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm1d):
+                mod.running_mean.copy_(torch.randn(mod.num_features, generator=g) * 0.1)
+                mod.running_var.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
+            if isinstance(mod, (nn.BatchNorm1d, nn.GroupNorm)):
+                mod.weight.copy_(torch.rand(mod.weight.shape, generator=g) + 0.5)
+                mod.bias.copy_(torch.randn(mod.bias.shape, generator=g) * 0.1)
+    return m.eval()
+
+
+#: name -> (model, inputs, what stock's program does on the runtime, the fact that says so)
+CASES: dict[str, tuple[Any, tuple[int, ...], str, str]] = {
+    "linear_bn1d": (LinearBatchNorm, (1, 6, 16), "abort", "batch_norm_4d"),
+    "groupnorm_3d_16": (lambda: ConvGroupNorm(16), (1, 1, 400), "garbage", "group_norm_4d"),
+    "groupnorm_3d_4": (lambda: ConvGroupNorm(4), (1, 1, 400), "garbage", "group_norm_4d"),
+    "weight_norm_conv": (WeightNormConv, (1, 16, 39), "abort", "not_constant"),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(vulkan_runtime: object) -> Iterator[dict[str, dict[str, Any]]]:
+    from fusionkit.backends.vulkan_adapter.runtime_probe import cached_inventory
+
+    if cached_inventory() is None:
+        pytest.skip("the runtime is not probed: the partitioner judges no conditions")
+    out: dict[str, dict[str, Any]] = {}
+    with adapter_state_restored():
+        for name, (make, shape, _, _) in CASES.items():
+            torch.manual_seed(0)
+            m = _statistics(make())
+            x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+            with torch.no_grad():
+                eager = pytree.tree_leaves(m(x))
+            for path in ("ours", "stock"):
+                et, part = lower_one_way(m, (x,), path)
+                out[f"{name}/{path}"] = {
+                    "pte": bytes(et.buffer), "args": (x,), "eager": eager,
+                    "simulated": simulated_or_condition(et, (x,)),
+                    "problems": list(vk.check(et)),
+                    "kept_off": list(getattr(part, "kept_off_nodes", []))}
+    todo = list(out.values())
+    for low, res in zip(todo, rt.run_many_in_child(
+            [rt.Job(low["pte"], list(low["args"])) for low in todo], timeout=300), strict=True):
+        low["real"] = res
+    yield out
+
+
+def _err(got: Any, want: list[torch.Tensor]) -> float:
+    return max(float((g.double() - w.double()).abs().max())
+               for g, w in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_ours_keeps_the_node_on_the_cpu_and_equals_eager(runs: dict[str, Any], name: str) -> None:
+    low, fact = runs[f"{name}/ours"], CASES[name][3]
+    assert low["real"].ok, low["real"].message
+    assert _err(low["real"].outputs, low["eager"]) < 1e-4
+    assert not isinstance(low["simulated"], Exception), low["simulated"]
+    assert _err(low["simulated"], low["eager"]) < 1e-4
+    assert low["problems"] == [], [str(p) for p in low["problems"]]
+    kept = [str(k) for k in low["kept_off"]
+            if (k.fact == fact if fact == "not_constant" else fact in k.reason)]
+    assert len(kept) == 1, [str(k) for k in low["kept_off"]]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_stock_fails_on_the_runtime_as_the_simulator_and_check_say(
+        runs: dict[str, Any], name: str) -> None:
+    low, (_, _, effect, fact) = runs[f"{name}/stock"], CASES[name]
+    real, sim = low["real"], low["simulated"]
+    if effect == "abort":
+        assert not real.ok, "stock's program ran"
+    else:  # runs, computes garbage
+        assert real.ok, real.message
+        nans = sum(int(torch.isnan(t).sum()) for t in real.outputs)
+        err = _err([torch.nan_to_num(t) for t in real.outputs], low["eager"])
+        assert nans or err > 0.1, (nans, err)
+    kinds = {(p.kind, p.arg_name) for p in low["problems"]}
+    if fact == "not_constant":
+        assert "val_is_tref" in (real.message or ""), real.message
+        assert isinstance(sim, NotConstantError) and sim.arg_name == "weight", sim
+        assert kinds == {("not_constant", "weight")}, kinds
+    else:
+        assert isinstance(sim, RuntimeConditionError), sim
+        assert (sim.condition.name, sim.condition.effect) == (fact, effect)
+        assert kinds == {("runtime_condition", "input")}, [str(p) for p in low["problems"]]
+        if effect == "abort":
+            assert "BatchNorm only support 4d tensor" in (real.message or ""), real.message

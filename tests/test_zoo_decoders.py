@@ -1,6 +1,6 @@
-"""The model zoo, first half (decoder LLMs): each lowered through both adapters, the
-Vulkan payload simulated, the XNNPACK ``.pte`` run, both compared with eager; stock
-ExecuTorch beside it where it fails. Cases and harness: ``zoo_models``; assertions:
+"""The model zoo, first half (decoder LLMs, and MobileNetV2 to even the halves): each
+lowered through both adapters, the Vulkan payload simulated, the XNNPACK ``.pte`` run,
+both compared with eager; stock ExecuTorch beside it where it fails. Cases and harness: ``zoo_models``; assertions:
 ``zoo_checks``; the other half: ``test_zoo_more.py``."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The model zoo, second half: more decoders (Gemma3, Phi3, OLMo2), diffusers blocks
-(AdaLN RMSNorm, SD3.5 MMDiT, Flux single-stream) and convolutional vision models
-(ResNet, ConvNeXt). See ``test_zoo_decoders.py``."""
+(AdaLN RMSNorm, SD3.5 MMDiT, Flux single-stream), convolutional vision models
+(ResNet, ConvNeXt), LeViT and wav2vec2. See ``test_zoo_decoders.py``."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FIRST_HALF", "KNOWN_BUGS", "STOCK_FAILS", "ZOO", "Lowering", "ZooCase", "ZooModel", "build", "lower_case", "markdown_table"]
+__all__ = ["FIRST_HALF", "KNOWN_BUGS", "RUNTIME_NUMERICS", "STOCK_FAILS", "ZOO", "Lowering", "ZooCase", "ZooModel", "build", "lower_case", "markdown_table"]
 
 #: |error| vs eager above which a lowered model counts as wrong (float32 end to end)
 TOLERANCE = 1e-4
@@ -164,6 +164,62 @@ def _convnext() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
         torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(7)),)
 
 
+def _bn_stats(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Non-trivial batch-norm statistics and affine parameters (1-D and 2-D norms), so a
+    fold or a norm that is wrong shows."""
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(seed)
+        for m in model.modules():
+            if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                if m.affine:
+                    m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                    m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+    return model
+
+
+def _mobilenet_v2() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    from transformers import MobileNetV2Config, MobileNetV2Model
+
+    config = MobileNetV2Config(num_channels=3, image_size=32, depth_multiplier=0.25, min_depth=4)
+    return ImageFeatures(_bn_stats(MobileNetV2Model(config), 5)), (
+        torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1)),)
+
+
+def _levit() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    from transformers import LevitConfig, LevitModel
+
+    config = LevitConfig(image_size=32, num_channels=3, patch_size=16, hidden_sizes=[16, 24, 32],
+                         num_attention_heads=[1, 2, 2], depths=[1, 1, 1], key_dim=[8, 8, 8],
+                         mlp_ratio=[2, 2, 2], attention_ratio=[2, 2, 2])
+    return ImageFeatures(_bn_stats(LevitModel(config), 5)), (
+        torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(4)),)
+
+
+class AudioFeatures(torch.nn.Module):
+    """``model(input_values).last_hidden_state`` of an HF speech encoder."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
+        return self.model(input_values=input_values).last_hidden_state
+
+
+def _wav2vec2() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    config = Wav2Vec2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
+                            conv_kernel=(10, 3), num_conv_pos_embeddings=8,
+                            num_conv_pos_embedding_groups=4, feat_extract_norm="group",
+                            do_stable_layer_norm=False)
+    return AudioFeatures(Wav2Vec2Model(config)), (
+        torch.randn(1, 400, generator=torch.Generator().manual_seed(7)),)
+
+
 #: the zoo: decoder families, RMSNorm variants, diffusion blocks, convolutional vision models
 ZOO: list[ZooModel] = [
     ZooModel("llama", "Llama decoder (RMSNorm, RoPE, GQA)", _decoder("LlamaConfig", "LlamaForCausalLM")),
@@ -186,9 +242,36 @@ ZOO: list[ZooModel] = [
     ZooModel("flux_single_block", "Flux single-stream block (AdaLN, qk RMSNorm)", _flux_single),
     ZooModel("resnet", "ResNet (conv + batch norm)", _resnet),
     ZooModel("convnext", "ConvNeXt (depthwise conv, LayerNorm)", _convnext),
+    ZooModel("mobilenet_v2", "MobileNetV2 (depthwise conv + batch norm + ReLU6)", _mobilenet_v2),
+    ZooModel("levit", "LeViT (Linear + BatchNorm1d, attention)", _levit),
+    ZooModel("wav2vec2", "wav2vec2 (conv1d, GroupNorm, weight_norm conv, GELU)", _wav2vec2),
 ]
 
 BY_NAME = {m.name: m for m in ZOO}
+
+
+#: model -> why its Vulkan result differs from eager by more than the tolerance on
+#: ExecuTorch's real Vulkan runtime too, the adapter's lowering being right: a numerics
+#: fact of the runtime, which the simulator models. Such a model's Vulkan columns are
+#: judged against eager computed as the runtime computes (:class:`RuntimeGelu`), at the
+#: same tolerance; the tests also assert that the deviation from eager is real (over the
+#: tolerance), so an entry that is no longer needed fails.
+RUNTIME_NUMERICS: dict[str, str] = {
+    # GELU(approximate="none") in the conv feature extractor, the positional conv and the
+    # feed-forward; the runtime's only gelu shader is the tanh form (unary_op.yaml).
+    # Measured on the real runtime (lavapipe): 2.3e-3 off eager at output scale 3.3, as simulated
+    "wav2vec2": "the Vulkan runtime's gelu shader computes the tanh form whatever `approximate` says",
+}
+
+
+class RuntimeGelu(torch.overrides.TorchFunctionMode):
+    """Eager as the Vulkan runtime computes it: every ``gelu`` in its tanh form."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.nn.functional.gelu:
+            kwargs["approximate"] = "tanh"
+        return func(*args, **kwargs)
 
 
 @dataclass
@@ -199,6 +282,8 @@ class ZooCase:
     inputs: tuple[torch.Tensor, ...]
     eager: torch.Tensor
     exported: Any
+    #: eager as the Vulkan runtime computes it, for a model in :data:`RUNTIME_NUMERICS`
+    eager_runtime: torch.Tensor | None = None
 
 
 def build(name: str) -> ZooCase:
@@ -206,10 +291,14 @@ def build(name: str) -> ZooCase:
     torch.manual_seed(0)
     module, inputs = entry.factory()
     module.eval()
+    eager_runtime = None
     with torch.no_grad():
         eager = module(*inputs)
+        if name in RUNTIME_NUMERICS:
+            with RuntimeGelu():
+                eager_runtime = module(*inputs)
         exported = torch.export.export(module, inputs)
-    return ZooCase(entry, inputs, eager, exported)
+    return ZooCase(entry, inputs, eager, exported, eager_runtime)
 
 
 @dataclass
@@ -227,12 +316,20 @@ class Lowering:
     problems: list[str] = field(default_factory=list)  # Vulkan check()
     run_error: str | None = None  # simulation / runtime failure
     max_error: float | None = None  # vs eager
+    #: vs eager as the runtime computes it (Vulkan paths of a RUNTIME_NUMERICS model)
+    runtime_error: float | None = None
     seconds: float = 0.0  # process CPU time of lowering + running
 
     @property
+    def judged_error(self) -> float | None:
+        """The error the tests judge: vs the runtime's numerics where the zoo records them."""
+        return self.runtime_error if self.runtime_error is not None else self.max_error
+
+    @property
     def ok(self) -> bool:
+        err = self.judged_error
         return (self.error is None and self.run_error is None and not self.problems
-                and self.max_error is not None and self.max_error <= TOLERANCE)
+                and err is not None and err <= TOLERANCE)
 
 
 def _one_line(e: BaseException) -> str:
@@ -324,6 +421,8 @@ def _lower_case(case: ZooCase, path: str) -> Lowering:
         result.run_error = _one_line(e)
         return result
     result.max_error = float((out.float() - case.eager.float()).abs().max())
+    if backend == "vulkan" and case.eager_runtime is not None:
+        result.runtime_error = float((out.float() - case.eager_runtime.float()).abs().max())
     return result
 
 
@@ -359,6 +458,12 @@ STOCK_FAILS: dict[tuple[str, str], str] = {
     # ("native_layer_norm requires weight to be non-None"); see passes/vulkan/layer_norm_affine
     ("sd3_joint_block", "vulkan"): "argument 2 (weight) is not a constant",
     ("flux_single_block", "vulkan"): "argument 2 (weight) is not a constant",
+    # LeViT's Linear + BatchNorm1d (no conv absorbs it) delegated as a 2-D batch norm: the
+    # runtime refuses it at load ("BatchNorm only support 4d tensor"; 22 such norms)
+    ("levit", "vulkan"): "BatchNorm.cpp: add_native_batch_norm_node: (in_sizes.size() == 4) is false",
+    # wav2vec2's weight_norm positional conv: the weight is computed, the runtime prepacks it
+    # and refuses it at load; check() also reports the 3-D GroupNorm (NaN on the runtime)
+    ("wav2vec2", "vulkan"): "aten.convolution.default argument 1 (weight) is not a constant",
 }
 
 #: (model, path) -> a bug outside the zoo's files that makes the adapter's lowering wrong
@@ -367,7 +472,7 @@ KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 
 #: the two halves of the zoo (one test file each, so both xdist workers share it)
-FIRST_HALF = ["llama", "smollm3", "mistral", "qwen2", "qwen3", "gemma", "gemma2"]
+FIRST_HALF = ["llama", "smollm3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mobilenet_v2"]
 
 
 def _short(text: str, n: int) -> str:
@@ -382,6 +487,8 @@ def _cell(low: Lowering) -> str:
         where = "simulation" if low.path.startswith("vulkan") else "run"
         return f"{where} fails: `{_short(low.run_error, 150)}`"
     text = f"{low.max_error:.1e}"
+    if low.runtime_error is not None:
+        text += f" (tanh-GELU eager: {low.runtime_error:.1e})"
     if low.problems:
         text += f"; check(): {len(low.problems)} problem(s)"
     return text

@@ -5,7 +5,8 @@ table's first run (session 9), each studied by one test file, all lowered both w
 Each model and its inputs are made here once; the test files take them from here
 (``test_vulkan_real_runtime_scalar_types``: OpMix, a clamp before a conv, a clamp before an
 ``avg_pool2d``; ``_grouped_conv``: the grouped conv; ``_dim_order``: the conv of a
-channels_last input; ``_w8``: the int8 weight-only linear), so no module imports another
+channels_last input; ``_w8``: the int8 weight-only linear; ``_norm_rank``: session 10's
+2-D batch norm, 3-D group norms and weight-normed conv), so no module imports another
 test file's helpers. Which cases a test runs and what it expects of them stay in the test.
 Only the w8 linear needs torchao (imported when it is made).
 """
@@ -21,17 +22,23 @@ from torch import nn
 
 __all__ = [
     "CL",
+    "NORM_RANK",
     "ClampConv",
     "ClampPool",
     "Conv",
+    "ConvGroupNorm",
     "GroupedConv",
     "K",
+    "LinearBatchNorm",
     "N",
     "OpMix",
+    "WeightNormConv",
     "clamp_conv",
     "clamp_pool",
     "dim_order_case",
     "grouped_conv",
+    "norm_rank_case",
+    "norm_statistics",
     "opmix",
     "same",
     "w8_linear",
@@ -166,3 +173,78 @@ def w8_linear(bias: bool, shift: float = 0.0, **config: Any) -> nn.Module:
             linear.weight.add_(shift)  # off-centre weights: asymmetric zero points far from 0
     quantize_(m, IntxWeightOnlyConfig(weight_dtype=torch.int8, **config))
     return m
+
+
+# ------------------------------------- norm rank (session 10: LeViT's and wav2vec2's norms)
+
+
+class LinearBatchNorm(nn.Module):
+    """LeViT's MLPLayerWithBN: Linear, BatchNorm1d over (tokens, channels), hardswish."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 24, bias=False)
+        self.bn = nn.BatchNorm1d(24)
+        self.out = nn.Linear(24, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        h = self.bn(h.flatten(0, 1)).reshape_as(h)
+        return self.out(nn.functional.hardswish(h))
+
+
+class ConvGroupNorm(nn.Module):
+    """wav2vec2's first feature-encoder layer: conv1d, GroupNorm(C, C) over (N, C, L)."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(1, 16, 10, 5, bias=False)
+        self.norm = nn.GroupNorm(groups, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.norm(self.conv(x)))
+
+
+class WeightNormConv(nn.Module):
+    """wav2vec2's positional conv: a grouped conv1d under ``weight_norm`` (dim 2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        conv = nn.Conv1d(16, 16, 8, padding=4, groups=4)
+        self.conv = nn.utils.parametrizations.weight_norm(conv, name="weight", dim=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.conv(x)[:, :, :-1])
+
+
+def norm_statistics(m: nn.Module) -> nn.Module:
+    """``m`` in eval mode, its norms given seeded running statistics and affine parameters
+    (not the identity defaults)."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm1d):
+                mod.running_mean.copy_(torch.randn(mod.num_features, generator=g) * 0.1)
+                mod.running_var.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
+            if isinstance(mod, (nn.BatchNorm1d, nn.GroupNorm)):
+                mod.weight.copy_(torch.rand(mod.weight.shape, generator=g) + 0.5)
+                mod.bias.copy_(torch.randn(mod.bias.shape, generator=g) * 0.1)
+    return m.eval()
+
+
+#: name -> (model maker, input shape)
+NORM_RANK: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "linear_bn1d": (LinearBatchNorm, (1, 6, 16)),
+    "groupnorm_3d_16": (lambda: ConvGroupNorm(16), (1, 1, 400)),
+    "groupnorm_3d_4": (lambda: ConvGroupNorm(4), (1, 1, 400)),
+    "weight_norm_conv": (WeightNormConv, (1, 16, 39)),
+}
+
+
+def norm_rank_case(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The :data:`NORM_RANK` model ``name`` (seed 0, :func:`norm_statistics`) and its input
+    (seed 1)."""
+    make, shape = NORM_RANK[name]
+    torch.manual_seed(0)
+    m = norm_statistics(make())
+    return m, (torch.randn(*shape, generator=torch.Generator().manual_seed(1)),)

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
+from held_out_models import norm_rank_case
 from torch.utils import _pytree as pytree
 from vulkan_runtime_oracle import adapter_state_restored, lower_one_way, simulated_or_condition
 
@@ -40,64 +40,13 @@ from fusionkit.backends.vulkan_adapter.inspect.simulator import (
 pytestmark = pytest.mark.usefixtures("vulkan_ops")
 
 
-class LinearBatchNorm(nn.Module):
-    """LeViT's MLPLayerWithBN: Linear, BatchNorm1d over (tokens, channels), hardswish."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(16, 24, bias=False)
-        self.bn = nn.BatchNorm1d(24)
-        self.out = nn.Linear(24, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.linear(x)
-        h = self.bn(h.flatten(0, 1)).reshape_as(h)
-        return self.out(nn.functional.hardswish(h))
-
-
-class ConvGroupNorm(nn.Module):
-    """wav2vec2's first feature-encoder layer: conv1d, GroupNorm(C, C) over (N, C, L)."""
-
-    def __init__(self, groups: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv1d(1, 16, 10, 5, bias=False)
-        self.norm = nn.GroupNorm(groups, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.norm(self.conv(x)))
-
-
-class WeightNormConv(nn.Module):
-    """wav2vec2's positional conv: a grouped conv1d under ``weight_norm`` (dim 2)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        conv = nn.Conv1d(16, 16, 8, padding=4, groups=4)
-        self.conv = nn.utils.parametrizations.weight_norm(conv, name="weight", dim=2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.tanh(self.conv(x)[:, :, :-1])
-
-
-def _statistics(m: nn.Module) -> nn.Module:
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for mod in m.modules():
-            if isinstance(mod, nn.BatchNorm1d):
-                mod.running_mean.copy_(torch.randn(mod.num_features, generator=g) * 0.1)
-                mod.running_var.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
-            if isinstance(mod, (nn.BatchNorm1d, nn.GroupNorm)):
-                mod.weight.copy_(torch.rand(mod.weight.shape, generator=g) + 0.5)
-                mod.bias.copy_(torch.randn(mod.bias.shape, generator=g) * 0.1)
-    return m.eval()
-
-
-#: name -> (model, inputs, what stock's program does on the runtime, the fact that says so)
-CASES: dict[str, tuple[Any, tuple[int, ...], str, str]] = {
-    "linear_bn1d": (LinearBatchNorm, (1, 6, 16), "abort", "batch_norm_4d"),
-    "groupnorm_3d_16": (lambda: ConvGroupNorm(16), (1, 1, 400), "garbage", "group_norm_4d"),
-    "groupnorm_3d_4": (lambda: ConvGroupNorm(4), (1, 1, 400), "garbage", "group_norm_4d"),
-    "weight_norm_conv": (WeightNormConv, (1, 16, 39), "abort", "not_constant"),
+#: name (held_out_models.NORM_RANK's) -> (what stock's program does on the runtime, the fact
+#: that says so)
+CASES: dict[str, tuple[str, str]] = {
+    "linear_bn1d": ("abort", "batch_norm_4d"),
+    "groupnorm_3d_16": ("garbage", "group_norm_4d"),
+    "groupnorm_3d_4": ("garbage", "group_norm_4d"),
+    "weight_norm_conv": ("abort", "not_constant"),
 }
 
 
@@ -109,10 +58,8 @@ def runs(vulkan_runtime: object) -> Iterator[dict[str, dict[str, Any]]]:
         pytest.skip("the runtime is not probed: the partitioner judges no conditions")
     out: dict[str, dict[str, Any]] = {}
     with adapter_state_restored():
-        for name, (make, shape, _, _) in CASES.items():
-            torch.manual_seed(0)
-            m = _statistics(make())
-            x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+        for name in CASES:
+            m, (x,) = norm_rank_case(name)
             with torch.no_grad():
                 eager = pytree.tree_leaves(m(x))
             for path in ("ours", "stock"):
@@ -136,7 +83,7 @@ def _err(got: Any, want: list[torch.Tensor]) -> float:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_ours_keeps_the_node_on_the_cpu_and_equals_eager(runs: dict[str, Any], name: str) -> None:
-    low, fact = runs[f"{name}/ours"], CASES[name][3]
+    low, fact = runs[f"{name}/ours"], CASES[name][1]
     assert low["real"].ok, low["real"].message
     assert _err(low["real"].outputs, low["eager"]) < 1e-4
     assert not isinstance(low["simulated"], Exception), low["simulated"]
@@ -150,7 +97,7 @@ def test_ours_keeps_the_node_on_the_cpu_and_equals_eager(runs: dict[str, Any], n
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_stock_fails_on_the_runtime_as_the_simulator_and_check_say(
         runs: dict[str, Any], name: str) -> None:
-    low, (_, _, effect, fact) = runs[f"{name}/stock"], CASES[name]
+    low, (effect, fact) = runs[f"{name}/stock"], CASES[name]
     real, sim = low["real"], low["simulated"]
     if effect == "abort":
         assert not real.ok, "stock's program ran"

@@ -328,14 +328,19 @@ def held_out_programs() -> list[Program]:
     ways: issue 24's OpMix, a clamp before a conv (groups serialized next to a 1.0), a
     clamp before an avg_pool2d with divisor_override, a grouped conv of 2 input channels
     per group (4->8 g2), a conv with a channels_last input, an int8 weight-only linear.
+    Then session 10's (family ``held out (s10)``, test_vulkan_real_runtime_norm_rank): a
+    2-D batch norm (LeViT), GroupNorm over conv1d features with 16 and 4 groups (wav2vec2),
+    a weight-normed conv1d (wav2vec2's positional conv).
     The models are ``held_out_models``' (their test files make them from there too)."""
     from held_out_models import (
+        NORM_RANK,
         Conv,
         K,
         clamp_conv,
         clamp_pool,
         dim_order_case,
         grouped_conv,
+        norm_rank_case,
         opmix,
         same,
         w8_linear,
@@ -355,13 +360,15 @@ def held_out_programs() -> list[Program]:
     made.append(("conv channels_last input", model, (x,)))
     made.append(("w8 linear", w8_linear(False, granularity=PerAxis(0)),
                  (torch.randn(1, K, generator=torch.Generator().manual_seed(24)),)))
+    made_s10 = [(name, *norm_rank_case(name)) for name in NORM_RANK]
     out = []
-    for name, model, args in made:
-        with torch.no_grad():
-            eager = model(*args)
-        ep = torch.export.export(model, args)
-        for path in ("fusionkit", "stock"):
-            out.append(lower(name, "held out (s9)", path, ep, args, eager))
+    for family, cases in (("held out (s9)", made), ("held out (s10)", made_s10)):
+        for name, model, args in cases:
+            with torch.no_grad():
+                eager = model(*args)
+            ep = torch.export.export(model, args)
+            for path in ("fusionkit", "stock"):
+                out.append(lower(name, family, path, ep, args, eager))
     return out
 
 

@@ -41,16 +41,16 @@ def test_quantized_unary() -> None:
 
 
 class Binary(torch.nn.Module):
-    def __init__(self, relu: bool = False) -> None:
+    def __init__(self, relu: bool = False, out_zp: int = 0) -> None:
         super().__init__()
-        self.relu = relu
+        self.relu, self.out_zp = relu, out_zp
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         y = torch.add(qd.dequantize_per_tensor(a, 0.1, 1, -128, 127, I8),
                       qd.dequantize_per_tensor(b, 0.2, -1, -128, 127, I8), alpha=2)
         if self.relu:
             y = torch.relu(y)
-        return qd.quantize_per_tensor(y, 0.3, 0, -128, 127, I8)
+        return qd.quantize_per_tensor(y, 0.3, self.out_zp, -128, 127, I8)
 
 
 def test_quantized_binary_alpha_and_relu_near_miss() -> None:
@@ -64,6 +64,22 @@ def test_quantized_binary_alpha_and_relu_near_miss() -> None:
     ms = fuse(edge(Binary(relu=True), (a, b)))
     assert not any(m.rule.name == "quantized_binary" for m in ms.accepted)
     assert any("drop the relu" in r for r in declined(ms, "quantized_binary"))
+
+
+def test_quantized_binary_relu_absorbed_by_the_output_zero_point() -> None:
+    """A pt2e relu output is quantized with zero point -128: ``quantize`` clamps a negative
+    sum to -128 as relu would (held-out RegNet: stock fuses it, as do we now, exactly)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randint(-128, 127, (4, 64), dtype=I8, generator=g) for _ in range(2))
+    ep = edge(Binary(relu=True, out_zp=-128), (a, b))
+    ms = fuse(ep)
+    assert [m.rule.name for m in ms.accepted] == ["quantized_binary"]
+    assert "aten.relu.default" not in ops(ep)
+    want = Binary(relu=True, out_zp=-128)(a, b)
+    assert (want == -128).sum() > 16  # negative sums are there, clamped
+    assert (ep.module()(a, b).int() - want.int()).abs().max() <= 1
+    # the same add without the relu gives the same bytes: the relu is the clamp
+    assert torch.equal(Binary(out_zp=-128)(a, b), want)
 
 
 class Shuffle(torch.nn.Module):

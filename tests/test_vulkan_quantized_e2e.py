@@ -289,3 +289,79 @@ def test_pt2e_quantized_conv_net(real_vulkan: Any) -> None:
     step = float((want.abs().max() / 127).item())
     assert float((got - want).abs().max()) <= 1.01 * step
     assert_real(real_vulkan, prog, (x,), want, atol=1.01 * step, rtol=0.0)
+
+
+class Conv1dResidualNet(nn.Module):
+    """Held out (session 10's trial): a pt2e-quantized conv1d, and a residual add + relu
+    between two convs (RegNet's shape), whose output observer gives zero point -128."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1d = nn.Conv1d(8, 8, 3, padding=1)
+        self.c1 = nn.Conv2d(8, 8, 3, padding=1)
+        self.c2 = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = F.relu(self.c1d(x.flatten(2))).reshape(x.shape)
+        y = F.relu(self.c1(t) + t)
+        return self.c2(y)
+
+
+def _pt2e(m: nn.Module, x: torch.Tensor) -> Any:
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    prepared = prepare_pt2e(torch.export.export(m.eval(), (x,)).module(), quantizer)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(4):
+        prepared(torch.randn(x.shape, generator=g))
+    return convert_pt2e(prepared)
+
+
+@pytest.mark.slow
+def test_pt2e_quantized_conv1d_and_residual_relu(real_vulkan: Any) -> None:
+    """Stock's quantized-convolution fusion unpacks every conv weight as 4-D: a quantized
+    conv1d kills the lowering in FusePatternsPass ('not enough values to unpack (expected 4,
+    got 3)'). Ours leaves the conv1d (whose weight the graph dequantizes) on the CPU and
+    fuses the rest: the residual add + relu becomes et_vk.q8ta_add (the relu is the output
+    quantization's clamp)."""
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
+        VulkanPartitioner as StockVulkanPartitioner,
+    )
+    from vulkan_runtime_oracle import adapter_state_restored
+
+    import fusionkit.backends.vulkan_adapter as vk
+    from fusionkit.backends.vulkan_adapter import constant_serializer, simulate
+
+    torch.manual_seed(6)
+    x = torch.randn(1, 8, 4, 4)
+    q = _pt2e(Conv1dResidualNet(), x)
+    with adapter_state_restored():
+        vk.uninstall()
+        constant_serializer.uninstall()
+        with pytest.raises(Exception) as stock:
+            to_edge_transform_and_lower(torch.export.export(q, (x,)),
+                                        partitioner=[StockVulkanPartitioner()])
+    root: BaseException = stock.value
+    while root.__cause__ is not None:
+        root = root.__cause__
+    assert "not enough values to unpack (expected 4, got 3)" in str(root), root
+    prog = lower(q, (x,))
+    ops = delegate_ops(prog)
+    assert {"et_vk.q8ta_add.default", "et_vk.q8ta_conv2d.default",
+            "et_vk.q8ta_conv2d_pw.default"} <= set(ops), sorted(set(ops))
+    # the conv1d's weight is dequantized by the graph: kept on the CPU (the runtime would
+    # refuse conv_with_clamp's non-constant weight at load; before 6c32af9 ours was refused)
+    assert not {"aten.convolution.default", "et_vk.conv_with_clamp.default"} & set(ops)
+    with torch.no_grad():
+        want = q(x)
+    step = float((want.abs().max() / 127).item())
+    got = simulate(prog, x)
+    # three int8 layers, each may round an element one step off eager's: the last conv
+    # carries its inputs' steps (measured: 2.8 output steps); the runtime equals the simulator
+    assert float((got - want).abs().max()) <= 4 * step
+    assert_real(real_vulkan, prog, (x,), got, atol=1.01 * step, rtol=0.0)

@@ -413,13 +413,18 @@ class RuntimeSupport:
             return None
         if self._after_preprocess is not None and node.name in self._after_preprocess:
             return self._after_preprocess[node.name]
-        if node in self._pre.consumed:
-            return None
         name = serialized_name(node)
         if not name or not cpu_has_kernel(name):
             return None
-        found = (self._missing_operator(node, name) or self._missing_shader(node, name)
-                 or self._not_constant(node, name) or self._condition(node, name))
+        if node in self._pre.consumed:
+            # fused by a preprocess rule: what it creates is the rule's to judge, except a
+            # prepacked argument the match leaves outside (conv + relu -> conv_with_clamp
+            # still prepacks the conv's weight: a pt2e conv1d's dequantized weight is
+            # refused at load)
+            found = self._not_constant(node, name)
+        else:
+            found = (self._missing_operator(node, name) or self._missing_shader(node, name)
+                     or self._not_constant(node, name) or self._condition(node, name))
         if found is None:
             return None
         fact, why = found

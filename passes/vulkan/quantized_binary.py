@@ -7,9 +7,11 @@ Constraints stated: both operands and the output are per-tensor int8 Q/DQ with
 literal scales and zero points (the op's schema takes ``float``/``int``), int8
 tensors; ``alpha`` is read by schema name (the stock detector reads only
 ``args[2]``, so an ``alpha=`` keyword was silently dropped) and the operands
-keep their order (``a + alpha*b`` is not commutative). Declined with a reason:
-a relu between the add and the quantize — the stock detector accepts it, but
-``q8ta_add`` has no activation argument and the relu was silently dropped.
+keep their order (``a + alpha*b`` is not commutative). A relu between the add and the quantize is fused only where the output quantization
+already clamps at zero (``out_zp == -128``, what a pt2e observer gives a relu's output:
+``dequantize(-128) == 0``, so ``quantize(relu(y)) == quantize(y)`` for every ``y``);
+otherwise declined with a reason -- the stock detector accepts it whatever the zero point,
+but ``q8ta_add`` has no activation argument and the relu was silently dropped.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ from fusionkit.passes.registry import register_rules
 from ._common import constraint, et_vk, int8_dq, int8_q
 
 
-def _qbinary_no_relu(ctx: CheckContext, relu: Node | None = None) -> str | None:
-    if relu is not None:
-        return ("a relu sits between the add and the quantize, but et_vk.q8ta_add has no "
-                "activation argument: fusing would drop the relu")
+def _qbinary_no_relu(ctx: CheckContext, out_zp: int, relu: Node | None = None) -> str | None:
+    # quantize clamps to [-128, 127]: with zero point -128 a negative y and relu(y) = 0
+    # both give -128, so the relu is the quantization's own clamp
+    if relu is not None and out_zp > -128:
+        return (f"a relu sits between the add and the quantize, but et_vk.q8ta_add has no "
+                f"activation argument and the output's zero point {out_zp} (not -128) keeps "
+                f"negative values: fusing would drop the relu")
     return None
 
 

@@ -379,6 +379,8 @@ class RuntimeSupport:
         #: the preprocess fusions may remove, and the nodes needing them as constants)
         #: (None: decided there, delegated)
         self._after_preprocess: dict[str, KeptOff | None] | None = None
+        #: original node names a fusion of the chained preprocess rules replaces
+        self._fused_in_chain: frozenset[str] = frozenset()
         #: the nodes (by original name) neither runtime runs that the preprocess leaves
         self.unrunnable: dict[str, Unrunnable] = {}
 
@@ -395,13 +397,22 @@ class RuntimeSupport:
         self._ep = ep
         self._pre = _preprocess_verdicts(ep)
         self._after_preprocess = None
+        self._fused_in_chain = frozenset()
         self.unrunnable = {}
-        if any(n.op == "call_function" and serialized_name(n) in fused_by_preprocess
-               and not self.inventory.has_operator(serialized_name(n))
-               for n in ep.graph_module.graph.nodes):
+        candidates = [n for n in ep.graph_module.graph.nodes
+                      if n.op == "call_function" and serialized_name(n) in fused_by_preprocess]
+        missing = any(not self.inventory.has_operator(serialized_name(n)) for n in candidates)
+        broken = any(n not in self._pre.consumed and self._condition(n, serialized_name(n))
+                     for n in candidates)
+        if missing or broken:
             after = _preprocessed(ep)
             if after is not None:
-                self._after_preprocess = self._judge_preprocessed(ep, after, fused_by_preprocess)
+                # the original nodes a fusion of the chained preprocess replaces (one pass's
+                # fusion may make the next one's: addmm -> linear, then linear + batch norm)
+                self._fused_in_chain = frozenset().union(*after.origin.values())
+                if missing:
+                    self._after_preprocess = self._judge_preprocessed(ep, after,
+                                                                      fused_by_preprocess)
 
     def _runtime(self) -> str:
         return f"the Vulkan runtime (probed, library sha256 {self.inventory.library_sha256[:12]})"
@@ -416,7 +427,7 @@ class RuntimeSupport:
         name = serialized_name(node)
         if not name or not cpu_has_kernel(name):
             return None
-        if node in self._pre.consumed:
+        if node in self._pre.consumed or node.name in self._fused_in_chain:
             # fused by a preprocess rule: what it creates is the rule's to judge, except a
             # prepacked argument the match leaves outside (conv + relu -> conv_with_clamp
             # still prepacks the conv's weight: a pt2e conv1d's dequantized weight is

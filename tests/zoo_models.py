@@ -140,18 +140,27 @@ class ImageFeatures(torch.nn.Module):
         return self.model(pixel_values=pixel_values).last_hidden_state
 
 
+def _bn_stats(model: torch.nn.Module, seed: int, affine: bool = True) -> torch.nn.Module:
+    """Non-trivial batch-norm statistics and (``affine``) affine parameters (1-D and 2-D
+    norms), so a fold or a norm that is wrong shows."""
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(seed)
+        for m in model.modules():
+            if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                if affine and m.affine:
+                    m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                    m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+    return model
+
+
 def _resnet() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     from transformers import ResNetConfig, ResNetModel
 
     config = ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
                           layer_type="basic")
-    model = ResNetModel(config)
-    with torch.no_grad():  # non-trivial batch-norm statistics, so a fold that is wrong shows
-        g = torch.Generator().manual_seed(5)
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+    model = _bn_stats(ResNetModel(config), 5, affine=False)
     return ImageFeatures(model), (torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(6)),)
 
 
@@ -162,21 +171,6 @@ def _convnext() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
                             patch_size=2)
     return ImageFeatures(ConvNextModel(config)), (
         torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(7)),)
-
-
-def _bn_stats(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Non-trivial batch-norm statistics and affine parameters (1-D and 2-D norms), so a
-    fold or a norm that is wrong shows."""
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(seed)
-        for m in model.modules():
-            if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
-                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                if m.affine:
-                    m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                    m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-    return model
 
 
 def _mobilenet_v2() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:

@@ -7,9 +7,10 @@ Constraints stated: both operands and the output are per-tensor int8 Q/DQ with
 literal scales and zero points (the op's schema takes ``float``/``int``), int8
 tensors; ``alpha`` is read by schema name (the stock detector reads only
 ``args[2]``, so an ``alpha=`` keyword was silently dropped) and the operands
-keep their order (``a + alpha*b`` is not commutative). A relu between the add and the quantize is fused only where the output quantization
-already clamps at zero (``out_zp == -128``, what a pt2e observer gives a relu's output:
-``dequantize(-128) == 0``, so ``quantize(relu(y)) == quantize(y)`` for every ``y``);
+keep their order (``a + alpha*b`` is not commutative). A relu between the add and
+the quantize is fused only where the output quantization already clamps at zero
+(``out_zp == -128``, what a pt2e observer gives a relu's output: ``dequantize(-128) ==
+0``, so ``quantize(relu(y)) == quantize(y)`` for every ``y``);
 otherwise declined with a reason -- the stock detector accepts it whatever the zero point,
 but ``q8ta_add`` has no activation argument and the relu was silently dropped.
 """

@@ -48,6 +48,7 @@ __all__ = [
     "NOT_SIMULATED",
     "PREPACKED",
     "UNINITIALIZED_STATE_OPS",
+    "UNQUALIFIED_LLAMA",
     "RuntimeCondition",
     "RuntimeSymInt",
     "as_read_by_runtime",
@@ -712,19 +713,19 @@ def conditions_for(op: str) -> tuple[RuntimeCondition, ...]:
 
 #: torch.ops.llama.X.default serializes as "X.default" (``VkGraphBuilder`` names an op
 #: ``node.target.__name__``, without a non-aten ``OpOverload``'s namespace)
-_UNQUALIFIED_LLAMA = ("update_cache.default", "custom_sdpa.default",
-                      "sdpa_with_kv_cache.default")
+UNQUALIFIED_LLAMA = ("update_cache.default", "custom_sdpa.default",
+                     "sdpa_with_kv_cache.default")
 
 
 def _alias(op: str) -> str:
-    return "llama." + op if op in _UNQUALIFIED_LLAMA else op
+    return "llama." + op if op in UNQUALIFIED_LLAMA else op
 
 
 def serialized_name(op: str) -> str:
     """The name a Vulkan payload gives ``op`` (a :data:`CONDITIONS` op): ``"llama.X.default"``
     is ``"X.default"`` for the llama ops above, every other op its own name."""
     bare = op.removeprefix("llama.")
-    return bare if bare in _UNQUALIFIED_LLAMA else op
+    return bare if bare in UNQUALIFIED_LLAMA else op
 
 
 #: the payload names of the ops with an ``uninitialized_state`` condition: state the runtime

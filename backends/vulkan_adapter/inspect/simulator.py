@@ -209,6 +209,7 @@ from .runtime_conditions import (
     NOT_SIMULATED,
     PREPACKED,
     SDPA_WITH_KV_CACHE,
+    UNQUALIFIED_LLAMA,
     RuntimeCondition,
     RuntimeSymInt,
     as_read_by_runtime,
@@ -861,8 +862,7 @@ def _no_op(d: _Delegate, who: str, ins: list[int], out: int) -> Any:
 
 #: serialized name -> the name the op is registered under with torch (a torch
 #: ``OpOverload`` of a non-aten namespace serializes without its namespace)
-_LLAMA_ALIASES = {f"{n}.default": f"llama.{n}.default"
-                  for n in ("update_cache", "custom_sdpa", "sdpa_with_kv_cache")}
+_LLAMA_ALIASES = {n: f"llama.{n}" for n in UNQUALIFIED_LLAMA}
 
 #: ops executed by :mod:`.quantized_ops` (runtime semantics), by serialized name
 RUNTIME_OP_NAMES: frozenset[str] = frozenset(RUNTIME_OPS) | frozenset(_LLAMA_ALIASES)

@@ -61,8 +61,6 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "optional_dtype": ("fusionkit.match.pattern", "None or one of some dtypes (an optional dtype= argument)"),
     "Constraint": ("fusionkit.check.constraints", "base class of operand constraints checked with the ExportedProgram"),
     "CheckContext": ("fusionkit.check.constraints", "what a constraint sees: captures, program, program inputs"),
-    "Failure": ("fusionkit.check.constraints", "a constraint's refusal: a MatchResult (step = its kind) naming the capture at fault"),
-    "Blame": ("fusionkit.check.constraints", "what CheckContext.fail returns: a Failure of kind custom (kept for checks' annotations)"),
     "PrepackableConstant": ("fusionkit.check.constraints", "operand must be a constant (optionally folded into one)"),
     "GraphLeaf": ("fusionkit.check.constraints", "operand must be a placeholder of the program"),
     "UserInput": ("fusionkit.check.constraints", "operand must be a user input of the program"),
@@ -108,7 +106,6 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "Status": ("fusionkit.result", "a result's verdict: fused, inside, declined, error, not_root"),
     "Step": ("fusionkit.result", "the step that decided a result (or a constraint's kind)"),
     "why_not": ("fusionkit.authoring.near_miss", "what one rule made of one node: fused, declined (why) or how far it got"),
-    "WhyNot": ("fusionkit.authoring.near_miss", "former name of :class:`MatchResult` (the verdict of :func:`why_not`)"),
 }
 
 #: former public names, kept for one release: name -> (module, attribute there, advice)
@@ -157,16 +154,13 @@ if TYPE_CHECKING:
     from fusionkit.authoring.from_example import TraceOptions as TraceOptions
     from fusionkit.authoring.from_example import pattern_from_function as pattern_from_function
     from fusionkit.authoring.from_example import rule_from_functions as rule_from_functions
-    from fusionkit.authoring.near_miss import WhyNot as WhyNot
     from fusionkit.authoring.near_miss import why_not as why_not
     from fusionkit.authoring.python_source import NotPrintable as NotPrintable
     from fusionkit.authoring.python_source import to_python as to_python
-    from fusionkit.check.constraints import Blame as Blame
     from fusionkit.check.constraints import CheckContext as CheckContext
     from fusionkit.check.constraints import Constraint as Constraint
     from fusionkit.check.constraints import Custom as Custom
     from fusionkit.check.constraints import DtypeIn as DtypeIn
-    from fusionkit.check.constraints import Failure as Failure
     from fusionkit.check.constraints import GraphLeaf as GraphLeaf
     from fusionkit.check.constraints import PrepackableConstant as PrepackableConstant
     from fusionkit.check.constraints import Rank as Rank

@@ -1,11 +1,11 @@
 """One reasoned result: what a rule made of one place in a program, and why.
 
 Every layer that says "why not" speaks this type: the matcher's near miss
-(``Search.result``), a constraint's refusal (``Failure``, which also names the capture
-at fault, and ``Blame``, what ``CheckContext.fail`` returns), the finder's declines
-(``Decline``), ``why_not``'s verdicts, a replacement that failed while a pass applied
-it (``ApplyFailure.result()``), the pass report, ``fusionkit explain`` and its JSON.
-The subclasses only add a field or a former spelling. A result has a
+(``Search.result``), a constraint's refusal (``Constraint.refuse``, ``CheckContext.fail``:
+they also name the capture at fault), the finder's declines (``Decline``, which only adds
+the finder's constructors), ``why_not``'s verdicts, a replacement that failed while a pass
+applied it (``ApplyFailure.result()``), the pass report, ``fusionkit explain`` and its
+JSON. A result has a
 :class:`Status` (fused, part of another match, declined, the rule's own code raised,
 never tried), the :class:`Step` that decided it (or the ``kind`` of the constraint that
 refused it), the node at fault and a sentence saying why. One class with one JSON shape
@@ -14,11 +14,23 @@ refused it), the node at fault and a sentence saying why. One class with one JSO
 
 from __future__ import annotations
 
+import enum
+import sys
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from torch.fx import Node
+
+if sys.version_info >= (3, 11):  # noqa: UP036  (Python 3.10 is supported: docs/versions.md)
+    from enum import StrEnum
+else:  # Python 3.10 (docs/versions.md)
+
+    class StrEnum(str, enum.Enum):  # noqa: UP042
+        """``enum.StrEnum`` of Python 3.11: members are strings; ``str()`` and ``format()``
+        give the value."""
+
+        def __str__(self) -> str:
+            return str(self.value)
 
 __all__ = ["MatchResult", "Status", "Step"]
 
@@ -77,15 +89,12 @@ class MatchResult:
     source: Any = field(default=None, compare=False, repr=False)
     #: for status ``error``: the exception's type name
     error_type: str | None = None
+    #: for a constraint's refusal: the capture at fault (None when it names none)
+    capture: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.status, Status):
             object.__setattr__(self, "status", Status(self.status))
-
-    @property
-    def outcome(self) -> Status:
-        """Former name of :attr:`status` (``WhyNot.outcome``)."""
-        return self.status
 
     @property
     def is_error(self) -> bool:

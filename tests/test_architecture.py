@@ -171,7 +171,7 @@ PUBLIC_API = {
         "any_float", "scalar", "one_of", "int_list", "seq", "outputs", "also", "CallOp",
         "PythonReplacement", "RuleError", "Match", "MatchSet", "Decline", "RuleIndex",
         "FusionReport", "ProgramInputs", "ConstantRef", "ConstantKind", "CompactConstantsPass",
-        "compact_tensor", "tensor_bytes", "pack_int4", "Failure", "op_key",
+        "compact_tensor", "tensor_bytes", "pack_int4", "op_key",
     ],
     "fusionkit.specs": ["load_specs", "load_spec_text", "rules_to_yaml"],
     "fusionkit.passes": ["builtin_rules", "rule_set", "rule_set_names"],

@@ -21,6 +21,7 @@ from fusionkit import (
     CheckContext,
     Custom,
     DtypeIn,
+    MatchResult,
     PythonReplacement,
     Rule,
     capture,
@@ -31,7 +32,7 @@ from fusionkit import (
 )
 from fusionkit.authoring.vocabulary import constraint_term
 from fusionkit.check.capture_parameters import UndeclaredCapture
-from fusionkit.check.constraints import Constraint, Failure
+from fusionkit.check.constraints import Constraint
 from fusionkit.rule import RuleError
 from fusionkit.specs import load_spec_text, rules_equal, rules_to_yaml
 
@@ -262,7 +263,7 @@ def test_a_constraint_class_stating_its_kind_again_is_refused() -> None:
             capture: str
             kind = "test_twice_kind"
 
-            def check(self, ctx: CheckContext) -> Failure | None:
+            def check(self, ctx: CheckContext) -> MatchResult | None:
                 return None
 
 

@@ -63,9 +63,9 @@ def test_find_matches_and_why_not_take_every_program_type(programs: dict[str, An
     verdict = why_not(program, rule, mul.name)
     assert verdict.at is mul
     if kind == "executorch":  # out variants: the rule (on aten.mul.Tensor) is not rooted there
-        assert ms.accepted == [] and verdict.outcome == "not_root"
+        assert ms.accepted == [] and verdict.status == "not_root"
     else:
-        assert [m.root for m in ms.accepted] == [mul] and verdict.outcome == "fused"
+        assert [m.root for m in ms.accepted] == [mul] and verdict.status == "fused"
 
 
 def test_fusion_pass_applies_to_an_edge_program_manager_in_place() -> None:

@@ -87,27 +87,27 @@ def test_why_not_names_the_step_the_expectation_and_what_was_found(program: Any)
     _, edge = program
     rule = addmm_rule()
     w = why_not(edge, rule, _add_of(edge, "bmm"))
-    assert (w.outcome, w.step) == ("declined", "structure")
+    assert (w.status, w.step) == ("declined", "structure")
     assert w.node is not None and "bmm" in w.node.name
     assert "expected aten.mm.default" in w.reason and "got" in w.reason
 
     fused = why_not(edge, rule, _add_of(edge, "mm_default"))
-    assert fused.outcome == "fused" and len(fused.matched) == 2
+    assert fused.status == "fused" and len(fused.matched) == 2
 
     bias = why_not(edge, rule, _add_of(edge, "mm_default_1"))
-    assert (bias.outcome, bias.step) == ("declined", "prepackable_constant")
+    assert (bias.status, bias.step) == ("declined", "prepackable_constant")
     assert bias.node is not None and bias.node.name == "e" and "not a constant" in bias.reason
     assert {n.name for n in bias.matched} >= {bias.at.name}
 
     mm = next(n for n in edge.graph.nodes if n.name == "aten_mm_default")
     inside = why_not(edge, rule, mm)
-    assert inside.outcome == "inside" and "addmm" in inside.reason
+    assert inside.status == "inside" and "addmm" in inside.reason
 
     relu_rule = Rule("relu_mm", op("aten.relu.default", op("aten.mm.default", capture("x"),
                                                             capture("w"))),
                      replace_with("aten.mm.default", ref("x"), ref("w")))
     not_root = why_not(edge, relu_rule, mm)
-    assert not_root.outcome == "not_root" and "aten.relu.default" in not_root.reason
+    assert not_root.status == "not_root" and "aten.relu.default" in not_root.reason
 
     with pytest.raises(KeyError, match="no node named"):
         why_not(edge, rule, "aten_add")

@@ -176,7 +176,7 @@ def test_literals_stay_exact_unless_a_wildcard_is_asked_for() -> None:
         r for r, e in eps_of.items() if abs(e - 1e-6) < 1e-12)
     other = next(r for r, e in eps_of.items() if abs(e - 1e-5) < 1e-12)
     w = why_not(ep, exact, other)
-    assert w.outcome == "declined" and w.step == "structure"
+    assert w.status == "declined" and w.step == "structure"
     assert "expected one of" in w.reason and "1e-06" in w.reason, w.reason
 
 

@@ -85,8 +85,6 @@ def test_why_not_gives_the_same_type_and_the_same_json_shape(edge: Any) -> None:
     fused = why_not(edge, addmm_rule(), ms.accepted[0].root)
     assert fused.status is Status.FUSED and fused.step == Step.FUSED
     assert fused.record()["nodes"] == [n.name for n in ms.accepted[0].claimed]
-    # the former name's field still reads
-    assert fused.outcome == "fused"
 
 
 def test_explain_json_accepted_and_declined_share_one_shape(edge: Any) -> None:
@@ -225,13 +223,13 @@ def _constraint_cases(edge: Any) -> list[tuple[Any, dict[str, Any], str]]:
         (ScalarRange("s", 0.0, 1.0), {"s": 2.0}, "s"),
         (Custom(lambda ctx, x: "x is the problem", "plain"), {"x": x}, "x"),
         (Custom(weight_is_bad, "named"), {"x": x, "w": w}, "w"),
-        (Custom(lambda ctx: ctx.blame("e", "e is the problem"), "old", ("x", "e")),
+        (Custom(lambda ctx: ctx.fail("e is the problem", at="e"), "old", ("x", "e")),
          {"x": x, "e": e}, "e"),
     ]
 
 
 def test_every_constraints_refusal_is_a_result_naming_its_capture(edge: Any) -> None:
-    from fusionkit import CheckContext, Failure
+    from fusionkit import CheckContext
     from fusionkit.check.program_inputs import ProgramInputs
 
     root = _adds(edge)[0]
@@ -239,67 +237,14 @@ def test_every_constraints_refusal_is_a_result_naming_its_capture(edge: Any) -> 
     for c, captures, blamed in cases:
         ctx = CheckContext(edge, ProgramInputs(edge), root, captures, rule="r")
         f = c.check(ctx)
-        assert isinstance(f, Failure) and isinstance(f, MatchResult), c
+        assert type(f) is MatchResult, c
         assert (f.status, f.rule, f.at, f.capture) == (Status.DECLINED, "r", root, blamed), c
         kind = f"custom:{c.name}" if c.kind == "custom" else c.kind
-        assert f.step == f.constraint == kind, c
+        assert f.step == kind, c
         captured = captures[blamed]
         assert f.node is (captured if isinstance(captured, torch.fx.Node) else None), c
         assert f.reason and set(f.record()) == RECORD_KEYS, c
     assert len({c.kind for c, _, _ in cases}) == 11  # every built-in kind, and custom
-
-
-def test_older_spellings_of_a_refusal_still_build_results(edge: Any) -> None:
-    import warnings
-
-    import fusionkit as fk
-
-    node = _adds(edge)[0]
-    f = fk.Failure("dtype", "x", node, "wrong dtype")  # the former four-field form
-    assert isinstance(f, MatchResult) and f.constraint == "dtype" and f.at is node
-    assert f == fk.Failure("dtype", "x", node, "wrong dtype") and f.status is Status.DECLINED
-    b = fk.Blame("why", "x", node)  # its former argument order
-    assert isinstance(b, fk.Failure) and (b.reason, b.capture, b.node, b.step) == (
-        "why", "x", node, "custom")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = fk.PrepackableConstant("x")._fail("x", node, "not constant")  # refuse's former form
-    assert isinstance(old, fk.Failure) and (old.step, old.capture, old.node, old.at, old.rule) == (
-        "prepackable_constant", "x", node, node, "")
-    assert [w.category for w in caught] == [DeprecationWarning] and "refuse" in str(
-        caught[0].message)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        from fusionkit.match.matcher import Search, StructuralFailure
-    assert StructuralFailure is Search
-    assert any(issubclass(w.category, DeprecationWarning) and "StructuralFailure" in str(w.message)
-               for w in caught)
-
-
-def test_the_project_itself_uses_no_older_spelling_of_a_refusal() -> None:
-    """Every constraint in fusionkit/, passes/ and backends/ refuses with ``refuse(ctx, ...)``
-    (rule and root filled in), never the deprecated ``_fail`` nor a four-field ``Failure``."""
-    import ast
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    old: list[str] = []
-    for folder in ("fusionkit", "passes", "backends"):
-        for path in sorted((root / folder).rglob("*.py")):
-            tree = ast.parse(path.read_text())
-            kept = {id(n) for f in ast.walk(tree)  # the deprecated form itself, kept for users
-                    if isinstance(f, ast.FunctionDef) and f.name == "_fail" for n in ast.walk(f)}
-            for n in ast.walk(tree):
-                if not isinstance(n, ast.Call) or id(n) in kept:
-                    continue
-                f = n.func
-                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-                where = f"{path.relative_to(root)}:{n.lineno}"
-                if name == "_fail" and isinstance(f, ast.Attribute):
-                    old.append(f"{where} calls _fail")
-                elif name == "Failure" and not {k.arg for k in n.keywords} >= {"rule", "root"}:
-                    old.append(f"{where} builds a Failure without rule= and root=")
-    assert not old, old
 
 
 def test_the_vulkan_delegation_refusal_names_its_rule_and_the_root() -> None:
@@ -309,7 +254,7 @@ def test_the_vulkan_delegation_refusal_names_its_rule_and_the_root() -> None:
     from executorch.exir import to_edge
     from executorch.exir.dialects._ops import ops as exir_ops
 
-    from fusionkit import CheckContext, Failure
+    from fusionkit import CheckContext
     from fusionkit.backends.vulkan_adapter import VulkanPartitioner, transform_passes
     from fusionkit.backends.vulkan_adapter.delegation import DelegatedByVulkan
 
@@ -339,7 +284,7 @@ def test_the_vulkan_delegation_refusal_names_its_rule_and_the_root() -> None:
     refusals = [(ctx, f) for ctx, f in seen if f is not None]
     assert refusals, "the blocked rms_norm fusion was never refused"
     for ctx, f in refusals:
-        assert isinstance(f, Failure) and isinstance(f, MatchResult)
+        assert type(f) is MatchResult
         assert f.rule == ctx.rule != "" and f.at is ctx.root and f.node is ctx.root
         assert f.step == "delegated_by_vulkan_partitioner" and f.status is Status.DECLINED
         assert "rms_norm" in f.reason and set(f.record()) == RECORD_KEYS

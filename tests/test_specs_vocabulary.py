@@ -248,8 +248,8 @@ def test_old_names_are_errors_that_name_the_new_one(old: str, new: str, hint: st
 
 # ------------------------------------------------------------ the node at fault
 
-def blame_bias(ctx: fk.CheckContext) -> fk.Blame:
-    return ctx.blame("bias", "the bias is the problem")
+def blame_bias(ctx: fk.CheckContext) -> fk.MatchResult:
+    return ctx.fail("the bias is the problem", at="bias")
 
 
 def test_a_custom_check_names_its_node_at_fault() -> None:

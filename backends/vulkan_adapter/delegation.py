@@ -46,7 +46,7 @@ from executorch.backends.vulkan import utils as vk_utils
 from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanSupportedOperators
 from torch.fx import Node
 
-from fusionkit import CheckContext, Constraint, Failure, Replacement, Rule, op_key
+from fusionkit import CheckContext, Constraint, MatchResult, Replacement, Rule, op_key
 from fusionkit.apply.meta_cache import metadata_key
 
 from .probe import probe
@@ -254,7 +254,7 @@ class DelegatedByVulkan(Constraint):
                                                   tuple(inventory.missing_operators()))
         return (tuple(names), key, folds, runtime)
 
-    def check(self, ctx: CheckContext) -> Failure | None:
+    def check(self, ctx: CheckContext) -> MatchResult | None:
         inventory = runtime_inventory(self.runtime)
         key = self._memo_key(ctx, inventory)
         if key is None:

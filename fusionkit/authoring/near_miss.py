@@ -21,10 +21,7 @@ from fusionkit.program import ProgramLike, as_exported_program
 from fusionkit.result import MatchResult, Status, Step
 from fusionkit.rule import Rule
 
-__all__ = ["MatchResult", "WhyNot", "why_not"]
-
-#: the verdict of :func:`why_not` is the one result type (``WhyNot`` is its former name)
-WhyNot = MatchResult
+__all__ = ["why_not"]
 
 
 def _node_named(ep: ExportedProgram, name: str) -> Node:
@@ -41,7 +38,7 @@ def _node_named(ep: ExportedProgram, name: str) -> Node:
 
 
 def why_not(ep: ProgramLike, rule: Rule | str, at: str | Node, *,
-            rules: Sequence[Rule] | None = None, matches: MatchSet | None = None) -> WhyNot:
+            rules: Sequence[Rule] | None = None, matches: MatchSet | None = None) -> MatchResult:
     """What ``rule`` made of node ``at`` (a node or its name) in ``ep``.
 
     ``rules`` is the whole rule set the rule runs with (other rules' matches can
@@ -63,21 +60,21 @@ def why_not(ep: ProgramLike, rule: Rule | str, at: str | Node, *,
     ms = matches if matches is not None else find_matches(ep, rule_set, all_near_misses=True)
     for m in ms.accepted:
         if m.root is node and m.rule.name == name:
-            return WhyNot(name, node, Status.FUSED, Step.FUSED, None,
+            return MatchResult(name, node, Status.FUSED, Step.FUSED, None,
                           f"fused: {len(m.claimed)} nodes replaced", tuple(m.claimed), m)
     for m in ms.accepted:
         if node in m.claimed:
             what = "its root" if m.root is node else f"inside the match at `{m.root.name}`"
-            return WhyNot(name, node, Status.INSIDE, Step.OVERLAP, node,
+            return MatchResult(name, node, Status.INSIDE, Step.OVERLAP, node,
                           f"`{node.name}` is {what} of rule {m.rule.name}, which claimed it first",
                           tuple(m.claimed), m)
     for d in ms.declined:
         if d.root is node and d.rule == name:
             claimed = tuple(getattr(d, "claimed", ()) or (node,))
-            return WhyNot(name, node, d.status, d.step, d.node, d.reason, claimed, d, d.error_type)
+            return MatchResult(name, node, d.status, d.step, d.node, d.reason, claimed, d, d.error_type)
     key = op_key(node.target) if node.op == "call_function" else None
     want = " or ".join(sorted(the_rule.root_keys))
     got = key or (f"a {node.op} node" if node.op != "call_function" else str(node.target))
-    return WhyNot(name, node, Status.NOT_ROOT, Step.ROOT, node,
+    return MatchResult(name, node, Status.NOT_ROOT, Step.ROOT, node,
                   f"the rule's pattern is rooted at {want}; `{node.name}` is {got}",
                   (), None)

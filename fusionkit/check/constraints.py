@@ -1,10 +1,9 @@
 """Operand constraints, all checked in one phase that has the ExportedProgram.
 
 A constraint looks at the captures of a structural match and either accepts it
-or returns a :class:`Failure` that says, in a sentence, why the fused op would
-be wrong. A Failure is the one reasoned result type
-(:class:`~fusionkit.result.MatchResult`: status ``declined``, step the
-constraint's kind) that also names the capture at fault. Constraints never modify the program; the one that may *fold* a
+or refuses it with a :class:`~fusionkit.result.MatchResult` that says, in a sentence,
+why the fused op would be wrong (status ``declined``, step the constraint's kind,
+``capture`` the capture at fault). Constraints never modify the program; the one that may *fold* a
 constant expression only records a plan (:meth:`CheckContext.plan_fold`) that
 the rewrite carries out after every match has been decided.
 """
@@ -12,11 +11,10 @@ the rewrite carries out after every match has been decided.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
@@ -30,12 +28,10 @@ from fusionkit.result import MatchResult, Status
 
 __all__ = [
     "SHAPE_RELATIONS",
-    "Blame",
     "CheckContext",
     "Constraint",
     "Custom",
     "DtypeIn",
-    "Failure",
     "GraphLeaf",
     "PrepackableConstant",
     "Rank",
@@ -49,59 +45,6 @@ __all__ = [
     "constant_fold_sources",
     "named_shape_relation",
 ]
-
-
-class Failure(MatchResult):
-    """Why one constraint rejected a match: a :class:`~fusionkit.result.MatchResult`
-    (status ``declined``, ``step`` the constraint's kind) that also names the capture at
-    fault (``capture``; None when the failure is about no one capture).
-
-    Built as ``Failure(kind, capture, node, reason, rule=..., root=...)``; a constraint
-    makes one with :meth:`Constraint.refuse`, which fills in the rule and the match's
-    root from its :class:`CheckContext`. Made without ``root`` (the older four-field
-    form) its root is the node at fault until the finder reports it at the match's root.
-    """
-
-    capture: str | None
-
-    def __init__(self, constraint: str, capture: str | None, node: Node | None, reason: str,
-                 *, rule: str = "", root: Node | None = None) -> None:
-        at = root if root is not None else node
-        super().__init__(rule, cast(Node, at), Status.DECLINED, constraint, node, reason)
-        object.__setattr__(self, "capture", capture)
-
-    @property
-    def constraint(self) -> str:
-        """The kind of the constraint that refused the match (:attr:`step`)."""
-        return self.step
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Failure):
-            return NotImplemented
-        return ((self.step, self.capture, self.node, self.reason, self.rule, self.at)
-                == (other.step, other.capture, other.node, other.reason, other.rule, other.at))
-
-    def __hash__(self) -> int:
-        return hash((self.step, self.capture, self.node, self.reason))
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(step={self.step!r}, capture={self.capture!r}, "
-                f"node={self.node!r}, reason={self.reason!r})")
-
-
-class Blame(Failure):
-    """What :meth:`CheckContext.fail` returns: a custom check's :class:`Failure` (so a
-    MatchResult) naming the capture at fault, of kind ``custom`` until the
-    :class:`Custom` running the check names it ``custom:NAME``.
-
-    Not a concept of its own: kept because checks annotate their result with it
-    (``-> str | Blame | None``) and because of its argument order,
-    ``Blame(reason, capture, node)``. New code may annotate ``Failure``.
-    """
-
-    def __init__(self, reason: str, capture: str | None, node: Node | None, *,
-                 rule: str = "", root: Node | None = None) -> None:
-        super().__init__("custom", capture, node, reason, rule=rule, root=root)
 
 
 @dataclass
@@ -132,24 +75,28 @@ class CheckContext:
     def plan_fold(self, name: str, node: Node) -> None:
         self.folds[name] = node
 
-    def fail(self, reason: str, at: str | Node) -> Blame:
+    def fail(self, reason: str, at: str | Node) -> MatchResult:
         """A check's reason together with what it is about: a capture or a node of the graph.
 
         ``return ctx.fail("bias must be constant", at="bias")``. ``at`` is a capture
         name or a node — a capture parameter's value names that capture. A bare
         sentence is about the check's first capture parameter; say ``at=`` when
-        the culprit is another one.
+        the culprit is another one. Its step is ``custom`` until the :class:`Custom`
+        running the check names it ``custom:NAME``.
         """
         if isinstance(at, str):
-            return Blame(reason, at, self.node(at), rule=self.rule, root=self.root)
+            return self.refusal("custom", at, self.node(at), reason)
         for name, v in self.captures.items():
             if v is at:
-                return Blame(reason, name, at, rule=self.rule, root=self.root)
-        return Blame(reason, None, at, rule=self.rule, root=self.root)
+                return self.refusal("custom", name, at, reason)
+        return self.refusal("custom", None, at, reason)
 
-    def blame(self, at: str | Node, reason: str) -> Blame:
-        """The same as :meth:`fail` with the arguments the other way round (kept for old checks)."""
-        return self.fail(reason, at)
+    def refusal(self, kind: str, capture: str | None, node: Any, reason: str) -> MatchResult:
+        """A refusal of this context's match by a constraint of ``kind``, blaming ``capture``
+        (and ``node``, when it is a node of the graph)."""
+        return MatchResult(self.rule, self.root, Status.DECLINED, kind,
+                           node if isinstance(node, Node) else None, reason,
+                           capture=capture)
 
 
 def _label(name: str, v: Any) -> str:
@@ -178,22 +125,14 @@ class Constraint(ABC):
         return out
 
     @abstractmethod
-    def check(self, ctx: CheckContext) -> Failure | None:
-        """None when satisfied, else the reasoned failure."""
+    def check(self, ctx: CheckContext) -> MatchResult | None:
+        """None when satisfied, else the reasoned refusal."""
 
-    def refuse(self, ctx: CheckContext, capture: str | None, node: Any, reason: str) -> Failure:
+    def refuse(self, ctx: CheckContext, capture: str | None, node: Any, reason: str
+               ) -> MatchResult:
         """This constraint's refusal of ``ctx``'s match, blaming ``capture`` (and ``node``,
         when it is a node of the graph)."""
-        return Failure(self.kind, capture, node if isinstance(node, Node) else None, reason,
-                       rule=ctx.rule, root=ctx.root)
-
-    def _fail(self, capture: str | None, node: Any, reason: str) -> Failure:
-        """Deprecated: the older form of :meth:`refuse`, without the context. Its failure
-        names no rule and sits at the node at fault until the finder places it."""
-        warnings.warn(f"{type(self).__name__}._fail(capture, node, reason) is deprecated and "
-                      "goes away in 0.2; return self.refuse(ctx, capture, node, reason)",
-                      DeprecationWarning, stacklevel=2)
-        return Failure(self.kind, capture, node if isinstance(node, Node) else None, reason)
+        return ctx.refusal(self.kind, capture, node, reason)
 
 
 # ------------------------------------------------------------------------ the built-ins
@@ -216,7 +155,7 @@ class PrepackableConstant(Constraint):
     role: str = "the fused op prepacks it"
 
 
-    def check(self, ctx: CheckContext) -> Failure | None:
+    def check(self, ctx: CheckContext) -> MatchResult | None:
         v = ctx.captures.get(self.capture)
         if not isinstance(v, Node):
             return self.refuse(ctx, self.capture, None,
@@ -253,7 +192,7 @@ class GraphLeaf(Constraint):
     capture: str
 
 
-    def check(self, ctx: CheckContext) -> Failure | None:
+    def check(self, ctx: CheckContext) -> MatchResult | None:
         v = ctx.captures.get(self.capture)
         if isinstance(v, Node) and v.op == "placeholder":
             return None
@@ -269,7 +208,7 @@ class UserInput(Constraint):
     capture: str
 
 
-    def check(self, ctx: CheckContext) -> Failure | None:
+    def check(self, ctx: CheckContext) -> MatchResult | None:
         v = ctx.captures.get(self.capture)
         if isinstance(v, Node) and ctx.inputs.is_user_input(v):
             return None
@@ -294,7 +233,7 @@ class DtypeIn(Constraint):
         object.__setattr__(self, "dtypes", frozenset(self.dtypes))
 
 
-    def check(self, ctx: CheckContext) -> Failure | None:
+    def check(self, ctx: CheckContext) -> MatchResult | None:
         t = _tensor_val(ctx, self.capture)
         if t is not None and t.dtype in self.dtypes:
             return None
@@ -317,7 +256,7 @@ class Rank(Constraint):
         object.__setattr__(self, "ranks", frozenset(self.ranks))
 
 
-    def check(self, ctx: CheckContext) -> Failure | None:
+    def check(self, ctx: CheckContext) -> MatchResult | None:
         t = _tensor_val(ctx, self.capture)
         if t is not None and t.dim() in self.ranks:
             return None
@@ -335,7 +274,7 @@ class StaticShape(Constraint):
     capture: str
 
 
-    def check(self, ctx: CheckContext) -> Failure | None:
+    def check(self, ctx: CheckContext) -> MatchResult | None:
         t = _tensor_val(ctx, self.capture)
         if t is not None and all(isinstance(d, int) for d in t.shape):
             return None
@@ -353,7 +292,7 @@ class SameDtype(Constraint):
     b: str
 
 
-    def check(self, ctx: CheckContext) -> Failure | None:
+    def check(self, ctx: CheckContext) -> MatchResult | None:
         ta, tb = _tensor_val(ctx, self.a), _tensor_val(ctx, self.b)
         if ta is not None and tb is not None and ta.dtype == tb.dtype:
             return None
@@ -376,7 +315,7 @@ class ShapeRelation(Constraint):
     relation_name: str | None = None
 
 
-    def check(self, ctx: CheckContext) -> Failure | None:
+    def check(self, ctx: CheckContext) -> MatchResult | None:
         ta, tb = _tensor_val(ctx, self.a), _tensor_val(ctx, self.b)
         if ta is not None and tb is not None and self.relation(tuple(ta.shape), tuple(tb.shape)):
             return None
@@ -441,7 +380,7 @@ class ReducesLastDim(Constraint):
     x: str
 
 
-    def check(self, ctx: CheckContext) -> Failure | None:
+    def check(self, ctx: CheckContext) -> MatchResult | None:
         t = _tensor_val(ctx, self.x)
         dims = ctx.captures.get(self.dim)
         if isinstance(dims, int) and not isinstance(dims, bool):
@@ -465,7 +404,7 @@ class ScalarRange(Constraint):
     hi: float | None = None
 
 
-    def check(self, ctx: CheckContext) -> Failure | None:
+    def check(self, ctx: CheckContext) -> MatchResult | None:
         v = ctx.captures.get(self.capture)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if (self.lo is None or v >= self.lo) and (self.hi is None or v <= self.hi):
@@ -495,7 +434,7 @@ class Custom(Constraint):
     ``ctx.captures`` lists its captures in ``reads`` by hand.
     """
 
-    fn: Callable[..., str | Failure | None]
+    fn: Callable[..., str | MatchResult | None]
     name: str
     reads: tuple[str, ...] = ()
     #: the capture parameters of ``fn`` (None: an ``fn(ctx)`` with hand-listed ``reads``)
@@ -514,7 +453,7 @@ class Custom(Constraint):
             listed = params.names
         object.__setattr__(self, "reads", listed)
 
-    def check(self, ctx: CheckContext) -> Failure | None:
+    def check(self, ctx: CheckContext) -> MatchResult | None:
         params = self.parameters
         if params is None:
             reason = self.fn(ctx)
@@ -524,12 +463,11 @@ class Custom(Constraint):
             reason = self.fn(seen, **params.arguments(ctx.captures))
         if reason is None:
             return None
-        if isinstance(reason, Blame):  # the check named its capture at fault: its kind is ours
-            return Failure(f"custom:{self.name}", reason.capture, reason.node, reason.reason,
-                           rule=ctx.rule, root=ctx.root)
-        if isinstance(reason, Failure):  # a refusal of its own kind
-            return reason
+        if isinstance(reason, MatchResult):
+            if reason.step != "custom":  # a refusal of its own kind
+                return reason
+            # ctx.fail: the check named its capture at fault; its kind is ours
+            return ctx.refusal(f"custom:{self.name}", reason.capture, reason.node, reason.reason)
         first = self.reads[0] if self.reads else None
         node = ctx.captures.get(first) if first is not None else None
-        return Failure(f"custom:{self.name}", first, node if isinstance(node, Node) else None,
-                       reason, rule=ctx.rule, root=ctx.root)
+        return ctx.refusal(f"custom:{self.name}", first, node, reason)

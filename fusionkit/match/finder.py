@@ -18,7 +18,7 @@ from typing import Any
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from fusionkit.check.constraints import CheckContext, Failure
+from fusionkit.check.constraints import CheckContext
 from fusionkit.check.executable import ExecutionTarget, ReplacementCheck
 from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.match.gates import GATE_DEPTH, Gate, GateLike, gate_of, graph_op_keys, specialize
@@ -414,7 +414,7 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
     ctx = CheckContext(ep, inputs, root, b.captures, allow_folding=allow_folding, rule=rule.name)
     for c in rule.constraints:
         try:
-            failure: Failure | None = c.check(ctx)
+            failure: MatchResult | None = c.check(ctx)
         except Exception as e:
             if strict:
                 e.add_note(f"fusionkit: in constraint {c.kind} of rule {rule.name!r} at "

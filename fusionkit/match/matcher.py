@@ -701,14 +701,3 @@ def match_pattern(pattern: Pattern, root: Node, inputs: ProgramInputs, limit: in
     _, failure = compile_pattern(pattern).search(root, inputs, collect)
     return iter(found), failure
 
-
-def __getattr__(name: str) -> Any:
-    if name == "StructuralFailure":  # the deepest failure is held by the Search itself now
-        import warnings
-
-        warnings.warn("fusionkit.match.matcher.StructuralFailure is deprecated and goes away in "
-                      "0.2: the search's deepest failure is CompiledPattern.search's Search; "
-                      "Search.result(rule) gives it as a MatchResult", DeprecationWarning,
-                      stacklevel=2)
-        return Search
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

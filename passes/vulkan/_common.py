@@ -18,10 +18,10 @@ import torch
 from torch.fx import Node
 
 from fusionkit import (
-    Blame,
     CheckContext,
     Custom,
     DtypeIn,
+    MatchResult,
     Pattern,
     PythonReplacement,
     Rank,
@@ -86,7 +86,7 @@ def constant_tensor(ctx: CheckContext, v: Any) -> torch.Tensor | None:
     return None if ref is None else ref.tensor
 
 
-def optional_constant(ctx: CheckContext, v: Any, label: str, role: str) -> Blame | None:
+def optional_constant(ctx: CheckContext, v: Any, label: str, role: str) -> MatchResult | None:
     """None when ``v`` (a capture parameter's value, ``label`` in messages) is absent (None) or
     a constant tensor; else why not, blamed on ``v`` itself (a literal, which has no node of its
     own: on the root).

@@ -30,10 +30,9 @@ import torch
 from torch.fx import Node
 
 from fusionkit import (
-    Blame,
     CheckContext,
     Custom,
-    Failure,
+    MatchResult,
     PrepackableConstant,
     PythonReplacement,
     Rewriter,
@@ -84,7 +83,7 @@ def _mm_to_linear(rw: Rewriter, x: Node, wt: Node) -> Node:
     return rw.call(LINEAR, x, wt.args[0])
 
 
-def _identity_view(ctx: CheckContext, linear: Node) -> str | Blame | None:
+def _identity_view(ctx: CheckContext, linear: Node) -> str | MatchResult | None:
     """The view's shape is the linear's output shape: it changes nothing."""
     view = ctx.root
     a, b = linear.meta.get("val"), view.meta.get("val")
@@ -111,7 +110,7 @@ PREPACKED_WEIGHT = PrepackableConstant(
               "prepack_fp_linear_weight), its addmm/mm does not")
 
 
-def _prepackable_weight(ctx: CheckContext, wt: Any) -> Failure | None:
+def _prepackable_weight(ctx: CheckContext, wt: Any) -> MatchResult | None:
     """:data:`PREPACKED_WEIGHT` of the weight ``wt`` transposes, where a dequantize of a
     constant counts as one (a quantized weight: FuseQuantizedOps packs it, or the
     partitioner keeps it off).

@@ -44,8 +44,8 @@ from torch.export.graph_signature import ExportGraphSignature, OutputSpec, Tenso
 from torch.fx import Node
 
 from fusionkit import (
-    Blame,
     CheckContext,
+    MatchResult,
     PrepackableConstant,
     PythonReplacement,
     Rank,
@@ -193,7 +193,7 @@ def _output_only(ctx: CheckContext, bn: Node) -> str | None:
 FOLD_ROLE = "its value is folded into the new weight and bias at lowering time"
 
 
-def _bias_constant(ctx: CheckContext, b: Node | None = None) -> Blame | None:
+def _bias_constant(ctx: CheckContext, b: Node | None = None) -> MatchResult | None:
     """A bias, when there is one, is folded too: it must be a constant."""
     return optional_constant(ctx, b, "bias", FOLD_ROLE)
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit import CheckContext, MatchResult, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.passes._provenance import keep_provenance
 from fusionkit.passes.registry import register_rules
 
@@ -53,7 +53,7 @@ def _dtype(v: Any) -> torch.dtype | None:
     return val.dtype if isinstance(val, torch.Tensor) else None
 
 
-def _mixed_dtypes(ctx: CheckContext, lhs: Any, rhs: Any) -> str | Blame | None:
+def _mixed_dtypes(ctx: CheckContext, lhs: Any, rhs: Any) -> str | MatchResult | None:
     """The stock test, and the result dtype the float32 promotion keeps."""
     a, b = _dtype(lhs), _dtype(rhs)
     if a is None or b is None:

@@ -28,7 +28,16 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op, op_key
+from fusionkit import (
+    CheckContext,
+    MatchResult,
+    PythonReplacement,
+    Rewriter,
+    Rule,
+    capture,
+    op,
+    op_key,
+)
 from fusionkit.passes.registry import register_rules
 
 from ._common import constraint
@@ -82,7 +91,7 @@ def _value(n: Any) -> torch.Tensor | None:
     return v if isinstance(v, torch.Tensor) else None
 
 
-def _folds_a_quantize(ctx: CheckContext, q: Any) -> str | Blame | None:
+def _folds_a_quantize(ctx: CheckContext, q: Any) -> str | MatchResult | None:
     """``q`` is a quantize of a graph value with the dequantize's dtype and shape."""
     dq = ctx.root
     if not (isinstance(q, Node) and q.op == "call_function" and op_key(q.target) in Q_OPS):

@@ -38,9 +38,9 @@ import torch
 from torch.fx import Node
 
 from fusionkit import (
-    Blame,
     CheckContext,
     DtypeIn,
+    MatchResult,
     Pattern,
     PrepackableConstant,
     PythonReplacement,
@@ -114,7 +114,7 @@ def _conv_geometry(ctx: CheckContext, weight: Node, w_scales: Node, axis: Any, w
                    stride: Any, padding: Any, dilation: Any, groups: Any,
                    # bound by aten.convolution only (aten.conv2d has neither)
                    transposed: Any = False, output_padding: Any = (0, 0)
-                   ) -> str | Blame | None:
+                   ) -> str | MatchResult | None:
     w = shape(weight)
     if w is None or len(w) != 4:
         return f"weight {w} is not a 2-D convolution weight"

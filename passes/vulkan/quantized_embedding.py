@@ -31,9 +31,9 @@ import torch
 from torch.fx import Node
 
 from fusionkit import (
-    Blame,
     CheckContext,
     DtypeIn,
+    MatchResult,
     PrepackableConstant,
     PythonReplacement,
     Rank,
@@ -67,7 +67,7 @@ def pack_linear_q4(unpacked: torch.Tensor) -> torch.Tensor:
 
 
 def _geometry(ctx: CheckContext, weight: Node, scales: Node, embed_dim: int, group: int
-              ) -> str | Blame | None:
+              ) -> str | MatchResult | None:
     if group <= 0 or embed_dim % group:
         return f"group size {group} does not tile embed_dim {embed_dim}"
     if group % 4:
@@ -92,7 +92,7 @@ def _torchao_embedding_int4(ctx: CheckContext, weight: Node) -> str | None:
 
 
 def _torchao_embedding_geometry(ctx: CheckContext, weight: Node, scales: Node,
-                                block_size: Any) -> str | Blame | None:
+                                block_size: Any) -> str | MatchResult | None:
     w = shape(weight)
     return _geometry(ctx, weight, scales, int(w[1]) if w else 0, int(block_size[1]))
 
@@ -135,7 +135,7 @@ def _embedding_4bit_zp(ctx: CheckContext, zero_point: Any) -> str | None:
 
 
 def _embedding_4bit_geometry(ctx: CheckContext, weight: Node, scales: Node
-                             ) -> str | Blame | None:
+                             ) -> str | MatchResult | None:
     w, s = shape(weight), shape(scales)
     if w is None or s is None:
         return "weight or scales has no shape"

@@ -54,10 +54,10 @@ import torch.nn.functional as F
 from torch.fx import Node
 
 from fusionkit import (
-    Blame,
     CheckContext,
     Constraint,
     DtypeIn,
+    MatchResult,
     Pattern,
     PrepackableConstant,
     PythonReplacement,
@@ -106,7 +106,7 @@ def _linear(inp: Pattern, wdq: Pattern) -> Pattern:
 
 
 def _bmm_ok(ctx: CheckContext, weight: Node, bmm: Node | None = None,
-            bmm_weight: Node | None = None) -> str | Blame | None:
+            bmm_weight: Node | None = None) -> str | MatchResult | None:
     """A bmm anchor: batch 1 (as the stock detector requires) and the weight operand W^T[None]."""
     if bmm is None:
         return None
@@ -142,7 +142,7 @@ def _linear_int8_values(ctx: CheckContext, weight: Node) -> str | None:
     return in_int_range(ctx, weight, -127, 127, "weight")
 
 
-def _linear_bias(ctx: CheckContext, weight: Node, bias: Any = None) -> str | Blame | None:
+def _linear_bias(ctx: CheckContext, weight: Node, bias: Any = None) -> str | MatchResult | None:
     if bias is None:
         return None
     if not isinstance(bias, Node) or ctx.inputs.constant(bias) is None:
@@ -202,7 +202,7 @@ def _common_constraints(bits: int, viewed_input: bool = False) -> list[Constrain
 
 
 def _per_channel(ctx: CheckContext, weight: Node, w_scales: Node, axis: Any, w_qmin: Any
-                 ) -> str | Blame | None:
+                 ) -> str | MatchResult | None:
     if axis != 0:
         return f"weight quantized along axis {axis}, not 0 (output channels)"
     if w_qmin not in (-127, -128):
@@ -277,7 +277,7 @@ def _requantized(n: Node) -> bool:
     return False
 
 
-def _q8csw_not_requantized(ctx: CheckContext) -> str | Blame | None:
+def _q8csw_not_requantized(ctx: CheckContext) -> str | MatchResult | None:
     if _requantized(ctx.root):  # about the root's output: it reads no capture
         return ctx.fail("the output is re-quantized: that is the q8ta_linear route "
                         "(quantized_linear_q8ta), not linear_q8ta_q8csw", at=ctx.root)
@@ -313,7 +313,7 @@ def q8csw_linear_rule(name: str = "quantized_linear_q8csw") -> Rule:
 
 
 def _per_group(ctx: CheckContext, weight: Node, w_scales: Node, block_size: Any
-               ) -> str | Blame | None:
+               ) -> str | MatchResult | None:
     w, s, g = shape(weight), shape(w_scales), block_size[1]
     if w is None or w[1] % g:
         return f"weight {w} with group size {g} needs scales [N, K/G], got {s}"
@@ -403,7 +403,7 @@ def _choose_qparams_item(v: Any, index: int) -> Node | None:
 
 
 def _dynamic_per_token(ctx: CheckContext, x: Node, in_scale: Any, in_zp: Any, in_block: Any
-                       ) -> str | Blame | None:
+                       ) -> str | MatchResult | None:
     xs, block = shape(x), in_block
     if xs is None or list(block) != [1] * (len(xs) - 1) + [xs[-1]]:
         return f"input block size {block} is not per token (one group per row of {xs})"

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit import CheckContext, MatchResult, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.passes.registry import register_rules
 
 from ._common import constraint
@@ -33,7 +33,7 @@ FIRST_ARG_OPS: tuple[str, ...] = (
 COPY = "aten.copy.default"  # copy(self, src): the source is src
 
 
-def _same_dtype_and_shape(ctx: CheckContext, src: Any) -> str | Blame | None:
+def _same_dtype_and_shape(ctx: CheckContext, src: Any) -> str | MatchResult | None:
     node = ctx.root
     a, b = getattr(src, "meta", {}).get("val"), node.meta.get("val")
     if not isinstance(a, torch.Tensor):

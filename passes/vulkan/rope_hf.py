@@ -38,8 +38,8 @@ import torch
 from torch.fx import Node
 
 from fusionkit import (
-    Blame,
     CheckContext,
+    MatchResult,
     Pattern,
     Rewriter,
     Rule,
@@ -146,7 +146,7 @@ def _hf_rope_geometry(ctx: CheckContext, xq: Node, xk: Node, xq_out: Node, xk_ou
     return None
 
 
-def _hf_rope_tables(ctx: CheckContext, freqs_cos: Node, freqs_sin: Node) -> Blame | None:
+def _hf_rope_tables(ctx: CheckContext, freqs_cos: Node, freqs_sin: Node) -> MatchResult | None:
     """The runtime's apply_rotary_emb_hf reads only the first half of each table (for both
     halves): fuse only tables whose halves are provably equal (:mod:`.rope_tables`)."""
     for label, n in (("freqs_cos", freqs_cos), ("freqs_sin", freqs_sin)):

@@ -47,10 +47,10 @@ import torch
 from torch.fx import Node
 
 from fusionkit import (
-    Blame,
     CheckContext,
     DtypeIn,
     GraphLeaf,
+    MatchResult,
     PythonReplacement,
     Rank,
     Rewriter,
@@ -75,7 +75,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _sdpa_updates(ctx: CheckContext, k_update: Node, v_update: Node, k_cache: Node,
-                  v_cache: Node, k_pos: Any, v_pos: Any, start_pos: Any) -> str | Blame | None:
+                  v_cache: Node, k_pos: Any, v_pos: Any, start_pos: Any) -> str | MatchResult | None:
     order = {n: i for i, n in enumerate(ctx.root.graph.nodes)}
     for p, upd, cache, pos in (("k", k_update, k_cache, k_pos), ("v", v_update, v_cache, v_pos)):
         if upd.users:
@@ -108,7 +108,7 @@ def _initial_value(ctx: CheckContext, n: Node) -> torch.Tensor | None:
     return t if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) else None
 
 
-def _sdpa_initial_caches(ctx: CheckContext, k_cache: Node, v_cache: Node) -> str | Blame | None:
+def _sdpa_initial_caches(ctx: CheckContext, k_cache: Node, v_cache: Node) -> str | MatchResult | None:
     for p, cache in (("k", k_cache), ("v", v_cache)):
         t = _initial_value(ctx, cache)
         if t is not None and bool(t.any()):

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit import CheckContext, MatchResult, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.passes.registry import register_rules
 
 from ._common import constraint
@@ -73,7 +73,7 @@ def _static_shape(v: Any) -> list[int] | None:
     return dims if all(isinstance(d, int) for d in dims) else None
 
 
-def _squeezable_input(ctx: CheckContext, x: Any) -> str | Blame | None:
+def _squeezable_input(ctx: CheckContext, x: Any) -> str | MatchResult | None:
     shape = _static_shape(x)
     if shape is None:
         val = x.meta.get("val") if isinstance(x, Node) else None

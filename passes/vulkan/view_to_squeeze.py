@@ -18,7 +18,16 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, int_list, op
+from fusionkit import (
+    CheckContext,
+    MatchResult,
+    PythonReplacement,
+    Rewriter,
+    Rule,
+    capture,
+    int_list,
+    op,
+)
 from fusionkit.passes.registry import register_rules
 
 from ._common import constraint
@@ -72,7 +81,7 @@ def _shape(x: Any) -> list[int] | None:
     return list(val.shape) if isinstance(val, torch.Tensor) else None
 
 
-def _squeezes(ctx: CheckContext, x: Node, shape: Any) -> str | Blame | None:
+def _squeezes(ctx: CheckContext, x: Node, shape: Any) -> str | MatchResult | None:
     xs, view = _shape(x), list(shape)
     if xs is None or not squeeze_dims(xs, view):
         # about the view (its shape is a literal of the root), not its input
@@ -80,7 +89,7 @@ def _squeezes(ctx: CheckContext, x: Node, shape: Any) -> str | Blame | None:
     return None
 
 
-def _unsqueezes(ctx: CheckContext, x: Node, shape: Any) -> str | Blame | None:
+def _unsqueezes(ctx: CheckContext, x: Node, shape: Any) -> str | MatchResult | None:
     xs, view = _shape(x), list(shape)
     if xs is None or not unsqueeze_dim(xs, view):  # 0: left as a view, as stock does
         return ctx.fail(f"the view {xs} -> {view} does not add one size-1 dim after dim 0",

@@ -54,8 +54,8 @@ import torch
 from torch.fx import Node
 
 from fusionkit import (
-    Blame,
     CheckContext,
+    MatchResult,
     PrepackableConstant,
     PythonReplacement,
     Rewriter,
@@ -94,7 +94,7 @@ def _affine_pattern() -> Any:
             | op(LINEAR, capture("x"), wdq, lit(None) | capture("bias")))
 
 
-def _float_input(ctx: CheckContext, x: Node) -> str | Blame | None:
+def _float_input(ctx: CheckContext, x: Node) -> str | MatchResult | None:
     """The stock test: a dequantized input means a dynamically quantized linear."""
     import executorch.backends.vulkan.utils as vk_utils
 
@@ -105,7 +105,7 @@ def _float_input(ctx: CheckContext, x: Node) -> str | Blame | None:
 
 
 def _per_output_channel(ctx: CheckContext, weight: Node, scales: Node, axis: Any
-                        ) -> str | Blame | None:
+                        ) -> str | MatchResult | None:
     w, s = shape(weight), shape(scales)
     if w is None or len(w) != 2:
         return ctx.fail(f"the weight `{weight.name}` has the shape {w}, not [N, K]", at="weight")
@@ -118,7 +118,7 @@ def _per_output_channel(ctx: CheckContext, weight: Node, scales: Node, axis: Any
 
 
 def _one_block_per_row(ctx: CheckContext, weight: Node, scales: Node, block_size: Any
-                       ) -> str | Blame | None:
+                       ) -> str | MatchResult | None:
     """torchao's per-channel int8 weight: block ``[1, K]``, one scale per output channel."""
     w, s = shape(weight), shape(scales)
     if w is None or len(w) != 2:
@@ -132,7 +132,7 @@ def _one_block_per_row(ctx: CheckContext, weight: Node, scales: Node, block_size
     return None
 
 
-def _scales_dtype(ctx: CheckContext, x: Node, scales: Node) -> str | Blame | None:
+def _scales_dtype(ctx: CheckContext, x: Node, scales: Node) -> str | MatchResult | None:
     sv, xv = scales.meta.get("val"), x.meta.get("val")
     sd, xd = getattr(sv, "dtype", None), getattr(xv, "dtype", None)
     if sd is None or sd != xd:
@@ -142,7 +142,7 @@ def _scales_dtype(ctx: CheckContext, x: Node, scales: Node) -> str | Blame | Non
 
 
 def _zero_points_foldable(ctx: CheckContext, x: Node, weight: Node, zeros: Node | None = None
-                          ) -> str | Blame | None:
+                          ) -> str | MatchResult | None:
     """Zero points that are 0, or (asymmetric) one constant per output channel with a
     float32 input: folded into a correction term (:func:`_int8_mm_per_row`)."""
     if zero_points_are_zero(ctx, zeros) is None:
@@ -163,12 +163,12 @@ def _zero_points_foldable(ctx: CheckContext, x: Node, weight: Node, zeros: Node 
     return None
 
 
-def _symmetric(ctx: CheckContext, zeros: Node) -> str | Blame | None:
+def _symmetric(ctx: CheckContext, zeros: Node) -> str | MatchResult | None:
     """Stock detects affine weights, then raises NotImplementedError in preprocess."""
     return zero_points_are_zero(ctx, zeros)
 
 
-def _int8_weight(ctx: CheckContext, weight: Node) -> str | Blame | None:
+def _int8_weight(ctx: CheckContext, weight: Node) -> str | MatchResult | None:
     t = constant_tensor(ctx, weight)
     if t is None:
         return ctx.fail(f"the weight `{weight.name}` is not a constant", at="weight")
@@ -182,19 +182,19 @@ def _is_4bit(ctx: CheckContext, weight: Node) -> bool:
     return t is not None and (t.numel() == 0 or (int(t.min()) >= -8 and int(t.max()) <= 7))
 
 
-def _values_in_4_bits(ctx: CheckContext, weight: Node) -> str | Blame | None:
+def _values_in_4_bits(ctx: CheckContext, weight: Node) -> str | MatchResult | None:
     if _is_4bit(ctx, weight):
         return None
     return "the weight's values do not fit in 4 bits: the 8-bit kernel takes it"
 
 
-def _values_beyond_4_bits(ctx: CheckContext, weight: Node) -> str | Blame | None:
+def _values_beyond_4_bits(ctx: CheckContext, weight: Node) -> str | MatchResult | None:
     if not _is_4bit(ctx, weight):
         return None
     return "the weight's values fit in 4 bits: the 4-bit kernel takes it (as stock chooses)"
 
 
-def _int8_mm_input(ctx: CheckContext, x: Node) -> str | Blame | None:
+def _int8_mm_input(ctx: CheckContext, x: Node) -> str | MatchResult | None:
     v = x.meta.get("val")
     if not isinstance(v, torch.Tensor) or v.dim() != 2:
         return ctx.fail(f"the input `{x.name}` has the shape {shape(x)}: _weight_int8pack_mm "
@@ -205,7 +205,7 @@ def _int8_mm_input(ctx: CheckContext, x: Node) -> str | Blame | None:
     return None
 
 
-def _bias_node(ctx: CheckContext, bias: Any = None) -> str | Blame | None:
+def _bias_node(ctx: CheckContext, bias: Any = None) -> str | MatchResult | None:
     if bias is None or isinstance(bias, Node):
         return None
     return f"the bias is the literal {bias!r}, not a tensor"

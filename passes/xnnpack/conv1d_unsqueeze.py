@@ -23,7 +23,7 @@ from typing import Any
 
 from torch.fx import Node
 
-from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit import CheckContext, MatchResult, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.passes.registry import register_rules
 
 from ._common import CONV, DQ_PER_TENSOR, Q_PER_TENSOR, constraint, keep_provenance, rank_of
@@ -58,7 +58,7 @@ def _is_1d_list(v: Any) -> bool:
 
 
 def _conv1d(ctx: CheckContext, conv: Node, w: Any, stride: Any, padding: Any, dilation: Any,
-            output_padding: Any) -> str | Blame | None:
+            output_padding: Any) -> str | MatchResult | None:
     kernel = _weight_constant(w)
     # the weight's faults are blamed on the constant itself (under a dequantize: its input)
     at = kernel if isinstance(kernel, Node) else "w"

@@ -57,8 +57,8 @@ import torch
 from torch.fx import Node
 
 from fusionkit import (
-    Blame,
     CheckContext,
+    MatchResult,
     PythonReplacement,
     Rewriter,
     Rule,
@@ -248,7 +248,7 @@ def _dequantized_source(a: Any) -> Node | None:
     return None
 
 
-def _bypass_shape(a: Any, linear: Node) -> tuple[str | Blame | None, Any]:
+def _bypass_shape(a: Any, linear: Node) -> tuple[str | MatchResult | None, Any]:
     """(why not, the linear's output shape once it reads the dequantize)."""
     dq = _dequantized_source(a)
     if dq is None or dq is a:

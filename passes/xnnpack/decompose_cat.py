@@ -18,7 +18,16 @@ from typing import Any
 
 from torch.fx import Node
 
-from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op, op_key
+from fusionkit import (
+    CheckContext,
+    MatchResult,
+    PythonReplacement,
+    Rewriter,
+    Rule,
+    capture,
+    op,
+    op_key,
+)
 from fusionkit.passes.registry import register_rules
 
 from ._common import DQ_PER_TENSOR, Q_PER_TENSOR, constraint, keep_provenance
@@ -49,7 +58,7 @@ def _too_many_inputs(ctx: CheckContext, tensors: Any) -> str | None:
     return None
 
 
-def _shared_quantization(ctx: CheckContext, tensors: Any, cat: Node) -> str | Blame | None:
+def _shared_quantization(ctx: CheckContext, tensors: Any, cat: Node) -> str | MatchResult | None:
     if not _is_quantized(cat):
         return None
     inputs: list[Node] = list(tensors)

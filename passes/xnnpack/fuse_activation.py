@@ -21,7 +21,7 @@ from typing import Any
 
 from torch.fx import Node
 
-from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit import CheckContext, MatchResult, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.passes.registry import register_rules
 
 from ._common import CONV, FUSED_ACTIVATION_TAG, LINEAR, constraint, keep_provenance
@@ -70,7 +70,7 @@ def _relu_range(ctx: CheckContext, pre: Node) -> str | None:
     return _overlaps(pre, *RELU_RANGE)
 
 
-def _hardtanh_range(ctx: CheckContext, pre: Node, lo: Any, hi: Any) -> str | Blame | None:
+def _hardtanh_range(ctx: CheckContext, pre: Node, lo: Any, hi: Any) -> str | MatchResult | None:
     # bounds that are no clamp range are the hardtanh's fault (they are its arguments)
     if not (_is_number(lo) and _is_number(hi)):
         return ctx.fail(f"hardtanh bounds ({lo!r}, {hi!r}) are not numbers", at=ctx.root)

@@ -16,7 +16,16 @@ from typing import Any
 
 from torch.fx import Node
 
-from fusionkit import Blame, CheckContext, PythonReplacement, Rewriter, Rule, capture, op, op_key
+from fusionkit import (
+    CheckContext,
+    MatchResult,
+    PythonReplacement,
+    Rewriter,
+    Rule,
+    capture,
+    op,
+    op_key,
+)
 from fusionkit.passes.registry import register_rules
 
 from ._common import DQ_PER_TENSOR, Q_PER_TENSOR, constraint, keep_provenance
@@ -25,7 +34,7 @@ PAD = "aten.constant_pad_nd.default"
 
 
 def _quantized_zero_pad(ctx: CheckContext, input: Any, pad: Any, value: Any, pad_node: Node
-                        ) -> str | Blame | None:
+                        ) -> str | MatchResult | None:
     from executorch.backends.xnnpack.utils.quant_utils import is_quant
 
     if not (isinstance(input, Node) and input.op == "call_function"

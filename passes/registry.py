@@ -4,7 +4,7 @@ ExecuTorch registers its Vulkan detectors with a decorator; fusionkit does the
 same for its rule factories, so a rule set is never listed by hand. A factory
 says which sets it belongs to (``"builtin"``: every rule fusionkit ships;
 ``"vulkan"``: the Vulkan adapter's set; ``"xnnpack"``: the rewrites of XNNPACK's
-preprocess) and which stock ExecuTorch pattern or pass it takes over. Sets keep
+preprocess; ``"arm"``: the Arm backend's TOSA pipeline fusions) and which stock ExecuTorch pattern or pass it takes over. Sets keep
 registration order (the order the rule modules import).
 A backend author registers a factory of their own the same way.
 """
@@ -24,7 +24,7 @@ __all__ = ["RuleFactory", "register_rules", "registered", "rule_set", "rule_set_
 
 #: the modules whose import registers every rule fusionkit ships
 SHIPPED_RULE_MODULES: tuple[str, ...] = ("fusionkit.passes.rms_norm", "fusionkit.passes.vulkan",
-                                         "fusionkit.passes.xnnpack")
+                                         "fusionkit.passes.xnnpack", "fusionkit.passes.arm")
 
 F = TypeVar("F", bound=Callable[[], "Rule | list[Rule]"])
 

@@ -2,8 +2,10 @@
 
 Why generated: type checkers need static imports, users need one lazy table;
 writing both by hand let them drift. ``python -m fusionkit._facade`` rewrites the
-block between the markers in ``fusionkit/__init__.py``; ``--check`` exits 1 if it
-is stale (the architecture test runs the same comparison).
+block between the markers in ``fusionkit/__init__.py`` (one line per module, its names
+sorted: ruff's import sorting and unused-import checks are off in that file, which holds
+nothing but this table); ``--check`` exits 1 if it is stale (the architecture test runs the
+same comparison).
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ INIT = Path(__file__).with_name("__init__.py")
 
 
 def generated_block(exports: dict[str, tuple[str, str]]) -> str:
-    lines = [f"    from {module} import {name} as {name}"
-             for name, (module, _) in sorted(exports.items(), key=lambda e: (e[1][0], e[0]))]
+    by_module: dict[str, list[str]] = {}
+    for name, (module, _) in exports.items():
+        by_module.setdefault(module, []).append(name)
+    lines = [f"    from {module} import {', '.join(sorted(names))}"
+             for module, names in sorted(by_module.items())]
     return "\n".join([BEGIN, "if TYPE_CHECKING:", *lines, END])
 
 

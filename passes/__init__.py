@@ -12,19 +12,6 @@ every rule fusionkit ships). Each call returns fresh rule objects.
 
 from __future__ import annotations
 
-import warnings
-from typing import TYPE_CHECKING
-
 from fusionkit.passes.registry import rule_set, rule_set_names
 
-if TYPE_CHECKING:
-    from fusionkit.rule import Rule
-
-__all__ = ["builtin_rules", "rule_set", "rule_set_names"]
-
-
-def builtin_rules() -> list[Rule]:
-    """Deprecated: ``rule_set("builtin")``."""
-    warnings.warn('fusionkit.passes.builtin_rules() is deprecated: use rule_set("builtin")',
-                  DeprecationWarning, stacklevel=2)
-    return rule_set("builtin")
+__all__ = ["rule_set", "rule_set_names"]

@@ -2,12 +2,11 @@
 
 * Every adapter declares one :class:`~fusionkit.integration.hooks.PatchSet` (``PATCHES``,
   including the sets of its parts); its ``install`` / ``uninstall`` / ``is_installed`` are
-  that set's own methods. Former names elsewhere still work, with a DeprecationWarning.
+  that set's own methods.
 * Both adapters' preprocess takeovers are a
   :class:`~fusionkit.integration.preprocess_takeover.Takeover`: rules built once, a
   switch per thread, counts from every thread.
-* ``fusionkit.passes.rule_set(name)`` is the way to get a rule set; the adapter's former
-  functions warn and give the same rules.
+* ``fusionkit.passes.rule_set(name)`` is the one way to get a rule set.
 """
 
 from __future__ import annotations
@@ -56,38 +55,17 @@ def test_a_part_installs_alone_through_the_same_methods() -> None:
         cs.PATCHES.install, cs.PATCHES.uninstall, cs.PATCHES.is_installed)
 
 
-def test_former_install_names_warn_and_are_the_adapters() -> None:
-    for name in ("install", "uninstall", "is_installed", "PATCHES"):
-        with pytest.warns(DeprecationWarning, match=f"xnnpack_adapter.{name}"):
-            assert getattr(xa.serializer, name) == getattr(XA_INSTALL, name)
-    with pytest.warns(DeprecationWarning, match="PATCHES"):
-        assert VK_INSTALL.TAKEOVER is VK_INSTALL.PATCHES is vk.PATCHES
-    with pytest.warns(DeprecationWarning, match="preprocess_rules.TAKEOVER is deprecated: use PATCHES"):
-        assert xa.preprocess_rules.TAKEOVER is xa.preprocess_rules.PATCHES
-    with pytest.raises(AttributeError):
-        xa.serializer.no_such_name  # noqa: B018
-
-
 def _names(rules: Any) -> list[str]:
     return [r.name for r in rules]
 
 
-def test_rule_set_is_the_way_and_the_former_functions_warn() -> None:
-    vulkan = _names(rule_set("vulkan"))
-    assert vulkan
-    with pytest.warns(DeprecationWarning, match='rule_set\\("vulkan"\\)'):
-        assert _names(vk.fusion_rules()) == vulkan
+def test_the_adapters_serve_no_other_way_to_a_rule_set() -> None:
+    assert _names(rule_set("vulkan"))
     rules_module = importlib.import_module("fusionkit.backends.vulkan_adapter.rules")
-    with pytest.warns(DeprecationWarning, match='rule_set\\("vulkan"\\)'):
-        built = rules_module.built_rules
-    assert _names(built()) == vulkan and built() is built()  # the adapter's cache
-    from fusionkit.passes.registry import rules_taking_over
-    from fusionkit.passes.vulkan import vulkan_rules
-
-    rms = _names(rules_taking_over("vulkan", "rms_norm"))
-    assert rms
-    with pytest.warns(DeprecationWarning, match='rule_set\\("vulkan"\\)'):
-        assert _names(vulkan_rules()) == [n for n in vulkan if n not in rms]
+    for module, name in ((vk, "fusion_rules"), (rules_module, "fusion_rules"),
+                         (rules_module, "built_rules"), (xa.serializer, "install"),
+                         (xa.preprocess_rules, "TAKEOVER"), (VK_INSTALL, "TAKEOVER")):
+        assert not hasattr(module, name), (module.__name__, name)
 
 
 @pytest.mark.parametrize("module", [vk.preprocess_rules, xa.preprocess_rules],

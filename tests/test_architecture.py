@@ -160,25 +160,26 @@ def test_rule_modules_use_only_the_public_face() -> None:
     assert bad == []
 
 
-#: what users import today; a name may move, never disappear
+#: what users import today (names that move are listed in CHANGELOG.md)
 PUBLIC_API = {
     "fusionkit": [
         "Rule", "op", "capture", "through", "ref", "replace_with", "FusionPass", "find_matches",
         "Rewriter", "FusionError", "CheckContext", "Constraint", "Custom", "PrepackableConstant",
         "GraphLeaf", "UserInput", "DtypeIn", "Rank", "StaticShape", "SameDtype", "ShapeRelation",
-        "ReducesLastDim", "ScalarRange", "BroadcastsOverLastDim", "broadcasts_over_last_dim",
-        "named_shape_relation", "CASTS", "Pattern", "is_op", "lit", "where", "any_value",
+        "ReducesLastDim", "ScalarRange", "broadcasts_over_last_dim",
+        "named_shape_relation", "CASTS", "Pattern", "lit", "where", "any_value",
         "any_float", "scalar", "one_of", "int_list", "seq", "outputs", "also", "CallOp",
         "PythonReplacement", "RuleError", "Match", "MatchSet", "Decline", "RuleIndex",
-        "FusionReport", "ProgramInputs", "ConstantRef", "ConstantKind", "CompactConstantsPass",
-        "compact_tensor", "tensor_bytes", "pack_int4", "op_key",
+        "FusionReport", "ProgramInputs", "ConstantRef", "ConstantKind", "op_key", "MatchResult",
     ],
+    "fusionkit.integration": ["CompactConstantsPass", "compact_tensor", "tensor_bytes",
+                              "pack_int4"],
     "fusionkit.specs": ["load_specs", "load_spec_text", "rules_to_yaml"],
-    "fusionkit.passes": ["builtin_rules", "rule_set", "rule_set_names"],
+    "fusionkit.passes": ["rule_set", "rule_set_names"],
     "fusionkit.passes.registry": ["register_rules", "rule_set", "rule_set_names"],
     "fusionkit.backends.vulkan_adapter": [
         "VulkanPartitioner", "transform_passes", "check", "simulate", "install", "uninstall",
-        "fusion_rules", "TAKEN_OVER_PATTERNS", "decode_payload", "FusedOpNotDelegatedError",
+        "TAKEN_OVER_PATTERNS", "decode_payload", "FusedOpNotDelegatedError",
     ],
     "fusionkit.backends.xnnpack_adapter": [
         "XnnpackPartitioner", "transform_passes", "install", "uninstall",
@@ -221,38 +222,6 @@ def test_the_facade_imports_are_generated_from_the_one_table() -> None:
     assert fusionkit.__all__ == sorted(fusionkit.EXPORTS)
 
 
-@pytest.mark.parametrize("name", sorted(fusionkit.DEPRECATED))
-def test_a_former_facade_name_still_works_and_warns(name: str) -> None:
-    module, attr, advice = fusionkit.DEPRECATED[name]
-    assert name not in fusionkit.__all__
-    with pytest.warns(DeprecationWarning, match=re.escape(advice)):
-        value = getattr(fusionkit, name)
-    assert value is getattr(importlib.import_module(module), attr)
-
-
-def test_former_module_paths_are_the_moved_modules() -> None:
-    import subprocess
-    import sys
-
-    from fusionkit._compat import MOVED_MODULES
-
-    # a fresh interpreter: the alias must work before anything imported the new path
-    code = ("import importlib, warnings, sys\n"
-            "from fusionkit._compat import MOVED_MODULES\n"
-            "for old, new in sorted(MOVED_MODULES.items()):\n"
-            "    with warnings.catch_warnings(record=True) as w:\n"
-            "        warnings.simplefilter('always')\n"
-            "        m = importlib.import_module(old)\n"
-            "    assert m is importlib.import_module(new), old\n"
-            "    assert any(new in str(x.message) for x in w), (old, [str(x.message) for x in w])\n"
-            "print(len(MOVED_MODULES))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == [str(len(MOVED_MODULES))]
-    for old, new in MOVED_MODULES.items():
-        assert new in MODULES and old not in MODULES, old
-
-
 def test_every_package_folder_is_installed() -> None:
     import tomllib
 
@@ -267,7 +236,7 @@ def test_the_core_is_grouped_by_phase() -> None:
     """Only the facade, program-argument handling, the result type, the rule, the pass, its
     report and strict mode sit on top."""
     top = {p.stem for p in (ROOT / "fusionkit").glob("*.py")}
-    assert top == {"__init__", "_compat", "_facade", "program", "result", "rule", "fusion_pass", "report",
+    assert top == {"__init__", "_facade", "program", "result", "rule", "fusion_pass", "report",
                    "strict"}
 
 
@@ -372,10 +341,6 @@ def test_one_constant_names_the_tested_executorch_version() -> None:
     from fusionkit.integration.hooks import TESTED_EXECUTORCH
 
     assert vulkan_adapter.TESTED_EXECUTORCH is xnnpack_adapter.TESTED_EXECUTORCH is TESTED_EXECUTORCH
-    with pytest.warns(DeprecationWarning, match="TESTED_EXECUTORCH"):
-        assert vulkan_adapter.TESTED_EXECUTORCH_VERSIONS is TESTED_EXECUTORCH  # type: ignore[attr-defined]
-    with pytest.warns(DeprecationWarning, match="TESTED_EXECUTORCH"):
-        assert xnnpack_adapter.SUPPORTED_EXECUTORCH == max(TESTED_EXECUTORCH)  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------- one type says "why not"

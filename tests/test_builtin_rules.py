@@ -28,14 +28,3 @@ def test_builtin_rules_build_in_a_fresh_interpreter() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout.strip().splitlines()[-1]) == len(rule_set("builtin"))
-
-
-def test_one_way_to_get_a_rule_set_the_former_one_warns() -> None:
-    import pytest
-
-    import fusionkit.passes as passes
-
-    assert "builtin" in passes.rule_set_names()
-    with pytest.warns(DeprecationWarning, match='rule_set\\("builtin"\\)'):
-        old = passes.builtin_rules()
-    assert [r.name for r in old] == [r.name for r in rule_set("builtin")]

@@ -125,16 +125,6 @@ def test_multiple_targets(silu_ep):
     assert _matches(silu_ep, only_tanh_relu) == []
 
 
-def test_is_op_spelling_is_deprecated_but_still_matches(silu_ep):
-    import fusionkit
-
-    with pytest.warns(DeprecationWarning, match="use op"):
-        is_op = fusionkit.is_op
-    found = _matches(silu_ep, is_op("aten.mul.Tensor")(capture("x"),
-                                                       is_op("aten.sigmoid.default")(capture("x"))))
-    assert len(found) == 1
-
-
 # --------------------------------------------------------------------------- captures
 
 

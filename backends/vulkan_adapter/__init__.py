@@ -9,7 +9,7 @@ The adapter itself is thin:
 
 * :mod:`.rules` — :func:`transform_passes`, fresh fusion passes for
   ``to_edge_transform_and_lower`` from the ``"vulkan"`` rule set
-  (``fusionkit.passes.rule_set("vulkan")``; ``fusion_rules()`` is deprecated);
+  (``fusionkit.passes.rule_set("vulkan")``);
 * :mod:`.partitioner` — :class:`VulkanPartitioner`, ExecuTorch's (same arguments),
   which verifies that every fused node it is given is delegated;
 * :mod:`.install` — :data:`PATCHES`, the adapter's one patch set (the reversible takeover
@@ -25,7 +25,6 @@ Reading lowered programs lives in :mod:`.inspect`, imported only when used:
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from fusionkit.integration.hooks import TESTED_EXECUTORCH
@@ -41,7 +40,7 @@ from .install import (
     uninstall,
 )
 from .partitioner import FusedOpNotDelegatedError, UnrunnableOpError, VulkanPartitioner
-from .rules import fusion_rules, transform_passes
+from .rules import transform_passes
 
 #: names served from the inspect subpackage, imported on first use
 _INSPECT: dict[str, str] = {
@@ -57,11 +56,6 @@ _INSPECT: dict[str, str] = {
 
 
 def __getattr__(name: str) -> Any:
-    if name == "TESTED_EXECUTORCH_VERSIONS":
-        warnings.warn("TESTED_EXECUTORCH_VERSIONS is deprecated: use TESTED_EXECUTORCH (the one "
-                      "version constant, fusionkit.integration.hooks)", DeprecationWarning,
-                      stacklevel=2)
-        return TESTED_EXECUTORCH
     module = _INSPECT.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -96,7 +90,6 @@ __all__ = [
     "VulkanPayload",
     "check",
     "decode_payload",
-    "fusion_rules",
     "install",
     "is_installed",
     "simulate",

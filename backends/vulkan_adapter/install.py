@@ -32,7 +32,6 @@ import importlib
 from typing import Any
 
 from fusionkit import find_matches
-from fusionkit._compat import deprecated_names
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.integration import hooks
 from fusionkit.integration.hooks import REMOVE, Installation, PatchSet, UnsupportedExecuTorchError
@@ -135,7 +134,3 @@ PATCHES = PatchSet(
 install = PATCHES.install
 uninstall = PATCHES.uninstall
 is_installed = PATCHES.is_installed
-
-
-__getattr__ = deprecated_names(__name__, {
-    "TAKEOVER": (lambda: PATCHES, "use PATCHES (every adapter's patch set has that name)")})

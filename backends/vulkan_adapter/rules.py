@@ -1,8 +1,8 @@
 """The Vulkan adapter's transform passes, built from its rule set.
 
 The fusionkit rules that replace ExecuTorch's stock Vulkan patterns are the rule set
-``"vulkan"``: ``fusionkit.passes.rule_set("vulkan")`` (the one way to get a rule set;
-:func:`fusion_rules` is its deprecated former name here). :func:`transform_passes` is
+``"vulkan"``: ``fusionkit.passes.rule_set("vulkan")`` (the one way to get a rule set).
+:func:`transform_passes` is
 what a user hands to ``to_edge_transform_and_lower``: the same rules, each also
 requiring that the Vulkan partitioner will delegate what it creates (:mod:`.delegation`). Inside
 ``VulkanBackend.preprocess`` (through the takeover in :mod:`.install`) the rules
@@ -11,29 +11,19 @@ run with the runtime's conditions only (the nodes are delegated already).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from executorch.exir.pass_base import ExportedProgramPassBase
 
 from fusionkit import FusionPass, Rule
-from fusionkit._compat import deprecated_names
 from fusionkit.integration.constant_subgraphs import FoldConstantSubgraphsPass
-from fusionkit.passes.registry import RuleFactory, registered, rule_set
+from fusionkit.passes.registry import RuleFactory, registered
 
 from .delegation import AUTO, PartitionerSupport, with_delegation_check
 
-__all__ = ["PASS_NAME", "fusion_rules", "transform_passes"]
+__all__ = ["PASS_NAME", "transform_passes"]
 
 PASS_NAME = "fusionkit_vulkan"
-
-
-def fusion_rules() -> list[Rule]:
-    """Deprecated: ``fusionkit.passes.rule_set("vulkan")`` (the same fresh rules: one or
-    more per entry of :data:`~.install.TAKEN_OVER_PATTERNS`)."""
-    warnings.warn('fusion_rules() is deprecated: use fusionkit.passes.rule_set("vulkan")',
-                  DeprecationWarning, stacklevel=2)
-    return rule_set("vulkan")
 
 
 #: the registered factories -> the rules they made. Rules are immutable and every pass
@@ -75,8 +65,3 @@ def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
     # values computed from lifted constants alone (attention masks) are folded first:
     # delegated on their own, stock Vulkan preprocess cannot re-trace them (Gemma2)
     return [FoldConstantSubgraphsPass(), FusionPass(rules, name=PASS_NAME)]
-
-
-__getattr__ = deprecated_names(__name__, {
-    "built_rules": (lambda: _built_rules, 'use fusionkit.passes.rule_set("vulkan") (fresh '
-                    "rules; the adapter's cache is private)")})

@@ -25,9 +25,6 @@ any backend; not needed for correctness with this adapter).
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 from executorch.exir.pass_base import ExportedProgramPassBase
 
 from fusionkit.integration.compact_constants import CompactConstantsPass
@@ -55,14 +52,6 @@ __all__ = [
     "transform_passes",
     "uninstall",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SUPPORTED_EXECUTORCH":
-        warnings.warn("SUPPORTED_EXECUTORCH is deprecated: use TESTED_EXECUTORCH (the one version "
-                      "constant, fusionkit.integration.hooks)", DeprecationWarning, stacklevel=2)
-        return max(TESTED_EXECUTORCH)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def transform_passes(compact_constants: bool = True) -> list[ExportedProgramPassBase]:

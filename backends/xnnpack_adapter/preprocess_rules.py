@@ -13,7 +13,7 @@ ExecuTorch wrote it, through the module's ``_transform`` (so gated by
 
 :data:`PATCHES` is the reversible patch of ``XNNPACKPassManager.transform`` (the
 name of a patch set in either adapter: the Vulkan adapter's preprocess rules' is
-``preprocess_rules.PATCHES`` too; the former name ``TAKEOVER`` warns). The adapter
+``preprocess_rules.PATCHES`` too). The adapter
 includes it in the patch set its scoped preprocess installs, so only the partitions a
 fusionkit partitioner made are rewritten by rules.
 :func:`disabled` runs the stock passes instead, in this thread (the op-test
@@ -30,7 +30,6 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from fusionkit import FusionPass, Rule
-from fusionkit._compat import deprecated_names
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.check.executable import Delegate, ExecutionTarget
 from fusionkit.integration.hooks import PatchSet, UnsupportedExecuTorchError
@@ -201,6 +200,3 @@ def _patches() -> list[tuple[Any, str, Any]]:
 PATCHES = PatchSet(
     f"fusionkit.backends.xnnpack_adapter.preprocess_rules (takes over "
     f"{sorted(TAKEN_OVER_PASSES)} in {_PASSES_MODULE}.XNNPACKPassManager)", _patches)
-
-__getattr__ = deprecated_names(__name__, {
-    "TAKEOVER": (lambda: PATCHES, "use PATCHES (every adapter's patch set has that name)")})

@@ -24,13 +24,11 @@ from __future__ import annotations
 import hashlib
 import importlib
 import weakref
-from collections.abc import Callable
 from typing import Any, cast
 
 import torch
 from torch.export import ExportedProgram
 
-from fusionkit._compat import deprecated_names
 from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.integration.hooks import (
     Installation,
@@ -248,22 +246,7 @@ def _patches() -> list[tuple[Any, str, Any]]:
 
 
 #: the serializer's own patches; the adapter's patch set (:data:`.install.PATCHES`)
-#: includes them with the preprocess rules and the pass gates. Not ``PATCHES`` as in the
-#: other modules: here ``PATCHES`` (with ``install``/``uninstall``/``is_installed``) is the
-#: deprecated name of the adapter's whole set (below), which installed the whole adapter;
-#: serving the serializer's under it would change what old code installs without a warning.
-#: It can take the name when those go (0.2).
+#: includes them with the preprocess rules and the pass gates
 SERIALIZER_PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter.serializer", _patches,
                               before_install=acquire_named_data_fix,
                               after_uninstall=release_named_data_fix)
-
-def _adapters(name: str) -> Callable[[], Any]:
-    """The adapter's own ``name``, from its :mod:`.install` (by name: it imports this module)."""
-    return lambda: getattr(importlib.import_module(f"{__package__}.install"), name)
-
-
-#: former names here, now the adapter's (they installed the whole adapter)
-__getattr__ = deprecated_names(__name__, {
-    name: (_adapters(name), f"use fusionkit.backends.xnnpack_adapter.{name} (the adapter's one "
-                            "patch set and its methods)")
-    for name in ("PATCHES", "install", "uninstall", "is_installed")})

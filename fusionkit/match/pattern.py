@@ -618,15 +618,6 @@ def op(
     )
 
 
-def is_op(*targets: OpTarget, **options: Any) -> Callable[..., Op]:
-    """Deprecated TVM-style spelling of :func:`op`: ``is_op("aten.mul.Tensor")(x, y)``."""
-
-    def build(*args: ArgPattern, **kwargs: ArgPattern) -> Op:
-        return op(targets, *args, **{**options, **kwargs})
-
-    return build
-
-
 def capture(name: str) -> Capture:
     if not name.isidentifier():
         raise ValueError(f"capture name {name!r} must be an identifier")

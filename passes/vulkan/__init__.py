@@ -11,11 +11,10 @@ import order below is the rule-set order.
 from __future__ import annotations
 
 import importlib
-import warnings
 
 from fusionkit import Rule
 from fusionkit.passes import vulkan_delegate  # noqa: F401  (tells the core of et_vk, on import)
-from fusionkit.passes.registry import register_rules, registered
+from fusionkit.passes.registry import register_rules
 from fusionkit.passes.rms_norm import VULKAN_DTYPES, rms_norm_rule
 
 
@@ -41,12 +40,4 @@ for _module in (*RULE_MODULES, *PREPROCESS_RULE_MODULES):
     importlib.import_module(f"{__name__}.{_module}")
 
 
-def vulkan_rules() -> list[Rule]:
-    """Deprecated: ``fusionkit.passes.rule_set("vulkan")`` (which holds the Vulkan RMSNorm
-    rule too); this returns every rule of that set but RMSNorm's."""
-    warnings.warn('vulkan_rules() is deprecated: use fusionkit.passes.rule_set("vulkan") (the '
-                  "Vulkan rule set, its RMSNorm rule included)", DeprecationWarning, stacklevel=2)
-    return [r for f in registered("vulkan") if f.takes_over != "rms_norm" for r in f.rules()]
-
-
-__all__ = ["PREPROCESS_RULE_MODULES", "RULE_MODULES", "vulkan_rms_norm_rule", "vulkan_rules"]
+__all__ = ["PREPROCESS_RULE_MODULES", "RULE_MODULES", "vulkan_rms_norm_rule"]

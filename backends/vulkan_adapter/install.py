@@ -18,8 +18,9 @@ installs :mod:`.constant_serializer` (constants that are views serialized as
 themselves, not as their whole base storage) and :mod:`.boundary_dim_order` (a delegate
 input or output whose dim order is not contiguous is converted inside the delegate, where
 the runtime's contiguous-order copies need it). Everything is one
-:class:`~fusionkit.integration.hooks.PatchSet`, :data:`PATCHES`, and as in every adapter
-:func:`install` / :func:`uninstall` / :func:`is_installed` are its own methods:
+:class:`~fusionkit.integration.hooks.PatchSet`, :data:`PATCHES`, and as in every adapter (one
+skeleton, :class:`~fusionkit.integration.adapter.Adapter`) :func:`install` / :func:`uninstall` /
+:func:`is_installed` are its own methods:
 :func:`uninstall` puts the very same entry objects back, in their order (and uninstalls
 the serializer if this install put it in). Both are idempotent; ``install()`` also works
 as a context manager that restores the previous state on exit. ``install()`` refuses to
@@ -34,7 +35,8 @@ from typing import Any
 from fusionkit import find_matches
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.integration import hooks
-from fusionkit.integration.hooks import REMOVE, Installation, PatchSet, UnsupportedExecuTorchError
+from fusionkit.integration.adapter import Adapter
+from fusionkit.integration.hooks import REMOVE, Installation, UnsupportedExecuTorchError
 from fusionkit.passes.registry import taken_over_patterns
 
 from . import boundary_dim_order, constant_serializer, pass_gates, preprocess_rules
@@ -42,6 +44,7 @@ from .delegation import with_delegation_check
 from .rules import _built_rules
 
 __all__ = [
+    "ADAPTER",
     "FUSED_IN_FUSE_PATTERNS_PASS",
     "PATCHES",
     "TAKEN_OVER_PATTERNS",
@@ -124,13 +127,16 @@ def _patches() -> list[tuple[Any, str, Any]]:
 
 
 #: the adapter's patch set: the pattern takeover, the constant serializer, the pass gates,
-#: the preprocess rules and the delegate boundary's dim orders (:mod:`.boundary_dim_order`)
-PATCHES = PatchSet(
+#: the preprocess rules and the delegate boundary's dim orders (:mod:`.boundary_dim_order`);
+#: VulkanBackend.preprocess runs under it for this adapter's partitions only
+ADAPTER = Adapter(
     f"fusionkit.backends.vulkan_adapter (takes over {sorted(TAKEN_OVER_PATTERNS)} in "
     f"{_REGISTRY_MODULE}.fusable_patterns)",
-    _patches, includes=(constant_serializer.PATCHES, pass_gates.PATCHES, preprocess_rules.PATCHES,
-                        boundary_dim_order.PATCHES))
+    patches=_patches, parts=(constant_serializer.PATCHES, pass_gates.PATCHES,
+                             preprocess_rules.PATCHES, boundary_dim_order.PATCHES),
+    backend=("executorch.backends.vulkan.vulkan_preprocess", "VulkanBackend"), marker=b"vulkan")
+PATCHES = ADAPTER.patches
 
-install = PATCHES.install
-uninstall = PATCHES.uninstall
-is_installed = PATCHES.is_installed
+install = ADAPTER.install
+uninstall = ADAPTER.uninstall
+is_installed = ADAPTER.is_installed

@@ -33,10 +33,10 @@ from executorch.exir.backend.partitioner import PartitionResult
 from torch.export import ExportedProgram
 
 from fusionkit import op_key
-from fusionkit.integration.scoped import PreprocessScope
+from fusionkit.integration.adapter import ScopedPartitioner
 
 from .boundary_dim_order import BoundaryDimOrder, partition_boundaries
-from .install import PATCHES
+from .install import ADAPTER, PATCHES
 from .runtime_support import (
     KeptOff,
     RuntimeSupport,
@@ -48,8 +48,7 @@ from .runtime_support import (
 )
 
 #: VulkanBackend.preprocess runs under the takeover for this adapter's partitions only
-PREPROCESS_SCOPE = PreprocessScope("executorch.backends.vulkan.vulkan_preprocess",
-                                   "VulkanBackend", b"vulkan", PATCHES)
+PREPROCESS_SCOPE = ADAPTER.preprocess_scope
 
 __all__ = ["PREPROCESS_SCOPE", "FusedOpNotDelegatedError", "KeptOff", "Unrunnable",
            "UnrunnableOpError", "VulkanPartitioner"]
@@ -77,7 +76,7 @@ class UnrunnableOpError(RuntimeError):
             "instead: " + "; ".join(str(n) for n in nodes))
 
 
-class VulkanPartitioner(_StockVulkanPartitioner):
+class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
     """ExecuTorch's VulkanPartitioner (same arguments), fusionkit's takeover scoped to it.
 
     After partitioning it verifies that every ``et_vk`` node that fusionkit's
@@ -94,9 +93,10 @@ class VulkanPartitioner(_StockVulkanPartitioner):
     :attr:`boundary_dim_orders`.
     """
 
+    fusionkit_adapter = ADAPTER
+
     def __init__(self, *args: Any, runtime: Any = "auto", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        PREPROCESS_SCOPE.mark(self.delegation_spec)
+        super().__init__(*args, **kwargs)  # the stock constructor, then the adapter's mark
         #: op name -> why it is kept off the delegate (the probed runtime lacks it)
         self.kept_off: dict[str, str] = {}
         #: the nodes of the last :meth:`partition` kept off, each with the runtime fact
@@ -190,9 +190,18 @@ class VulkanPartitioner(_StockVulkanPartitioner):
             _stock.VulkanSupportedOperators = stock_support
             self.kept_off_nodes = list(kept.values())
 
-    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        with PATCHES.install(), self._runtime_aware(exported_program):
-            result = super().partition(exported_program)
+    def _partitioning(self, exported_program: ExportedProgram) -> contextlib.ExitStack[Any]:
+        """The stock partition() runs with the adapter's patch set (the stock detectors out
+        of the registry) and the runtime-aware support check."""
+        with contextlib.ExitStack() as stack:  # undone at once if entering either fails
+            stack.enter_context(PATCHES.install())
+            stack.enter_context(self._runtime_aware(exported_program))
+            return stack.pop_all()
+
+    def _partitioned(self, result: PartitionResult) -> PartitionResult:
+        """Islands undelegated, unrunnable nodes refused, every fused node delegated; then
+        :meth:`~fusionkit.integration.adapter.ScopedPartitioner.partition` has the
+        partitions preprocessed under the adapter's patch set."""
         self._undelegate_islands(result)
         self._refuse_unrunnable(result)
         stranded = [
@@ -214,7 +223,6 @@ class VulkanPartitioner(_StockVulkanPartitioner):
             )
         self.boundary_dim_orders = partition_boundaries(result.tagged_exported_program,
                                                         result.partition_tags)
-        PREPROCESS_SCOPE.expect(len(result.partition_tags))
         return result
 
     def _undelegate_islands(self, result: PartitionResult) -> None:
@@ -257,6 +265,3 @@ def _preprocess_pattern_ops() -> frozenset[str]:
     return frozenset().union(*(pattern_ops(r.pattern)
                                for p in TAKEN_OVER_PASSES for r in rules_for(p)))
 
-
-# the same signature and docs as ExecuTorch's constructor (inspect.signature follows __wrapped__)
-functools.update_wrapper(VulkanPartitioner.__init__, _StockVulkanPartitioner.__init__)

@@ -17,11 +17,12 @@ from __future__ import annotations
 import html
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from torch.fx import Node
 
+from fusionkit.authoring.verify import Verification
 from fusionkit.match.finder import Decline, Match, MatchSet
 from fusionkit.match.targets import op_key
 from fusionkit.result import MatchResult, Status
@@ -163,6 +164,8 @@ td, th { border: 1px solid #dee2e6; padding: 4px 8px; text-align: left; vertical
 figure { margin: 1em 0; border: 1px solid #dee2e6; padding: 1em; overflow-x: auto; }
 figcaption { font-size: 0.9em; margin-bottom: 0.5em; }
 .legend span { display: inline-block; padding: 2px 8px; margin-right: 6px; border: 1px solid #adb5bd; }
+.verify-equal { background: #d1e7dd; } .verify-different { background: #f8d7da; font-weight: bold; }
+.verify-cannot-check { background: #fff3cd; }
 """
 
 
@@ -178,14 +181,40 @@ def _section(i: int, item: Item) -> str:
             f"{esc(item.reason)}</span></figcaption>\n{svg}\n</figure>\n</section>")
 
 
-def render_html(items: Iterable[Item], title: str = "fusionkit explain") -> str:
-    """The page: a summary table, then one drawing per item, in graph order."""
+def _verified(v: Verification | None) -> str:
+    """A rule's verification status as a table cell (``fusionkit explain --verify``)."""
+    if v is None:
+        return "<td>-</td>"
+    return (f'<td class="verify-{v.status.replace(" ", "-")}" title="{html.escape(str(v))}">'
+            f"{html.escape(v.status)}</td>")
+
+
+def _verification_section(results: Mapping[str, Verification]) -> str:
+    esc = html.escape
+    rows = "\n".join(f'<tr><td><code>{esc(n)}</code></td>{_verified(v)}<td>{v.cases}</td>'
+                     f"<td>{esc(v.reason)}"
+                     + (f"<pre>{esc(str(v.counterexample))}</pre>" if v.counterexample else "")
+                     + "</td></tr>" for n, v in results.items())
+    return ('<h2 id="verification">Verification (<code>fusionkit verify</code>)</h2>\n'
+            "<table><tr><th>rule</th><th>status</th><th>cases</th><th>why</th></tr>\n"
+            f"{rows}\n</table>")
+
+
+def render_html(items: Iterable[Item], title: str = "fusionkit explain",
+                verifications: Mapping[str, Verification] | None = None) -> str:
+    """The page: a summary table, then one drawing per item, in graph order.
+
+    ``verifications`` (rule name -> :func:`~fusionkit.authoring.verify.verify`'s result)
+    adds each rule's verification status to the table and a section listing them."""
     esc = html.escape
     its = list(items)
+    checked = verifications or {}
+    verified_head = "<th>verified</th>" if verifications is not None else ""
     rows = "\n".join(
         f'<tr class="{it.verdict}"><td><a href="#item-{i}">{i}</a></td><td>{esc(it.rule)}</td>'
         f"<td>{it.verdict}</td><td><code>{esc(it.root.name)}</code></td><td>{esc(it.step)}</td>"
-        f"<td>{esc(it.fault.name) if it.fault is not None else '-'}</td><td>{esc(it.reason)}</td></tr>"
+        f"<td>{esc(it.fault.name) if it.fault is not None else '-'}</td><td>{esc(it.reason)}</td>"
+        + (_verified(checked.get(it.rule)) if verifications is not None else "") + "</tr>"
         for i, it in enumerate(its, 1))
     fused = sum(it.verdict == "fused" for it in its)
     body = "\n".join(_section(i, it) for i, it in enumerate(its, 1))
@@ -198,7 +227,9 @@ def render_html(items: Iterable[Item], title: str = "fusionkit explain") -> str:
             f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>\n"
             f"<h1>{esc(title)}</h1>\n<p>{fused} fused, {len(its) - fused} declined.</p>\n{legend}\n"
             "<table><tr><th>#</th><th>rule</th><th>verdict</th><th>root</th><th>step</th>"
-            f"<th>node at fault</th><th>reason</th></tr>\n{rows}\n</table>\n{body}\n"
+            f"<th>node at fault</th><th>reason</th>{verified_head}</tr>\n{rows}\n</table>\n"
+            + (_verification_section(verifications) + "\n" if verifications else "")
+            + f"{body}\n"
             "</body></html>\n")
     return page
 
@@ -212,8 +243,9 @@ def items_of(ms: MatchSet) -> list[Item]:
     return sorted(all_items, key=lambda it: (order.get(it.root, 0), it.verdict != "fused"))
 
 
-def write_html(path: str, items: Iterable[Item], title: str = "fusionkit explain") -> None:
-    page = render_html(items, title)
+def write_html(path: str, items: Iterable[Item], title: str = "fusionkit explain",
+               verifications: Mapping[str, Verification] | None = None) -> None:
+    page = render_html(items, title, verifications)
     with open(path, "w", encoding="utf-8") as f:
         f.write(page)
 

@@ -1,0 +1,106 @@
+"""``fusionkit verify``: which rules to verify, and the report.
+
+A target is a YAML spec (``SPEC.yaml``), ``package.module:name`` (a :class:`~fusionkit.Rule`,
+a list of them, or a no-argument callable returning either) or the name of a registered
+rule set (``vulkan``, ``xnnpack``, ``vulkan_preprocess``, ``builtin``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fusionkit.authoring.verify import (
+    CANNOT_CHECK,
+    DIFFERENT,
+    EQUAL,
+    TOLERANCES,
+    Verification,
+    verify,
+)
+from fusionkit.rule import Rule
+
+__all__ = ["VerifyTargetError", "load_targets", "status_of", "verification_text", "verify_targets"]
+
+
+class VerifyTargetError(ValueError):
+    """A target that names no rules (no such file, module, attribute or rule set)."""
+
+
+def _rules_of(obj: Any, what: str) -> list[Rule]:
+    if callable(obj) and not isinstance(obj, Rule):
+        obj = obj()
+    if isinstance(obj, Rule):
+        return [obj]
+    if isinstance(obj, (list, tuple)) and all(isinstance(r, Rule) for r in obj):
+        return list(obj)
+    raise VerifyTargetError(f"{what}: not a Rule, a list of rules or a callable returning them "
+                            f"(got {type(obj).__name__})")
+
+
+def load_targets(targets: Sequence[str], load_specs: Callable[[list[str]], list[Rule]]) -> list[Rule]:
+    """The rules ``targets`` name, in order (``load_specs`` reads YAML files)."""
+    rules: list[Rule] = []
+    for t in targets:
+        if t.endswith((".yaml", ".yml")):
+            if not Path(t).is_file():
+                raise VerifyTargetError(f"{t}: no such file")
+            rules.extend(load_specs([t]))
+        elif ":" in t:
+            module, _, attr = t.partition(":")
+            try:
+                mod = importlib.import_module(module)
+            except ImportError as e:
+                raise VerifyTargetError(f"{t}: cannot import {module}: {e}") from None
+            if not hasattr(mod, attr):
+                raise VerifyTargetError(f"{t}: module {module} has no {attr!r}")
+            rules.extend(_rules_of(getattr(mod, attr), t))
+        else:
+            from fusionkit.passes.registry import rule_set, rule_set_names
+
+            try:
+                rules.extend(rule_set(t))
+            except KeyError:
+                raise VerifyTargetError(f"{t}: not a .yaml spec, a module:name or a rule set "
+                                        f"({', '.join(rule_set_names())})") from None
+    return rules
+
+
+def verify_targets(rules: Sequence[Rule], *, cases: int = 20,
+                   progress: Callable[[str], None] | None = None) -> list[Verification]:
+    out = []
+    for r in rules:
+        if progress is not None:
+            progress(f"verifying {r.name}")
+        out.append(verify(r, cases=cases))
+    return out
+
+
+def status_of(results: Sequence[Verification]) -> int:
+    """Exit status: 1 when a rule computes something else than its pattern, else 0."""
+    return 1 if any(v.status == DIFFERENT for v in results) else 0
+
+
+_MARK = {EQUAL: "equal", DIFFERENT: "DIFFERENT", CANNOT_CHECK: "cannot check"}
+
+
+def verification_text(results: Sequence[Verification]) -> str:
+    lines = []
+    for v in results:
+        lines.append(f"{v.rule}: {_MARK[v.status]} ({v.seconds:.1f} s): {v.reason}")
+        if v.counterexample is not None:
+            lines.append(f"  smallest counterexample: {v.counterexample}")
+    counts = {s: sum(v.status == s for v in results) for s in (EQUAL, DIFFERENT, CANNOT_CHECK)}
+    tol = ", ".join(f"{str(d).removeprefix('torch.')} {t:g}" for d, t in TOLERANCES.items()
+                    if d.is_floating_point)
+    lines.append(f"{len(results)} rule(s): {counts[EQUAL]} equal, {counts[DIFFERENT]} different, "
+                 f"{counts[CANNOT_CHECK]} cannot check (tolerance x (1 + |expected|): {tol}; "
+                 "8-bit outputs within 1 step, other integers exact)")
+    return "\n".join(lines)
+
+
+def print_report(results: Sequence[Verification]) -> None:
+    print(verification_text(results), file=sys.stdout)

@@ -1,0 +1,879 @@
+"""``verify(rule)``: does a rule's replacement compute what its pattern computes?
+
+A fusion that runs can still be wrong: a quantized add that drops its relu, two
+affine-free batch norms given one set of statistics. :func:`verify` builds the
+pattern's own subgraph for generated operands, lets the rule rewrite it with the
+real matcher, constraints and replacement (:class:`~fusionkit.fusion_pass.FusionPass`
+on an exported program), evaluates both programs and compares them.
+
+How a case is made (drawn with hypothesis, so a failure shrinks to the smallest one):
+
+* the pattern is walked once per case: an alternative (``a | b``) and an op of a
+  multi-target :func:`~fusionkit.match.pattern.op` are drawn, commutative operands may
+  swap; :func:`~fusionkit.match.pattern.through` adds no op;
+* a capture in a tensor argument becomes a tensor: a parameter/buffer when a
+  :class:`~fusionkit.check.constraints.PrepackableConstant` asks for one (else drawn:
+  a user input or a constant), of a shape drawn around one base shape (the same
+  shape, a suffix of it, ones in some dims, or any other rank-0..4 shape of sizes
+  1..5), of a dtype a :class:`~fusionkit.check.constraints.DtypeIn` admits (else mostly
+  float32), with values drawn as small integers or normal samples;
+* a literal (a value matcher, or a capture in a number/int/list argument) is drawn
+  from the values its matcher and a :class:`~fusionkit.check.constraints.ScalarRange`
+  admit, their bounds (the edges) included;
+* the subgraph is run eagerly (a case the ops refuse is not a case), exported with
+  ``torch.export`` and copied; the rule must accept the match at the pattern's root (a
+  declined case is counted with its reason); the rewritten program is run.
+
+Backend ops run through the reference implementations registered in torch (the
+``et_vk`` ops' CPU implementations come with ``executorch.backends.vulkan``); an op
+with none makes the rule "cannot check" and is named.
+
+Results are compared per output with the tolerance of its dtype (:data:`TOLERANCES`):
+``|got - expected| <= tol * (1 + |expected|)``, NaN equal to NaN, shapes and dtypes
+exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fusionkit.check.constraints import (
+    DtypeIn,
+    GraphLeaf,
+    PrepackableConstant,
+    Rank,
+    ScalarRange,
+    UserInput,
+)
+from fusionkit.match.pattern import (
+    Also,
+    Alt,
+    Capture,
+    Named,
+    Op,
+    Outputs,
+    Pattern,
+    Seq,
+    Through,
+    Value,
+)
+from fusionkit.match.targets import op_key, resolve_op
+from fusionkit.rule import Rule
+
+__all__ = ["TOLERANCES", "Counterexample", "Verification", "verify", "verify_rules"]
+
+#: absolute/relative tolerance per output dtype: ``|got - want| <= tol * (1 + |want|)``;
+#: an integer output may differ by at most ``tol`` (one quantization step for 8-bit)
+TOLERANCES: dict[torch.dtype, float] = {
+    torch.float64: 1e-9,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 5e-2,
+    torch.int8: 1,
+    torch.uint8: 1,
+    torch.int16: 0,
+    torch.int32: 0,
+    torch.int64: 0,
+    torch.bool: 0,
+}
+
+#: op namespaces whose CPU kernels (ExecuTorch's C++ custom ops) abort the process on
+#: operands they refuse, instead of raising: the verifier never runs them
+UNSAFE_TO_RUN: tuple[str, ...] = ("llama.",)
+UNSAFE_TO_RUN_WHY = "its C++ kernel aborts the process on operands it refuses"
+
+EQUAL, DIFFERENT, CANNOT_CHECK = "equal", "different", "cannot check"
+
+
+class _NotACase(Exception):
+    """The drawn operands do not make a case (an op refused them, a literal is missing)."""
+
+
+# ----------------------------------------------------------------- what a case is
+
+
+@dataclass
+class _Input:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    constant: bool
+    value: torch.Tensor
+
+
+@dataclass
+class _Call:
+    target: Any  # an OpOverload
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass
+class _Ref:
+    """A reference to an input (by name) or to the result of call ``index``."""
+
+    input: str | None = None
+    index: int | None = None
+
+
+@dataclass
+class _Case:
+    inputs: dict[str, _Input] = field(default_factory=dict)
+    calls: list[_Call] = field(default_factory=list)
+    outputs: list[_Ref] = field(default_factory=list)
+    literals: dict[str, Any] = field(default_factory=dict)
+
+    def key(self) -> str:
+        """The structure (not the values of user inputs): what export depends on."""
+        ins = [(i.name, i.shape, str(i.dtype), i.constant,
+                i.value.tolist() if i.constant else None) for i in self.inputs.values()]
+        calls = [(str(c.target), _plain(c.args), _plain(c.kwargs)) for c in self.calls]
+        return repr((ins, calls, _plain(self.outputs)))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "inputs": {n: {"shape": list(i.shape), "dtype": str(i.dtype).removeprefix("torch."),
+                           "kind": "constant" if i.constant else "user input",
+                           "values": i.value.tolist()} for n, i in self.inputs.items()},
+            "literals": {k: _jsonable(v) for k, v in self.literals.items()},
+            "ops": [str(c.target) for c in self.calls],
+        }
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, _Ref):
+        return ("ref", v.input, v.index)
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return repr(v)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, torch.dtype):
+        return str(v).removeprefix("torch.")
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return repr(v)
+
+
+# ------------------------------------------------------------ the drawn operands
+
+
+def _arg_kind(a: Any) -> str:
+    """What kind of value a schema argument takes (``tensor``, ``ints``, ``number``, ...)."""
+    t, name = str(a.type), a.name
+    if name in ("layout", "device", "memory_format", "pin_memory"):
+        return "other"
+    if name in ("dtype", "out_dtype", "output_dtype") and "int" in t:
+        return "dtype"
+    if "Tensor" in t:
+        return "tensors" if "List" in t else "tensor?" if "Optional" in t else "tensor"
+    if "List[int]" in t or "List[SymInt]" in t:
+        return "ints"
+    if "number" in t or "float" in t:
+        return "number"
+    if "bool" in t:
+        return "bool"
+    if "int" in t:
+        return "int"
+    if "str" in t:
+        return "str"
+    return "other"
+
+
+def _shape_hint(key: str, index: int, before: list[Any], draw: Callable[[Any], Any]) -> tuple[int, ...] | None:
+    """A shape for argument ``index`` of op ``key`` that fits the arguments ``before`` it
+    (the weight of a convolution or a linear, a batch norm's statistics, a matmul's operand)."""
+    from hypothesis import strategies as st
+
+    x = before[0] if before and isinstance(before[0], torch.Tensor) else None
+    prev = before[-1] if before and isinstance(before[-1], torch.Tensor) else None
+    name = key.split(".")[1] if key.count(".") >= 2 else key
+    if x is None:
+        return None
+    if name in ("convolution", "conv2d", "conv1d", "conv_with_clamp") and x.dim() in (3, 4):
+        if index == 1:
+            k = draw(st.integers(1, max(1, min(3, *x.shape[2:]))))
+            return (draw(st.integers(1, 4)), x.shape[1], *([k] * (x.dim() - 2)))
+        if index == 2 and prev is not None and prev.dim() >= 1:
+            return (prev.shape[0],)
+    if name == "linear" and x.dim() >= 1:
+        if index == 1:
+            return (draw(st.integers(1, 4)), x.shape[-1])
+        if index == 2 and prev is not None and prev.dim() == 2:
+            return (prev.shape[0],)
+    if name in ("mm", "matmul", "bmm") and index == 1 and x.dim() >= 2:
+        return (*x.shape[:-2], x.shape[-1], draw(st.integers(1, 4)))
+    if name == "addmm" and index == 2 and prev is not None and prev.dim() == 2:
+        return (prev.shape[1], x.shape[-1] if x.dim() >= 1 else 1)
+    if name == "addmm" and index == 1 and x.dim() >= 1:
+        return (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    if "batch_norm" in name and index >= 1 and x.dim() >= 2:
+        return (x.shape[1],)
+    if name in ("native_layer_norm", "layer_norm") and index >= 2:
+        return tuple(before[1]) if len(before) > 1 and isinstance(before[1], list) else None
+    return None
+
+
+#: candidate literals per argument kind (filtered by the matcher that must accept them)
+_POOLS: dict[str, tuple[Any, ...]] = {
+    "number": (1e-5, 1.0, 0.0, 0.5, 2.0, -1.0, 1e-6, 3.0, 6.0, -0.5),
+    "int": (-1, 0, 1, 2, 3, -2, 4),
+    "bool": (False, True),
+    "ints": ([-1], [0], [1], [2], [-2], [0, 1], [1, 1], [0, 0], [2, 2], [], [3], [1, 2]),
+    "dtype": (None, torch.float32, torch.float16, torch.int8),
+    "str": ("none", "tanh"),
+    "other": (None,),
+    "tensor?": (None,),
+    "tensor": (1e-5, 1.0, 0.0, 0.5, 2.0, -1.0, 1e-6),
+}
+
+#: dtypes an unconstrained tensor may take (the first most often)
+_FREE_DTYPES = (torch.float32, torch.float16, torch.int64, torch.int8)
+
+
+def _spec_candidates(v: Value) -> list[Any]:
+    """The literals a named value matcher's own arguments suggest (its edges first)."""
+    if v.spec is None:
+        return []
+    name, kwargs = v.spec[0], dict(v.spec[1]) if len(v.spec) > 1 else {}
+    out: list[Any] = []
+    if name in ("lit",):
+        out.append(kwargs.get("value"))
+    elif name == "one_of":
+        out.extend(kwargs.get("values") or ())
+    elif name in ("scalar", "integer"):
+        lo, hi = kwargs.get("lo"), kwargs.get("hi")
+        for b in (lo, hi):
+            if b is not None:
+                out.append(b)
+        if lo is not None and hi is not None:
+            out.append((lo + hi) / 2 if name == "scalar" else (lo + hi) // 2)
+        if lo is not None:
+            out.append(lo + (1e-3 if name == "scalar" else 1))
+    elif name == "per_row_block":
+        out.append([1] * (int(kwargs.get("rank", 2)) - 1) + [2])
+    elif name == "int_list" and kwargs.get("length") is not None:
+        n = int(kwargs["length"])
+        out.extend([[-1] * n, list(range(n))])
+    return out
+
+
+def _accepts(v: Value, x: Any) -> bool:
+    try:
+        return bool(v.accepts(x))
+    except Exception:
+        return False
+
+
+class _Builder:
+    """Walks a rule's pattern, drawing one case; computes eagerly as it goes."""
+
+    def __init__(self, rule: Rule, draw: Callable[[Any], Any]) -> None:
+        from hypothesis import strategies as st
+
+        self.st = st
+        self.rule = rule
+        self.draw = draw
+        self.case = _Case()
+        self.bound: dict[str, Any] = {}  # capture name -> _Ref or literal
+        self.values: dict[int, Any] = {}  # call index -> eager value
+        self.anonymous = 0
+        #: (op key, argument index, the eager arguments before it) while an op's argument is built
+        self.context: tuple[str, int, list[Any]] | None = None
+        self.constant = {c.capture for c in rule.constraints if isinstance(c, PrepackableConstant)}
+        self.leaf = {c.capture for c in rule.constraints if isinstance(c, (GraphLeaf, UserInput))}
+        self.dtypes: dict[str, list[torch.dtype]] = {}
+        self.ranks: dict[str, list[int]] = {}
+        self.ranges: dict[str, list[float]] = {}
+        for c in rule.constraints:
+            if isinstance(c, DtypeIn):
+                self.dtypes[c.capture] = sorted(c.dtypes, key=lambda d: (d != torch.float32, str(d)))
+            elif isinstance(c, Rank):
+                self.ranks[c.capture] = sorted(c.ranks)
+            elif isinstance(c, ScalarRange):
+                self.ranges[c.capture] = [b for b in (c.lo, c.hi) if b is not None]
+        rank = draw(st.integers(1, 4))
+        self.base = tuple(draw(st.lists(st.integers(1, 5), min_size=rank, max_size=rank)))
+        self.dtype = draw(st.sampled_from(_FREE_DTYPES[:2]))
+        self.values_mode = draw(st.sampled_from(("small integers", "normal")))
+        self.seed = draw(st.integers(0, 2**16))
+        self.gen = torch.Generator().manual_seed(self.seed)
+
+    # -- values
+
+    def _eager(self, r: Any) -> Any:
+        if isinstance(r, _Ref):
+            if r.input is not None:
+                return self.case.inputs[r.input].value
+            return self.values[r.index]  # type: ignore[index]
+        if isinstance(r, list):
+            return [self._eager(x) for x in r]
+        if isinstance(r, tuple):
+            return tuple(self._eager(x) for x in r)
+        return r
+
+    def _tensor(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if dtype == torch.bool:
+            return torch.randint(0, 2, shape, generator=self.gen).bool()
+        if not dtype.is_floating_point:
+            lo = 0 if dtype == torch.uint8 else -3
+            return torch.randint(lo, 4, shape, generator=self.gen).to(dtype)
+        if self.values_mode == "small integers":
+            return torch.randint(-3, 4, shape, generator=self.gen).to(dtype)
+        return torch.randn(shape, generator=self.gen).to(dtype)
+
+    def _shape(self, name: str) -> tuple[int, ...]:
+        st, draw = self.st, self.draw
+        ranks = self.ranks.get(name)
+        if self.context is not None:
+            key, index, before = self.context
+            hint = _shape_hint(key, index, before, draw)
+            if hint is not None and (ranks is None or len(hint) in ranks) and draw(st.integers(0, 3)) < 3:
+                return hint
+        mode = draw(st.integers(0, 3))
+        if mode == 0 and (ranks is None or len(self.base) in ranks):
+            return self.base
+        if mode == 1 and ranks is None:  # a suffix of the base shape (broadcasts)
+            k = draw(st.integers(0, len(self.base)))
+            return self.base[k:]
+        if mode == 2 and (ranks is None or len(self.base) in ranks):  # ones in some dims
+            ones = draw(st.lists(st.booleans(), min_size=len(self.base), max_size=len(self.base)))
+            return tuple(1 if o else d for d, o in zip(self.base, ones, strict=True))
+        rank = draw(st.sampled_from(ranks)) if ranks else draw(st.integers(0, 4))
+        sizes = st.sampled_from(sorted(set(self.base) | {1})) | st.integers(1, 5)
+        return tuple(draw(st.lists(sizes, min_size=rank, max_size=rank)))
+
+    def tensor_capture(self, name: str) -> _Ref:
+        st, draw = self.st, self.draw
+        if name in self.bound:
+            return self.bound[name]  # type: ignore[no-any-return]
+        shape = self._shape(name)
+        if name in self.dtypes:
+            dtype = draw(st.sampled_from(self.dtypes[name]))
+        else:
+            dtype = self.dtype if draw(st.integers(0, 5)) < 5 else draw(st.sampled_from(_FREE_DTYPES))
+        if name in self.constant:
+            constant = True
+        elif name in self.leaf:
+            constant = False
+        else:
+            constant = draw(st.integers(0, 3)) == 3
+        value = self._tensor(shape, dtype)
+        self.case.inputs[name] = _Input(name, shape, dtype, constant, value)
+        ref = _Ref(input=name)
+        self.bound[name] = ref
+        return ref
+
+    def literal(self, kind: str, value: Value | None, name: str | None) -> Any:
+        if name is not None and name in self.bound:
+            return self.bound[name]
+        pool: list[Any] = []
+        if value is not None:
+            pool.extend(_spec_candidates(value))
+        if name is not None:
+            pool.extend(self.ranges.get(name, ()))
+        if kind == "ints" and self.context is not None:  # shapes and dims of the operand before
+            before = self.context[2]
+            x = before[0] if before and isinstance(before[0], torch.Tensor) else None
+            if x is not None:
+                pool.extend([list(x.shape), [*x.shape, 1], [1, *x.shape], [x.numel()],
+                             list(x.shape[-1:]), list(range(x.dim()))[::-1]])
+        pool.extend(_POOLS.get(kind if kind in _POOLS else "other", (None,)))
+        if kind == "other":
+            pool.extend(_POOLS["number"])
+        if value is not None:
+            seen: list[Any] = []
+            for p in pool:
+                if _accepts(value, p) and not any(_same_literal(p, s) for s in seen):
+                    seen.append(p)
+            pool = seen
+        if not pool:
+            raise _NotACase(f"no literal the generator knows satisfies {value!r}")
+        got = self.draw(self.st.sampled_from(pool))
+        if name is not None:
+            self.bound[name] = got
+            self.case.literals[name] = got
+        return got
+
+    # -- the walk
+
+    def build(self, p: Pattern, kind: str = "tensor") -> Any:
+        if isinstance(p, Capture):
+            if kind in ("tensor", "tensor?", "tensors"):
+                return self.tensor_capture(p.name)
+            return self.literal(kind, None, p.name)
+        if isinstance(p, Value):
+            return self.literal(kind, p, p.name)
+        if isinstance(p, Named):
+            got = self.build(p.inner, kind)
+            self.bound.setdefault(p.name, got)
+            return got
+        if isinstance(p, Alt):
+            i = self.draw(self.st.integers(0, len(p.options) - 1))
+            return self.build(p.options[i], kind)
+        if isinstance(p, Through):
+            return self.build(p.inner, kind)
+        if isinstance(p, Seq):
+            item = "tensor" if kind == "tensors" else kind
+            return [self.build(i, item) for i in p.items]
+        if isinstance(p, Op):
+            return self._op(p)
+        if isinstance(p, Outputs):
+            first = self.build(p.primary)
+            self.case.outputs.append(first)
+            for o in p.others:
+                self.case.outputs.append(self.build(o))
+            return first
+        if isinstance(p, Also):
+            got = self.build(p.pattern)
+            self.bound.setdefault(p.name, got)
+            return got
+        raise _NotACase(f"the generator has no case for a {type(p).__name__} pattern")
+
+    def _op(self, p: Op) -> _Ref:
+        keys = sorted(p.targets, key=lambda k: (not k.startswith("aten."), k))
+        key = keys[self.draw(self.st.integers(0, len(keys) - 1))] if len(keys) > 1 else keys[0]
+        if key.startswith(UNSAFE_TO_RUN):
+            raise _NotACase(f"{key} is not run on generated operands ({UNSAFE_TO_RUN_WHY})")
+        target = resolve_op(key)
+        schema = target._schema
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        given = list(p.args)
+        if p.commutative and len(given) >= 2 and self.draw(self.st.booleans()):
+            given[0], given[1] = given[1], given[0]
+        def put(i: int, a: Any, v: Any) -> None:
+            if a.kwarg_only:
+                kwargs[a.name] = v
+                return
+            while len(args) < i:  # positional up to here: the defaults
+                d = schema.arguments[len(args)]
+                args.append(d.default_value if d.has_default_value() else None)
+            args.append(v)
+
+        for i, a in enumerate(schema.arguments):
+            kind = _arg_kind(a)
+            self.context = (key, i, self._eager(args))
+            if i < len(given):
+                put(i, a, self.build(given[i], kind))
+            elif a.name in p.kwargs:
+                put(i, a, self.build(p.kwargs[a.name], kind))
+            elif not a.has_default_value():  # a wildcard (strict_defaults=False): any operand
+                self.anonymous += 1
+                put(i, a, self.build(Capture(f"{a.name}_{self.anonymous}"), kind))
+        call = _Call(target, tuple(args), kwargs)
+        real_args, real_kwargs = self._eager(call.args), self._eager(call.kwargs)
+        try:  # shapes first, on meta tensors: a native kernel is never given operands it refuses
+            target(*_to_meta(real_args), **_to_meta(real_kwargs))
+        except NotImplementedError:
+            if not key.startswith("aten."):
+                raise _NotACase(f"{key}: no meta kernel to check operands with") from None
+        except Exception as e:
+            if key.startswith("aten.") and "meta" in str(e):
+                pass  # an ATen op that cannot run on meta tensors (.item()): ATen raises instead
+            else:
+                raise _NotACase(f"{key}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        try:
+            out = target(*real_args, **real_kwargs)
+        except Exception as e:  # the drawn operands are not a case for this op
+            raise _NotACase(f"{key}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        self.case.calls.append(call)
+        index = len(self.case.calls) - 1
+        self.values[index] = out
+        return _Ref(index=index)
+
+
+def _to_meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.to("meta")
+    if isinstance(v, list):
+        return [_to_meta(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_to_meta(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _to_meta(x) for k, x in v.items()}
+    return v
+
+
+def _same_literal(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+# ------------------------------------------------------------- export and compare
+
+
+class _Program(torch.nn.Module):
+    """The drawn subgraph as a module: constants are parameters/buffers, the rest inputs."""
+
+    def __init__(self, case: _Case) -> None:
+        super().__init__()
+        self.case = case
+        self.user = [n for n, i in case.inputs.items() if not i.constant]
+        for n, i in case.inputs.items():
+            if i.constant:
+                if i.dtype.is_floating_point:
+                    self.register_parameter(f"c_{n}", torch.nn.Parameter(i.value.clone(), requires_grad=False))
+                else:
+                    self.register_buffer(f"c_{n}", i.value.clone())
+
+    def forward(self, *xs: torch.Tensor) -> tuple[Any, ...]:
+        env: dict[str, Any] = dict(zip(self.user, xs, strict=True))
+        results: list[Any] = []
+
+        def ev(r: Any) -> Any:
+            if isinstance(r, _Ref):
+                if r.input is not None:
+                    return env[r.input] if r.input in env else getattr(self, f"c_{r.input}")
+                return results[r.index]  # type: ignore[index]
+            if isinstance(r, list):
+                return [ev(x) for x in r]
+            if isinstance(r, tuple):
+                return tuple(ev(x) for x in r)
+            return r
+
+        for c in self.case.calls:
+            results.append(c.target(*ev(c.args), **{k: ev(v) for k, v in c.kwargs.items()}))
+        return tuple(ev(o) for o in self.case.outputs)
+
+
+def _flat(v: Any) -> list[Any]:
+    if isinstance(v, (list, tuple)):
+        return [x for y in v for x in _flat(y)]
+    return [v]
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """The tolerance :func:`verify` compares an output of ``dtype`` with."""
+    return float(TOLERANCES.get(dtype, 0))
+
+
+def _difference(want: Any, got: Any) -> tuple[str | None, float]:
+    """Why ``got`` is not ``want`` (None: equal within tolerance), and the largest error."""
+    ws, gs = _flat(want), _flat(got)
+    if len(ws) != len(gs):
+        return f"{len(gs)} outputs instead of {len(ws)}", math.inf
+    worst = 0.0
+    for i, (w, g) in enumerate(zip(ws, gs, strict=True)):
+        if not isinstance(w, torch.Tensor) or not isinstance(g, torch.Tensor):
+            if w != g:
+                return f"output {i} is {g!r}, expected {w!r}", math.inf
+            continue
+        if w.shape != g.shape:
+            return f"output {i} has shape {tuple(g.shape)}, expected {tuple(w.shape)}", math.inf
+        if w.dtype != g.dtype:
+            return f"output {i} has dtype {g.dtype}, expected {w.dtype}", math.inf
+        if w.numel() == 0:
+            continue
+        tol = tolerance(w.dtype)
+        wd, gd = w.double(), g.double()
+        nan = torch.isnan(wd) | torch.isnan(gd)
+        if bool((torch.isnan(wd) != torch.isnan(gd)).any()):
+            return f"output {i}: NaN where the pattern has none (or the reverse)", math.inf
+        same_inf = torch.isinf(wd) & (wd == gd)
+        err = torch.where(nan | same_inf, torch.zeros_like(wd), (gd - wd).abs())
+        err = torch.nan_to_num(err, nan=math.inf, posinf=math.inf)
+        worst = max(worst, float(err.max()))
+        bound = tol * (1 + wd.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0))
+        if bool((err > bound).any()):
+            return (f"output {i} differs by up to {float(err.max()):.4g} "
+                    f"(tolerance for {str(w.dtype).removeprefix('torch.')}: {tol:g} x (1 + |expected|))"), worst
+    return None, worst
+
+
+def _no_reference(gm: torch.fx.GraphModule) -> list[str]:
+    """Ops in ``gm`` that torch has no implementation to run on the CPU for."""
+    missing: list[str] = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        name = n.target.name()
+        if (op_key(n.target) or "").startswith(UNSAFE_TO_RUN):
+            missing.append(f"{op_key(n.target)} ({UNSAFE_TO_RUN_WHY})")
+        elif not any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k)
+                   for k in ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")):
+            missing.append(op_key(n.target) or name)
+    return sorted(set(missing))
+
+
+# -------------------------------------------------------------------- the verdict
+
+
+@dataclass(frozen=True)
+class Counterexample:
+    """The smallest case found where the replacement computes something else."""
+
+    inputs: Mapping[str, Any]
+    literals: Mapping[str, Any]
+    ops: tuple[str, ...]
+    reason: str
+    max_error: float
+    expected: Any
+    got: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inputs": dict(self.inputs), "literals": dict(self.literals), "ops": list(self.ops),
+                "reason": self.reason,
+                "max_error": self.max_error if math.isfinite(self.max_error) else str(self.max_error),
+                "expected": _jsonable(self.expected), "got": _jsonable(self.got)}
+
+    def __str__(self) -> str:
+        ins = "; ".join(f"{n}: {v['kind']} {v['dtype']}{tuple(v['shape'])} = {v['values']}"
+                        for n, v in self.inputs.items())
+        lits = ", ".join(f"{k}={v!r}" for k, v in self.literals.items())
+        return (f"{self.reason}\n    operands: {ins}" + (f"\n    literals: {lits}" if lits else "")
+                + f"\n    pattern: {self.expected}\n    replacement: {self.got}")
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What :func:`verify` found for one rule."""
+
+    rule: str
+    status: str  # "equal", "different" or "cannot check"
+    reason: str
+    cases: int  # cases compared (matched, both programs ran)
+    shapes: tuple[str, ...] = ()  # the distinct operand shapes compared
+    dtypes: tuple[str, ...] = ()
+    declined: Mapping[str, int] = field(default_factory=dict)  # decline reason -> count
+    counterexample: Counterexample | None = None
+    no_reference: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == EQUAL
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "status": self.status, "reason": self.reason, "cases": self.cases,
+                "shapes": list(self.shapes), "dtypes": list(self.dtypes), "declined": dict(self.declined),
+                "counterexample": self.counterexample.to_dict() if self.counterexample else None,
+                "no_reference": list(self.no_reference), "seconds": round(self.seconds, 2),
+                "tolerances": {str(k).removeprefix("torch."): v for k, v in TOLERANCES.items()}}
+
+    def summary(self) -> str:
+        """One line: the rule, the verdict and why."""
+        return f"{self.rule}: {self.status} - {self.reason}"
+
+    def __str__(self) -> str:
+        out = self.summary()
+        if self.counterexample is not None:
+            out += f"\n  smallest counterexample: {self.counterexample}"
+        return out
+
+
+def _single(v: Any) -> Any:
+    return v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v
+
+
+def _short(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.tolist() if v.numel() <= 64 else f"tensor{tuple(v.shape)}"
+    if isinstance(v, (list, tuple)):
+        return [_short(x) for x in v]
+    return v
+
+
+class _Checker:
+    """Runs drawn cases: export (memoised by structure), rewrite, evaluate, compare."""
+
+    def __init__(self, rule: Rule, cases: int) -> None:
+        self.rule = rule
+        self.want = cases
+        self.compared = 0
+        self.shapes: set[str] = set()
+        self.dtypes: set[str] = set()
+        self.declined: Counter[str] = Counter()
+        self.not_a_case: Counter[str] = Counter()
+        self.no_reference: set[str] = set()
+        self.exported: dict[str, Any] = {}
+        self.last_difference: tuple[str, float, Any, Any] | None = None
+
+    def rewritten(self, case: _Case) -> tuple[Any, Any] | str:
+        """(the exported pattern, the rewritten program) or why the rule did not fuse it."""
+        key = case.key()
+        if key in self.exported:
+            return self.exported[key]  # type: ignore[no-any-return]
+        from fusionkit.fusion_pass import FusionPass
+        from fusionkit.match.finder import find_matches
+
+        program = _Program(case)
+        user = tuple(case.inputs[n].value for n in program.user)
+        try:
+            ep = torch.export.export(program, user, strict=False)
+        except Exception as e:
+            got: tuple[Any, Any] | str = f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            self.exported[key] = got
+            return got
+        out = next(n for n in ep.graph.nodes if n.op == "output")
+        roots = [a for a in _flat(out.args[0]) if isinstance(a, torch.fx.Node)]
+        root = roots[0] if roots else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rewritten = copy.deepcopy(ep)
+        ms = find_matches(rewritten, [self.rule])
+        if not any(m.root.name == getattr(root, "name", None) for m in ms.accepted):
+            at_root = [d for d in ms.declined if d.root.name == getattr(root, "name", None)]
+            why = (f"declined: {at_root[0].step}: {at_root[0].reason}" if at_root
+                   else "the pattern did not match its own subgraph (as exported: "
+                        f"{', '.join(str(n.target) for n in ep.graph.nodes if n.op == 'call_function')})")
+            self.exported[key] = why
+            return why
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            FusionPass([self.rule], name=f"verify:{self.rule.name}").call(rewritten)
+            got = (ep.module(), rewritten.module())
+        self.exported[key] = got
+        return got
+
+    def differs(self, case: _Case) -> bool:
+        """Whether this case is a counterexample; counts what it was."""
+        made = self.rewritten(case)
+        if isinstance(made, str):
+            self.declined[made] += 1
+            return False
+        pattern_gm, gm = made
+        missing = _no_reference(gm)
+        if missing:
+            self.no_reference.update(missing)
+            return False
+        user = tuple(case.inputs[n].value.clone() for n in _Program(case).user)
+        want = pattern_gm(*user)
+        try:
+            got = gm(*user)
+        except NotImplementedError as e:
+            self.no_reference.add(str(e).splitlines()[0][:200])
+            return False
+        except Exception as e:
+            raised = f"the rewritten program raised {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            self.last_difference = (raised, math.inf, want, None)
+            return True
+        reason, worst = _difference(want, got)
+        if reason is not None:
+            self.last_difference = (reason, worst, want, got)
+            return True
+        self.compared += 1
+        self.shapes.add(", ".join(f"{n}{tuple(i.shape)}" for n, i in case.inputs.items()))
+        self.dtypes.update(str(i.dtype).removeprefix("torch.") for i in case.inputs.values())
+        return False
+
+    @property
+    def done(self) -> bool:
+        return self.compared >= self.want
+
+
+def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 0) -> Verification:
+    """Whether ``rule``'s replacement computes what its pattern computes.
+
+    Draws operands the rule's constraints admit (several shapes and dtypes, the
+    bounds of its literals), lets the rule rewrite the pattern's own subgraph and
+    compares both programs' results, until ``cases`` cases compared equal or
+    ``max_examples`` were drawn. A difference is shrunk to the smallest
+    counterexample (hypothesis). ``status`` is ``"equal"``, ``"different"`` or
+    ``"cannot check"`` (no drawn case was accepted by the rule, or an op of the
+    replacement has no reference implementation; ``reason`` says which).
+    """
+    try:
+        from hypothesis import HealthCheck, Phase, find, settings
+        from hypothesis import strategies as st
+        from hypothesis.errors import NoSuchExample
+    except ImportError as e:  # pragma: no cover - hypothesis is installed with fusionkit's dev extra
+        raise ImportError("fusionkit.verify draws its cases with hypothesis: pip install hypothesis") from e
+
+    started = time.monotonic()
+    checker = _Checker(rule, cases)
+
+    @st.composite
+    def case(draw: Any) -> _Case:
+        b = _Builder(rule, draw)
+        try:
+            first = b.build(rule.pattern)
+        except _NotACase as e:
+            c = _Case()
+            c.literals["__not_a_case__"] = str(e)
+            return c
+        if not b.case.outputs:
+            b.case.outputs.append(first)
+        return b.case
+
+    def condition(c: _Case) -> bool:
+        if checker.done:
+            return False
+        if "__not_a_case__" in c.literals:
+            if c.literals["__not_a_case__"]:
+                checker.not_a_case[c.literals["__not_a_case__"]] += 1
+            return False
+        return checker.differs(c)
+
+    config = settings(max_examples=max_examples, database=None, derandomize=True, deadline=None,
+                      phases=[Phase.generate, Phase.shrink],
+                      suppress_health_check=list(HealthCheck))
+    found: _Case | None = None
+    try:
+        with _seeded(seed):
+            found = find(case(), condition, settings=config)
+    except NoSuchExample:
+        found = None
+    return _verdict(rule, checker, found, time.monotonic() - started)
+
+
+class _seeded:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __enter__(self) -> None:
+        self.state = torch.random.get_rng_state()
+        torch.manual_seed(self.seed)
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.random.set_rng_state(self.state)
+
+
+def _verdict(rule: Rule, ch: _Checker, found: _Case | None, seconds: float) -> Verification:
+    common = dict(cases=ch.compared, shapes=tuple(sorted(ch.shapes)), dtypes=tuple(sorted(ch.dtypes)),
+                  declined=dict(ch.declined.most_common(5)), no_reference=tuple(sorted(ch.no_reference)),
+                  seconds=seconds)
+    if found is not None:
+        ch.last_difference = None
+        ch.differs(found)  # recompute the shrunk case's outputs
+        reason, worst, want, got = ch.last_difference or ("differs", math.inf, None, None)
+        d = found.describe()
+        cx = Counterexample(d["inputs"], d["literals"], tuple(d["ops"]), reason, worst,
+                            _short(_single(want)), _short(_single(got)))
+        return Verification(rule.name, DIFFERENT, f"the replacement computes something else: {reason}",
+                            counterexample=cx, **common)  # type: ignore[arg-type]
+    if ch.compared:
+        sizes = len(ch.shapes)
+        return Verification(rule.name, EQUAL, f"equal on {ch.compared} cases ({sizes} operand shapes; "
+                            f"dtypes {', '.join(sorted(ch.dtypes))})", **common)  # type: ignore[arg-type]
+    if ch.no_reference:
+        return Verification(rule.name, CANNOT_CHECK, "no reference implementation to run "
+                            + ", ".join(sorted(ch.no_reference)), **common)  # type: ignore[arg-type]
+    if ch.declined:
+        why = ch.declined.most_common(1)[0][0]
+        return Verification(rule.name, CANNOT_CHECK, f"the generator could not make a case the rule "
+                            f"accepts ({sum(ch.declined.values())} built; most often: {why})",
+                            **common)  # type: ignore[arg-type]
+    why = ch.not_a_case.most_common(1)[0][0] if ch.not_a_case else "no case was drawn"
+    return Verification(rule.name, CANNOT_CHECK, f"the generator could not build the pattern's "
+                        f"subgraph (most often: {why})", **common)  # type: ignore[arg-type]
+
+
+def verify_rules(rules: Sequence[Rule], **options: Any) -> list[Verification]:
+    """:func:`verify` for each rule, in order."""
+    return [verify(r, **options) for r in rules]

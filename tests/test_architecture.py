@@ -327,8 +327,9 @@ def test_no_isinstance_dispatch_on_pattern_nodes_outside_their_classes() -> None
     assert stale == set(), f"{sorted(stale)} no longer test node classes: remove from the list"
 
 
-def test_one_constant_names_the_tested_executorch_version() -> None:
-    """Only ``fusionkit.integration.hooks.TESTED_EXECUTORCH``; the adapters re-export it."""
+def test_one_module_names_the_executorch_versions() -> None:
+    """Only ``fusionkit.integration.versions`` defines the supported and tested ExecuTorch
+    releases; hooks and the adapters re-export the same objects."""
     defined = []
     for module, path in MODULES.items():
         for node in ast.parse(path.read_text(), str(path)).body:
@@ -336,11 +337,14 @@ def test_one_constant_names_the_tested_executorch_version() -> None:
                        else [node.target] if isinstance(node, ast.AnnAssign) else [])
             defined += [f"{module}.{t.id}" for t in targets
                         if isinstance(t, ast.Name) and "EXECUTORCH" in t.id]
-    assert defined == ["fusionkit.integration.hooks.TESTED_EXECUTORCH"]
+    assert sorted(defined) == [f"fusionkit.integration.versions.{n}_EXECUTORCH"
+                               for n in ("MAIN", "SUPPORTED", "TESTED")]
     from fusionkit.backends import vulkan_adapter, xnnpack_adapter
-    from fusionkit.integration.hooks import TESTED_EXECUTORCH
+    from fusionkit.integration import hooks
+    from fusionkit.integration.versions import TESTED_EXECUTORCH
 
     assert vulkan_adapter.TESTED_EXECUTORCH is xnnpack_adapter.TESTED_EXECUTORCH is TESTED_EXECUTORCH
+    assert hooks.TESTED_EXECUTORCH is TESTED_EXECUTORCH
 
 
 # ------------------------------------------------------------- one type says "why not"

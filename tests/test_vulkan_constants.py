@@ -317,8 +317,8 @@ def test_install_uninstall_identity(monkeypatch: pytest.MonkeyPatch) -> None:
         nds.__dict__["_tensor_to_bytes"],
     )
     assert all(a is b for a, b in zip(before, after, strict=True))
-    monkeypatch.setattr(hooks, "installed_executorch_version", lambda: "1.4.0")
-    with pytest.raises(vcs.UnsupportedExecuTorchError, match=r"1\.4\.0.*1\.5\.1"):
+    monkeypatch.setattr(hooks, "installed_executorch_version", lambda: "1.3.1")
+    with pytest.raises(vcs.UnsupportedExecuTorchError, match=r"1\.3\.1.*1\.5\.1"):
         vcs.install()
     assert not vcs.is_installed()
 

@@ -15,8 +15,10 @@ NamedDataStore de-duplicates identical constants and nothing else.
 :data:`SERIALIZER_PATCHES` swaps them in (plus ``get_param_tensor``, which ExecuTorch
 imported by value into ``node_visitor`` and ``quant_params``, and the
 NamedDataStore's ``_tensor_to_bytes``) and puts back the very same objects when
-uninstalled; the adapter's patch set (:mod:`.install`) includes it. Only ExecuTorch
-1.5.1 is accepted: the replacements mirror its code.
+uninstalled; the adapter's patch set (:mod:`.install`) includes it. The replacements
+mirror the code of the supported ExecuTorch releases; where those differ (bf16 constants:
+kept bf16 from 1.5.0, written as fp32 before), they ask
+:func:`fusionkit.integration.versions.features`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from fusionkit.integration.tensor_bytes import (
     release_named_data_fix,
     tensor_bytes,
 )
+from fusionkit.integration.versions import features
 
 __all__ = [
     "SERIALIZER_PATCHES",
@@ -98,6 +101,11 @@ def convert_to_qc4w(inp: torch.Tensor) -> torch.Tensor:
     return pack_int4(inp, low_nibble_first=True)
 
 
+def _kept_float_dtypes() -> tuple[torch.dtype, ...]:
+    """Float dtypes the installed ExecuTorch's serializer writes as they are (others: fp32)."""
+    return (torch.float16, torch.bfloat16) if features().bf16_delegation else (torch.float16,)
+
+
 def get_serialized_buffer_index(
     self: Any,
     tensor: torch.fx.Node,
@@ -135,7 +143,7 @@ def get_serialized_buffer_index(
 
     if quant_params is not None and not quant_params.is_dynamic:
         const_val = quant_params.quantize_tensor(const_val)
-    elif const_val.dtype not in (torch.float16, torch.bfloat16) or force_fp32:
+    elif const_val.dtype not in _kept_float_dtypes() or force_fp32:
         const_val = const_val.to(dtype=torch.float32)
 
     if swap_in_out_for_weights:

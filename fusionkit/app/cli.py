@@ -400,9 +400,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: commands that need no ExecuTorch internals (a spec's schema and validation): every other
+#: one first checks that the installed ExecuTorch is a supported release
+_STANDALONE_COMMANDS = frozenset({"specs", "schema"})
+
+
+def _require_supported_executorch(command: str) -> None:
+    """Refuse an unsupported ExecuTorch in one line, before any export or lowering."""
+    from fusionkit.integration.versions import UnsupportedExecuTorchError, require_supported
+
+    try:
+        require_supported(f"fusionkit {command}")
+    except UnsupportedExecuTorchError as e:
+        raise UserError(str(e)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command not in _STANDALONE_COMMANDS:
+            _require_supported_executorch(args.command)
         return int(args.fn(args))
     except UserError as e:
         print(f"fusionkit: error: {e}", file=sys.stderr)

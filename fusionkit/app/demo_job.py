@@ -1,6 +1,6 @@
 """The main job: lower a model through both adapters and show, side by side with
-stock ExecuTorch 1.5.1, what fusionkit fused, what it declined and why, and
-whether the results are right."""
+stock ExecuTorch (the installed release, which it names), what fusionkit fused, what it
+declined and why, and whether the results are right."""
 
 from __future__ import annotations
 
@@ -73,10 +73,13 @@ def run_demo(model_spec: str | None = None, out_dir: Path | None = None) -> int:
     from fusionkit.app.model_loader import load_model
     from fusionkit.app.present import explain_rows
     from fusionkit.app.runtime import max_abs_error, run_pte
+    from fusionkit.integration.versions import require_supported
 
     st = Style()
     steps = 5
     t_start = time.perf_counter()
+    et = require_supported("fusionkit demo")  # the release that runs, named in every step
+    print(f"ExecuTorch {et}, torch {torch.__version__}, Python {sys.version.split()[0]}")
     if model_spec is None:
         model_spec = "fusionkit.app.demo_model:demo_factory"
         print(st.bold("fusionkit demo — the built-in model: six RMSNorm variants "
@@ -102,7 +105,7 @@ def run_demo(model_spec: str | None = None, out_dir: Path | None = None) -> int:
     from fusionkit.backends.vulkan_adapter.inspect import simulator as vk_sim
 
     ok = True
-    _step(st, 3, steps, "Vulkan: stock ExecuTorch 1.5.1 vs fusionkit (static check of the payload)")
+    _step(st, 3, steps, f"Vulkan: stock ExecuTorch {et} vs fusionkit (static check of the payload)")
     print("… lowering with the stock VulkanPartitioner", file=sys.stderr, flush=True)
     stock_vk = _stock_lower(ep, "vulkan").to_executorch()
     stock_problems = vk.check(stock_vk)
@@ -137,7 +140,7 @@ def run_demo(model_spec: str | None = None, out_dir: Path | None = None) -> int:
     print("fusion report:")
     print("\n".join("  " + line for line in str(ours_vk.report).splitlines()))
 
-    _step(st, 4, steps, "XNNPACK: stock ExecuTorch 1.5.1 vs fusionkit (run the .pte for real)")
+    _step(st, 4, steps, f"XNNPACK: stock ExecuTorch {et} vs fusionkit (run the .pte for real)")
     print("… lowering with the stock XnnpackPartitioner", file=sys.stderr, flush=True)
     stock_x = _stock_lower(ep, "xnnpack").to_executorch()
     ours_x = lower(ep, "xnnpack", progress=lambda m: print(f"… {m}", file=sys.stderr, flush=True))
@@ -145,7 +148,7 @@ def run_demo(model_spec: str | None = None, out_dir: Path | None = None) -> int:
     our_err = max_abs_error(run_pte(ours_x.pte, inputs), eager)
     mark = st.green("✓") if our_err <= TOLERANCE else st.red("✗")
     print(table(["path", ".pte bytes", "max |error| vs eager"],
-                [("stock 1.5.1", f"{len(stock_x.buffer):,}", f"{stock_err:.2e}"),
+                [(f"stock {et}", f"{len(stock_x.buffer):,}", f"{stock_err:.2e}"),
                  ("fusionkit", f"{len(ours_x.pte):,}", f"{our_err:.2e} {mark}")], right=(1,)))
     ok &= our_err <= TOLERANCE
 

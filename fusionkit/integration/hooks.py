@@ -2,9 +2,9 @@
 
 An adapter that replaces ExecuTorch internals (a serializer method, a pattern
 registry entry) describes the replacements as a :class:`PatchSet`. Installing
-is idempotent, refuses an ExecuTorch version the replacements were not tested
-against, and records the exact original objects so that uninstalling restores
-them identically. ``with patch_set.install(): ...`` undoes only what that
+is idempotent, refuses an ExecuTorch outside the supported range
+(:mod:`fusionkit.integration.versions`), and records the exact original objects so
+that uninstalling restores them identically. ``with patch_set.install(): ...`` undoes only what that
 ``install`` did.
 
 One install story: every adapter declares its patch set as ``PATCHES`` (its
@@ -14,11 +14,18 @@ One install story: every adapter declares its patch set as ``PATCHES`` (its
 
 from __future__ import annotations
 
-import importlib.metadata
 import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
+
+# the version facts live in .versions; re-exported here, where the patch sets use them
+from fusionkit.integration.versions import (
+    TESTED_EXECUTORCH,
+    UnsupportedExecuTorchError,
+    installed_executorch_version,
+    require_supported,
+)
 
 __all__ = [
     "REMOVE",
@@ -30,34 +37,13 @@ __all__ = [
     "installed_executorch_version",
 ]
 
-#: the ExecuTorch releases fusionkit's hooks were written and tested against
-TESTED_EXECUTORCH: frozenset[str] = frozenset({"1.5.1"})
-
 Patch = tuple[Any, str, Any]  # (owner object, attribute name, replacement)
 
 
-class UnsupportedExecuTorchError(RuntimeError):
-    """The installed ExecuTorch is not a version fusionkit's hooks were tested with."""
-
-
-def installed_executorch_version() -> str:
-    try:
-        return importlib.metadata.version("executorch")
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def check_executorch_version(component: str, found: str | None = None) -> None:
-    """Raise :class:`UnsupportedExecuTorchError` unless ExecuTorch is a tested release."""
-    found = installed_executorch_version() if found is None else found
-    if found not in TESTED_EXECUTORCH:
-        tested = ", ".join(sorted(TESTED_EXECUTORCH))
-        raise UnsupportedExecuTorchError(
-            f"{component}: refusing to hook into ExecuTorch {found}; its replacements were "
-            f"written and tested against ExecuTorch {tested} only. Install "
-            f"executorch=={max(TESTED_EXECUTORCH)}, or lower with ExecuTorch's own partitioner "
-            "(without fusionkit's fixes)."
-        )
+    """Raise :class:`UnsupportedExecuTorchError` unless the installed ExecuTorch is one
+    fusionkit supports (:data:`fusionkit.integration.versions.SUPPORTED_EXECUTORCH`)."""
+    require_supported(component, installed_executorch_version() if found is None else found)
 
 
 class Installation:
@@ -125,8 +111,8 @@ class PatchSet:
     def install(self) -> Installation:
         """Apply every patch and the included sets (no-op if already applied); all or nothing.
 
-        Raises :class:`UnsupportedExecuTorchError` on an ExecuTorch the patches were not
-        tested with. ``with install(): ...`` undoes only what this call installed.
+        Raises :class:`UnsupportedExecuTorchError` on an ExecuTorch outside the supported
+        range. ``with install(): ...`` undoes only what this call installed.
         """
         with self._lock:
             if self._installed:

@@ -12,6 +12,7 @@ import ast
 import importlib
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -238,6 +239,88 @@ def test_the_core_is_grouped_by_phase() -> None:
     top = {p.stem for p in (ROOT / "fusionkit").glob("*.py")}
     assert top == {"__init__", "_facade", "program", "result", "rule", "fusion_pass", "report",
                    "strict"}
+
+
+# ------------------------------------------------------- the match phase is one pipeline
+
+#: the stages of the match phase, in the order ``fusionkit.match.finder.find_matches`` (the
+#: pipeline) calls them; ``pattern`` and ``memo`` are what the stages share
+MATCH_STAGES = ("targets", "gates", "matcher", "decide")
+MATCH_SHARED = frozenset({"pattern", "memo"})
+
+
+def match_phase_calls(run: Any) -> list[tuple[str, str]]:
+    """``(caller, callee)``: the module names (``finder``, ``gates``, ...) of every Python
+    call from one ``fusionkit/match/`` file into another while ``run()`` runs."""
+    import sys
+
+    folder = str(ROOT / "fusionkit" / "match") + "/"
+    calls: list[tuple[str, str]] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event != "call" or frame.f_back is None:
+            return
+        callee, caller = frame.f_code.co_filename, frame.f_back.f_code.co_filename
+        if callee.startswith(folder) and caller.startswith(folder) and callee != caller:
+            calls.append((Path(caller).stem, Path(callee).stem))
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def pipeline_order(calls: list[tuple[str, str]]) -> list[str]:
+    """The stages the pipeline calls, in order, a run of calls into one stage counted once."""
+    order: list[str] = []
+    for caller, callee in calls:
+        if caller == "finder" and callee not in MATCH_SHARED and order[-1:] != [callee]:
+            order.append(callee)
+    return order
+
+
+def test_the_walk_finds_a_planted_back_and_forth() -> None:
+    calls = [("finder", "gates"), ("gates", "targets"), ("finder", "targets"),
+             ("finder", "pattern"), ("finder", "gates"), ("finder", "matcher"),
+             ("matcher", "finder")]
+    assert pipeline_order(calls) == ["gates", "targets", "gates", "matcher"]
+
+
+def test_following_a_pass_the_match_phase_reads_top_to_bottom() -> None:
+    """Walking ``FusionPass.call`` on a small program (a match fused, a near miss declined,
+    gates skipping searches): the pipeline calls each stage file once, in
+    :data:`MATCH_STAGES` order, and no stage calls back into the pipeline."""
+    import torch
+    from executorch.exir import to_edge
+
+    from fusionkit import FusionPass, PrepackableConstant, Rule, capture, op, ref, replace_with
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 8))
+            self.b = torch.nn.Parameter(torch.randn(8))
+
+        def forward(self, x: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return torch.mm(x, self.w) + self.b, torch.mm(x, self.w) + e, torch.relu(x) + e
+
+    ep = to_edge(torch.export.export(Net().eval(), (torch.randn(4, 8), torch.randn(8)))
+                 ).exported_program()
+    addmm = Rule("addmm", op("aten.add.Tensor", op("aten.mm.default", capture("x"),
+                                                   capture("w")), capture("b")),
+                 replace_with("aten.addmm.default", ref("b"), ref("x"), ref("w")),
+                 constraints=[PrepackableConstant("b")])
+    p = FusionPass([addmm])
+    calls = match_phase_calls(lambda: p.call(ep))
+    assert p.report.to_dict()["rules"][0]["fused"] == 1 and p.report.declined  # it decided
+    assert pipeline_order(calls) == list(MATCH_STAGES)
+    assert {caller for caller, callee in calls if callee == "finder"} == set()
+    graph = import_graph()
+    match_modules = {m for m in MODULES if m.startswith("fusionkit.match.")}
+    assert {f"fusionkit.match.{s}" for s in (*MATCH_STAGES, *MATCH_SHARED)} <= match_modules
+    assert [m for m in match_modules if "fusionkit.match.finder" in graph[m]] == []
 
 
 def test_benchmarks_have_no_import_circle_and_use_no_private_names() -> None:

@@ -46,11 +46,11 @@ def _compile_spec(spec: str) -> Any:
 def _partitioner(spec: str, fusionkit: bool) -> Any:
     if fusionkit:
         from fusionkit.backends.arm_adapter.partitioner import TOSAPartitioner
-    else:
-        from executorch.backends.arm.tosa.partitioner import (  # type: ignore[assignment]
-            TOSAPartitioner,
-        )
-    return TOSAPartitioner(_compile_spec(spec))
+
+        return TOSAPartitioner(_compile_spec(spec))
+    from executorch.backends.arm.tosa.partitioner import TOSAPartitioner as Stock
+
+    return Stock(_compile_spec(spec))
 
 
 def fake_quantized(module: torch.nn.Module, inputs: tuple[Any, ...], spec: str = INT,

@@ -28,7 +28,9 @@ from fusionkit.passes.registry import registered, rules_taking_over, taken_over_
 RULE_SET = "arm"
 
 #: the rule modules, in the order of the stock passes they take over in ArmPassManager
-RULE_MODULES: tuple[str, ...] = ()
+RULE_MODULES: tuple[str, ...] = (
+    "quantized_activation", "consecutive_clamps",
+)
 
 for _module in RULE_MODULES:
     importlib.import_module(f"{__name__}.{_module}")

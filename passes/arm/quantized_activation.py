@@ -1,0 +1,120 @@
+"""A relu (or ``hardtanh(0, max)``) between a conv / linear and its quantize -> the
+quantize's own clamp.
+
+Takes over ``FuseQuantizedActivationPass`` (``_passes/fuse_quantized_activation_pass.py``,
+ExecuTorch 1.5.1, first in Arm's TOSA pipeline, before q/dq folding): in
+``conv -> relu -> quantize_per_tensor(scale, zp, qmin, qmax)`` the relu is what a quantize
+with ``qmin = zp`` does anyway (``dequantize(zp) == 0``), so the relu goes and the quantize's
+``qmin`` becomes the zero point.
+
+Constraints: the conv / linear (kept as it is) and the activation have no other user
+(stock counts both too); the quantize is per tensor with integer bounds and zero point; a
+hardtanh's lower bound is 0 and its upper bound quantizes to ``qmax`` (the quantize's
+upper clamp is then the hardtanh's). What stock forgets: a quantize whose ``qmin`` is
+already above the zero point (its clamp is then tighter than relu's): stock writes the
+zero point over it, widening the range; here ``qmin`` becomes ``max(qmin, zp)``.
+A hardtanh with its bounds as keyword arguments is read by schema (stock indexes
+``args[1]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.fx import Node
+
+from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit.match.targets import op_key
+from fusionkit.passes.registry import register_rules
+
+from ._common import (
+    CONV,
+    HARDTANH,
+    LINEAR,
+    Q_PER_TENSOR,
+    RELU,
+    constraint,
+    is_number,
+    keep_node_meta,
+)
+
+
+def _quantized(x: float, scale: float, zp: int, qmin: int, qmax: int, dtype: Any) -> int:
+    """``x`` through the quantize itself (what Arm's ``QuantArgs.quantize_value`` does)."""
+    import torch.ao.quantization.fx._decomposed
+
+    q = torch.ops.quantized_decomposed.quantize_per_tensor(
+        torch.tensor([x], dtype=torch.float32), scale, zp, qmin, qmax, dtype)
+    return int(q.item())
+
+
+def _fusable_input(ctx: CheckContext, pre: Any) -> str | None:
+    """The activation's input is a conv / linear read by the activation alone (it is kept)."""
+    if not isinstance(pre, Node) or op_key(pre.target) not in (CONV, LINEAR):
+        return f"the activation's input {getattr(pre, 'name', pre)!r} is no convolution or linear"
+    if len(pre.users) != 1:
+        return f"`{pre.name}` has {len(pre.users)} users: the activation is not its only one"
+    return None
+
+
+def _per_tensor(ctx: CheckContext, scale: Any, zp: Any, qmin: Any, qmax: Any) -> str | None:
+    if not isinstance(scale, float) or not all(isinstance(v, int) for v in (zp, qmin, qmax)):
+        return (f"the quantize's scale / zero point / bounds ({scale!r}, {zp!r}, {qmin!r}, "
+                f"{qmax!r}) are not per-tensor numbers")
+    return None
+
+
+def _hardtanh_bounds(ctx: CheckContext, lo: Any, hi: Any, scale: Any, zp: Any, qmin: Any,
+                     qmax: Any, dtype: Any) -> str | None:
+    if not (is_number(lo) and is_number(hi)):
+        return f"hardtanh bounds ({lo!r}, {hi!r}) are not numbers"
+    if lo != 0:
+        return f"hardtanh's lower bound is {lo}, not 0: the quantize's clamp is not it"
+    top = _quantized(hi, scale, zp, qmin, qmax, dtype)
+    if top != qmax:
+        return (f"hardtanh's upper bound {hi} quantizes to {top}, not qmax {qmax}: the "
+                "quantize's clamp is not it")
+    return None
+
+
+def _requantized(rw: Rewriter, q: Node, pre: Node, scale: float, zp: int, qmin: int,
+                 qmax: int, dtype: Any) -> Node:
+    if q.graph is rw.graph:  # (a probe builds into a scratch graph)
+        rw.insert_before = q
+    new = rw.call(q.target, pre, scale, zp, max(qmin, zp), qmax, dtype, **q.kwargs)
+    keep_node_meta(new, q)
+    return new
+
+
+def _relu_rule() -> Rule:
+    pre = capture("pre")
+    return Rule(
+        name="arm_fuse_quantized_relu",
+        pattern=op(Q_PER_TENSOR, op(RELU, pre), capture("scale"), capture("zp"),
+                   capture("qmin"), capture("qmax"), capture("dtype")).bind("q"),
+        constraints=[constraint("fusable_input")(_fusable_input),
+                     constraint("per_tensor")(_per_tensor)],
+        replacement=PythonReplacement(_requantized),
+        description="relu before a per-tensor quantize as the quantize's qmin = zp")
+
+
+def _hardtanh_rule() -> Rule:
+    pre = capture("pre")
+    return Rule(
+        name="arm_fuse_quantized_hardtanh",
+        pattern=op(Q_PER_TENSOR, op(HARDTANH, pre, capture("lo"), capture("hi")),
+                   capture("scale"), capture("zp"), capture("qmin"), capture("qmax"),
+                   capture("dtype")).bind("q"),
+        constraints=[constraint("fusable_input")(_fusable_input),
+                     constraint("per_tensor")(_per_tensor),
+                     constraint("quantize_clamp")(_hardtanh_bounds)],
+        replacement=PythonReplacement(_requantized),
+        description="hardtanh(0, max) before a per-tensor quantize whose qmax is max")
+
+
+@register_rules("arm", takes_over="FuseQuantizedActivationPass")
+def quantized_activation_rules() -> list[Rule]:
+    return [_relu_rule(), _hardtanh_rule()]
+
+
+__all__ = ["quantized_activation_rules"]

@@ -83,6 +83,7 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "Status": ("fusionkit.result", "a result's verdict: fused, inside, declined, error, not_root"),
     "Step": ("fusionkit.result", "the step that decided a result (or a constraint's kind)"),
     "why_not": ("fusionkit.authoring.near_miss", "what one rule made of one node: fused, declined (why) or how far it got"),
+    "verify": ("fusionkit.authoring.verify", "whether a rule's replacement computes what its pattern computes: equal, different (smallest counterexample) or cannot check"),
 }
 
 __all__ = sorted(EXPORTS)
@@ -107,6 +108,7 @@ if TYPE_CHECKING:
     from fusionkit.authoring.from_example import ExampleError, TraceOptions, pattern_from_function, rule_from_functions
     from fusionkit.authoring.near_miss import why_not
     from fusionkit.authoring.python_source import NotPrintable, to_python
+    from fusionkit.authoring.verify import verify
     from fusionkit.check.constraints import CheckContext, Constraint, Custom, DtypeIn, GraphLeaf, PrepackableConstant, Rank, ReducesLastDim, SameDtype, ScalarRange, ShapeRelation, StaticShape, UserInput, broadcasts_over_last_dim, named_shape_relation
     from fusionkit.check.executable import register_delegate
     from fusionkit.check.program_inputs import ConstantKind, ConstantRef, ProgramInputs

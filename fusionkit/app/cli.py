@@ -143,11 +143,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.rule:  # the other rules still run (they may claim nodes first); only R is shown
         ms = MatchSet([m for m in ms.accepted if m.rule.name == args.rule],
                       [d for d in ms.declined if d.rule == args.rule])
+    checked = _verify_matched(all_rules, ms) if args.verify else None
     if args.html:
         _write_html(args.html, ms, f"{model.name}: "
-                    + (args.rule if args.rule else f"{args.backend} rules"))
+                    + (args.rule if args.rule else f"{args.backend} rules"), checked)
     if args.json:
-        print(json.dumps(explain_json(ms), indent=2))
+        found = explain_json(ms)
+        if checked is not None:
+            found["verification"] = {n: v.to_dict() for n, v in checked.items()}
+        print(json.dumps(found, indent=2))
         return _exit_status(args, ms)
     st = Style()
     errors = len(ms.errors)
@@ -158,7 +162,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
     rows = explain_rows(ms)
     if rows:
         print(table(["rule", "verdict", "root", "step", "node", "reason"], rows))
+    if checked is not None:
+        from fusionkit.app.verify_job import verification_text
+
+        print(verification_text(list(checked.values())))
     return _exit_status(args, ms)
+
+
+def _verify_matched(rules: Sequence[Any], ms: Any) -> dict[str, Any]:
+    """``explain --verify``: the verification of each rule that fused or declined a match."""
+    from fusionkit.authoring.verify import verify
+
+    names = {m.rule.name for m in ms.accepted} | {d.rule for d in ms.declined}
+    out: dict[str, Any] = {}
+    for r in rules:
+        if r.name in names and r.name not in out:
+            _progress(f"verifying {r.name}")
+            out[r.name] = verify(r, cases=8)
+    return out
 
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -168,12 +189,12 @@ def _did_you_mean(word: str, choices: Sequence[str]) -> str:
     return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
-def _write_html(path: str, what: Any, title: str) -> None:
+def _write_html(path: str, what: Any, title: str, verifications: Any = None) -> None:
     from fusionkit.app.html_report import GraphvizMissing, Item, items_of, write_html
 
     items = items_of(what) if not isinstance(what, list) else [Item.of(w) for w in what]
     try:
-        write_html(path, items, title)
+        write_html(path, items, title, verifications)
     except GraphvizMissing as e:
         raise UserError(str(e)) from None
     except OSError as e:
@@ -278,6 +299,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    _quiet_imports()
+    import logging
+
+    from fusionkit.app.verify_job import (
+        VerifyTargetError,
+        load_targets,
+        print_report,
+        status_of,
+        verify_targets,
+    )
+
+    logging.getLogger("fusionkit").setLevel(logging.ERROR)
+    try:
+        rules = load_targets(args.targets, lambda paths: _load_rules(paths, args))
+    except VerifyTargetError as e:
+        raise UserError(str(e)) from None
+    if args.rule:
+        names = [r.name for r in rules]
+        if args.rule not in names:
+            raise UserError(f"--rule {args.rule}: no such rule{_did_you_mean(args.rule, names)} "
+                            f"(rules: {', '.join(names)})")
+        rules = [r for r in rules if r.name == args.rule]
+    results = verify_targets(rules, cases=args.cases, progress=None if args.json else _progress)
+    if args.json:
+        print(json.dumps([v.to_dict() for v in results], indent=2))
+    else:
+        print_report(results)
+    return status_of(results)
+
+
 def cmd_specs_validate(args: argparse.Namespace) -> int:
     for p in args.files:
         if not Path(p).is_file():
@@ -354,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="report every structural near miss, however early it failed")
     ex.add_argument("--html", metavar="FILE",
                     help="also write a self-contained page drawing each match as a graph")
+    ex.add_argument("--verify", action="store_true",
+                    help="also verify each rule that fused or declined a match (fusionkit "
+                    "verify): equal, different (with a counterexample) or cannot check")
     ex.set_defaults(fn=cmd_explain)
 
     ch = sub.add_parser("check", help="static checks of a .pte (Vulkan prepacked arguments)")
@@ -386,6 +441,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "stopped")
     ru.add_argument("--json", action="store_true")
     ru.set_defaults(fn=cmd_run)
+
+    ve = sub.add_parser("verify", help="check that each rule's replacement computes what its "
+                        "pattern computes, on generated operands its constraints admit")
+    ve.add_argument("targets", nargs="+", metavar="SPEC.yaml|module:rules|RULE_SET",
+                    help="a YAML spec, package.module:name (a Rule, a list, or a callable "
+                    "returning them) or a registered rule set (vulkan, xnnpack, ...)")
+    _spec_consent(ve)
+    ve.add_argument("--rule", help="only the rule of this name")
+    ve.add_argument("--cases", type=int, default=20, help="cases to compare per rule")
+    ve.add_argument("--json", action="store_true")
+    ve.set_defaults(fn=cmd_verify)
 
     sp = sub.add_parser("specs", help="work with YAML fusion specs")
     spsub = sp.add_subparsers(dest="specs_command", required=True)

@@ -221,6 +221,8 @@ def test_the_facade_imports_are_generated_from_the_one_table() -> None:
     assert _facade.render(text, fusionkit.EXPORTS) == text, \
         "fusionkit/__init__.py is stale: run `python -m fusionkit._facade`"
     assert fusionkit.__all__ == sorted(fusionkit.EXPORTS)
+    lines = len(text.splitlines())
+    assert lines <= 120, f"the facade is {lines} lines: the table and its imports, no more"
 
 
 def test_every_package_folder_is_installed() -> None:

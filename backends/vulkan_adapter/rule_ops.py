@@ -34,7 +34,7 @@ from types import CodeType, FunctionType
 from typing import Any
 
 from fusionkit import CallOp, PythonReplacement, Replacement, Rule
-from fusionkit.match.targets import resolve_op
+from fusionkit.match.targets import _import_op_libraries, resolve_op
 
 __all__ = ["RULE_SETS", "created_operators", "payload_names", "replacement_ops"]
 
@@ -92,11 +92,35 @@ def _as_op(value: Any) -> Any:
     else:
         names = [value] if hasattr(value, "_schema") else []
     for name in names:
+        if isinstance(name, str) and not _registered(name):
+            continue  # most strings a replacement holds are not ops: no failed resolve
         try:
             return resolve_op(name)
         except Exception:  # not an operator (UnknownOpError, or a library that is absent)
             continue
     return None
+
+
+@cache
+def _libraries_loaded(namespace: str) -> None:
+    """The op libraries of ``namespace`` imported (once per namespace, not per name)."""
+    _import_op_libraries(namespace)
+
+
+def _registered(name: str) -> bool:
+    """Whether ``ns.op[.overload]`` is a registered operator: the cheap question, asked
+    before ``resolve_op`` (whose error for a name that is not an op searches every
+    registered op for the closest ones, ~7 ms a name)."""
+    import torch
+
+    parts = name.split(".")
+    ns, op, overload = (*parts, "default") if len(parts) == 2 else parts
+    _libraries_loaded(ns)
+    try:
+        packet = getattr(getattr(torch.ops, ns), op)
+        return overload in packet.overloads()
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def payload_names(op: Any) -> tuple[str, ...]:
@@ -135,7 +159,11 @@ def created_operators(rules: list[Rule] | None = None) -> dict[str, tuple[str, .
     if rules is None:
         from fusionkit.passes import rule_set
 
-        rules = [r for s in RULE_SETS for r in rule_set(s)]
+        from .rules import _built_rules
+
+        # the transform passes' rules are built once per process already: not again here
+        rules = [r for s in RULE_SETS
+                 for r in (_built_rules() if s == "vulkan" else rule_set(s))]
     out: dict[str, list[str]] = {}
     for rule in rules:
         for op in replacement_ops(rule.replacement):

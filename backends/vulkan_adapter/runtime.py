@@ -82,7 +82,22 @@ def _sha_ok(entry: Path) -> bool:
         return False
     want = {line.split()[-1].lstrip("*"): line.split()[0]
             for line in sums.read_text().splitlines() if line.strip()}.get(LIBRARY)
-    return want == hashlib.sha256(lib.read_bytes()).hexdigest()
+    return want == library_sha256(lib)
+
+
+#: (path, mtime_ns, size) -> sha256: a library is hashed once per process while unchanged
+_SHA256: dict[tuple[str, int, int], str] = {}
+
+
+def library_sha256(path: Path) -> str:
+    """The sha256 of the file at ``path`` (finding the runtime and checking its probe both
+    ask; the library is tens of megabytes)."""
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    sha = _SHA256.get(key)
+    if sha is None:
+        sha = _SHA256[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return sha
 
 
 def find_runtime() -> Path | None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import re
 from collections.abc import Iterable
@@ -73,7 +72,7 @@ class RuntimeInventory:
 
 
 def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return rt.library_sha256(path)
 
 
 def _registry_names() -> set[str]:

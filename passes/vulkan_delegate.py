@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import torch
+
 from fusionkit import register_delegate
 
 #: the op namespace only the Vulkan delegate runs, and the module whose import registers it
@@ -27,6 +29,32 @@ def supported_ops() -> Iterable[Any]:
     return list(vulkan_supported_ops)
 
 
-register_delegate("Vulkan", namespaces=NAMESPACES, supported_ops=supported_ops)
+_FLOAT = (torch.float32, torch.float16)
+_INT8 = (torch.int8,)
+_QUANTIZES_ITSELF = ("QuantizedLinear.cpp reads it as fp_input and quantizes it itself "
+                     "(add_quantize_and_pack_4h4w_node); given the int8 tensor, the runtime "
+                     "aborts at load: 'Could not find ShaderInfo with name "
+                     "clone_buffer_to_image_int8_int32'")
 
-__all__ = ["NAMESPACES", "supported_ops"]
+#: op -> tensor argument -> (the dtypes the Vulkan runtime's kernel takes, why): the core
+#: declines a replacement feeding it another dtype (fusionkit.check.operand_dtypes), and
+#: check() / the simulator report a payload that does (inspect/runtime_conditions.py)
+OPERAND_DTYPES: dict[str, dict[str, tuple[tuple[torch.dtype, ...], str]]] = {
+    "et_vk.linear_q8ta_q8csw.default": {"x": (_FLOAT, _QUANTIZES_ITSELF)},
+    "et_vk.linear_dq8ca_q4gsw.default": {
+        "input": (_FLOAT, "QuantizedLinear.cpp quantizes the float input per row with "
+                          "input_scales / input_zp")},
+    "et_vk.linear_q4gsw.default": {
+        "self": (_FLOAT, "a weight-only kernel: float activations (QuantizedLinear.cpp)")},
+    "et_vk.linear_qcs4w.default": {
+        "self": (_FLOAT, "a weight-only kernel: float activations (QuantizedLinearQCSNW.cpp)")},
+    "et_vk.q8ta_linear.default": {
+        "x": (_INT8, "Q8taLinear.cpp reads the packed int8 activation")},
+    "et_vk.q8ta_linear_gemv.default": {
+        "x": (_INT8, "Q8taLinearGemv.cpp reads the packed int8 activation")},
+}
+
+register_delegate("Vulkan", namespaces=NAMESPACES, supported_ops=supported_ops,
+                  operand_dtypes=OPERAND_DTYPES)
+
+__all__ = ["NAMESPACES", "OPERAND_DTYPES", "supported_ops"]

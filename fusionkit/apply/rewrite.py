@@ -208,7 +208,7 @@ class _Apply:
 
     def rename_outputs(self) -> None:
         """A replaced node that was a program output: its output spec names the new node."""
-        renamed = {old.name: new.name for old, new in self.replaced.items()}
+        renamed = {old.name: _last(self.replaced, new).name for old, new in self.replaced.items()}
         sig = self.ep.graph_signature
         if not any(isinstance(s.arg, TensorArgument) and s.arg.name in renamed
                    for s in sig.output_specs):
@@ -218,6 +218,16 @@ class _Apply:
                 if isinstance(s.arg, TensorArgument) and s.arg.name in renamed else s
                 for s in sig.output_specs]
         update_signature(self.ep, ExportGraphSignature(list(sig.input_specs), outs))
+
+
+def _last(replaced: dict[Node, Node], node: Node) -> Node:
+    """What ``node`` finally stands for: a later match may replace the node an earlier one
+    put in an output's place (its spec must name the last one)."""
+    seen = {node}
+    while node in replaced and replaced[node] not in seen:
+        node = replaced[node]
+        seen.add(node)
+    return node
 
 
 # The pass-wide steps below are module-level functions so that the fault-injection

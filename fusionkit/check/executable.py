@@ -32,6 +32,7 @@ from torch.fx import Node
 from fusionkit.apply.builder import FusionError
 from fusionkit.apply.meta_cache import metadata_key
 from fusionkit.apply.probe import build_in_scratch
+from fusionkit.check.operand_dtypes import operand_dtype_refusal, register_operand_dtypes
 from fusionkit.match.targets import (
     is_assertion,
     is_edge_target,
@@ -267,7 +268,8 @@ _SUPPORTED_OPS: dict[str, Callable[[], Iterable[Any]]] = {}
 
 
 def register_delegate(name: str, *, namespaces: Mapping[str, Sequence[str]] | None = None,
-                      supported_ops: Callable[[], Iterable[Any]] | None = None) -> None:
+                      supported_ops: Callable[[], Iterable[Any]] | None = None,
+                      operand_dtypes: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """Describe a backend's delegate to the default :class:`ExecutionTarget`, which judges a
     replacement's ops without the backend's partitioner at hand (a backend's own code calls
     this, so the core names no backend; the ``fusionkit.delegates`` entry point finds it).
@@ -277,7 +279,13 @@ def register_delegate(name: str, *, namespaces: Mapping[str, Sequence[str]] | No
     delegated. ``supported_ops``: returns the targets of the delegate's operator registry
     (op overloads or ``"ns::op"`` names), called once when first needed; an op outside ATen
     it lists is assumed delegated. If it raises (the backend is not installed) it lists none.
+    ``operand_dtypes``: ``{"ns.op.overload": {"arg": (dtypes, why)}}``, the dtypes the
+    delegate's kernel of an op takes per tensor argument
+    (:func:`~fusionkit.check.operand_dtypes.register_operand_dtypes`); a replacement that
+    would feed it another dtype is declined (step ``executable``).
     """
+    if operand_dtypes:
+        register_operand_dtypes(name, operand_dtypes)
     for namespace, modules in (namespaces or {}).items():
         _DELEGATE_ONLY[namespace] = name
         register_op_library(namespace, *modules)
@@ -524,6 +532,8 @@ class ReplacementCheck:
             why = self.target.refusal(n, edge, trusted)
             if why is None and edge:
                 why = dtype_refusal(n)
+            if why is None:  # the dtypes its backend declares it takes, operand by operand
+                why = operand_dtype_refusal(n)
             if why is not None:
                 return NotRunnable(Step.EXECUTABLE, why)
         return None

@@ -22,6 +22,7 @@ from torch.fx import Node
 from fusionkit.check.constraints import CheckContext
 from fusionkit.check.executable import ReplacementCheck
 from fusionkit.check.program_inputs import ProgramInputs
+from fusionkit.check.returned_values import returned_value_refusal
 from fusionkit.match.matcher import Binding, CompiledPattern, PredicateError
 from fusionkit.match.pattern import output_names
 from fusionkit.match.targets import is_assertion, schema_of
@@ -292,6 +293,11 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
         bad = replacement_check(rule).verdict(ctx, olds, strict)
         if bad is not None:  # a verdict shared by matches alike: made this match's result
             return Decline.of(bad.result(rule.name, root, b.claimed))
+    # last of all: a value the program returns stays returned exactly (records the rewiring)
+    returned = returned_value_refusal(ctx, rule, (root, *(b.captures[n] for n in outputs)),
+                                      b.claimed, strict)
+    if returned is not None:
+        return Decline.of(returned)
     return Match(rule, root, dict(b.captures), b.claimed, dict(ctx.folds), place)
 
 

@@ -284,8 +284,26 @@ def _q8csw_not_requantized(ctx: CheckContext) -> str | MatchResult | None:
     return None
 
 
+def _float_activation(x: Node, in_scale: float, in_zp: int) -> Node:
+    """The float tensor ``x`` quantizes with the dequantize's own parameters
+    (``quantize_per_tensor(f, in_scale, in_zp, -128, 127, int8)``), else ``x``.
+
+    The runtime's ``linear_q8ta_q8csw`` quantizes a float activation itself
+    (``QuantizedLinear.cpp``: ``fp_input``); stock 1.5.1 passes the int8 tensor, which
+    the runtime aborts on at load (pytorch/executorch#22775). An int8 ``x`` that is not
+    such a quantize (a graph input) stays: the Vulkan delegate's operand dtypes
+    (``passes/vulkan_delegate.py``) make the core decline that match.
+    """
+    if (x.op == "call_function" and op_key(x.target) == Q_PER_TENSOR
+            and list(x.args[1:]) == [in_scale, in_zp, -128, 127, torch.int8]
+            and isinstance(x.args[0], Node)):
+        return x.args[0]
+    return x
+
+
 def _q8csw_build(rw: Rewriter, x: Node, in_scale: float, in_zp: int, weight: Node,
                  w_scales: Node, bias: Node | None = None) -> Node:
+    x = _float_activation(x, in_scale, in_zp)
     node = rw.call(et_vk("linear_q8ta_q8csw"), x, in_scale, in_zp, weight,
                    _weight_sums(rw, weight), padded(rw, w_scales), padded(rw, bias))
     # ExecuTorch 1.5.1's CPU reference of this op ignores the input quantization

@@ -8,6 +8,13 @@ are replaced by their source when the source has the node's dtype and shape -- t
 stock pass's own test (``_should_remove``), stated as a constraint. Nothing the stock
 pass forgets was found: a dtype or shape change is kept, whatever the op's other
 arguments say (memory format and dim order are the Vulkan layout passes' business).
+
+What the stock pass forgets: a copy the program returns, whose source is a graph input or
+a value the program returns already. Rerouted to its source, the delegate returns one
+value for two outputs ('Vulkan graph declares 1 inputs and 1 outputs, but the delegate call
+supplied 3 arguments' at execute) or its own input; the core declines that rewiring
+(``fusionkit.check.returned_values``), and ``redundant_copy_returned`` makes such a copy an
+``aten.clone`` (the runtime lacks ``_clone_dim_order``, the edge program's clone).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ FIRST_ARG_OPS: tuple[str, ...] = (
     "dim_order_ops._clone_dim_order.default", "aten.expand_copy.default",
 )
 COPY = "aten.copy.default"  # copy(self, src): the source is src
+CLONE = "aten.clone.default"  # the copy the Vulkan runtime runs (Clone.cpp)
 
 
 def _same_dtype_and_shape(ctx: CheckContext, src: Any) -> str | MatchResult | None:
@@ -53,6 +61,18 @@ def _source(rw: Rewriter, src: Node) -> Node:
     return src
 
 
+def _returned(ctx: CheckContext) -> str | MatchResult | None:
+    """The copy is a value the program returns (its source could not take its place)."""
+    if any(u.op == "output" for u in ctx.root.users):
+        return None
+    return ctx.fail(f"`{ctx.root.name}` is not returned by the program: its users read the "
+                    "source (redundant_copy)", at=ctx.root)
+
+
+def _clone(rw: Rewriter, src: Node) -> Node:
+    return rw.call(CLONE, src)
+
+
 @register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
 def redundant_ops_rules() -> list[Rule]:
     """A copy-like op that changes neither dtype nor shape -> its source."""
@@ -64,6 +84,18 @@ def redundant_ops_rules() -> list[Rule]:
              constraints=[check],
              replacement=PythonReplacement(_source),
              description="a clone / alias / copy keeping dtype and shape is its source"),
+        # a returned copy whose source cannot take its place among the outputs (a graph
+        # input, or a value the program returns already: the core declines that) still
+        # goes as an op the runtime has (it lacks _clone_dim_order, which the partitioner
+        # delegates on the understanding that preprocess removes it)
+        Rule(name="redundant_copy_returned",
+             pattern=(op(tuple(o for o in FIRST_ARG_OPS if o != CLONE), capture("src"),
+                         strict_defaults=False)
+                      | op(COPY, capture("self"), capture("src"), strict_defaults=False)),
+             constraints=[check, constraint("returned_by_the_program")(_returned)],
+             replacement=PythonReplacement(_clone),
+             priority=-1,
+             description="a returned copy whose source is returned or an input -> aten.clone"),
     ]
 
 

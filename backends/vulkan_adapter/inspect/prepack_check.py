@@ -307,9 +307,19 @@ def _check_rope_tables(p: VulkanPayload, d: VulkanDelegate,
 
 @dataclass(frozen=True)
 class _Sized:
-    """A payload tensor as the runtime conditions read it: its sizes."""
+    """A payload tensor as the runtime conditions read it: its sizes and dtype (None: a
+    datatype the payload leaves unset)."""
 
     shape: tuple[int, ...]
+    dtype: Any = None
+
+
+def _sized(t: Any) -> _Sized:
+    import torch
+
+    names = {0: torch.bool, 1: torch.uint8, 2: torch.int8, 3: torch.int32, 4: torch.float16,
+             5: torch.float32, 6: torch.float64, 7: torch.int64}  # payload.VK_DTYPE_NAMES
+    return _Sized(tuple(t.dims), names.get(t.datatype))
 
 
 def _condition_arguments(g: VkGraph, name: str, ins: tuple[int, ...]) -> dict[str, Any] | None:
@@ -330,12 +340,12 @@ def _condition_arguments(g: VkGraph, name: str, ins: tuple[int, ...]) -> dict[st
         if v is None or v.kind in ("Null", "NONE"):
             out[a.name] = None
         elif v.tensor is not None:
-            out[a.name] = _Sized(tuple(v.tensor.dims))
+            out[a.name] = _sized(v.tensor)
         elif v.kind == "SymInt":  # computed as the graph runs
             out[a.name] = RuntimeSymInt(v.value or 0)
         elif v.kind == "ValueList":
             vals = [g.value(i) for i in v.value]
-            out[a.name] = [_Sized(tuple(e.tensor.dims)) if e is not None and e.tensor else
+            out[a.name] = [_sized(e.tensor) if e is not None and e.tensor else
                            (e.value if e is not None else None) for e in vals]
         else:
             out[a.name] = list(v.value) if isinstance(v.value, tuple) else v.value

@@ -701,6 +701,32 @@ _NORM_RANK: tuple[RuntimeCondition, ...] = (
 
 CONDITIONS = (*CONDITIONS, *_NORM_RANK)
 
+
+def _dtype_holds(v: Any, dtypes: frozenset[Any]) -> bool:
+    dtype = getattr(v, "dtype", None)
+    return dtype is None or dtype in dtypes  # (a payload tensor of unknown dtype: not judged)
+
+
+def _operand_dtype_conditions() -> tuple[RuntimeCondition, ...]:
+    """One condition per operand whose dtypes the Vulkan delegate declares
+    (``passes/vulkan_delegate.py`` ``OPERAND_DTYPES``, the table the core declines a
+    replacement by): ``check()`` and the simulator report the payload that breaks it."""
+    from fusionkit.check.operand_dtypes import dtype_names
+    from fusionkit.passes.vulkan_delegate import OPERAND_DTYPES
+
+    out = []
+    for op, args in OPERAND_DTYPES.items():
+        for arg, (dtypes, why) in args.items():
+            allowed = frozenset(dtypes)
+            out.append(RuntimeCondition(
+                op, f"{arg}_dtype", (arg,), f"{arg}.dtype in {{{dtype_names(allowed)}}}",
+                f"{op}'s kernel (operand dtypes: passes/vulkan_delegate.py)", "abort",
+                lambda a, arg=arg, allowed=allowed: _dtype_holds(a[arg], allowed), why))
+    return tuple(out)
+
+
+CONDITIONS = (*CONDITIONS, *_operand_dtype_conditions())
+
 _BY_OP: dict[str, tuple[RuntimeCondition, ...]] = {}
 for _c in CONDITIONS:
     _BY_OP[_c.op] = (*_BY_OP.get(_c.op, ()), _c)

@@ -1,0 +1,128 @@
+"""A value the program returns stays returned exactly: one output, one value of its own.
+
+A match's outputs are replaced by what its replacement returns. When an output is a value
+the program returns (a user output, or the value a buffer or input mutation writes back:
+each is an argument of the graph's ``output`` node), the replacement takes its place
+among the program's outputs, and that is exact only when the replacement *computes* it:
+
+* returned in place of ``clone(y)``, a ``y`` the program already returns makes the
+  output list name one value twice: ExecuTorch's Vulkan delegate then declares one output
+  where the delegate call passes two ("Vulkan graph declares 1 inputs and 1 outputs, but
+  the delegate call supplied 3 arguments", VulkanBackend.cpp: execute), and XNNPACK
+  refuses the lowering ("Output node ... is already in the inputs ... pass through
+  arguments");
+* returned in place of ``clone(x)``, a graph input ``x`` (or a constant) makes the
+  program return its input: a delegate must write every output it returns (XNNPACK's
+  ``preserve_input_output_copies``).
+
+So a match whose output the program returns is declined (step ``escape``: the value
+escapes the match to the program's output) when the replacement would return, in its
+place, an existing node that is a placeholder or that the program already returns —
+counting what the matches accepted earlier in the same search rewire (:class:`Returned`).
+A replacement that returns a node it creates, or an existing node the program does not
+return yet, rewires the output exactly: one output, one value.
+
+The finder calls :func:`returned_value_refusal` last for each match, after every other
+check (so a match it passes is accepted, and its rewiring is recorded).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from fusionkit.result import MatchResult, Status, Step
+
+if TYPE_CHECKING:
+    from fusionkit.check.constraints import CheckContext
+    from fusionkit.rule import Rule
+
+__all__ = ["Returned", "returned_value_refusal"]
+
+
+class Returned:
+    """The nodes a program returns, as the matches accepted so far in one search leave them."""
+
+    def __init__(self, ep: ExportedProgram) -> None:
+        out = ep.graph_module.graph.output_node()
+        self.nodes: set[Node] = set(out.all_input_nodes)
+
+    def rewire(self, old: Node, new: Node) -> None:
+        self.nodes.discard(old)
+        self.nodes.add(new)
+
+
+#: one :class:`Returned` per search, keyed by the search's ProgramInputs (one per
+#: find_matches call): the rewirings earlier accepted matches of that search make
+_SEARCHES: weakref.WeakKeyDictionary[Any, Returned] = weakref.WeakKeyDictionary()
+
+
+def _returned(ctx: CheckContext) -> Returned:
+    state = _SEARCHES.get(ctx.inputs)
+    if state is None:
+        state = _SEARCHES[ctx.inputs] = Returned(ctx.ep)
+    return state
+
+
+def _decline(rule: str, root: Node, node: Node, reason: str, matched: tuple[Node, ...],
+             step: str = Step.ESCAPE, error_type: str | None = None) -> MatchResult:
+    status = Status.ERROR if step == Step.ERROR else Status.DECLINED
+    return MatchResult(rule, root, status, step, node, reason, matched, error_type=error_type)
+
+
+def returned_value_refusal(ctx: CheckContext, rule: Rule, olds: Sequence[Node],
+                           matched: tuple[Node, ...] = (), strict: bool = False
+                           ) -> MatchResult | None:
+    """Why the match would not rewire a value the program returns exactly (None: it would,
+    or it changes none; then its rewiring is recorded for the rest of the search).
+
+    ``olds``: the match's outputs (root first), as the finder replaces them.
+    """
+    state = _returned(ctx)
+    returned = [i for i, old in enumerate(olds) if old in state.nodes]
+    if not returned:
+        return None
+    from fusionkit.apply.probe import build_in_scratch
+    from fusionkit.check.executable import replacement_outputs
+
+    root = ctx.root
+    try:
+        rw, built = build_in_scratch(rule.replacement, ctx, rule.name)
+        news = replacement_outputs(rule.name, root, list(olds), built)
+    except Exception as e:
+        if strict:
+            raise
+        text = str(e).strip()
+        first = text.splitlines()[0] if text else "(no message)"
+        return _decline(rule.name, root, root, f"the replacement raised {type(e).__name__}: "
+                        f"{first}", matched, Step.ERROR, type(e).__name__)
+    rewired: list[tuple[Node, Node]] = []
+    for i in returned:
+        old, new = olds[i], news[i]
+        if new is None:
+            return _decline(rule.name, root, old, f"`{old.name}` is returned by the program, "
+                            "and the replacement drops it", matched)
+        if new.graph is rw.graph:  # a node the replacement computes: the output is its own
+            continue
+        if new.op in ("placeholder", "get_attr"):
+            return _decline(
+                rule.name, root, old,
+                f"`{old.name}` is returned by the program; the replacement would return "
+                f"`{new.name}`, a graph input or constant, in its place: the program would "
+                "return its input, and a delegate must write each output it returns "
+                "(XNNPACK refuses it: pass-through arguments)", matched)
+        if new in state.nodes or any(new is n for _, n in rewired):
+            return _decline(
+                rule.name, root, old,
+                f"`{old.name}` is returned by the program; the replacement would return "
+                f"`{new.name}` in its place, which the program returns already: one value "
+                "for two outputs (the Vulkan runtime aborts on the delegate's argument "
+                "count, XNNPACK refuses the lowering)", matched)
+        rewired.append((old, new))
+    for old, new in rewired:
+        state.rewire(old, new)
+    return None

@@ -66,7 +66,8 @@ reset_counts = RULE_PASSES.reset_counts
 #: the ops a rule may create inside Arm's pipeline: those the stock passes taken over
 #: create at the same place (later passes of the pipeline lower each to TOSA)
 CREATED_OPS: frozenset[str] = frozenset({
-    "aten.clamp.default", "quantized_decomposed.quantize_per_tensor.default",
+    "aten.clamp.default", "aten.convolution.default",
+    "quantized_decomposed.quantize_per_tensor.default",
     "tosa.SLICE.default", "tosa.CONST_SHAPE.default", "tosa.CONCAT_SHAPE.default",
     "tosa.RESCALE.default"})
 

@@ -29,7 +29,7 @@ RULE_SET = "arm"
 
 #: the rule modules, in the order of the stock passes they take over in ArmPassManager
 RULE_MODULES: tuple[str, ...] = (
-    "quantized_activation", "consecutive_clamps",
+    "quantized_activation", "consecutive_clamps", "batch_norm", "scalar_mul_conv",
 )
 
 for _module in RULE_MODULES:

@@ -1,4 +1,5 @@
-"""fusionkit benchmark: matching, no-op pass, end-to-end lowering, .pte size, applying, zoo.
+"""fusionkit benchmark: matching, no-op pass, end-to-end lowering, .pte size, applying, zoo,
+the pass list's first call.
 
 Run from the repository root (after ``bash scripts/bootstrap``)::
 
@@ -509,8 +510,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="CI smoke run: small graphs, fewer runs, no lowering (seconds)")
     ap.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
-    ap.add_argument("--sections", default="1,2,3,4,5,6",
-                    help="comma-separated subset of sections to run (default: all)")
+    ap.add_argument("--sections", default="1,2,3,4,5,6,7",
+                    help="comma-separated subset of sections to run (default: all; --quick "
+                         "leaves out 7, which starts fresh processes, unless named)")
     ap.add_argument("--zoo-models", metavar="NAMES",
                     help="section 6: comma-separated zoo models (default: the whole zoo)")
     ap.add_argument("--zoo-pairs", type=int, default=2, metavar="N",
@@ -579,6 +581,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             section6(args.zoo_models.split(",") if args.zoo_models else None, args.zoo_pairs,
                      not args.zoo_no_warmup, results, targets, args.json,
                      takeover_off=args.zoo_takeover_off)
+
+    if 7 in sections:
+        if quick and args.sections == ap.get_default("sections"):
+            print("\n== 7. the Vulkan pass list's first call in a fresh process ==\n"
+                  "  skipped (--quick; --sections 7 --quick runs its smoke form)")
+            targets.add("first pass-list call within 2x of later calls @64 blocks", None,
+                        "skipped (--quick)")
+        else:
+            from benchmarks.first_call import section as section7
+
+            section7(quick, results, targets)
 
     results["targets"] = [{"target": n, "status": s, "detail": d} for n, s, d in targets.rows]
     results["wall_s"] = time.perf_counter() - t_start

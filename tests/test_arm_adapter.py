@@ -25,9 +25,9 @@ INT_TOL = 1e-6
 
 
 class Chains(torch.nn.Module):
-    """Every activation chain the pipeline turns into consecutive clamps, and both
-    activations the quantized-activation fusion takes (relu after a conv, hardtanh(0, max)
-    after a linear)."""
+    """Every activation chain the pipeline turns into consecutive clamps, both activations
+    the quantized-activation fusion takes (relu after a conv, hardtanh(0, max) after a
+    linear) and a slice of a slice."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -39,6 +39,7 @@ class Chains(torch.nn.Module):
         y = torch.relu(self.conv(x))
         y = torch.relu(torch.nn.functional.hardtanh(self.conv2(y), -1.0, 2.0))
         z = torch.nn.functional.hardtanh(self.linear(y), 0.0, 1.0)
+        z = z[:, 1:4][:, :, 1:5]  # two slices: one tosa.SLICE after FuseConsecutiveSlicesPass
         return torch.clamp(torch.clamp(z, min=0.1), max=0.8)
 
 
@@ -73,6 +74,7 @@ def test_float_rules_fuse_and_the_tosa_is_stocks(fp: dict[str, Any]) -> None:
     # the stock lowering ran no rule; ours ran the clamp rule in the stock pass's place
     assert fp["stock_counts"] == {}
     assert fp["fusionkit_counts"]["FuseConsecutiveClampsPass"]["fused"] >= 2
+    assert fp["fusionkit_counts"]["FuseConsecutiveSlicesPass"]["fused"] >= 1
     assert ours.tosa == stock.tosa
     assert ours.error <= FP_TOL and stock.error <= FP_TOL
 
@@ -81,11 +83,55 @@ def test_integer_rules_fuse_and_the_tosa_is_stocks(int8: dict[str, Any]) -> None
     stock, ours = int8["stock"], int8["fusionkit"]
     counts = int8["fusionkit_counts"]
     assert counts["FuseQuantizedActivationPass"]["fused"] >= 2  # conv+relu, linear+hardtanh
+    assert counts["FuseConsecutiveSlicesPass"]["fused"] >= 1
+    assert counts["FuseConsecutiveRescalesPass"]["runs"] >= 1
     assert ours.tosa == stock.tosa
     # judged against the fake-quantized model (the same int8 arithmetic)
     assert ours.error <= INT_TOL, ours.error
     # and the fake-quantized model is a real quantization of eager, not eager itself
     assert 0 < rm.max_error(ours.reference, ours.eager) < 0.1
+
+
+class Attention(torch.nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_the_safe_softmax_guard_goes_under_the_remove_policy_only() -> None:
+    from executorch.backends.arm.common.pipeline_config import (
+        ArmPassPipelineConfig,
+        SDPASafeSoftmaxGuardPolicy,
+    )
+    from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
+    from executorch.backends.arm.tosa.partitioner import TOSAPartitioner as Stock
+
+    torch.manual_seed(0)
+    model, inputs = Attention(), tuple(torch.randn(1, 2, 4, 8) for _ in range(3))
+    want = [model(*inputs)]
+
+    def spec(policy: Any) -> Any:
+        s = TosaCompileSpec(rm.FP)
+        s.set_pass_pipeline_config(ArmPassPipelineConfig(sdpa_safe_softmax_guard=policy))
+        return s
+
+    tosa, fused = {}, {}
+    remove, preserve = SDPASafeSoftmaxGuardPolicy.REMOVE, SDPASafeSoftmaxGuardPolicy.PRESERVE
+    ours = arm_adapter.TOSAPartitioner
+    for policy, way, cls in ((remove, "stock", Stock), (remove, "fusionkit", ours),
+                             (preserve, "fusionkit", ours)):
+        preprocess_rules.reset_counts()
+        edge = rm.lower(model, inputs, fusionkit=False,
+                        partitioner=lambda _s, cls=cls, policy=policy: cls(spec(policy)))
+        assert rm.max_error(rm.run_on_reference_model(edge, inputs), want) <= FP_TOL
+        tosa[policy, way] = rm.tosa_flatbuffers(edge)
+        fused[policy, way] = preprocess_rules.counts().get(
+            "RemoveSafeSoftmaxGuardPass", {}).get("fused", 0)
+    assert tosa[remove, "fusionkit"] == tosa[remove, "stock"]
+    assert fused[remove, "fusionkit"] == 1
+    # PRESERVE: Arm's config skips the pass, so there is no pass to take over: the guard
+    # is lowered (another program)
+    assert fused[preserve, "fusionkit"] == 0
+    assert tosa[preserve, "fusionkit"] != tosa[remove, "stock"]
 
 
 def test_a_stock_lowering_beside_the_adapter_is_untouched(fp: dict[str, Any]) -> None:
@@ -152,7 +198,9 @@ def test_every_taken_over_pass_is_one_arm_runs() -> None:
     from fusionkit.passes.arm import rules_for, taken_over_passes
 
     taken = taken_over_passes()
-    assert {"FuseQuantizedActivationPass", "FuseConsecutiveClampsPass"} <= set(taken)
+    assert {"FuseQuantizedActivationPass", "FuseConsecutiveClampsPass",
+            "FuseConsecutiveRescalesPass", "FuseConsecutiveSlicesPass",
+            "RemoveSafeSoftmaxGuardPass"} <= set(taken)
     for name in taken:
         assert isinstance(getattr(arm_passes, name), type)
         assert rules_for(name), name

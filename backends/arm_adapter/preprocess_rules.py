@@ -31,12 +31,12 @@ from typing import Any
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassResult
 
-from fusionkit import Rule
+from fusionkit import MatchResult, Rule
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.check.executable import Delegate, ExecutionTarget
 from fusionkit.integration.hooks import PatchSet, UnsupportedExecuTorchError
 from fusionkit.integration.preprocess_takeover import Takeover
-from fusionkit.match.finder import Decline, MatchSet, find_matches
+from fusionkit.match.finder import MatchSet, find_matches
 from fusionkit.match.targets import op_key
 from fusionkit.passes.arm import RULE_SET, rules_for, taken_over_passes
 from fusionkit.report import FusionReport
@@ -138,7 +138,7 @@ class ArmRulePass:
             applied = apply_matches(ep, ms.accepted, strict=None)
             if applied.failed:
                 ms = MatchSet(applied.applied, [*ms.declined, *(
-                    Decline.from_exception(f.match.rule.name, f.match.root, f.during, f.error)
+                    MatchResult.from_exception(f.match.rule.name, f.match.root, f.during, f.error)
                     for f in applied.failed)])
         self.report = FusionReport.from_matches([r.name for r in self.rules], ms)
         self.history.append(self.report)

@@ -29,7 +29,8 @@ RULE_SET = "arm"
 
 #: the rule modules, in the order of the stock passes they take over in ArmPassManager
 RULE_MODULES: tuple[str, ...] = (
-    "quantized_activation", "consecutive_clamps", "batch_norm", "scalar_mul_conv",
+    "quantized_activation", "safe_softmax_guard", "consecutive_clamps", "consecutive_rescales",
+    "batch_norm", "scalar_mul_conv", "consecutive_slices",
 )
 
 for _module in RULE_MODULES:

@@ -8,7 +8,7 @@ inputs (``Tester.generate_random_inputs``) from that RNG after lowering: with th
 stock and fusionkit then test other numbers, and a numeric check near its tolerance
 (``test_qd8_per_channel_linear_parallel``: fp16, atol 0.05, 2 of 5 seeds fail stock) can
 pass in one and fail in the other with byte-identical programs for the same weights
-(``tests/xnnpack_ops_seed_probe.py``; benchmarks/results/2026-12-02-s9-xnnpack-op-suite-full.md).
+(``tests/xnnpack_ops_seed_probe.py``; benchmarks/results/2026-12-02-1328-xnnpack-op-suite.md).
 Checked in a fresh child (the pattern graphs are cached per process).
 """
 

@@ -1,11 +1,11 @@
-"""The models of the held-out programs: found on the real Vulkan runtime after the fidelity
-table's first run (session 9), each studied by one test file, all lowered both ways by
+"""The models of the held-out programs: runtime facts the fidelity table's first run did not
+have, each studied by one test file, all lowered both ways by
 ``vulkan_real_programs.held_out_programs()`` for the table.
 
 Each model and its inputs are made here once; the test files take them from here
 (``test_vulkan_real_runtime_scalar_types``: OpMix, a clamp before a conv, a clamp before an
 ``avg_pool2d``; ``_grouped_conv``: the grouped conv; ``_dim_order``: the conv of a
-channels_last input; ``_w8``: the int8 weight-only linear; ``_norm_rank``: session 10's
+channels_last input; ``_w8``: the int8 weight-only linear; ``_norm_rank``: the
 2-D batch norm, 3-D group norms and weight-normed conv), so no module imports another
 test file's helpers. Which cases a test runs and what it expects of them stay in the test.
 Only the w8 linear needs torchao (imported when it is made).
@@ -175,7 +175,7 @@ def w8_linear(bias: bool, shift: float = 0.0, **config: Any) -> nn.Module:
     return m
 
 
-# ------------------------------------- norm rank (session 10: LeViT's and wav2vec2's norms)
+# ---------------------------------------------- norm rank (LeViT's and wav2vec2's norms)
 
 
 class LinearBatchNorm(nn.Module):

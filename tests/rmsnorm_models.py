@@ -329,7 +329,7 @@ def row_case(row: Row, dtype: torch.dtype) -> tuple[nn.Module, tuple[torch.Tenso
 
 def edge_program(key: Any, make: Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
                  ) -> tuple[Any, nn.Module, tuple[torch.Tensor, ...]]:
-    """``(to_edge(export(model)).exported_program(), model, inputs)``, built once per session.
+    """``(to_edge(export(model)).exported_program(), model, inputs)``, built once per test run.
 
     Shared between test modules: deep-copy the program before running a pass on it.
     """

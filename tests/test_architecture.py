@@ -661,3 +661,56 @@ def test_a_delegates_ops_are_judged_with_nothing_but_fusionkit_imported() -> Non
         "the installed entry points are stale: run `bash scripts/bootstrap`"
     # nothing but fusionkit imported; et_vk assumed delegated, silu (no CPU kernel) declined
     assert lines[1:] == ["False", "1 []", "0 ['executable']"]
+
+
+# ------------------------------------------------------------- the project speaks of itself
+
+#: where the project's own words are: code, tests, benchmarks and their records, docs
+WORDING_DIRS = ("fusionkit", "passes", "backends", "benchmarks", "scripts", "tests", "docs", ".ci")
+WORDING_SUFFIXES = {".py", ".md", ".txt", ".toml", ".yaml", ".yml", ".sh", ""}
+#: README.md and CHANGELOG.md are rewritten apart from this scan; this file names the words
+WORDING_EXCLUDED = {"README.md", "CHANGELOG.md", "tests/test_architecture.py"}
+_HISTORY = re.compile(r"\bsession\b|found by a trial", re.IGNORECASE)
+_CODE_SPANS = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)
+
+
+def _prose(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of what a file says in words: a Python file's comments and strings
+    (not its identifiers: ``RuntimeSession`` is a name), any other file whole; code spans
+    in backticks left out. A string that is exactly ``session`` is pytest's fixture scope."""
+    import io
+    import tokenize
+
+    text = path.read_text(errors="replace")
+    if path.suffix != ".py":
+        return [(text.count("\n", 0, m.start()) + 1, m.group(0))
+                for m in _HISTORY.finditer(_CODE_SPANS.sub("", text))]
+    out = []
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.STRING and tok.string.strip("'\"") == "session":
+            continue
+        if tok.type in (tokenize.COMMENT, tokenize.STRING):
+            out += [(tok.start[0], m.group(0))
+                    for m in _HISTORY.finditer(_CODE_SPANS.sub("", tok.string))]
+    return out
+
+
+def test_the_project_speaks_of_itself_not_of_its_history() -> None:
+    """No comment, docstring, message or doc tells when or in which sitting something was
+    found ("session 10", "found by a trial"): it states the fact and its evidence (a test,
+    a runtime message). Dated benchmark records are named by date and content."""
+    found = []
+    for folder in WORDING_DIRS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            rel = path.relative_to(ROOT).as_posix()
+            if (not path.is_file() or path.suffix not in WORDING_SUFFIXES
+                    or rel in WORDING_EXCLUDED or "__pycache__" in rel):
+                continue
+            found += [f"{rel}:{line}: {word}" for line, word in _prose(path)]
+    for name in ("README.md", "CHANGELOG.md"):
+        if name not in WORDING_EXCLUDED:
+            found += [f"{name}:{line}: {word}" for line, word in _prose(ROOT / name)]
+    assert found == []
+    runs = [p.name for p in (ROOT / "benchmarks" / "results").iterdir()
+            if re.search(r"-s\d+-", p.name)]
+    assert runs == []

@@ -398,6 +398,6 @@ def test_kv_cache_model_lowers_through_the_adapter_drop_in(real_vulkan: Any) -> 
     if probed is not None:  # the probe asks about what the rules create: nothing missing
         assert not probed.has_operator("llama.sdpa_with_kv_cache.default")
         assert check(et, runtime=probed) == []
-    # the module's session runs it in a child of its own (its fused op's caches start as
+    # the module's runtime process runs it in a child of its own (its fused op's caches start as
     # whatever memory it gets: runtime.uninitialized_state, test_vulkan_real_runtime_state)
     assert_real(real_vulkan, et, a, want, atol=1e-4, rtol=1e-4)

@@ -292,7 +292,7 @@ def test_pt2e_quantized_conv_net(real_vulkan: Any) -> None:
 
 
 class Conv1dResidualNet(nn.Module):
-    """Held out (session 10's trial): a pt2e-quantized conv1d, and a residual add + relu
+    """A held-out architecture: a pt2e-quantized conv1d, and a residual add + relu
     between two convs (RegNet's shape), whose output observer gives zero point -128."""
 
     def __init__(self) -> None:

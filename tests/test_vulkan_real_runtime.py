@@ -1,5 +1,5 @@
 """The real Vulkan runtime from the library: programs run in a child, refusals and hangs
-come back as the runtime's own message, the test session survives them."""
+come back as the runtime's own message, the test run survives them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Held-out architectures on the real Vulkan runtime: what a trial of unseen transformers
-models (session 10: LeViT, wav2vec2, MobileNetV2, RegNet, SegFormer, MobileViT, Whisper's
-encoder, through both adapters and stock) found that the simulator and ``check()`` passed.
+"""Held-out architectures on the real Vulkan runtime: what unseen transformers models
+(LeViT, wav2vec2, MobileNetV2, RegNet, SegFormer, MobileViT, Whisper's encoder, through
+both adapters and stock) showed that the simulator and ``check()`` had passed.
 
 * LeViT's ``MLPLayerWithBN`` is a Linear followed by a ``BatchNorm1d`` over the flattened
   (tokens, channels) output: a 2-D ``_native_batch_norm_legit_no_training``, which

@@ -133,7 +133,7 @@ def lower(model: torch.nn.Module, x: torch.Tensor, flow: str, mode: str) -> Lowe
             epm = to_edge_transform_and_lower(ep, partitioner=[part])
         buffer = epm.to_executorch().buffer
         program = _load_for_executorch_from_buffer(buffer)
-        # kept alive for the session: freeing a loaded XNNPACK program and loading another
+        # kept alive for the rest of the test run: freeing a loaded XNNPACK program and loading another
         # with the same weights in one process made the runtime fail or crash here
         _LOADED.append((buffer, program))
         result.out = program.forward((x,))[0]

@@ -166,7 +166,7 @@ def real_verdicts(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 def real_failures(data: dict[str, Any]) -> list[str]:
     """Every fusionkit program the real runtime did not run equal to eager, and every one
-    whose outcome the simulator (the suite's runtime in the session) did not predict."""
+    whose outcome the simulator (the suite's runtime while its tests run) did not predict."""
     assert "real_error" not in data, data["real_error"]
     bad = []
     for rec in real_verdicts(data):
@@ -290,7 +290,7 @@ def suite_markdown(runs: dict[str, Any], *, detail: bool = True) -> str:
              "Written by `python3 tests/vulkan_delegate_stock.py --real JSON stock fusionkit` "
              f"(device: {device}). Every test of "
              "`executorch/backends/vulkan/test/test_vulkan_delegate.py` (1.5.1 wheel) runs in "
-             "two shards with the simulator as its in-session runtime; every program a test "
+             "two shards with the simulator as the runtime its tests run on; every program a test "
              "runs (each input set of `sample_inputs` and `test_inputs`) is recorded and run "
              "afterwards on the real runtime, one child process per shard (a fresh one after "
              "an abort), and judged with the test's own `torch.allclose(atol, rtol)` against "

@@ -324,11 +324,12 @@ def extra_programs() -> list[Program]:
 
 
 def held_out_programs() -> list[Program]:
-    """Programs found on the real runtime after the table's first run (session 9), both
-    ways: issue 24's OpMix, a clamp before a conv (groups serialized next to a 1.0), a
+    """Programs the table's first run did not have, each a runtime fact found since, both
+    ways (family ``held out (ops)``): issue 24's OpMix, a clamp before a conv (groups serialized next to a 1.0), a
     clamp before an avg_pool2d with divisor_override, a grouped conv of 2 input channels
     per group (4->8 g2), a conv with a channels_last input, an int8 weight-only linear.
-    Then session 10's (family ``held out (s10)``, test_vulkan_real_runtime_norm_rank): a
+    Then the normalization ranks (family ``held out (norm rank)``,
+    test_vulkan_real_runtime_norm_rank): a
     2-D batch norm (LeViT), GroupNorm over conv1d features with 16 and 4 groups (wav2vec2),
     a weight-normed conv1d (wav2vec2's positional conv).
     The models are ``held_out_models``' (their test files make them from there too)."""
@@ -360,9 +361,9 @@ def held_out_programs() -> list[Program]:
     made.append(("conv channels_last input", model, (x,)))
     made.append(("w8 linear", w8_linear(False, granularity=PerAxis(0)),
                  (torch.randn(1, K, generator=torch.Generator().manual_seed(24)),)))
-    made_s10 = [(name, *norm_rank_case(name)) for name in NORM_RANK]
+    norm_rank = [(name, *norm_rank_case(name)) for name in NORM_RANK]
     out = []
-    for family, cases in (("held out (s9)", made), ("held out (s10)", made_s10)):
+    for family, cases in (("held out (ops)", made), ("held out (norm rank)", norm_rank)):
         for name, model, args in cases:
             with torch.no_grad():
                 eager = model(*args)

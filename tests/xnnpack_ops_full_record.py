@@ -87,7 +87,7 @@ def summarize(out: Path) -> dict[str, Any]:
             "shard": folder.name, "mode": data["mode"],
             "installed_at_start": data["installed_at_start"],
             "restored_at_end": data["restored_at_end"],
-            # a record rewritten after each test says whether the session reached its end
+            # a record rewritten after each test says whether the run reached its end
             "finished": data.get("finished", data["restored_at_end"] is not None),
             "tests_run": len(outcomes),
             "tests": len(data["selected"]), "outcomes": by_outcome,

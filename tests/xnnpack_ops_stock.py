@@ -5,7 +5,7 @@ each test lowers with ExecuTorch's Tester and stock ``XnnpackPartitioner``, seri
 runs the ``.pte`` through the pybindings XNNPACK runtime and compares with eager
 PyTorch. Here they run in a subprocess through pytest with
 ``stock_xnnpack_tests.fusionkit_xnnpack_plugin``: ``xnnpack_adapter.install()`` for the
-session (fusionkit's constant serializer and the preprocess pass gates, process-wide),
+whole run (fusionkit's constant serializer and the preprocess pass gates, process-wide),
 and every ``XnnpackBackend.preprocess`` twinned with a gates-disabled run and with
 ExecuTorch's own preprocess (fusionkit uninstalled), whose bytes must be identical.
 
@@ -187,7 +187,7 @@ def check_shard(shard: int, tmp: Path) -> None:
     selected = data["selected"]
     if which == "subset":
         assert selected == expected_shard(shard), (selected, tail)
-    # fusionkit was really in place for the whole session, and taken out at the end
+    # fusionkit was really in place for the whole run, and taken out at the end
     assert data["mode"] == "fusionkit" and data["installed_at_start"], data
     assert data["restored_at_end"], data
     # every test ran, and ended as it does without fusionkit

@@ -11,7 +11,7 @@ A program the runtime rejects often *aborts the process* (a failed ``VK_CHECK_CO
 is an uncaught C++ exception), so :func:`run_in_child` / :func:`run_many_in_child`
 run programs in a child process and return either the outputs or the runtime's own
 message (``prepack_standard ... (graph.val_is_tref(tensor_data)) is false!``); the
-caller, a CLI or a test session, never dies. :func:`run` runs in this process, for
+caller, a CLI or a test run, never dies. :func:`run` runs in this process, for
 programs already known to load.
 
 Where the library is looked for: ``$FUSIONKIT_VULKAN_RUNTIME`` (a path), then the cache
@@ -437,7 +437,7 @@ class RuntimeSession:
                  isolate: bool = True) -> None:
         self.env = child_environment()
         self.timeout, self.startup_timeout = timeout, startup_timeout
-        self._tmp = tempfile.TemporaryDirectory(prefix="fusionkit-vksession-")
+        self._tmp = tempfile.TemporaryDirectory(prefix="fusionkit-vkruntime-")
         self.work = Path(self._tmp.name)
         self._proc: subprocess.Popen[bytes] | None = None
         self._t_start = 0.0

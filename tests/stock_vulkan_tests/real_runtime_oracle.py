@@ -4,8 +4,8 @@ Used by ``stock_vulkan_tests.simulator_runtime_plugin`` when ``FUSIONKIT_DELEGAT
 Each call of ``TestVulkanBackend.run_delegated_model_and_check_output`` is recorded —
 the program's bytes, every input set the test runs (``sample_inputs`` and each of
 ``test_inputs``), the eager outputs and the test's own tolerances — together with what
-the simulator (the test's runtime inside the session) did on each. At the end of the
-session :func:`run_recorded` runs them all on the real runtime in one child process (a
+the simulator (the runtime the test runs on) did on each. At the end of the test run
+:func:`run_recorded` runs them all on the real runtime in one child process (a
 fresh child only after an abort: the runtime load, not the programs, is the cost) and
 judges each as the suite would: ``ok`` equal to eager under the test's
 ``torch.allclose(atol, rtol)``, ``wrong`` ran but differs, ``refused`` the runtime stopped
@@ -109,7 +109,7 @@ _INVENTORY: list[Any] = []
 
 
 def _inventory() -> Any:
-    """The probed inventory, read once per session (the cache file may be rewritten
+    """The probed inventory, read once per test run (the cache file may be rewritten
     while a shard runs: a re-probe reads as absent until it is written)."""
     from fusionkit.backends.vulkan_adapter.runtime_probe import cached_inventory
 

@@ -21,12 +21,12 @@ Loaded with ``-p stock_vulkan_tests.simulator_runtime_plugin`` when running
 * with ``FUSIONKIT_DELEGATE_REAL=1``, makes ExecuTorch's real Vulkan runtime the oracle
   too (:mod:`stock_vulkan_tests.real_runtime_oracle`): every program a test runs is kept
   with its inputs, the eager outputs and the test's tolerances, and at the end of the
-  session all of them run in one child process on the real runtime (the runtime load is
+  test run all of them run in one child process on the real runtime (the runtime load is
   the cost, not the programs); what each did, and whether the simulator predicted it,
   goes to the spy file under ``real``;
 * with ``FUSIONKIT_DELEGATE_PATH=stock``, leaves fusionkit uninstalled (ExecuTorch's own
   lowering), to compare stock's programs with ours — its Vulkan pattern graphs (constant:
-  rope, hf_rope, sdpa, the quantized ones) built once per session instead of re-exported on
+  rope, hf_rope, sdpa, the quantized ones) built once per test run instead of re-exported on
   every partitioner and preprocess call (what makes a stock lowering 3-5x ours; the graphs
   and so the lowerings are the same); ``FUSIONKIT_DELEGATE_ONLY=a,b`` keeps only the named
   tests (the CI subset).
@@ -127,7 +127,7 @@ def _patch(cls: Any) -> None:
     cls.run_delegated_model_and_check_output = run_delegated_model_and_check_output
 
 
-def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     only = os.environ.get("FUSIONKIT_DELEGATE_ONLY")
     if only:
         names = set(only.split(","))

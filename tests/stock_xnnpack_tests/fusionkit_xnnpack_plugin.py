@@ -25,8 +25,8 @@ compare with eager PyTorch. The plugin
 * writes to the JSON file named by ``FUSIONKIT_XNNPACK_SPY``: the tests selected, each
   test's outcome (with the reason of any non-pass) and time, how often each pass ran and
   was skipped in each test, :func:`fusionkit.integration.pass_gating.counts` for the
-  session, and the twin comparisons; rewritten after each test (``finished`` false until
-  the session ends), so a run stopped early still leaves what it ran.
+  whole run, and the twin comparisons; rewritten after each test (``finished`` false until
+  the run ends), so a run stopped early still leaves what it ran.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def pytest_configure(config: Any) -> None:
 
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: shard and record what runs
-def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     shard = os.environ.get("FUSIONKIT_SHARD")
     if shard:
         k, n = (int(v) for v in shard.split("/"))

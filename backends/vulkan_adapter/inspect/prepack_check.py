@@ -95,7 +95,7 @@ PREPACKED_ARGS: dict[str, tuple[PrepackedArg, ...]] = {
     # functions read get_tref(weight)->sizes) and the bias (prepack_biases: a PrepackNode,
     # None gives zeros). A weight the graph computes -- weight_norm's g * v / |v|, as in
     # wav2vec2's positional conv -- is refused at load: "(graph.val_is_tref(tensor_data)) is
-    # false!" (found by a trial of unseen transformers models, session 10)
+    # false!" (tests/test_vulkan_real_runtime_norm_rank.py, on the real runtime)
     "aten.convolution.default": (PrepackedArg(1, "weight"),
                                  PrepackedArg(2, "bias", none_ok=True)),
     "et_vk.conv_with_clamp.default": (PrepackedArg(1, "weight"),

@@ -679,9 +679,10 @@ CONDITIONS = (*CONDITIONS, *_rotary_conditions("et_vk.apply_rotary_emb.default")
               _conv1d_pw_groups("aten.convolution.default"),
               _conv1d_pw_groups("et_vk.conv_with_clamp.default"))
 
-#: the normalization ops' rank, found by a trial of unseen transformers models (session 10):
-#: LeViT's Linear + BatchNorm1d (a 2-D batch norm) refused at load, wav2vec2's GroupNorm over
-#: conv1d features (3-D) all NaN on lavapipe; both pass through ExecuTorch's partitioner
+#: the normalization ops' rank: LeViT's Linear + BatchNorm1d (a 2-D batch norm) is refused at
+#: load, wav2vec2's GroupNorm over conv1d features (3-D) is all NaN on lavapipe; both pass
+#: through ExecuTorch's partitioner (tests/test_vulkan_real_runtime_norm_rank.py shows each
+#: on the real runtime)
 _NORM_RANK: tuple[RuntimeCondition, ...] = (
     RuntimeCondition(
         "aten._native_batch_norm_legit_no_training.default", "batch_norm_4d", ("input",),

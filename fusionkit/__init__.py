@@ -63,8 +63,7 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "register_delegate": ("fusionkit.check.executable", "tell fusionkit which ops a backend's delegate takes (its own namespaces, its registry)"),
     "find_matches": ("fusionkit.match.finder", "decide every match of a rule set in one phase (changes nothing)"),
     "Match": ("fusionkit.match.finder", "an accepted match: rule, root, captures, claimed nodes, folds"),
-    "Decline": ("fusionkit.match.finder", "a refused match: rule, root, step, node at fault, reason"),
-    "MatchSet": ("fusionkit.match.finder", "the accepted and declined matches of one search"),
+    "MatchSet": ("fusionkit.match.finder", "the accepted matches and the declined ones (MatchResults) of one search"),
     "RuleIndex": ("fusionkit.match.finder", "rules indexed by root op (build once, search many graphs)"),
     "FusionPass": ("fusionkit.fusion_pass", "ExportedProgram pass applying a rule set (drop-in transform pass)"),
     "FusionReport": ("fusionkit.report", "per-rule outcome of a pass run: fused, folded, declined"),
@@ -111,7 +110,7 @@ if TYPE_CHECKING:
     from fusionkit.check.executable import register_delegate
     from fusionkit.check.program_inputs import ConstantKind, ConstantRef, ProgramInputs
     from fusionkit.fusion_pass import FusionPass
-    from fusionkit.match.finder import Decline, Match, MatchSet, RuleIndex, find_matches
+    from fusionkit.match.finder import Match, MatchSet, RuleIndex, find_matches
     from fusionkit.match.pattern import CASTS, Pattern, also, any_float, any_value, capture, int_list, integer, lit, one_of, op, optional_dtype, outputs, per_row_block, positive, scalar, seq, through, where
     from fusionkit.match.targets import op_key
     from fusionkit.report import FusionReport

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fusionkit.match.finder import Decline, Match, MatchSet
+from fusionkit.match.finder import Match, MatchSet
+from fusionkit.result import MatchResult
 
 __all__ = ["FusionReport", "RuleReport", "decline_record", "match_record", "text_table"]
 
@@ -27,7 +28,7 @@ def match_record(m: Match) -> dict[str, Any]:
             "folded": {k: v.name for k, v in m.folds.items()}}
 
 
-def decline_record(d: Decline) -> dict[str, Any]:
+def decline_record(d: MatchResult) -> dict[str, Any]:
     """A declined match in the one JSON shape of a result (:meth:`MatchResult.record`)."""
     return d.record()
 
@@ -55,13 +56,13 @@ class RuleReport:
     rule: str
     fused: int = 0
     folded: int = 0
-    declines: list[Decline] = field(default_factory=list)
+    declines: list[MatchResult] = field(default_factory=list)
 
     def declines_by_step(self) -> Counter[str]:
         return Counter(d.step for d in self.declines)
 
     @property
-    def errors(self) -> list[Decline]:
+    def errors(self) -> list[MatchResult]:
         """Declines whose step is ``error``: the rule's code raised."""
         return [d for d in self.declines if d.step == "error"]
 
@@ -81,7 +82,7 @@ class FusionReport:
 
     rules: dict[str, RuleReport] = field(default_factory=dict)
     accepted: list[Match] = field(default_factory=list)
-    declined: list[Decline] = field(default_factory=list)
+    declined: list[MatchResult] = field(default_factory=list)
 
     @classmethod
     def from_matches(cls, rule_names: list[str], ms: MatchSet) -> FusionReport:
@@ -99,7 +100,7 @@ class FusionReport:
         return sum(r.fused for r in self.rules.values())
 
     @property
-    def errors(self) -> list[Decline]:
+    def errors(self) -> list[MatchResult]:
         """Declines whose step is ``error`` (a rule's code raised), in graph order."""
         return [d for d in self.declined if d.step == "error"]
 
@@ -130,5 +131,5 @@ class FusionReport:
         if idle:
             lines.append(f"({idle} more rule{'s' if idle > 1 else ''} found no candidate)")
         for d in self.declined:
-            lines.append(f"  {'ERROR in' if d.step == 'error' else 'declined'} {d}")
+            lines.append(f"  {'ERROR in' if d.step == 'error' else 'declined'} {d.line()}")
         return "\n".join(lines)

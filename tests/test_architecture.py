@@ -170,7 +170,7 @@ PUBLIC_API = {
         "ReducesLastDim", "ScalarRange", "broadcasts_over_last_dim",
         "named_shape_relation", "CASTS", "Pattern", "lit", "where", "any_value",
         "any_float", "scalar", "one_of", "int_list", "seq", "outputs", "also", "CallOp",
-        "PythonReplacement", "RuleError", "Match", "MatchSet", "Decline", "RuleIndex",
+        "PythonReplacement", "RuleError", "Match", "MatchSet", "RuleIndex",
         "FusionReport", "ProgramInputs", "ConstantRef", "ConstantKind", "op_key", "MatchResult",
     ],
     "fusionkit.integration": ["CompactConstantsPass", "compact_tensor", "tensor_bytes",

@@ -86,7 +86,7 @@ def _sub_rule(*constraints, name: str = "r") -> Rule:
 
 
 def _outcomes(ep, rule):
-    """root name -> None (accepted) or the Decline."""
+    """root name -> None (accepted) or the decline."""
     ms = find_matches(ep, [rule])
     out = {m.root.name: None for m in ms.accepted}
     out.update({d.root.name: d for d in ms.declined})

@@ -61,7 +61,7 @@ def test_find_matches_and_why_not_take_every_program_type(programs: dict[str, An
     mul = next(n for n in inner.graph.nodes if n.op == "call_function"
                and "sigmoid" in str([op_key(a.target) for a in n.all_input_nodes]))
     verdict = why_not(program, rule, mul.name)
-    assert verdict.at is mul
+    assert verdict.root is mul
     if kind == "executorch":  # out variants: the rule (on aten.mul.Tensor) is not rooted there
         assert ms.accepted == [] and verdict.status == "not_root"
     else:

@@ -92,12 +92,12 @@ def test_why_not_names_the_step_the_expectation_and_what_was_found(program: Any)
     assert "expected aten.mm.default" in w.reason and "got" in w.reason
 
     fused = why_not(edge, rule, _add_of(edge, "mm_default"))
-    assert fused.status == "fused" and len(fused.matched) == 2
+    assert fused.status == "fused" and len(fused.claimed) == 2
 
     bias = why_not(edge, rule, _add_of(edge, "mm_default_1"))
     assert (bias.status, bias.step) == ("declined", "prepackable_constant")
     assert bias.node is not None and bias.node.name == "e" and "not a constant" in bias.reason
-    assert {n.name for n in bias.matched} >= {bias.at.name}
+    assert {n.name for n in bias.claimed} >= {bias.root.name}
 
     mm = next(n for n in edge.graph.nodes if n.name == "aten_mm_default")
     inside = why_not(edge, rule, mm)

@@ -86,9 +86,9 @@ def _as_result(failure: Any, root: Node) -> None:
         assert r is None
         return
     assert isinstance(r, MatchResult) and (r.status, r.step) == (Status.DECLINED, Step.STRUCTURE)
-    assert (r.at, r.node, r.reason, r.matched) == (root, failure.node, failure.message,
+    assert (r.root, r.node, r.reason, r.claimed) == (root, failure.node, failure.message,
                                                    failure.claimed)
-    assert len(r.matched) == failure.progress
+    assert len(r.claimed) == failure.progress
 
 
 def _both(pattern: Pattern, node: Node, inputs: ProgramInputs) -> tuple[Any, Any]:

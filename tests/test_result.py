@@ -69,15 +69,15 @@ def test_a_decline_is_a_result_with_a_status(edge: Any) -> None:
     (d,) = ms.declined
     assert isinstance(d, MatchResult)
     assert d.status is Status.DECLINED and not d.is_error
-    assert d.step == "prepackable_constant" and d.at is d.root and d.matched == d.claimed
+    assert d.step == "prepackable_constant" and type(d) is MatchResult and d.claimed
     assert set(d.record()) == RECORD_KEYS
-    assert d.record()["status"] == "declined" and d.record()["root"] == d.at.name
+    assert d.record()["status"] == "declined" and d.record()["root"] == d.root.name
 
 
 def test_why_not_gives_the_same_type_and_the_same_json_shape(edge: Any) -> None:
     ms = find_matches(edge, [addmm_rule()], all_near_misses=True)
     (d,) = [d for d in ms.declined if d.step != "structure"]
-    verdict = why_not(edge, addmm_rule(), d.at)
+    verdict = why_not(edge, addmm_rule(), d.root)
     assert isinstance(verdict, MatchResult)
     assert (verdict.status, verdict.step, verdict.node, verdict.reason) == (
         d.status, d.step, d.node, d.reason)
@@ -116,7 +116,7 @@ def test_a_replacement_that_raises_is_an_error_result_in_the_report(edge: Any) -
 @pytest.mark.parametrize("status", list(Status))
 def test_fail_derives_the_status_from_the_step(edge: Any, status: Status) -> None:
     node = next(iter(edge.graph.nodes))
-    r = MatchResult(rule="r", at=node, status=str(status), step="x", node=None, reason="why")
+    r = MatchResult(rule="r", root=node, status=str(status), step="x", node=None, reason="why")
     assert r.status is status  # a plain string is read as the enum
     assert MatchResult.fail("r", node, "error", "raised").status is Status.ERROR
     assert MatchResult.fail("r", node, "dtype", "wrong dtype").status is Status.DECLINED
@@ -142,17 +142,17 @@ def test_the_matchers_near_miss_is_the_finders_structural_decline(edge: Any) -> 
     from fusionkit.match.matcher import compile_pattern
 
     inputs = ProgramInputs(edge)
-    declined = {d.at: d for d in find_matches(edge, [bmm_rule()], all_near_misses=True).declined}
+    declined = {d.root: d for d in find_matches(edge, [bmm_rule()], all_near_misses=True).declined}
     adds = _adds(edge)
     assert len(adds) == 2 and set(declined) == set(adds)
     for add in adds:
         _, search = compile_pattern(bmm_rule().pattern).search(add, inputs, lambda b: None)
         r = search.result("bmm")
         assert isinstance(r, MatchResult) and type(r) is MatchResult
-        assert (r.status, r.step, r.at) == (Status.DECLINED, Step.STRUCTURE, add)
+        assert (r.status, r.step, r.root) == (Status.DECLINED, Step.STRUCTURE, add)
         d = declined[add]
-        assert (r.rule, r.step, r.node, r.reason, r.matched) == (
-            d.rule, d.step, d.node, d.reason, d.matched)
+        assert (r.rule, r.step, r.node, r.reason, r.claimed) == (
+            d.rule, d.step, d.node, d.reason, d.claimed)
         assert "expected aten.bmm.default" in r.reason and r.node is not None
         assert r.record() == d.record()
         verdict = why_not(edge, bmm_rule(), add)  # the near-miss layer says the same
@@ -170,7 +170,6 @@ def test_the_finder_reports_the_structural_near_miss_through_search_result(
     """One path: the finder's structural decline is ``Search.result()``, not a copy of its fields."""
     import dataclasses
 
-    from fusionkit.match.finder import Decline
     from fusionkit.match.matcher import Search
 
     plain = Search.result
@@ -183,7 +182,7 @@ def test_the_finder_reports_the_structural_near_miss_through_search_result(
     declined = find_matches(edge, [bmm_rule()], all_near_misses=True).declined
     assert len(declined) == 2
     for d in declined:
-        assert type(d) is Decline and d.step == Step.STRUCTURE
+        assert type(d) is MatchResult and d.step == Step.STRUCTURE
         assert d.reason.startswith("[marked] ") and "expected aten.bmm.default" in d.reason
 
 
@@ -238,7 +237,7 @@ def test_every_constraints_refusal_is_a_result_naming_its_capture(edge: Any) -> 
         ctx = CheckContext(edge, ProgramInputs(edge), root, captures, rule="r")
         f = c.check(ctx)
         assert type(f) is MatchResult, c
-        assert (f.status, f.rule, f.at, f.capture) == (Status.DECLINED, "r", root, blamed), c
+        assert (f.status, f.rule, f.root, f.capture) == (Status.DECLINED, "r", root, blamed), c
         kind = f"custom:{c.name}" if c.kind == "custom" else c.kind
         assert f.step == kind, c
         captured = captures[blamed]
@@ -285,7 +284,7 @@ def test_the_vulkan_delegation_refusal_names_its_rule_and_the_root() -> None:
     assert refusals, "the blocked rms_norm fusion was never refused"
     for ctx, f in refusals:
         assert type(f) is MatchResult
-        assert f.rule == ctx.rule != "" and f.at is ctx.root and f.node is ctx.root
+        assert f.rule == ctx.rule != "" and f.root is ctx.root and f.node is ctx.root
         assert f.step == "delegated_by_vulkan_partitioner" and f.status is Status.DECLINED
         assert "rms_norm" in f.reason and set(f.record()) == RECORD_KEYS
 
@@ -368,5 +367,5 @@ def test_a_memoised_executable_verdict_is_each_matchs_own_result() -> None:
     for d in declined:
         assert isinstance(d, MatchResult) and d.status is Status.DECLINED
         assert d.step == Step.EXECUTABLE and "silu" in d.reason
-        assert d.node is d.root and d.root in d.matched  # its own root, not the first match's
-        assert d == verdict.result("silu", d.root, d.matched)
+        assert d.node is d.root and d.root in d.claimed  # its own root, not the first match's
+        assert d == verdict.result("silu", d.root, d.claimed)

@@ -29,12 +29,12 @@ from executorch.exir.pass_base import ExportedProgramPassResult
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from fusionkit import FusionPass, Rule
+from fusionkit import FusionPass, MatchResult, Rule
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.check.executable import Delegate, ExecutionTarget
 from fusionkit.integration.hooks import PatchSet, UnsupportedExecuTorchError
 from fusionkit.integration.preprocess_takeover import Takeover
-from fusionkit.match.finder import Decline, MatchSet, find_matches
+from fusionkit.match.finder import MatchSet, find_matches
 from fusionkit.passes.registry import rules_taking_over, taken_over_patterns
 from fusionkit.report import FusionReport
 
@@ -125,7 +125,7 @@ class RulePass(FusionPass):
             applied = apply_matches(ep, ms.accepted, strict=False)
             if applied.failed:
                 ms = MatchSet(applied.applied, [*ms.declined, *(
-                    Decline.from_exception(f.match.rule.name, f.match.root, f.during, f.error)
+                    MatchResult.from_exception(f.match.rule.name, f.match.root, f.during, f.error)
                     for f in applied.failed)])
         self.report = FusionReport.from_matches([r.name for r in self.rules], ms)
         self.history.append(self.report)

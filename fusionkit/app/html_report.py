@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from torch.fx import Node
 
 from fusionkit.authoring.verify import Verification
-from fusionkit.match.finder import Decline, Match, MatchSet
+from fusionkit.match.finder import Match, MatchSet
 from fusionkit.match.targets import op_key
 from fusionkit.result import MatchResult, Status
 
@@ -60,11 +60,9 @@ class Item:
             return Item(x.rule.name, x.root, "fused", "fused", None,
                         folded or f"{len(x.claimed)} nodes replaced", tuple(x.claimed))
         verdict = {Status.FUSED: "fused", Status.ERROR: "error"}.get(x.status, "declined")
-        if isinstance(x, Decline):  # the finder's: the root is always drawn
-            matched = x.matched if x.at in x.matched else (x.at, *x.matched)
-        else:  # why_not's verdict: what it matched, or the node asked about
-            matched = x.matched or (x.at,)
-        return Item(x.rule, x.at, verdict, x.step, x.node, x.reason, matched)
+        # what it matched, the root always drawn (why_not's verdict: the node asked about)
+        matched = x.claimed if x.root in x.claimed else (x.root, *x.claimed)
+        return Item(x.rule, x.root, verdict, x.step, x.node, x.reason, matched)
 
 
 def _label(n: Node) -> str:

@@ -60,11 +60,11 @@ def why_not_text(w: MatchResult) -> str:
     head = {"fused": "fused here", "inside": "not here: the node belongs to another match",
             "declined": "declined here", "error": "declined here: the rule's own code raised",
             "not_root": "never tried here"}[w.status]
-    lines = [f"{w.rule} at `{w.at.name}`: {head}", f"  step:   {w.step}"]
+    lines = [f"{w.rule} at `{w.root.name}`: {head}", f"  step:   {w.step}"]
     if w.node is not None:
         lines.append(f"  node:   `{w.node.name}`")
     lines.append(f"  reason: {w.reason}")
-    if w.matched and w.status != "fused":
+    if w.claimed and w.status != "fused":
         what = "matched before it stopped" if w.step == "structure" else "matched"
-        lines.append(f"  {what}: {', '.join(f'`{n.name}`' for n in w.matched)}")
+        lines.append(f"  {what}: {', '.join(f'`{n.name}`' for n in w.claimed)}")
     return "\n".join(lines)

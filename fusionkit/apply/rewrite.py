@@ -34,9 +34,10 @@ from fusionkit.apply.journal import Journal
 from fusionkit.check.executable import replacement_outputs
 from fusionkit.check.folding import evaluate_constant
 from fusionkit.check.program_inputs import ConstantKind
-from fusionkit.match.finder import Decline, Match
+from fusionkit.match.finder import Match
 from fusionkit.match.pattern import output_names
 from fusionkit.match.targets import is_assertion, resolve_op
+from fusionkit.result import MatchResult
 from fusionkit.strict import strict_mode
 
 __all__ = ["ApplyFailure", "ApplyResult", "apply_matches"]
@@ -54,12 +55,12 @@ class ApplyFailure:
     during: str
     error: BaseException
 
-    def result(self) -> Decline:
+    def result(self) -> MatchResult:
         """This failure as the one result type: a decline with status ``error``."""
         m = self.match
         during = ("the replacement" if self.during == "replacement"
                   else f"applying the pass ({self.during})")
-        return Decline.from_exception(m.rule.name, m.root, during, self.error)
+        return MatchResult.from_exception(m.rule.name, m.root, during, self.error)
 
 
 @dataclass

@@ -61,20 +61,21 @@ def why_not(ep: ProgramLike, rule: Rule | str, at: str | Node, *,
     for m in ms.accepted:
         if m.root is node and m.rule.name == name:
             return MatchResult(name, node, Status.FUSED, Step.FUSED, None,
-                          f"fused: {len(m.claimed)} nodes replaced", tuple(m.claimed), m)
+                               f"fused: {len(m.claimed)} nodes replaced", tuple(m.claimed), m)
     for m in ms.accepted:
         if node in m.claimed:
             what = "its root" if m.root is node else f"inside the match at `{m.root.name}`"
             return MatchResult(name, node, Status.INSIDE, Step.OVERLAP, node,
-                          f"`{node.name}` is {what} of rule {m.rule.name}, which claimed it first",
-                          tuple(m.claimed), m)
+                               f"`{node.name}` is {what} of rule {m.rule.name}, which claimed it "
+                               "first", tuple(m.claimed), m)
     for d in ms.declined:
         if d.root is node and d.rule == name:
-            claimed = tuple(getattr(d, "claimed", ()) or (node,))
-            return MatchResult(name, node, d.status, d.step, d.node, d.reason, claimed, d, d.error_type)
+            claimed = d.claimed or (node,)
+            return MatchResult(name, node, d.status, d.step, d.node, d.reason, claimed, d,
+                               d.error_type)
     key = op_key(node.target) if node.op == "call_function" else None
     want = " or ".join(sorted(the_rule.root_keys))
     got = key or (f"a {node.op} node" if node.op != "call_function" else str(node.target))
     return MatchResult(name, node, Status.NOT_ROOT, Step.ROOT, node,
-                  f"the rule's pattern is rooted at {want}; `{node.name}` is {got}",
-                  (), None)
+                       f"the rule's pattern is rooted at {want}; `{node.name}` is {got}",
+                       (), None)

@@ -6,7 +6,8 @@ it by, their compiled patterns. Here, node by node in graph order, each rule's p
 searched (:mod:`fusionkit.match.matcher`); every structural binding is checked against
 the nodes already claimed, the no-escape rule, a multi-output match's placement, the
 rule's constraints and its replacement; the first binding that passes becomes an accepted
-:class:`Match`, claiming its nodes. Otherwise the near miss becomes a :class:`Decline`
+:class:`Match`, claiming its nodes. Otherwise the near miss becomes a declined
+:class:`~fusionkit.result.MatchResult`
 that says which step failed, at which node, and why. Nothing here modifies the program.
 """
 
@@ -26,10 +27,10 @@ from fusionkit.check.returned_values import returned_value_refusal
 from fusionkit.match.matcher import Binding, CompiledPattern, PredicateError
 from fusionkit.match.pattern import output_names
 from fusionkit.match.targets import is_assertion, schema_of
-from fusionkit.result import MatchResult, Status, Step
+from fusionkit.result import MatchResult
 from fusionkit.rule import Rule
 
-__all__ = ["DECLINE_STEPS", "Candidate", "Decline", "Match", "MatchSet", "Settings",
+__all__ = ["DECLINE_STEPS", "Candidate", "Match", "MatchSet", "Settings",
            "decide_in_order"]
 
 #: how many structural bindings per root are checked before giving up
@@ -70,70 +71,6 @@ DECLINE_STEPS: tuple[str, ...] = ("structure", "overlap", "escape", "placement",
                                   "error")
 
 
-@dataclass(frozen=True, init=False, eq=False)
-class Decline(MatchResult):
-    """A refused match: a :class:`~fusionkit.result.MatchResult` the finder made.
-
-    Built as ``Decline(rule, root, step, node, reason, claimed, error_type)``;
-    ``step == "error"`` (status ``error``) means the rule's own code raised (a
-    constraint, a value predicate, a custom check, a replacement): ``error_type``
-    names the exception and ``reason`` says where it was raised and its message.
-    """
-
-    def __init__(self, rule: str, root: Node, step: str, node: Node | None, reason: str,
-                 claimed: tuple[Node, ...] = (), error_type: str | None = None) -> None:
-        status = Status.ERROR if step == Step.ERROR else Status.DECLINED
-        super().__init__(rule, root, status, step, node, reason, tuple(claimed),
-                         None, error_type)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, MatchResult):
-            return NotImplemented
-        return (self.rule, self.at, self.status, self.step, self.node, self.reason,
-                self.error_type) == (other.rule, other.at, other.status, other.step,
-                                     other.node, other.reason, other.error_type)
-
-    def __hash__(self) -> int:
-        return hash((self.rule, self.at, self.step, self.node, self.reason))
-
-    @property
-    def root(self) -> Node:
-        """The node the rule was tried at (:attr:`at`)."""
-        return self.at
-
-    @property
-    def claimed(self) -> tuple[Node, ...]:
-        """The nodes the rule had matched when it was declined (:attr:`matched`)."""
-        return self.matched
-
-    @classmethod
-    def of(cls, result: MatchResult, *, rule: str | None = None, root: Node | None = None,
-           matched: tuple[Node, ...] | None = None) -> Decline:
-        """The finder's decline for a result another layer made (the matcher's near miss,
-        a constraint's refusal, a replacement check's verdict): the same step, node and
-        reason; rule, root and matched nodes are the result's unless given (a constraint
-        knows the node at fault, the finder the match it was checking)."""
-        if isinstance(result, Decline) and rule is None and root is None and matched is None:
-            return result
-        return cls(result.rule if rule is None else rule,
-                   result.at if root is None else root, result.step, result.node,
-                   result.reason, result.matched if matched is None else matched,
-                   result.error_type)
-
-    @classmethod
-    def from_exception(cls, rule: str, root: Node, during: str, exc: BaseException,
-                       node: Node | None = None) -> Decline:
-        """The ``error`` decline for ``exc``, raised by the rule's code ``during`` something."""
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else "(no message)"
-        return cls(rule, root, "error", node if node is not None else root,
-                   f"{during} raised {type(exc).__name__}: {message}",
-                   error_type=type(exc).__name__)
-
-    def __str__(self) -> str:
-        at = f" [{self.node.name}]" if self.node is not None else ""
-        return f"{self.rule} at `{self.root.name}`: {self.step}{at}: {self.reason}"
-
-
 @dataclass
 class MatchSet:
     """What one search decided: the accepted matches and the declined ones.
@@ -143,11 +80,16 @@ class MatchSet:
     """
 
     accepted: list[Match] = field(default_factory=list)
-    declined: list[Decline] = field(default_factory=list)
+    declined: list[MatchResult] = field(default_factory=list)
 
     @property
-    def errors(self) -> list[Decline]:
+    def errors(self) -> list[MatchResult]:
         return [d for d in self.declined if d.step == "error"]
+
+
+def _decline(rule: str, root: Node, step: str, node: Node, reason: str,
+             claimed: tuple[Node, ...] = ()) -> MatchResult:
+    return MatchResult.fail(rule, root, step, reason, node, claimed)
 
 
 def _escaping_user(b: Binding, root: Node, outputs: tuple[str, ...] = ()
@@ -186,7 +128,7 @@ def _mutates(n: Node, values: set[Node]) -> bool:
 
 
 def _place(rule: Rule, root: Node, b: Binding, outputs: tuple[str, ...],
-           claimed_by: Mapping[Node, Match], pos: _Positions) -> Node | Decline:
+           claimed_by: Mapping[Node, Match], pos: _Positions) -> Node | MatchResult:
     """The node before which the replacement of a multi-output match can go.
 
     Positions of nodes an earlier match claims are those of its replacement
@@ -218,7 +160,7 @@ def _place(rule: Rule, root: Node, b: Binding, outputs: tuple[str, ...],
                 hi, hi_node, hi_out = p, u, out
     if hi <= lo:
         assert lo_node is not None and hi_node is not None
-        return Decline(rule.name, root, "placement", hi_node,
+        return _decline(rule.name, root, "placement", hi_node,
                        f"no point in the graph is after every input and before every user: "
                        f"output `{hi_out.name}` is used by `{hi_node.name}`, which comes before "
                        f"input `{lo_node.name}` is computed")
@@ -234,14 +176,14 @@ def _place(rule: Rule, root: Node, b: Binding, outputs: tuple[str, ...],
                 place = cand
                 break
     if place is None:
-        return Decline(rule.name, root, "placement", root,
+        return _decline(rule.name, root, "placement", root,
                        "every position after the match's inputs and before its outputs' users "
                        "belongs to another match")
     if place is not root:  # the replacement reads its inputs at another time: no write between
         a, z = sorted((order[place], order[root]))
         for n in pos.nodes[a:z]:
             if n not in inside and _mutates(n, inputs):
-                return Decline(rule.name, root, "placement", n,
+                return _decline(rule.name, root, "placement", n,
                                f"the replacement would go before `{place.name}`, but `{n.name}` "
                                "writes in place to one of its inputs in between")
     return place
@@ -252,11 +194,11 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
             positions: Callable[[], _Positions] | None = None,
             strict: bool = False, any_moved: bool = False,
             replacement_check: Callable[[Rule], ReplacementCheck] | None = None
-            ) -> Match | Decline:
+            ) -> Match | MatchResult:
     for n in b.claimed:
         owner = claimed_by.get(n)
         if owner is not None:
-            return Decline(rule.name, root, "overlap", n,
+            return _decline(rule.name, root, "overlap", n,
                            f"`{n.name}` already belongs to the {owner.rule.name} match at "
                            f"`{owner.root.name}`", b.claimed)
     outputs = output_names(rule.pattern)
@@ -264,14 +206,14 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
         esc = _escaping_user(b, root, outputs)
         if esc is not None:
             inner, user = esc
-            return Decline(rule.name, root, "escape", inner,
+            return _decline(rule.name, root, "escape", inner,
                            f"intermediate `{inner.name}` is also used by `{user.name}` outside "
                            "the match; fusing would have to compute it twice", b.claimed)
     place: Node = root
     if outputs or any_moved:  # else the root is after every input, before every user
         where = _place(rule, root, b, outputs, claimed_by,
                        positions() if positions is not None else _Positions(ep))
-        if isinstance(where, Decline):
+        if isinstance(where, MatchResult):
             return where
         place = where
     ctx = CheckContext(ep, inputs, root, b.captures, allow_folding=allow_folding, rule=rule.name)
@@ -285,19 +227,19 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
                 raise
             name = getattr(c, "name", None)
             label = f"constraint {c.kind}" + (f" {name!r}" if isinstance(name, str) else "")
-            return Decline.from_exception(rule.name, root, label, e)
+            return MatchResult.from_exception(rule.name, root, label, e)
         if failure is not None:
-            return Decline.of(failure, rule=rule.name, root=root, matched=b.claimed)
+            return MatchResult.of(failure, rule=rule.name, root=root, claimed=b.claimed)
     if replacement_check is not None:  # last: it builds the replacement (memoised)
         olds = (root, *(b.captures[name] for name in outputs))
         bad = replacement_check(rule).verdict(ctx, olds, strict)
         if bad is not None:  # a verdict shared by matches alike: made this match's result
-            return Decline.of(bad.result(rule.name, root, b.claimed))
+            return MatchResult.of(bad.result(rule.name, root, b.claimed))
     # last of all: a value the program returns stays returned exactly (records the rewiring)
     returned = returned_value_refusal(ctx, rule, (root, *(b.captures[n] for n in outputs)),
                                       b.claimed, strict)
     if returned is not None:
-        return Decline.of(returned)
+        return MatchResult.of(returned)
     return Match(rule, root, dict(b.captures), b.claimed, dict(ctx.folds), place)
 
 
@@ -316,7 +258,7 @@ class _Decider:
     def __init__(self, rule: Rule, root: Node, *args: Any) -> None:
         self.rule, self.root, self.args = rule, root, args
         self.seen = 0
-        self.first_decline: Decline | None = None
+        self.first_decline: MatchResult | None = None
 
     def __call__(self, b: Binding) -> Match | object | None:
         if self.seen >= MAX_BINDINGS_PER_ROOT:
@@ -394,7 +336,7 @@ def decide_in_order(ep: ExportedProgram, candidates: Sequence[Candidate], s: Set
                     if error is e:
                         raise
                     raise error from None
-                result.declined.append(Decline.from_exception(rule.name, node, during, error))
+                result.declined.append(MatchResult.from_exception(rule.name, node, during, error))
                 continue
             if accepted is not None:
                 result.accepted.append(accepted)
@@ -408,5 +350,5 @@ def decide_in_order(ep: ExportedProgram, candidates: Sequence[Candidate], s: Set
                     1 if s.all_near_misses else s.thresholds[rule]):
                 near_miss = failure.result(rule.name)
                 if near_miss is not None:  # always: progress >= 1 means an attempt failed
-                    result.declined.append(Decline.of(near_miss))
+                    result.declined.append(MatchResult.of(near_miss))
     return result

@@ -26,7 +26,6 @@ from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.match.decide import (
     DECLINE_STEPS,
     Candidate,
-    Decline,
     Match,
     MatchSet,
     Settings,
@@ -39,7 +38,7 @@ from fusionkit.program import ProgramLike, as_exported_program
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
 
-__all__ = ["DECLINE_STEPS", "Decline", "Match", "MatchSet", "RuleIndex", "find_matches"]
+__all__ = ["DECLINE_STEPS", "Match", "MatchSet", "RuleIndex", "find_matches"]
 
 #: a structural failure of a shipped rule is a near miss (and reported) only once it has
 #: matched at least this many of the pattern's ops (root included), and two thirds of them

@@ -278,6 +278,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.model.endswith(".pte") and not Path(args.model).is_file():
         raise UserError(f"{args.model}: no such file")
     _quiet_imports()
+    if args.backend == "arm":
+        return _run_arm(args)
     from fusionkit.app.run_job import print_report, run_file, run_model
     from fusionkit.backends.vulkan_adapter.runtime import RuntimeNotFoundError
 
@@ -296,6 +298,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print_report(report)
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+def _run_arm(args: argparse.Namespace) -> int:
+    from fusionkit.app.arm_run_job import print_arm_report, run_arm_file, run_arm_model
+
+    if args.spec:
+        raise UserError("--spec: the Arm adapter runs its own rule set only")
+    if args.model.endswith(".pte"):
+        report = run_arm_file(Path(args.model).read_bytes(), args.model, seed=args.seed)
+    else:
+        model = _load_model(args.model)
+        report = run_arm_model(model.exported, model.module, model.example_inputs,
+                               stock=args.stock, integer=args.integer, seed=args.seed,
+                               progress=_progress)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_arm_report(report)
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
@@ -428,12 +449,16 @@ def build_parser() -> argparse.ArgumentParser:
     si.set_defaults(fn=cmd_simulate)
 
     ru = sub.add_parser("run", help="run a .pte (or lower MODEL and run it) on ExecuTorch's "
-                        "real Vulkan runtime, beside check() and the simulator")
+                        "real Vulkan runtime, beside check() and the simulator; --backend "
+                        "arm: on the TOSA reference model beside eager")
     ru.add_argument("model", help=".pte file, or .pt2 / package.module:factory to lower first")
-    ru.add_argument("--backend", choices=["vulkan"], default="vulkan")
+    ru.add_argument("--backend", choices=["vulkan", "arm"], default="vulkan")
+    ru.add_argument("--int", dest="integer", action="store_true",
+                    help="(arm, MODEL) lower for TOSA-1.0+INT after pt2e int8 quantization "
+                    "(judged against the fake-quantized model)")
     ru.add_argument("--method", default="forward", help="method of a .pte to run")
     ru.add_argument("--stock", action="store_true",
-                    help="(MODEL) lower with stock ExecuTorch's VulkanPartitioner")
+                    help="(MODEL) lower with stock ExecuTorch's partitioner (Vulkan, TOSA)")
     ru.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
     _spec_consent(ru)
     ru.add_argument("--seed", type=int, default=0, help="(MODEL) seed of the random inputs")

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from fusionkit import PythonReplacement, Rewriter, Rule, capture, find_matches, op
+from fusionkit import Match, PythonReplacement, Rewriter, Rule, capture, find_matches, op
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.match.pattern import also, outputs, seq
 
@@ -73,5 +73,11 @@ def test_outputs_may_drop_an_unused_output_but_not_a_used_one() -> None:
         frozenset({"x"})))
     ep = torch.export.export(Two(), (torch.randn(4),))
     ms = find_matches(ep, [rule])
-    with pytest.raises(FusionError, match="dropped output"):  # the cos output is returned
-        apply_matches(ep, ms.accepted)
+    # the cos output is returned: declined in the one phase (fusionkit.check.returned_values)
+    assert not ms.accepted
+    assert [d.step for d in ms.declined] == ["escape"] and "drops it" in ms.declined[0].reason
+    # applied anyway (a match made by hand), the rewrite refuses it
+    d = ms.declined[0]
+    match = Match(rule, d.root, {"x": d.root.args[0].args[0], "c": d.node}, d.claimed)
+    with pytest.raises(FusionError, match="dropped output"):
+        apply_matches(ep, [match])

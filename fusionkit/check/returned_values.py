@@ -45,15 +45,67 @@ __all__ = ["Returned", "returned_value_refusal"]
 
 
 class Returned:
-    """The nodes a program returns, as the matches accepted so far in one search leave them."""
+    """The nodes a program returns, as the matches accepted so far in one search leave them,
+    and those matches (each claimed node -> its match) to tell what a node they replace
+    becomes."""
 
     def __init__(self, ep: ExportedProgram) -> None:
         out = ep.graph_module.graph.output_node()
         self.nodes: set[Node] = set(out.all_input_nodes)
+        self.accepted: dict[Node, _Accepted] = {}
 
     def rewire(self, old: Node, new: Node) -> None:
         self.nodes.discard(old)
         self.nodes.add(new)
+
+    def accept(self, match: _Accepted) -> None:
+        for n in match.matched:
+            self.accepted[n] = match
+
+    def resolve(self, node: Node) -> Node | None:
+        """What existing ``node`` stands for once the accepted matches are applied: itself,
+        or what a match that replaces it returns in its place (an existing node, or the
+        scratch-graph node standing for one its replacement creates); None when that
+        cannot be told."""
+        seen: set[Node] = set()
+        while node in self.accepted and node not in seen:
+            seen.add(node)
+            match = self.accepted[node]
+            new = match.replaced_by(node)
+            if new is None:
+                return None
+            node = new
+        return node
+
+
+class _Accepted:
+    """An accepted match, kept to build its replacement again when asked what one of its
+    outputs becomes."""
+
+    def __init__(self, ctx: CheckContext, rule: Rule, olds: Sequence[Node],
+                 matched: tuple[Node, ...], news: list[Any] | None = None) -> None:
+        self.ctx, self.rule, self.olds, self.matched = ctx, rule, tuple(olds), matched
+        #: what the replacement returns per output (built once: a created node is a
+        #: scratch-graph node, the same object every time it is asked about)
+        self._news: list[Any] | None = news
+
+    def replaced_by(self, node: Node) -> Node | None:
+        if node not in self.olds:
+            return None  # an intermediate the match erases: nothing stands for it
+        if self._news is None:
+            try:
+                self._news = _build(self.ctx, self.rule, self.olds)[1]
+            except Exception:
+                return None
+        return self._news[self.olds.index(node)]
+
+
+def _build(ctx: CheckContext, rule: Rule, olds: Sequence[Node]) -> tuple[Any, list[Any]]:
+    from fusionkit.apply.probe import build_in_scratch
+    from fusionkit.check.executable import replacement_outputs
+
+    rw, built = build_in_scratch(rule.replacement, ctx, rule.name)
+    return rw, replacement_outputs(rule.name, ctx.root, list(olds), built)
 
 
 #: one :class:`Returned` per search, keyed by the search's ProgramInputs (one per
@@ -85,14 +137,11 @@ def returned_value_refusal(ctx: CheckContext, rule: Rule, olds: Sequence[Node],
     state = _returned(ctx)
     returned = [i for i, old in enumerate(olds) if old in state.nodes]
     if not returned:
+        state.accept(_Accepted(ctx, rule, olds, matched))
         return None
-    from fusionkit.apply.probe import build_in_scratch
-    from fusionkit.check.executable import replacement_outputs
-
     root = ctx.root
     try:
-        rw, built = build_in_scratch(rule.replacement, ctx, rule.name)
-        news = replacement_outputs(rule.name, root, list(olds), built)
+        rw, news = _build(ctx, rule, olds)
     except Exception as e:
         if strict:
             raise
@@ -106,23 +155,30 @@ def returned_value_refusal(ctx: CheckContext, rule: Rule, olds: Sequence[Node],
         if new is None:
             return _decline(rule.name, root, old, f"`{old.name}` is returned by the program, "
                             "and the replacement drops it", matched)
-        if new.graph is rw.graph:  # a node the replacement computes: the output is its own
-            continue
-        if new.op in ("placeholder", "get_attr"):
+        # a node the replacement computes stands for itself; an existing one for what the
+        # matches accepted before make of it
+        stands = new if new.graph is rw.graph else state.resolve(new)
+        if stands is None:
+            return _decline(rule.name, root, old,
+                            f"`{old.name}` is returned by the program; what an earlier match "
+                            f"makes of `{new.name}`, which would take its place, cannot be "
+                            "told", matched)
+        if stands.op in ("placeholder", "get_attr"):
             return _decline(
                 rule.name, root, old,
                 f"`{old.name}` is returned by the program; the replacement would return "
-                f"`{new.name}`, a graph input or constant, in its place: the program would "
+                f"`{stands.name}`, a graph input or constant, in its place: the program would "
                 "return its input, and a delegate must write each output it returns "
                 "(XNNPACK refuses it: pass-through arguments)", matched)
-        if new in state.nodes or any(new is n for _, n in rewired):
+        if stands in state.nodes or any(stands is n for _, n in rewired):
             return _decline(
                 rule.name, root, old,
                 f"`{old.name}` is returned by the program; the replacement would return "
-                f"`{new.name}` in its place, which the program returns already: one value "
+                f"`{stands.name}` in its place, which the program returns already: one value "
                 "for two outputs (the Vulkan runtime aborts on the delegate's argument "
                 "count, XNNPACK refuses the lowering)", matched)
-        rewired.append((old, new))
+        rewired.append((old, stands))
     for old, new in rewired:
         state.rewire(old, new)
+    state.accept(_Accepted(ctx, rule, olds, matched, news))
     return None

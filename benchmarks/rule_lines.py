@@ -5,7 +5,8 @@ must not drift from the code. It is computed here, from the adapters' takeover t
 the rule registry, the installed ExecuTorch and this tree; ``tests/test_rules_table.py``
 compares it with the README.
 
-    python -m benchmarks.rule_lines      # the markdown table
+    python -m benchmarks.rule_lines              # the markdown table
+    python -m benchmarks.rule_lines families     # each rule family: shared and per-backend lines
 
 Code lines: no blank, comment-only or docstring lines. A stock pass counts its whole
 module and, where it subclasses another pass's rewrite, that one's (detection, rewrite and
@@ -27,7 +28,8 @@ import textwrap
 import tokenize
 from dataclasses import dataclass
 
-__all__ = ["TakeoverRow", "code_lines", "markdown", "rows"]
+__all__ = ["FamilyRow", "TakeoverRow", "code_lines", "families_markdown", "family_rows",
+           "markdown", "rows"]
 
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
          tokenize.ENDMARKER, tokenize.ENCODING}
@@ -159,8 +161,60 @@ def markdown(table: list[TakeoverRow] | None = None) -> str:
     return "\n".join(lines + total)
 
 
+#: the backends' rule sets, in table order (a family's users are found in these)
+FAMILY_SETS = (("vulkan", "vulkan_preprocess"), ("xnnpack", "xnnpack"), ("arm", "arm"))
+
+
+@dataclass(frozen=True)
+class FamilyRow:
+    """One rule family (``passes/families/``): its own lines and, per backend, the lines of
+    that backend's own rule modules built on it (the stock pass each takes over)."""
+
+    family: str
+    family_lines: int
+    #: backend -> (stock pass, its rule module, code lines of that module)
+    backends: dict[str, tuple[str, str, int]]
+
+
+def family_rows() -> list[FamilyRow]:
+    """Every module of ``fusionkit.passes.families`` with the backends' modules using it."""
+    import pkgutil
+
+    import fusionkit.passes.families as families
+    from fusionkit.passes.registry import registered
+
+    out = []
+    for info in pkgutil.iter_modules(families.__path__):
+        if info.name.startswith("_"):
+            continue
+        name = f"{families.__name__}.{info.name}"
+        users: dict[str, tuple[str, str, int]] = {}
+        for backend, rule_set in FAMILY_SETS:
+            for f in registered(rule_set):
+                module = f.make.__module__
+                if f.takes_over and name in _imported_rule_modules(module):
+                    path = str(inspect.getsourcefile(importlib.import_module(module)))
+                    users[backend] = (f.takes_over, module, code_lines(path))
+        path = str(inspect.getsourcefile(importlib.import_module(name)))
+        out.append(FamilyRow(name, code_lines(path), users))
+    return out
+
+
+def families_markdown(table: list[FamilyRow] | None = None) -> str:
+    """The README table of rule families: shared lines, and each backend's own."""
+    table = family_rows() if table is None else table
+    backends = [b for b, _ in FAMILY_SETS]
+    lines = ["| family (`passes/`) | shared lines | " + " | ".join(backends) + " |",
+             "|---|---:|" + "---|" * len(backends)]
+    for r in table:
+        cells = [f"`{r.backends[b][0]}`: `{_short(r.backends[b][1])}`, {r.backends[b][2]} lines"
+                 if b in r.backends else "—" for b in backends]
+        lines.append(f"| `{_short(r.family)}` | {r.family_lines} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if root not in sys.path:
         sys.path.insert(0, root)
-    print(markdown())
+    print(families_markdown() if sys.argv[1:] == ["families"] else markdown())

@@ -63,3 +63,16 @@ def test_readme_table_is_the_computed_one() -> None:
     assert table in readme, (
         "README.md's table of taken-over preprocess passes is stale: replace it with the "
         "output of `python -m benchmarks.rule_lines`:\n" + table)
+
+
+def test_rule_families_are_shared_and_counted() -> None:
+    """``python -m benchmarks.rule_lines families``: the conv + batch norm family is used by
+    the three backends' rule modules, each holding a fraction of the shared lines."""
+    table = {r.family: r for r in rule_lines.family_rows()}
+    bn = table["fusionkit.passes.families.conv_batch_norm"]
+    assert {b: p for b, (p, _, _) in bn.backends.items()} == {
+        "vulkan": "FuseBatchNormPass", "xnnpack": "FuseBatchNormPass",
+        "arm": "FuseBatchNorm2dPass"}
+    assert all(0 < n < bn.family_lines / 5 for _, _, n in bn.backends.values()), bn
+    text = rule_lines.families_markdown()
+    assert text.count("\n") == len(table) + 1 and "`families/conv_batch_norm.py`" in text

@@ -446,7 +446,8 @@ def test_partitioner_accepts_what_executorch_accepts() -> None:
                           nn_module_blocklist=["x"])
     assert p.options["texture_limits"] == (2048, 2048, 2048)
     passes = transform_passes()
-    assert passes is not transform_passes() and len(passes) == 2  # constant folding, fusion
+    # constant folding (lifted constants, then parameter-only prepacked arguments), fusion
+    assert passes is not transform_passes() and len(passes) == 3
 
 
 def test_fused_op_left_out_of_vulkan_is_an_error() -> None:

@@ -82,7 +82,7 @@ def _err(got: Any, want: list[torch.Tensor]) -> float:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_ours_keeps_the_node_on_the_cpu_and_equals_eager(runs: dict[str, Any], name: str) -> None:
+def test_ours_runs_the_node_where_it_can_and_equals_eager(runs: dict[str, Any], name: str) -> None:
     low, fact = runs[f"{name}/ours"], CASES[name][1]
     assert low["real"].ok, low["real"].message
     assert _err(low["real"].outputs, low["eager"]) < 1e-4
@@ -91,7 +91,10 @@ def test_ours_keeps_the_node_on_the_cpu_and_equals_eager(runs: dict[str, Any], n
     assert low["problems"] == [], [str(p) for p in low["problems"]]
     kept = [str(k) for k in low["kept_off"]
             if (k.fact == fact if fact == "not_constant" else fact in k.reason)]
-    assert len(kept) == 1, [str(k) for k in low["kept_off"]]
+    # weight_norm's g * v / |v| is computed from parameters alone: transform_passes() folds
+    # it (FoldParameterSubgraphsPass), so the convolution is delegated, nothing kept off
+    assert len(kept) == (0 if name == "weight_norm_conv" else 1), [
+        str(k) for k in low["kept_off"]]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -17,11 +17,12 @@ from executorch.exir.pass_base import ExportedProgramPassBase
 
 from fusionkit import FusionPass, Rule
 from fusionkit.integration.constant_subgraphs import FoldConstantSubgraphsPass
+from fusionkit.integration.parameter_subgraphs import FoldParameterSubgraphsPass
 from fusionkit.passes.registry import RuleFactory, registered
 
 from .delegation import AUTO, PartitionerSupport, with_delegation_check
 
-__all__ = ["PASS_NAME", "transform_passes"]
+__all__ = ["PASS_NAME", "constant_args", "transform_passes"]
 
 PASS_NAME = "fusionkit_vulkan"
 
@@ -63,5 +64,17 @@ def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
     runtime = getattr(partitioner, "runtime", AUTO) if partitioner is not None else AUTO
     rules = [with_delegation_check(r, support, runtime) for r in _built_rules()]
     # values computed from lifted constants alone (attention masks) are folded first:
-    # delegated on their own, stock Vulkan preprocess cannot re-trace them (Gemma2)
-    return [FoldConstantSubgraphsPass(), FusionPass(rules, name=PASS_NAME)]
+    # delegated on their own, stock Vulkan preprocess cannot re-trace them (Gemma2);
+    # then every argument the runtime prepacks that the graph computes from parameters
+    # alone (weight_norm's g * v / |v| into a convolution), which it would refuse at load
+    return [FoldConstantSubgraphsPass(), FoldParameterSubgraphsPass(constant_args()),
+            FusionPass(rules, name=PASS_NAME)]
+
+
+def constant_args() -> dict[str, tuple[int, ...]]:
+    """Op name -> the argument indices the Vulkan runtime prepacks (it requires a constant
+    there): :data:`~.inspect.prepack_check.PREPACKED_ARGS`, the facts ``check()`` and the
+    simulator judge with."""
+    from .inspect.prepack_check import PREPACKED_ARGS
+
+    return {name: tuple(a.index for a in args) for name, args in PREPACKED_ARGS.items()}

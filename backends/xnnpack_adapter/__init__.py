@@ -29,6 +29,7 @@ from executorch.exir.pass_base import ExportedProgramPassBase
 
 from fusionkit.integration.compact_constants import CompactConstantsPass
 from fusionkit.integration.hooks import TESTED_EXECUTORCH
+from fusionkit.integration.parameter_subgraphs import FoldParameterSubgraphsPass
 
 from .install import (
     PATCHES,
@@ -41,9 +42,11 @@ from .install import (
 from .partitioner import XnnpackPartitioner
 
 __all__ = [
+    "CONSTANT_ARGS",
     "PATCHES",
     "TESTED_EXECUTORCH",
     "CompactConstantsPass",
+    "FoldParameterSubgraphsPass",
     "Installation",
     "UnsupportedExecuTorchError",
     "XnnpackPartitioner",
@@ -54,10 +57,29 @@ __all__ = [
 ]
 
 
-def transform_passes(compact_constants: bool = True) -> list[ExportedProgramPassBase]:
+#: op name -> the argument indices XNNPACK's partitioner requires to be static parameters
+#: (``GEMMConfig._get_weight_deps``: "Expected weight to be a static param"; the bias
+#: likewise), else the op stays on the portable CPU kernels
+CONSTANT_ARGS: dict[str, tuple[int, ...]] = {
+    "aten.convolution.default": (1, 2),
+    "aten.linear.default": (1, 2),
+}
+
+
+def transform_passes(compact_constants: bool = True,
+                     fold_parameter_subgraphs: bool = True) -> list[ExportedProgramPassBase]:
     """Passes for ``to_edge_transform_and_lower(transform_passes=...)``.
 
+    With ``fold_parameter_subgraphs`` (default) a convolution's or linear's weight or
+    bias that the graph computes from parameters alone (``weight_norm``'s ``g * v / |v|``)
+    is computed once and becomes a constant, so XNNPACK takes the op
+    (:class:`~fusionkit.integration.parameter_subgraphs.FoldParameterSubgraphsPass`).
     With ``compact_constants`` (default) every constant that does not own its
     storage exactly is replaced by a compact copy before partitioning.
     """
-    return [CompactConstantsPass()] if compact_constants else []
+    passes: list[ExportedProgramPassBase] = []
+    if fold_parameter_subgraphs:
+        passes.append(FoldParameterSubgraphsPass(CONSTANT_ARGS))
+    if compact_constants:
+        passes.append(CompactConstantsPass())
+    return passes

@@ -263,9 +263,12 @@ def _literal_hint(key: str, index: int, before: list[Any]) -> list[Any]:
     if name in ("native_layer_norm", "layer_norm") and index == 1 and x.dim() >= 1:
         return [list(x.shape[-1:])]
     if "quantize_per_channel" in name:  # (input, scales, zero_points, axis, qmin, qmax, dtype)
-        return {3: [0], 4: [-128, -127], 5: [127], 6: [torch.int8]}.get(index, [])
+        per_channel: dict[int, list[Any]] = {3: [0], 4: [-128, -127], 5: [127], 6: [torch.int8]}
+        return per_channel.get(index, [])
     if "quantize_per_tensor" in name:  # (input, scale, zero_point, qmin, qmax, dtype)
-        return {1: [0.5, 0.25], 2: [0, 3], 3: [-128], 4: [127], 5: [torch.int8]}.get(index, [])
+        per_tensor: dict[int, list[Any]] = {1: [0.5, 0.25], 2: [0, 3], 3: [-128], 4: [127],
+                                            5: [torch.int8]}
+        return per_tensor.get(index, [])
     return []
 
 

@@ -92,7 +92,7 @@ def _unaccepted_operands(ep: Any) -> list[str]:
             if n.op == "call_function" and (why := operand_dtype_refusal(n)) is not None]
 
 
-@settings(max_examples=10, deadline=None, derandomize=True,
+@settings(max_examples=8, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(programs())
 @example((QLinear(16, 8, "int8_input", False, False, False), torch.zeros(4, 16, dtype=I8)))

@@ -102,7 +102,7 @@ def _outputs(ep: Any) -> list[Any]:
 RULE_SETS = ("vulkan_preprocess", "xnnpack", "vulkan")
 
 
-@settings(max_examples=10, deadline=None, derandomize=True,
+@settings(max_examples=8, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(programs())
 @example(Generated([("mul", 0)], [(1, False), (1, True)]))  # return y, y.clone()
@@ -152,7 +152,6 @@ def test_a_returned_copy_declines_with_the_reason() -> None:
 
 E2E = {
     "returned_and_cloned": Generated([("mul", 0)], [(1, False), (1, True)]),
-    "two_clones": Generated([("mul", 0)], [(1, True), (1, True)]),
     "relu_returned_and_cloned": Generated([("add_relu", 0)], [(1, True), (1, False)]),
 }
 
@@ -198,19 +197,16 @@ def test_returned_values_on_the_real_vulkan_runtime(real_vulkan: Any) -> None:
         pytest.skip("no real Vulkan runtime")
     import fusionkit.backends.vulkan_adapter as vk
 
-    for case in ("returned_and_cloned", "two_clones"):
-        m = E2E[case]
-        want = m(X)
-        with adapter_state_restored():
-            stock, _ = lower_one_way(m, (X,), "stock")
-            vk.install()
-            ours, _ = lower_one_way(m, (X,), "fusionkit")
-        res = real_vulkan.run(bytes(stock.buffer), [X])
-        if case == "returned_and_cloned":  # stock: one delegate output for two
-            assert not res.ok and "the delegate call supplied 3 arguments" in res.message, \
-                res.message
-        res = real_vulkan.run(bytes(ours.buffer), [X])
-        assert res.ok, res.message
-        assert len(res.outputs) == len(want)
-        for g, w in zip(res.outputs, want, strict=True):
-            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
+    m = E2E["returned_and_cloned"]
+    want = m(X)
+    with adapter_state_restored():
+        stock, _ = lower_one_way(m, (X,), "stock")
+        vk.install()
+        ours, _ = lower_one_way(m, (X,), "fusionkit")
+    res = real_vulkan.run(bytes(stock.buffer), [X])  # stock: one delegate output for two
+    assert not res.ok and "the delegate call supplied 3 arguments" in res.message, res.message
+    res = real_vulkan.run(bytes(ours.buffer), [X])
+    assert res.ok, res.message
+    assert len(res.outputs) == len(want)
+    for g, w in zip(res.outputs, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)

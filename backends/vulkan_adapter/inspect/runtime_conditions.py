@@ -715,6 +715,9 @@ def _operand_dtype_conditions() -> tuple[RuntimeCondition, ...]:
     from fusionkit.check.operand_dtypes import dtype_names
     from fusionkit.passes.vulkan_delegate import OPERAND_DTYPES
 
+    def holds(arg: str, allowed: frozenset[Any]) -> Callable[[Mapping[str, Any]], bool]:
+        return lambda a: _dtype_holds(a[arg], allowed)
+
     out = []
     for op, args in OPERAND_DTYPES.items():
         for arg, (dtypes, why) in args.items():
@@ -722,7 +725,7 @@ def _operand_dtype_conditions() -> tuple[RuntimeCondition, ...]:
             out.append(RuntimeCondition(
                 op, f"{arg}_dtype", (arg,), f"{arg}.dtype in {{{dtype_names(allowed)}}}",
                 f"{op}'s kernel (operand dtypes: passes/vulkan_delegate.py)", "abort",
-                lambda a, arg=arg, allowed=allowed: _dtype_holds(a[arg], allowed), why))
+                holds(arg, allowed), why))
     return tuple(out)
 
 

@@ -55,7 +55,10 @@ def _affine_name(rw: Rewriter, kind: str) -> str:
 def _build(rw: Rewriter, x: Node, shape: Any, eps: Any, weight: Any = None,
            bias: Any = None) -> Node:
     shape = tuple(int(d) for d in shape)
-    dtype = x.meta["val"].dtype
+    # the dtype of the operand the norm has (an fp16 input may have fp32 parameters: both must
+    # then be fp32, else native_layer_norm raises "mixed dtype"), else the input's
+    given = weight if weight is not None else bias
+    dtype = (given.meta["val"].dtype if isinstance(given, Node) else x.meta["val"].dtype)
     if weight is None:
         weight = rw.constant(_affine_name(rw, "ones"), torch.ones(shape, dtype=dtype))
     if bias is None:

@@ -1,0 +1,350 @@
+"""``fusionkit.verify``: a rule's replacement computes what its pattern computes.
+
+Held-out wrong rules (a dropped activation, a swapped operand of a non-commutative op, a
+wrong epsilon, a constraint missing for a broadcast) are each reported different with a
+small counterexample; their correct twins verify equal in seconds; every shipped rule
+(each registered rule set, the YAML in passes/specs and every YAML example in the docs)
+is equal or "cannot check" with a reason, never different.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fusionkit import (
+    Custom,
+    DtypeIn,
+    PythonReplacement,
+    Rank,
+    Rule,
+    SameDtype,
+    capture,
+    lit,
+    op,
+    ref,
+    replace_with,
+    scalar,
+)
+from fusionkit.authoring.verify import CANNOT_CHECK, DIFFERENT, EQUAL, TOLERANCES, verify
+from fusionkit.passes.registry import registered
+from fusionkit.passes.registry import rule_set as rules_of
+from fusionkit.passes.rms_norm import rms_norm_rule
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: cases compared per rule in this file (the command's default is 20)
+CASES = 4
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _assert_small_counterexample(v: Any, most: int = 8) -> None:
+    """Different, with a shrunk counterexample: every operand has at most ``most`` elements."""
+    assert v.status == DIFFERENT, v
+    cx = v.counterexample
+    assert cx is not None and cx.reason
+    assert cx.inputs, cx
+    for name, operand in cx.inputs.items():
+        assert _numel(operand["shape"]) <= most, (name, operand)
+        assert operand["dtype"] and "values" in operand
+
+
+# ------------------------------------------------------------------ held-out wrong rules
+
+X, Y = capture("x"), capture("y")
+
+
+def _add_relu(drop: bool) -> Rule:
+    """relu(x + y): the quantized add that dropped its relu, in float."""
+    add = op("aten.add.Tensor", X, Y)
+    if drop:
+        return Rule("add_relu_dropped", op("aten.relu.default", add),
+                    replace_with("aten.add.Tensor", ref("x"), ref("y")))
+
+    def fused(rw: Any, x: Any, y: Any) -> Any:
+        return rw.call("aten.clamp.default", rw.call("aten.add.Tensor", x, y), 0.0)
+
+    return Rule("add_relu", op("aten.relu.default", add), PythonReplacement(fused))
+
+
+def _reciprocal_mul(swap: bool) -> Rule:
+    """x * (1 / y) -> x / y; swapped: y / x."""
+    first, second = (ref("y"), ref("x")) if swap else (ref("x"), ref("y"))
+    return Rule("reciprocal_mul_swapped" if swap else "reciprocal_mul",
+                op("aten.mul.Tensor", X, op("aten.reciprocal.default", Y)),
+                replace_with("aten.div.Tensor", first, second))
+
+
+def _rms_norm_fixed_eps() -> Rule:
+    """The shipped RMSNorm rule with the fused op given 1e-6 instead of the model's eps."""
+    good = rms_norm_rule()
+    return dataclasses.replace(good, name="rms_norm_fixed_eps",
+                               replacement=replace_with("et_vk.rms_norm.default", ref("x"),
+                                                        ref("weight"), 1e-6))
+
+
+def _batch_norm(rw: Any, x: Any, mean: Any, var: Any, eps: Any) -> Any:
+    out = rw.call("aten._native_batch_norm_legit_no_training.default", x, None, None, mean, var,
+                  0.0, eps)
+    return rw.getitem(out, 0)
+
+
+def _channels_last_dim(ctx: Any, x: Any, mean: Any, var: Any) -> str | None:
+    """The statistics are one per channel of a (N, C) input: dim 1 is the last dim."""
+    xs, ms, vs = (ctx.val(n).shape for n in ("x", "mean", "var"))
+    if len(xs) == 2 and tuple(ms) == (xs[1],) and tuple(vs) == (xs[1],):
+        return None
+    return f"x {tuple(xs)}, mean {tuple(ms)}, var {tuple(vs)}: not one statistic per channel of (N, C)"
+
+
+def _normalize(checked: bool) -> Rule:
+    """(x - mean) * rsqrt(var + eps) -> batch norm over dim 1. The pattern broadcasts the
+    statistics over the *last* dim: equal only when that is the channel dim."""
+    pattern = op("aten.mul.Tensor", op("aten.sub.Tensor", X, capture("mean")),
+                 op("aten.rsqrt.default", op("aten.add.Tensor", capture("var"),
+                                             scalar("eps", lo=0.0))))
+    constraints = [Rank("x", {2, 3, 4}), Rank("mean", {1}), Rank("var", {1}),
+                   SameDtype("mean", "x"), SameDtype("var", "x"), DtypeIn("x", {torch.float32})]
+    if checked:
+        constraints.append(Custom(_channels_last_dim, "channels_last_dim"))
+    return Rule("normalize" if checked else "normalize_unchecked_broadcast", pattern,
+                PythonReplacement(_batch_norm), constraints)
+
+
+@pytest.fixture(scope="module")
+def held_out() -> dict[str, Any]:
+    rules = [_add_relu(True), _add_relu(False), _reciprocal_mul(True), _reciprocal_mul(False),
+             _rms_norm_fixed_eps(), _normalize(False), _normalize(True)]
+    out = {}
+    for r in rules:  # a wrong rule stops at its first difference; a right one after 8 cases
+        started = time.monotonic()
+        cases = 8 if r.name in TWINS else 20
+        out[r.name] = (verify(r, cases=cases), time.monotonic() - started)
+    return out
+
+
+#: the held-out rules that are right
+TWINS = ("add_relu", "reciprocal_mul", "normalize")
+
+
+def test_a_dropped_activation_is_different(held_out: dict[str, Any]) -> None:
+    v, _ = held_out["add_relu_dropped"]
+    _assert_small_counterexample(v, most=1)  # one negative sum shows it
+    cx = v.counterexample
+    assert "differs" in cx.reason
+    assert min(cx.expected) >= 0 and min(cx.got) < 0  # relu's output vs the bare sum
+
+
+def test_a_swapped_operand_is_different(held_out: dict[str, Any]) -> None:
+    v, _ = held_out["reciprocal_mul_swapped"]
+    _assert_small_counterexample(v, most=1)
+
+
+def test_a_wrong_epsilon_is_different(held_out: dict[str, Any]) -> None:
+    v, _ = held_out["rms_norm_fixed_eps"]
+    _assert_small_counterexample(v, most=4)
+    assert v.counterexample.literals["eps"] != 1e-6
+
+
+def test_a_missing_broadcast_constraint_is_different(held_out: dict[str, Any]) -> None:
+    v, _ = held_out["normalize_unchecked_broadcast"]
+    _assert_small_counterexample(v, most=16)
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_the_correct_twins_verify_in_seconds(held_out: dict[str, Any], name: str) -> None:
+    v, seconds = held_out[name]
+    assert v.status == EQUAL, v
+    assert v.cases == 8 and v.counterexample is None
+    assert seconds < 60, seconds  # a few seconds alone; the bound allows a loaded machine
+
+
+def test_a_verdict_says_its_tolerances_and_what_it_compared(held_out: dict[str, Any]) -> None:
+    v, _ = held_out["reciprocal_mul"]
+    record = json.loads(json.dumps(v.to_dict()))
+    assert record["status"] == EQUAL and record["cases"] == 8
+    assert record["tolerances"]["float32"] == TOLERANCES[torch.float32]
+    assert record["shapes"] and record["dtypes"]
+    wrong = json.loads(json.dumps(held_out["reciprocal_mul_swapped"][0].to_dict()))
+    assert wrong["status"] == DIFFERENT and wrong["counterexample"]["inputs"]
+
+
+@pytest.mark.parametrize(("a", "b"), [(0.5, 0.5), (2.0, 3.0)])
+def test_a_literal_in_the_replacement_is_checked_against_the_pattern(a: float, b: float) -> None:
+    """x * a -> x * b is equal exactly when a == b."""
+    rule = Rule("scale", op("aten.mul.Tensor", X, lit(a)), replace_with("aten.mul.Tensor", ref("x"), b))
+    v = verify(rule, cases=2)
+    assert v.status == (EQUAL if a == b else DIFFERENT), v
+
+
+def test_a_reference_implementation_that_raises_is_cannot_check_naming_the_op() -> None:
+    """conv_with_clamp(..., 0, sys.float_info.max), the bound the stock pass gives a relu: its
+    CPU reference clamps a float32 tensor with a bound float32 cannot hold, and raises."""
+    (relu,) = [r for r in rules_of("vulkan_preprocess") if r.name == "conv_relu_clamp"]
+    v = verify(relu, cases=2, max_examples=60)
+    assert v.status == CANNOT_CHECK and "et_vk.conv_with_clamp" in v.reason, v
+
+
+def test_a_pattern_the_generator_cannot_satisfy_is_cannot_check_with_the_reason() -> None:
+    never = Custom(lambda ctx, x: "never", "never")
+    rule = Rule("never", op("aten.neg.default", X), replace_with("aten.neg.default", ref("x")),
+                [never])
+    v = verify(rule, cases=2, max_examples=30)
+    assert v.status == CANNOT_CHECK and "custom:never" in v.reason, v
+
+
+class _HalfNormFloatWeight(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(8) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.native_layer_norm.default(x, [8], self.weight, None, 1e-5)[0]
+
+
+def test_layer_norm_affine_gives_a_missing_bias_the_dtype_of_the_weight() -> None:
+    """Found by verify: an fp16 layer norm with an fp32 weight and no bias got an fp16 zeros
+    bias, and native_layer_norm raised 'mixed dtype (CPU): expect parameter to have scalar
+    type of Float'. The bias now has the weight's dtype; the values are the model's."""
+    from fusionkit import FusionPass
+    from fusionkit.passes.vulkan.layer_norm_affine import layer_norm_affine_rule
+
+    x = torch.randn(3, 8).half()
+    ep = torch.export.export(_HalfNormFloatWeight(), (x,))
+    want = ep.module()(x)
+    fuse = FusionPass([layer_norm_affine_rule()])
+    fuse(ep)
+    assert fuse.report.total_fused == 1
+    assert torch.equal(ep.module()(x), want)
+
+
+# ------------------------------------------------------------------------- shipped rules
+
+
+def _shipped() -> list[tuple[str, str, Any]]:
+    """(id, set, rule) for each shipped rule, once per registered factory."""
+    out = []
+    for f in registered():
+        for r in f.rules():
+            out.append((f"{sorted(f.sets)[0]}:{r.name}", sorted(f.sets)[0], r))
+    return out
+
+
+SHIPPED = _shipped()
+
+
+#: shipped rules the generator makes cases for: they must stay verified (equal)
+VERIFIED = {"rms_norm", "quantized_unary", "quantized_binary", "layer_norm_affine",
+            "linear_identity_view", "conv_batch_norm", "fuse_view_copy", "view_to_unsqueeze",
+            "binary_dtype_promotion"}
+
+
+@pytest.mark.parametrize("rule", [r for _, _, r in SHIPPED], ids=[i for i, _, _ in SHIPPED])
+def test_every_shipped_rule_computes_what_it_replaces(rule: Rule) -> None:
+    v = verify(rule, cases=2, max_examples=40)
+    assert v.status != DIFFERENT, str(v)
+    assert v.reason
+    if rule.name in VERIFIED:
+        assert v.status == EQUAL, str(v)
+    if v.status == CANNOT_CHECK:  # and says why
+        assert any(w in v.reason for w in ("could not", "reference", "metadata")), v
+
+
+def test_linear_batch_norm_folds_only_a_batch_norm_over_the_linears_features() -> None:
+    """Found by verify: a linear of a rank-3 input (N, L, F) followed by a BatchNorm1d
+    normalizes over dim 1 (L), not over the linear's output features; the fold scales the
+    features instead (same shape when L equals the output features, other values: 3.5 off
+    eager on Linear(3, 4) + BatchNorm1d(4) of a (2, 4, 3) input, the linear kept as the
+    partitioners keep it). Stock FuseBatchNormPass checks no rank either. The rules need
+    the linear's input to be rank 2 (``Rank("x", {2})``)."""
+    for set_name, name in (("vulkan_preprocess", "linear_batch_norm"),
+                           ("xnnpack", "xnnpack_linear_batch_norm")):
+        (rule,) = [r for r in rules_of(set_name) if r.name == name]
+        v = verify(rule, cases=8, max_examples=150)
+        assert v.status != DIFFERENT, str(v)
+
+
+def _yaml_blocks() -> list[tuple[str, str]]:
+    """(where, text) of every YAML rule spec: passes/specs and the docs' examples."""
+    out = [(str(p.relative_to(ROOT)), p.read_text()) for p in sorted((ROOT / "passes/specs").glob("*.yaml"))]
+    for md in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for i, block in enumerate(re.findall(r"```yaml\n(.*?)```", md.read_text(), re.S)):
+            if re.search(r"^rules:", block, re.M):
+                out.append((f"{md.relative_to(ROOT)}#{i}", block))
+    return out
+
+
+YAML = _yaml_blocks()
+
+
+def test_the_yaml_examples_are_found() -> None:
+    where = {w.split("#")[0] for w, _ in YAML}
+    assert {"passes/specs/rms_norm.yaml", "README.md", "docs/yaml.md", "docs/verify.md"} <= where
+
+
+@pytest.mark.parametrize("text", [t for _, t in YAML], ids=[w for w, _ in YAML])
+def test_every_yaml_example_computes_what_it_replaces(text: str) -> None:
+    from fusionkit.specs.compile import load_spec_text
+
+    rules = load_spec_text(text)
+    assert rules
+    for rule in rules:
+        v = verify(rule, cases=CASES, max_examples=60)
+        if rule.name.endswith("_wrong"):  # docs/verify.md's example of a wrong rule
+            assert v.status == DIFFERENT and v.counterexample is not None, v
+        else:
+            assert v.status != DIFFERENT, str(v)
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def test_the_command_reports_a_wrong_spec_with_exit_status_1(tmp_path: Path, capsys: Any) -> None:
+    from fusionkit.app.cli import main
+
+    spec = tmp_path / "wrong.yaml"
+    spec.write_text(
+        "version: 1\nrules:\n- name: reciprocal_mul_swapped\n  pattern:\n    op: aten.mul.Tensor\n"
+        "    args: [{capture: x}, {op: aten.reciprocal.default, args: [{capture: y}]}]\n"
+        "  replacement: {op: aten.div.Tensor, args: [{ref: y}, {ref: x}]}\n")
+    assert main(["verify", str(spec), "--json", "--cases", "2"]) == 1
+    (record,) = json.loads(capsys.readouterr().out)
+    assert record["rule"] == "reciprocal_mul_swapped" and record["status"] == DIFFERENT
+    assert record["counterexample"]["inputs"]["x"]["shape"]
+
+
+def test_the_command_verifies_module_rules(capsys: Any) -> None:
+    from fusionkit.app.cli import main
+
+    assert main(["verify", "fusionkit.passes.rms_norm:rms_norm_rule", "--cases", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "rms_norm: equal" in out and "1 rule(s): 1 equal" in out
+
+
+def test_the_command_refuses_a_target_naming_no_rules(capsys: Any) -> None:
+    from fusionkit.app.cli import main
+
+    assert main(["verify", "no_such_rule_set"]) == 2
+    assert "not a .yaml spec" in capsys.readouterr().err
+
+
+def test_the_html_picture_shows_the_verification() -> None:
+    from fusionkit.app.html_report import render_html
+
+    v = verify(_reciprocal_mul(True), cases=2)
+    page = render_html([], "t", {v.rule: v})
+    assert 'class="verify-different"' in page and "reciprocal_mul_swapped" in page
+    assert "Verification" in page

@@ -35,12 +35,31 @@ from typing import Any
 
 from fusionkit import CallOp, PythonReplacement, Replacement, Rule
 from fusionkit.match.targets import _import_op_libraries, resolve_op
+from fusionkit.passes.registry import RuleFactory, registered
 
-__all__ = ["RULE_SETS", "created_operators", "payload_names", "replacement_ops"]
+__all__ = ["RULE_SETS", "built_rules", "created_operators", "payload_names", "replacement_ops"]
 
 #: the rule sets whose rules run on Vulkan programs: transform passes and preprocess
 #: (FusePatternsPass) run "vulkan"; the takeover of preprocess passes "vulkan_preprocess"
 RULE_SETS = ("vulkan", "vulkan_preprocess")
+
+#: the registered factories -> the rules they made. Rules are immutable and every pass
+#: list wraps them in new objects (with its own delegation check), so building the 13
+#: factories' patterns once serves every lowering of the process
+_BUILT: dict[tuple[RuleFactory, ...], tuple[Rule, ...]] = {}
+
+
+def built_rules() -> tuple[Rule, ...]:
+    """The rules of ``rule_set("vulkan")``, built once per set of registered factories
+    (a cache: callers wrap them, never change them)."""
+    factories = tuple(registered("vulkan"))
+    rules = _BUILT.get(factories)
+    if rules is None:
+        _BUILT.clear()
+        rules = _BUILT[factories] = tuple(r for f in factories for r in f.rules())
+    return rules
+
+
 
 _OP_NAME = re.compile(r"[A-Za-z_]\w*\.\w+(\.\w+)?")
 _BARE = re.compile(r"[a-z_][a-z0-9_]*")
@@ -159,11 +178,9 @@ def created_operators(rules: list[Rule] | None = None) -> dict[str, tuple[str, .
     if rules is None:
         from fusionkit.passes import rule_set
 
-        from .rules import _built_rules
-
         # the transform passes' rules are built once per process already: not again here
         rules = [r for s in RULE_SETS
-                 for r in (_built_rules() if s == "vulkan" else rule_set(s))]
+                 for r in (built_rules() if s == "vulkan" else rule_set(s))]
     out: dict[str, list[str]] = {}
     for rule in rules:
         for op in replacement_ops(rule.replacement):

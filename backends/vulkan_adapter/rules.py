@@ -15,33 +15,16 @@ from typing import Any
 
 from executorch.exir.pass_base import ExportedProgramPassBase
 
-from fusionkit import FusionPass, Rule
+from fusionkit import FusionPass
 from fusionkit.integration.constant_subgraphs import FoldConstantSubgraphsPass
 from fusionkit.integration.parameter_subgraphs import FoldParameterSubgraphsPass
-from fusionkit.passes.registry import RuleFactory, registered
 
+from . import rule_ops
 from .delegation import AUTO, PartitionerSupport, with_delegation_check
 
 __all__ = ["PASS_NAME", "constant_args", "transform_passes"]
 
 PASS_NAME = "fusionkit_vulkan"
-
-
-#: the registered factories -> the rules they made. Rules are immutable and every pass
-#: list wraps them in new objects (with its own delegation check), so building the 13
-#: factories' patterns once serves every lowering of the process
-_BUILT: dict[tuple[RuleFactory, ...], tuple[Rule, ...]] = {}
-
-
-def _built_rules() -> tuple[Rule, ...]:
-    """The rules of ``rule_set("vulkan")``, built once per set of registered factories
-    (a cache: callers wrap them, never change them)."""
-    factories = tuple(registered("vulkan"))
-    rules = _BUILT.get(factories)
-    if rules is None:
-        _BUILT.clear()
-        rules = _BUILT[factories] = tuple(r for f in factories for r in f.rules())
-    return rules
 
 
 def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
@@ -62,7 +45,7 @@ def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
     """
     support = PartitionerSupport(partitioner)
     runtime = getattr(partitioner, "runtime", AUTO) if partitioner is not None else AUTO
-    rules = [with_delegation_check(r, support, runtime) for r in _built_rules()]
+    rules = [with_delegation_check(r, support, runtime) for r in rule_ops.built_rules()]
     # values computed from lifted constants alone (attention masks) are folded first:
     # delegated on their own, stock Vulkan preprocess cannot re-trace them (Gemma2);
     # then every argument the runtime prepacks that the graph computes from parameters

@@ -206,11 +206,11 @@ def _rule_passes() -> list[tuple[str, list[Any]]]:
     ``FuseQuantizedOpsTransform``, as ``VulkanBackend.preprocess`` orders them."""
     from .delegation import with_delegation_check
     from .preprocess_rules import TAKEN_OVER_PASSES, rules_for
-    from .rules import _built_rules
+    from .rule_ops import built_rules
 
     out = [(p, list(rules_for(p))) for p in TAKEN_OVER_PASSES]
     at = next((i for i, (p, _) in enumerate(out) if p == "FuseQuantizedOpsTransform"), len(out))
-    out.insert(at, ("FusePatternsPass", [with_delegation_check(r, None) for r in _built_rules()]))
+    out.insert(at, ("FusePatternsPass", [with_delegation_check(r, None) for r in built_rules()]))
     return out
 
 

@@ -78,6 +78,9 @@ def _stock_class(backend: str, stock_pass: str) -> type:
 
         module, name = STOCK_PASSES[stock_pass].qualname.rsplit(".", 1)
         return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    if backend == "arm":
+        return getattr(importlib.import_module("executorch.backends.arm._passes"),  # type: ignore[no-any-return]
+                       stock_pass)
     return getattr(importlib.import_module("executorch.backends.xnnpack._passes"),  # type: ignore[no-any-return]
                    stock_pass)
 
@@ -101,13 +104,14 @@ def _stock_lines(cls: type) -> int:
 
 
 def rows() -> list[TakeoverRow]:
-    """Every taken-over stock pass of both adapters, in their tables' order."""
+    """Every taken-over stock pass of the three adapters, in their tables' order."""
+    from fusionkit.backends.arm_adapter import preprocess_rules as arm
     from fusionkit.backends.vulkan_adapter import preprocess_rules as vulkan
     from fusionkit.backends.xnnpack_adapter import preprocess_rules as xnnpack
     from fusionkit.passes.registry import registered
 
     out = []
-    for backend, adapter in (("vulkan", vulkan), ("xnnpack", xnnpack)):
+    for backend, adapter in (("vulkan", vulkan), ("xnnpack", xnnpack), ("arm", arm)):
         factories = registered(adapter.RULE_SET)
         for stock_pass in adapter.TAKEN_OVER_PASSES:
             cls = _stock_class(backend, stock_pass)
@@ -154,7 +158,7 @@ def markdown(table: list[TakeoverRow] | None = None) -> str:
                 "no rule needed (the module says why)")
         lines.append(f"| {r.backend} | `{r.stock_pass}` | {modules}: {what} | "
                      f"{r.stock_lines} | {r.rule_lines} |")
-    by = {b: [r for r in table if r.backend == b] for b in ("vulkan", "xnnpack")}
+    by = {b: [r for r in table if r.backend == b] for b in ("vulkan", "xnnpack", "arm")}
     total = ["| **sum** | " + " · ".join(f"{b}: {len(v)} passes" for b, v in by.items())
              + " | | " + " · ".join(str(sum(r.stock_lines for r in v)) for v in by.values())
              + " | " + " · ".join(str(sum(r.rule_lines for r in v)) for v in by.values()) + " |"]

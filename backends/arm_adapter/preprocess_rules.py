@@ -41,7 +41,8 @@ from fusionkit.match.targets import op_key
 from fusionkit.passes.arm import RULE_SET, rules_for, taken_over_passes
 from fusionkit.report import FusionReport
 
-__all__ = ["ARM_TARGET", "MAX_ROUNDS", "PATCHES", "RETRACES", "RULE_PASSES", "ArmRulePass",
+__all__ = ["ARM_TARGET", "MAX_ROUNDS", "PATCHES", "RETRACES", "RULE_PASSES", "RULE_SET",
+           "TAKEN_OVER_PASSES", "ArmRulePass",
            "counts", "disabled", "is_enabled", "reset_counts"]
 
 _PASSES_MODULE = "executorch.backends.arm._passes"
@@ -55,8 +56,12 @@ MAX_ROUNDS = 8
 #: carry the names and metadata of a fresh trace, as after the stock pass
 RETRACES: frozenset[str] = frozenset({"FuseQuantizedActivationPass"})
 
+#: stock pass class name (in ``executorch.backends.arm._passes``) -> the factory whose
+#: rules replace it; a stock pass not listed here runs as ExecuTorch wrote it
+TAKEN_OVER_PASSES: dict[str, str] = taken_over_passes()
+
 #: the taken-over passes' rules (built once), the per-thread switch and the counts
-RULE_PASSES = Takeover(taken_over_passes(), lambda name: rules_for(name))
+RULE_PASSES = Takeover(TAKEN_OVER_PASSES, lambda name: rules_for(name))
 is_enabled = RULE_PASSES.is_enabled
 #: ``with disabled():`` the stock passes run (in this thread) while the block runs
 disabled = RULE_PASSES.disabled

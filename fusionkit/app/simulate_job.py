@@ -230,8 +230,13 @@ def simulate_model(exported: ProgramLike, module: Any, example_inputs: Sequence[
     """
     say = progress or (lambda _msg: None)
     report = SimulationReport(stock=stock)
+    # the eager reference first: ExecuTorch's lowering drops constants from the dicts it
+    # shares with ``exported`` (a non-persistent buffer such as a rotary inv_freq), after
+    # which ``exported.module()`` raises KeyError
+    lowered = _lowered_already(exported)
+    eager = module if module is not None or lowered else as_exported_program(exported).module()
     t0 = time.perf_counter()
-    if _lowered_already(exported):
+    if lowered:
         if rules or stock:
             raise ValueError("simulate_model(): the program is lowered already; rules and "
                              "stock apply when lowering (pass the ExportedProgram)")
@@ -245,7 +250,6 @@ def simulate_model(exported: ProgramLike, module: Any, example_inputs: Sequence[
         program = _lower(exported, rules, stock)
     report.seconds["lower"] = time.perf_counter() - t0
     inputs = random_inputs(example_inputs, seed)
-    eager = module if module is not None else as_exported_program(exported).module()
     with torch.no_grad():
         want = pytree.tree_leaves(eager(*inputs))
     say("simulating the Vulkan program on the CPU")

@@ -3,7 +3,7 @@
 ``executorch/backends/arm/test`` ships in the 1.5.1 wheel; its tests lower with Arm's
 tester and stock ``TOSAPartitioner`` and run the program on the TOSA reference model
 against eager. Here they run in a subprocess with
-``stock_arm_tests.fusionkit_arm_plugin``: ``arm_adapter.install()`` for the session (the
+``stock_arm_tests.fusionkit_arm_plugin``: ``arm_adapter.install()`` for the whole run (the
 ``"arm"`` rules in place of the stock fusions, process-wide) and every TOSA preprocess
 twinned with the stock passes on a copy, whose flatbuffer must be byte-identical.
 

@@ -454,6 +454,10 @@ NOT_RESULTS: dict[str, tuple[bool, str]] = {
         False, "a node whose op neither the probed Vulkan runtime nor the CPU runtime has "
                "(UnrunnableOpError): the preprocess rules' declines are in its reason, as "
                "their own MatchResults say them; it is a fact of the runtimes, no match"),
+    "fusionkit.integration.parameter_subgraphs.DeclinedFold": (
+        False, "a backend's constant-only argument the pre-partitioning folder left computed "
+               "(it reads a user input, a symbolic size, a quantize...): no rule was tried, "
+               "so no match to report; the partitioner then judges the node"),
     "fusionkit.app.html_report.Item": (
         False, "one drawing of the HTML page, made from a Match or a MatchResult (Item.of); "
                "never handed to users as a verdict"),

@@ -8,6 +8,9 @@
 * pytorch/executorch#20601 — NXP's batch-norm fusion checked the batch norm's user count
   instead of the convolution's, so a conv read by a batch norm and something else was
   folded (output 76 off). The same shape through the Vulkan and XNNPACK batch-norm rules.
+* pytorch/executorch#19152 — XNNPACK lowering failed when a permute's result had two
+  consumers ("pass-through arguments are not supported"): ``y = x.permute(0, 2, 1)``
+  returned reshaped and summed.
 
 Each program is judged against eager: XNNPACK's ``.pte`` on ``portable_lib``, Vulkan's on
 the simulator and on the real runtime (when present), and ``check()`` must be clean.
@@ -22,6 +25,7 @@ import torch
 from executorch.exir import to_edge_transform_and_lower
 from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 from torch import nn
+from torch.utils import _pytree as pytree
 from vulkan_runtime_oracle import assert_real, session
 
 import fusionkit.backends.vulkan_adapter as vk
@@ -67,11 +71,21 @@ class ConvBnTwoUsers(nn.Module):
         return self.bn(y) + y
 
 
+class PermuteTwoUsers(nn.Module):
+    """#19152: a permute read by a reshape and a sum, both returned."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x.permute(0, 2, 1)
+        return y.reshape(x.shape[0], -1), y.sum(dim=1)
+
+
 def _case(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     if name == "17430_conv_relu_skip":
         return ConvReluSkip().eval(), (torch.randn(1, 4, 8, 8, generator=g),)
+    if name == "19152_permute_two_users":
+        return PermuteTwoUsers().eval(), (torch.randn(2, 3, 5, generator=g),)
     if name == "17166_mul_relu":
         return MulRelu().eval(), (torch.randn(2, 16, generator=g), torch.randn(2, 16, generator=g))
     m = ConvBnTwoUsers().eval()
@@ -83,7 +97,8 @@ def _case(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return m, (torch.randn(1, 4, 8, 8, generator=g),)
 
 
-CASES = ["17430_conv_relu_skip", "17166_mul_relu", "20601_conv_bn_two_users"]
+CASES = ["17430_conv_relu_skip", "17166_mul_relu", "20601_conv_bn_two_users",
+         "19152_permute_two_users"]
 
 
 def _lower(m: nn.Module, args: tuple[torch.Tensor, ...], backend: str) -> Any:
@@ -103,8 +118,8 @@ def test_xnnpack_equals_eager(name: str) -> None:
     with torch.no_grad():
         want = m(*args)
     et = _lower(m, args, "xnnpack")
-    got = _load_for_executorch_from_buffer(bytes(et.buffer)).forward(args)[0]
-    torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-5)
+    got = _load_for_executorch_from_buffer(bytes(et.buffer)).forward(args)
+    torch.testing.assert_close(list(got), pytree.tree_leaves(want), atol=ATOL, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -114,5 +129,6 @@ def test_vulkan_equals_eager(name: str, real_vulkan: rt.RuntimeSession | None) -
         want = m(*args)
     et = _lower(m, args, "vulkan")
     assert vk.check(et) == []
-    torch.testing.assert_close(vk.simulate(et, *args), want, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(pytree.tree_leaves(vk.simulate(et, *args)), pytree.tree_leaves(want),
+                               atol=ATOL, rtol=1e-5)
     assert_real(real_vulkan, et, args, want, atol=ATOL, rtol=1e-5)

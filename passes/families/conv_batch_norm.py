@@ -372,7 +372,9 @@ def rules(needs: Needs) -> list[Rule]:
         out.append(Rule(
             name=f"{needs.prefix}linear_batch_norm",
             pattern=_linear_pattern(),
-            constraints=_constraints(needs, True),
+            # a batch norm normalizes dim 1: only over a 2-D linear output is that the
+            # linear's features (over (N, L, F) it is L, which the fold would scale as F)
+            constraints=[*_constraints(needs, True), Rank("x", frozenset({2}))],
             replacement=PythonReplacement(fold_linear),
             description="a linear's inference batch norm folded into its weight and bias",
         ))

@@ -161,9 +161,14 @@ def run_shard(shard: int, tmp: Path, mode: str = "fusionkit", which: str = "subs
            "FUSIONKIT_SHARD": f"{shard}/{SHARDS}", "FUSIONKIT_XNNPACK_MODE": mode,
            "FUSIONKIT_XNNPACK_TWIN": "1" if twin else "0",
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    # importlib mode with namespace packages: every test module and package gets its own
+    # name (executorch.backends.xnnpack.test...), wherever the environment lives. In the
+    # default mode, in a virtual environment under /tmp, the test package was imported a
+    # second time as `backends.xnnpack.test` (executorch itself has no __init__.py)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *selection(which), "-q", "-p", "no:cacheprovider",
-         "-p", "no:xdist", "-p", "stock_xnnpack_tests.fusionkit_xnnpack_plugin", "-W", "ignore"],
+         "-p", "no:xdist", "-p", "stock_xnnpack_tests.fusionkit_xnnpack_plugin", "-W", "ignore",
+         "--import-mode=importlib", "-o", "consider_namespace_packages=true"],
         capture_output=True, text=True, env=env, cwd=str(tmp), timeout=timeout,
     )
     data = json.loads(spy.read_text()) if spy.exists() else {}

@@ -1,6 +1,6 @@
 """The Arm oracle: a lowered program run on the TOSA reference model beside eager PyTorch.
 
-One helper for every Arm test and for ``fusionkit run MODEL --backend arm``:
+One oracle for every Arm test and for ``fusionkit run MODEL --backend arm``:
 :func:`lower` takes an ``nn.Module`` (or an ``ExportedProgram``) through ExecuTorch's
 ``TOSAPartitioner`` -- stock, or the adapter's (``fusionkit=True``) -- in float
 (``TOSA-1.0+FP``) or integer (``TOSA-1.0+INT``: pt2e with the Arm quantizer first);

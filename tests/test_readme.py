@@ -172,9 +172,10 @@ def test_yaml_specs_load() -> None:
     names = set()
     for path, b in _specs():
         for rule in load_spec_text(b.text, file=f"{_name(path)}:{b.line}"):
-            assert rule.root_keys == frozenset({"aten.mul.Tensor"})
+            assert rule.root_keys, f"{_name(path)}:{b.line}: {rule.name} has no root op"
             names.add(rule.name)
-    assert {"reciprocal_mul", "llama_rms_norm"} <= names  # README's spec and the traced rule
+    # README's spec, the traced rule, and verify's wrong and corrected examples
+    assert {"reciprocal_mul", "llama_rms_norm", "add_relu_wrong"} <= names
 
 
 def test_traced_rule_is_printed_as_the_guides_show_it() -> None:

@@ -458,6 +458,13 @@ NOT_RESULTS: dict[str, tuple[bool, str]] = {
         False, "a backend's constant-only argument the pre-partitioning folder left computed "
                "(it reads a user input, a symbolic size, a quantize...): no rule was tried, "
                "so no match to report; the partitioner then judges the node"),
+    "fusionkit.authoring.verify.Verification": (
+        False, "verify's verdict on a whole rule (equal / different / cannot check) over many "
+               "generated programs: whether the replacement computes what the pattern does, "
+               "not why a rule did not fire at one node; it has no root, node or step"),
+    "fusionkit.authoring.verify.Counterexample": (
+        False, "the operands on which a replacement computes something else (part of a "
+               "Verification): values and outputs, not a match's refusal"),
     "fusionkit.app.html_report.Item": (
         False, "one drawing of the HTML page, made from a Match or a MatchResult (Item.of); "
                "never handed to users as a verdict"),

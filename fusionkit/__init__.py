@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 #: public name -> (module, what it is); loaded on first use (PEP 562): no torch import here
 EXPORTS: dict[str, tuple[str, str]] = {

@@ -169,14 +169,14 @@ def returned_value_refusal(ctx: CheckContext, rule: Rule, olds: Sequence[Node],
                 f"`{old.name}` is returned by the program; the replacement would return "
                 f"`{stands.name}`, a graph input or constant, in its place: the program would "
                 "return its input, and a delegate must write each output it returns "
-                "(XNNPACK refuses it: pass-through arguments)", matched)
+                "(a delegate refuses such a pass-through argument)", matched)
         if stands in state.nodes or any(stands is n for _, n in rewired):
             return _decline(
                 rule.name, root, old,
                 f"`{old.name}` is returned by the program; the replacement would return "
                 f"`{stands.name}` in its place, which the program returns already: one value "
-                "for two outputs (the Vulkan runtime aborts on the delegate's argument "
-                "count, XNNPACK refuses the lowering)", matched)
+                "for two outputs (a delegate declares one output where its call passes "
+                "two: runtimes abort on the argument count, or refuse the lowering)", matched)
         rewired.append((old, stands))
     for old, new in rewired:
         state.rewire(old, new)

@@ -42,18 +42,19 @@ def test_code_lines_count_code_only(tmp_path: Path) -> None:
 
 
 def test_every_taken_over_pass_is_a_row_with_its_rule_modules() -> None:
+    from fusionkit.backends.arm_adapter import preprocess_rules as arm
     from fusionkit.backends.vulkan_adapter import preprocess_rules as vulkan
     from fusionkit.backends.xnnpack_adapter import preprocess_rules as xnnpack
 
+    adapters = {"vulkan": vulkan, "xnnpack": xnnpack, "arm": arm}
     table = rule_lines.rows()
     assert [(r.backend, r.stock_pass) for r in table] == \
-        [("vulkan", p) for p in vulkan.TAKEN_OVER_PASSES] + \
-        [("xnnpack", p) for p in xnnpack.TAKEN_OVER_PASSES]
+        [(b, p) for b, a in adapters.items() for p in a.TAKEN_OVER_PASSES]
     for r in table:
         assert r.stock_lines > 0 and r.rule_modules, r
         assert all(m.startswith("fusionkit.passes.") for m in r.rule_modules), r
         # the rules counted are the ones the adapter runs in the stock pass's place
-        adapter = vulkan if r.backend == "vulkan" else xnnpack
+        adapter = adapters[r.backend]
         assert tuple(x.name for x in adapter.rules_for(r.stock_pass)) == r.rule_names
 
 

@@ -1,5 +1,5 @@
 """fusionkit benchmark: matching, no-op pass, end-to-end lowering, .pte size, applying, zoo,
-the pass list's first call.
+the pass list's first call, lowering to Arm TOSA.
 
 Run from the repository root (after ``bash scripts/bootstrap``)::
 
@@ -510,9 +510,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="CI smoke run: small graphs, fewer runs, no lowering (seconds)")
     ap.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
-    ap.add_argument("--sections", default="1,2,3,4,5,6,7",
+    ap.add_argument("--sections", default="1,2,3,4,5,6,7,8",
                     help="comma-separated subset of sections to run (default: all; --quick "
-                         "leaves out 7, which starts fresh processes, unless named)")
+                         "leaves out 7, which starts fresh processes, and 8, which lowers "
+                         "to Arm, unless named)")
     ap.add_argument("--zoo-models", metavar="NAMES",
                     help="section 6: comma-separated zoo models (default: the whole zoo)")
     ap.add_argument("--zoo-pairs", type=int, default=2, metavar="N",
@@ -592,6 +593,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             from benchmarks.first_call import section as section7
 
             section7(quick, results, targets)
+
+    if 8 in sections:
+        if quick and args.sections == ap.get_default("sections"):
+            print("\n== 8. lowering to Arm TOSA: stock TOSAPartitioner vs the adapter's ==\n"
+                  "  skipped (--quick; --sections 8 --quick runs its smoke form)")
+            targets.add("Arm lowering no slower than stock (sum fusionkit/stock <= 1.0)", None,
+                        "skipped (--quick)")
+        else:
+            from benchmarks.arm_lowering import section as section8
+
+            section8(quick, results, targets)
 
     results["targets"] = [{"target": n, "status": s, "detail": d} for n, s, d in targets.rows]
     results["wall_s"] = time.perf_counter() - t_start

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -41,3 +43,21 @@ def test_quick_benchmark_runs_and_reports_targets(tmp_path: Path) -> None:
     # applying: every constant-weight norm of the norm-chain graphs is fused, all-or-nothing
     for count, rec in data["apply"]["sizes"].items():
         assert rec["fusions"] == int(count) and rec["apply_ms_per_fusion"] > 0
+
+
+def test_arm_lowering_section_records_what_each_path_produced() -> None:
+    """Section 8 (Arm TOSA lowering, stock vs the adapter) on one model, one pair: both
+    paths delegate the whole model to one TOSA flatbuffer, and the adapter's (its rules in
+    the taken-over passes' place) is byte-identical to stock's for conv/hardtanh/relu."""
+    pytest.importorskip("executorch.backends.arm.tosa.partitioner")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.arm_lowering import FP, measure
+
+    out = measure([FP], 1, models=["conv_hardtanh_relu"], warmup=False)
+    row = out["specs"][FP]["models"]["conv_hardtanh_relu"]
+    assert row["delegates"] == {"stock": 1, "fusionkit": 1}
+    assert row["tosa_bytes"]["stock"] > 0
+    assert row["byte_identical"]
+    assert row["tosa_sha256_12"]["stock"] == row["tosa_sha256_12"]["fusionkit"]
+    assert len(row["stock_s_all"]) == len(row["fusionkit_s_all"]) == len(row["pair_ratios"]) == 1

@@ -44,8 +44,10 @@ class ConvBnRelu(torch.nn.Module):
         self.c1, self.b1 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
         self.c2, self.b2 = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
         for bn in (self.b1, self.b2):
-            bn.running_mean.uniform_(-0.5, 0.5)
-            bn.running_var.uniform_(0.5, 1.5)
+            mean, var = bn.running_mean, bn.running_var
+            assert mean is not None and var is not None  # track_running_stats
+            mean.uniform_(-0.5, 0.5)
+            var.uniform_(0.5, 1.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.b1(self.c1(x)))
@@ -128,8 +130,8 @@ def measure(specs: Sequence[str], pairs: int, models: Sequence[str] | None = Non
     for spec in specs:
         prepared = {n: _prepare(n, spec) for n in names}
         if warmup:  # imports, the Arm pass manager's first construction: untimed
-            for fk in (False, True):
-                _lower(*prepared[names[0]], spec, fk)
+            for adapter in (False, True):
+                _lower(*prepared[names[0]], spec, adapter)
         rows: dict[str, Any] = {}
         for m, name in enumerate(names):
             times: dict[str, list[float]] = {"stock": [], "fusionkit": []}

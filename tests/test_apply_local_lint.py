@@ -313,6 +313,7 @@ def test_a_constant_added_by_an_undone_replacement_can_be_added_again() -> None:
     ep = export_edge(TwoChains(), (x,))
     ms = find_matches(ep, [rule], check_replacements=False)  # apply's rollback under test
     assert len(ms.accepted) == 2
+    calls[0] = 0  # the finder may build a returned value's replacement in scratch: count apply's
     res = apply_matches(ep, ms.accepted, strict=False)
     assert len(res.applied) == 1 and [f.during for f in res.failed] == ["replacement"]
     shared = [n for n in ep.graph_module.graph.nodes if n.name.startswith("fk_shared")]

@@ -140,8 +140,14 @@ def returned_value_refusal(ctx: CheckContext, rule: Rule, olds: Sequence[Node],
         state.accept(_Accepted(ctx, rule, olds, matched))
         return None
     root = ctx.root
+    from fusionkit.apply.builder import FusionError
+
     try:
         rw, news = _build(ctx, rule, olds)
+    except FusionError:
+        # a replacement the builder refuses (its output's dtype or shape differs) is judged
+        # where it always was (the executable check, or the all-or-nothing apply)
+        return None
     except Exception as e:
         if strict:
             raise

@@ -122,7 +122,7 @@ def test_prepackable_constant_declines_a_user_input(sub_ep):
     assert d.node is node_named(sub_ep, "y")
     assert "is a user input" in d.reason
     assert "it is prepacked" in d.reason
-    assert "pp at `sub_3`: prepackable_constant [y]:" in str(d)
+    assert "pp at `sub_3`: declined (prepackable_constant) [y]:" in str(d)
 
 
 def test_prepackable_constant_declines_a_computed_value_without_fold(sub_ep):

@@ -120,15 +120,13 @@ def _returned(ctx: CheckContext) -> Returned:
     return state
 
 
-def _decline(rule: str, root: Node, node: Node, reason: str, matched: tuple[Node, ...],
-             step: str = Step.ESCAPE, error_type: str | None = None) -> MatchResult:
-    status = Status.ERROR if step == Step.ERROR else Status.DECLINED
-    return MatchResult(rule, root, status, step, node, reason, matched, error_type=error_type)
+def _decline(rule: str, root: Node, node: Node, reason: str, matched: tuple[Node, ...]
+             ) -> MatchResult:
+    return MatchResult(rule, root, Status.DECLINED, Step.ESCAPE, node, reason, matched)
 
 
 def returned_value_refusal(ctx: CheckContext, rule: Rule, olds: Sequence[Node],
-                           matched: tuple[Node, ...] = (), strict: bool = False
-                           ) -> MatchResult | None:
+                           matched: tuple[Node, ...] = ()) -> MatchResult | None:
     """Why the match would not rewire a value the program returns exactly (None: it would,
     or it changes none; then its rewiring is recorded for the rest of the search).
 
@@ -140,21 +138,13 @@ def returned_value_refusal(ctx: CheckContext, rule: Rule, olds: Sequence[Node],
         state.accept(_Accepted(ctx, rule, olds, matched))
         return None
     root = ctx.root
-    from fusionkit.apply.builder import FusionError
-
     try:
         rw, news = _build(ctx, rule, olds)
-    except FusionError:
-        # a replacement the builder refuses (its output's dtype or shape differs) is judged
-        # where it always was (the executable check, or the all-or-nothing apply)
+    except Exception:
+        # a replacement that raises or that the builder refuses is judged where it always
+        # was: the replacement check declines it before this check runs, or (replacements
+        # not checked) the all-or-nothing apply raises or reports it with the program intact
         return None
-    except Exception as e:
-        if strict:
-            raise
-        text = str(e).strip()
-        first = text.splitlines()[0] if text else "(no message)"
-        return _decline(rule.name, root, root, f"the replacement raised {type(e).__name__}: "
-                        f"{first}", matched, Step.ERROR, type(e).__name__)
     rewired: list[tuple[Node, Node]] = []
     for i in returned:
         old, new = olds[i], news[i]

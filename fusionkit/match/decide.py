@@ -237,7 +237,7 @@ def _decide(rule: Rule, root: Node, b: Binding, ep: ExportedProgram, inputs: Pro
             return MatchResult.of(bad.result(rule.name, root, b.claimed))
     # last of all: a value the program returns stays returned exactly (records the rewiring)
     returned = returned_value_refusal(ctx, rule, (root, *(b.captures[n] for n in outputs)),
-                                      b.claimed, strict)
+                                      b.claimed)
     if returned is not None:
         return MatchResult.of(returned)
     return Match(rule, root, dict(b.captures), b.claimed, dict(ctx.folds), place)

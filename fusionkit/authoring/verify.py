@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from fusionkit.check.constraints import (
+    Custom,
     DtypeIn,
     GraphLeaf,
     PrepackableConstant,
@@ -71,7 +72,8 @@ from fusionkit.match.pattern import (
 from fusionkit.match.targets import op_key, resolve_op
 from fusionkit.rule import Rule
 
-__all__ = ["TOLERANCES", "Counterexample", "Verification", "verify", "verify_rules"]
+__all__ = ["CHECK_HINTS", "TOLERANCES", "Counterexample", "OperandHint", "Verification", "verify",
+           "verify_rules"]
 
 #: absolute/relative tolerance per output dtype: ``|got - want| <= tol * (1 + |want|)``;
 #: an integer output may differ by at most ``tol`` (one quantization step for 8-bit)
@@ -97,9 +99,74 @@ UNSAFE_TO_RUN_WHY = "its C++ kernel aborts the process on operands it refuses"
 _BOOKKEEPING_META = frozenset({"val", "tensor_meta", "stack_trace", "nn_module_stack", "source_fn_stack",
                                "torch_fn", "from_node", "seq_nr", "original_aten", "debug_handle",
                                "fusionkit_rule", "fusionkit_folded_from", "requested_name",
-                               "unbacked_bindings", "custom", "example_value"})
+                               "unbacked_bindings", "custom", "example_value",
+                               # XNNPACK: a q/dq pair the partitioner folds into the quantized
+                               # op next to it; the graph computes the pair itself
+                               "IS_IMPLICIT_Q_DQ_TAG"})
+
+#: backend ops whose registered CPU reference does not compute what the kernel computes
+#: from what the rules (and the stock passes) feed it: never judged through it
+REFERENCE_IS_NOT_THE_KERNEL: dict[str, str] = {
+    "et_vk.linear_qcs4w.default": (
+        "its CPU reference (executorch.backends.vulkan.custom_ops_lib.linear_qcs4w) reads "
+        "each nibble as 0..15, without undoing the +8 offset the stock packer "
+        "(fuse_quantized_ops.pack_4bit_weight_tensor) writes; linear_q4gsw's reference "
+        "undoes it"),
+}
 
 EQUAL, DIFFERENT, CANNOT_CHECK = "equal", "different", "cannot check"
+
+
+@dataclass(frozen=True)
+class OperandHint:
+    """How the generator makes one capture, for a check it cannot satisfy by chance.
+
+    ``constant``: a parameter/buffer (True) or a user input (False); ``fill``: ``"zeros"``
+    (a symmetric zero point) or ``"positive"`` (a scale); ``dtype``: the tensor's dtype;
+    ``producer``: the capture is the result of an op on fresh operands, not a leaf:
+    ``"transpose"`` (``permute_copy(constant, [1, 0])`` of the drawn shape, a weight a
+    matmul reads transposed), ``"linear"`` (``linear(x, constant w)``), ``"conv"``
+    (a 1x1 ``convolution`` of a rank-4 operand) or ``"dequantize_per_tensor"`` (of an
+    int8 tensor, scale 0.5, zero point 0).
+    """
+
+    constant: bool | None = None
+    fill: str | None = None
+    dtype: torch.dtype | None = None
+    producer: str | None = None
+
+
+#: hints for the shipped rules' checks, by check name, then by the capture (a parameter of
+#: the check) they make; :func:`verify`'s ``hints`` adds to them by capture name
+CHECK_HINTS: dict[str, dict[str, OperandHint]] = {
+    # a matmul whose weight is a transpose of a 2-D weight is a linear (addmm/mm -> linear)
+    "transposed_weight": {"wt": OperandHint(producer="transpose")},
+    # symmetric quantization: an all-zero constant zero point
+    "weight_zero_points_zero": {"w_zp": OperandHint(constant=True, fill="zeros")},
+    "symmetric_weight": {"zeros": OperandHint(constant=True, fill="zeros")},
+    "zero_point_is_zero": {"zero_point": OperandHint(constant=True, fill="zeros")},
+    # Arm's quantized activation: the relu / hardtanh reads a conv or a linear
+    "fusable_input": {"pre": OperandHint(producer="linear")},
+    # folded or prepacked at lowering time: constants
+    "optional_affine_is_constant": {"bn_w": OperandHint(constant=True),
+                                    "bn_b": OperandHint(constant=True)},
+    "conv1d_with_constant_weight": {"w": OperandHint(constant=True)},
+    # the 8-bit weight-only kernel takes weights whose values do not fit in 4 bits
+    "values_beyond_4_bits": {"weight": OperandHint(fill="int8")},
+    # XNNPACK's quantized pad: the pad reads a per-tensor dequantize
+    "quantized_zero_pad": {"input": OperandHint(producer="dequantize_per_tensor")},
+}
+
+
+def _hints_of(rule: Rule, extra: Mapping[str, OperandHint] | None) -> dict[str, OperandHint]:
+    out: dict[str, OperandHint] = {}
+    for c in rule.constraints:
+        if isinstance(c, Custom):
+            for capture, hint in CHECK_HINTS.get(c.name, {}).items():
+                if capture in c.reads:
+                    out.setdefault(capture, hint)
+    out.update(extra or {})
+    return out
 
 
 class _NotACase(Exception):
@@ -338,11 +405,13 @@ def _accepts(v: Value, x: Any) -> bool:
 class _Builder(PatternVisitor[Any]):
     """Walks a rule's pattern, drawing one case; computes eagerly as it goes."""
 
-    def __init__(self, rule: Rule, draw: Callable[[Any], Any]) -> None:
+    def __init__(self, rule: Rule, draw: Callable[[Any], Any],
+                 hints: Mapping[str, OperandHint] | None = None) -> None:
         from hypothesis import strategies as st
 
         self.st = st
         self.rule = rule
+        self.hints = dict(hints or {})
         self.draw = draw
         self.case = _Case()
         self.bound: dict[str, Any] = {}  # capture name -> _Ref or literal
@@ -419,15 +488,22 @@ class _Builder(PatternVisitor[Any]):
         st, draw = self.st, self.draw
         if name in self.bound:
             return self.bound[name]  # type: ignore[no-any-return]
+        hint = self.hints.get(name, OperandHint())
         shape = self._shape(name)
+        if hint.producer is not None:
+            return self._produced(name, hint.producer, shape)
         hinted = _dtype_hint(self.context[0], self.context[1]) if self.context is not None else None
-        if name in self.dtypes:
+        if hint.dtype is not None:
+            dtype = hint.dtype
+        elif name in self.dtypes:
             dtype = draw(st.sampled_from(self.dtypes[name]))
         elif hinted is not None and draw(st.integers(0, 3)) < 3:
             dtype = hinted
         else:
             dtype = self.dtype if draw(st.integers(0, 5)) < 5 else draw(st.sampled_from(_FREE_DTYPES))
-        if name in self.constant:
+        if hint.constant is not None:
+            constant = hint.constant
+        elif name in self.constant:
             constant = True
         elif name in self.leaf:
             constant = False
@@ -435,14 +511,52 @@ class _Builder(PatternVisitor[Any]):
             constant = draw(st.booleans())
         filled = draw(st.integers(0, 5))  # mostly drawn values; sometimes all zeros (a zero
         value = self._tensor(shape, dtype)  # point), sometimes all positive (a scale)
-        if filled == 4:
+        if hint.fill == "int8":
+            value = torch.randint(-128, 128, shape, generator=self.gen).to(dtype)
+        elif filled == 4 or hint.fill == "zeros":
             value = torch.zeros_like(value)
-        elif filled == 5:
+        elif filled == 5 or hint.fill == "positive":
             value = value.abs() + 1 if dtype != torch.bool else value
+        return self._input(name, shape, dtype, constant, value)
+
+    def _input(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, constant: bool,
+               value: torch.Tensor) -> _Ref:
         self.case.inputs[name] = _Input(name, shape, dtype, constant, value)
         ref = _Ref(input=name)
         self.bound[name] = ref
         return ref
+
+    def _produced(self, name: str, producer: str, shape: tuple[int, ...]) -> _Ref:
+        """Capture ``name`` as the result of ``producer`` on fresh operands (an OperandHint)."""
+        draw, st = self.draw, self.st
+        if producer == "transpose":
+            if len(shape) != 2:
+                raise _NotACase(f"{name}: a transposed weight of shape {shape} is not 2-D")
+            src = self._input(f"{name}_source", (shape[1], shape[0]), torch.float32, True,
+                              self._tensor((shape[1], shape[0]), torch.float32))
+            got = self.emit("aten.permute_copy.default", (src, [1, 0]))
+        elif producer == "linear":
+            if not shape:
+                raise _NotACase(f"{name}: a linear's result is not rank 0")
+            k = draw(st.integers(1, 4))
+            x = self._input(f"{name}_x", (*shape[:-1], k), torch.float32, False,
+                            self._tensor((*shape[:-1], k), torch.float32))
+            w = self._input(f"{name}_w", (shape[-1], k), torch.float32, True,
+                            self._tensor((shape[-1], k), torch.float32))
+            got = self.emit("aten.linear.default", (x, w))
+        elif producer == "dequantize_per_tensor":
+            q = self._input(f"{name}_q", shape, torch.int8, draw(st.booleans()),
+                            torch.randint(-128, 128, shape, generator=self.gen).to(torch.int8))
+            got = self.emit("quantized_decomposed.dequantize_per_tensor.default",
+                            (q, 0.5, 0, -128, 127, torch.int8))
+        else:
+            raise ValueError(f"OperandHint.producer {producer!r}: not one the generator builds")
+        self.bound[name] = got
+        return got
+
+    def emit(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> _Ref:
+        """Call op ``key`` (not part of the pattern: an operand's producer) on built values."""
+        return self._call(key, resolve_op(key), args, dict(kwargs or {}))
 
     def literal(self, kind: str, value: Value | None, name: str | None) -> Any:
         if name is not None and name in self.bound:
@@ -567,7 +681,10 @@ class _Builder(PatternVisitor[Any]):
             elif not a.has_default_value():  # a wildcard (strict_defaults=False): any operand
                 self.anonymous += 1
                 put(i, a, self.build(Capture(f"{a.name}_{self.anonymous}"), kind))
-        call = _Call(target, tuple(args), kwargs)
+        return self._call(key, target, tuple(args), kwargs)
+
+    def _call(self, key: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Ref:
+        call = _Call(target, args, kwargs)
         real_args, real_kwargs = self._eager(call.args), self._eager(call.kwargs)
         try:  # shapes first, on meta tensors: a native kernel is never given operands it refuses
             target(*_to_meta(real_args), **_to_meta(real_kwargs))
@@ -712,6 +829,8 @@ def _no_reference(gm: torch.fx.GraphModule) -> list[str]:
         name = n.target.name()
         if (op_key(n.target) or "").startswith(UNSAFE_TO_RUN):
             missing.append(f"{op_key(n.target)} ({UNSAFE_TO_RUN_WHY})")
+        elif op_key(n.target) in REFERENCE_IS_NOT_THE_KERNEL:
+            missing.append(f"{op_key(n.target)} ({REFERENCE_IS_NOT_THE_KERNEL[str(op_key(n.target))]})")
         elif not any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k)
                    for k in ("CPU", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
                              "CompositeImplicitAutograd")):
@@ -907,7 +1026,8 @@ class _Checker:
         return self.compared >= self.want and self.first_difference is None
 
 
-def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 0) -> Verification:
+def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 0,
+           hints: Mapping[str, OperandHint] | None = None) -> Verification:
     """Whether ``rule``'s replacement computes what its pattern computes.
 
     Draws operands the rule's constraints admit (several shapes and dtypes, the
@@ -917,6 +1037,9 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
     counterexample (hypothesis). ``status`` is ``"equal"``, ``"different"`` or
     ``"cannot check"`` (no drawn case was accepted by the rule, or an op of the
     replacement has no reference implementation; ``reason`` says which).
+
+    ``hints`` (capture name -> :class:`OperandHint`) tell the generator how to make
+    operands a ``Custom`` check asks for; the shipped checks' are in :data:`CHECK_HINTS`.
     """
     try:
         from hypothesis import HealthCheck, Phase, find, settings
@@ -927,10 +1050,11 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
 
     started = time.monotonic()
     checker = _Checker(rule, cases)
+    operand_hints = _hints_of(rule, hints)
 
     @st.composite
     def case(draw: Any) -> _Case:
-        b = _Builder(rule, draw)
+        b = _Builder(rule, draw, operand_hints)
         try:
             first = b.build(rule.pattern)
         except _NotACase as e:

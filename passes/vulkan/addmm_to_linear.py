@@ -60,7 +60,7 @@ FALLBACK_OPS: frozenset[str] = frozenset({"quantized_decomposed.dequantize_per_t
 
 def _transposed_weight(ctx: CheckContext, wt: Any) -> str | None:
     """``wt`` is ``t_copy(w)`` or ``permute_copy(w, [1, 0])`` of a 2-D ``w``."""
-    key = getattr(wt.target, "__name__", "") if isinstance(wt, Node) else ""
+    key = (op_key(wt.target) or "") if isinstance(wt, Node) else ""
     if not isinstance(wt, Node) or wt.op != "call_function" or key not in (
             "aten.t_copy.default", "aten.permute_copy.default"):
         return f"the matmul's weight `{getattr(wt, 'name', wt)}` is not a transpose of a weight"

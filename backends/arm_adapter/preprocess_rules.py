@@ -74,7 +74,7 @@ CREATED_OPS: frozenset[str] = frozenset({
     "aten.clamp.default", "aten.convolution.default",
     "quantized_decomposed.quantize_per_tensor.default",
     "tosa.SLICE.default", "tosa.CONST_SHAPE.default", "tosa.CONCAT_SHAPE.default",
-    "tosa.RESCALE.default"})
+    "tosa.RESCALE.default", "tosa.TABLE.default"})
 
 
 def _arm_refusal(node: Node) -> str | None:

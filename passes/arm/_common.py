@@ -24,6 +24,7 @@ Q_PER_TENSOR = "quantized_decomposed.quantize_per_tensor.default"
 RESCALE = "tosa.RESCALE.default"
 SLICE = "tosa.SLICE.default"
 CONST_SHAPE = "tosa.CONST_SHAPE.default"
+CONCAT_SHAPE = "tosa.CONCAT_SHAPE.default"
 
 #: the node metadata Arm's q/dq folding writes and its later passes read
 QPARAM_KEYS = ("input_qparams", "output_qparams")

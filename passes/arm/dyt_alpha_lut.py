@@ -50,10 +50,15 @@ from fusionkit import (
     op,
 )
 from fusionkit.match.targets import op_key
-from fusionkit.passes.families.conv_batch_norm import _move_before, fresh_constant
 from fusionkit.passes.registry import register_rules
 
-from ._common import RESCALE, constraint, keep_node_meta
+from ._common import (
+    RESCALE,
+    constraint,
+    fresh_constant,
+    keep_node_meta,
+    move_placeholder_before,
+)
 
 TANH = "aten.tanh.default"
 MUL = "aten.mul.Tensor"
@@ -223,7 +228,7 @@ def _table(rw: Rewriter, tanh: Node, out_rescale: Node, mul: Node) -> Node:
         # first of the placeholders, where stock creates it (the TOSA tensors' order)
         first = next(iter(rw.ep.graph_module.graph.find_nodes(op="placeholder")))
         if first is not table:
-            _move_before(rw, table, first)
+            move_placeholder_before(rw, table, first)
     if tanh.graph is rw.graph:  # (a probe builds into a scratch graph)
         rw.insert_before = tanh
     target = exir_ops.backend.tosa.TABLE.default

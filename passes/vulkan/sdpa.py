@@ -58,14 +58,15 @@ from fusionkit import (
     also,
     any_value,
     capture,
-    op,
     outputs,
 )
+from fusionkit.match.pattern import Op, Pattern
 from fusionkit.match.targets import resolve_op
 from fusionkit.passes.registry import register_rules
 
 from ._common import FP_T, constraint, shape
 
+SDPA = "llama.custom_sdpa.default"
 UPDATE = "llama.update_cache.default"
 SDPA_WITH_KV_CACHE = "llama.sdpa_with_kv_cache.default"
 
@@ -145,17 +146,28 @@ def _sdpa_build(rw: Rewriter, q: Node, k_proj: Node, v_proj: Node, k_cache: Node
     return fused, None, None
 
 
+def llama_op(key: str, *args: Pattern, strict_defaults: bool = True, **kwargs: Pattern) -> Op:
+    """``op(key, *args, **kwargs)`` for a ``llama`` op named by its canonical key, without
+    resolving it: resolving imports the op library
+    (``executorch.extension.llm.custom_ops``; ~60 ms, torch reads the source of every op it
+    registers there), which a program holding these ops has imported already, so building
+    the rule costs nothing for the programs that cannot match it.
+    ``tests/test_vulkan_first_call.py`` checks that each key resolves and that the pattern equals
+    ``op()``'s."""
+    return Op(frozenset({key}), args, dict(kwargs), False, strict_defaults)
+
+
 @register_rules("builtin", "vulkan", takes_over="causal_sdpa")
 def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
-    sdpa = op("llama.custom_sdpa.default", capture("q"), capture("k_cache"), capture("v_cache"),
-              capture("start_pos"), strict_defaults=False,
-              attn_mask=any_value("attn_mask"), drpout_p=any_value("dropout_p"),
-              is_causal=any_value("is_causal"), scale=any_value("scale"))
+    sdpa = llama_op(SDPA, capture("q"), capture("k_cache"), capture("v_cache"),
+                    capture("start_pos"), strict_defaults=False,
+                    attn_mask=any_value("attn_mask"), drpout_p=any_value("dropout_p"),
+                    is_causal=any_value("is_causal"), scale=any_value("scale"))
     pattern = outputs(
         sdpa,
-        also("k_update", op(UPDATE, capture("k_proj"), capture("k_cache"), capture("k_pos")),
+        also("k_update", llama_op(UPDATE, capture("k_proj"), capture("k_cache"), capture("k_pos")),
              near="k_cache", max_depth=1),
-        also("v_update", op(UPDATE, capture("v_proj"), capture("v_cache"), capture("v_pos")),
+        also("v_update", llama_op(UPDATE, capture("v_proj"), capture("v_cache"), capture("v_pos")),
              near="v_cache", max_depth=1),
     )
 

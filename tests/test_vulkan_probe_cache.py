@@ -47,3 +47,28 @@ def test_a_cache_that_misses_a_candidate_is_stale_and_only_that_is_asked(
     cached = rp.cached_inventory(lib)  # written back: no longer stale
     assert cached is not None and cached.operators == inv.operators
     rp._inventory.cache_clear()
+
+
+def test_an_unchecked_probe_answers_as_the_checked_one(tmp_path: Path) -> None:
+    lib = tmp_path / "libvulkan_backend.so"
+    lib.write_bytes(b"not really a library")
+    every = rp.candidate_operators()
+    gone = every[0]
+    # complete: an operator recorded missing is missing
+    _write(lib, {n: n != gone for n in every})
+    unchecked = rp.cached_inventory(lib, check_stale=False)
+    checked = rp.cached_inventory(lib)
+    assert isinstance(unchecked, rp.UncheckedInventory) and checked is not None
+    assert not unchecked.stale
+    for inv in (unchecked, checked):
+        assert not inv.has_operator(gone) and inv.has_operator(every[1])
+        assert inv.missing_operators() == [gone]
+    # stale: cached_inventory says None (every operator present), and so does the
+    # unchecked one, once an answer depends on it
+    _write(lib, {n: n != gone for n in every[:-1]})
+    unchecked = rp.cached_inventory(lib, check_stale=False)
+    assert rp.cached_inventory(lib) is None
+    assert isinstance(unchecked, rp.UncheckedInventory) and unchecked.has_operator(every[1])
+    assert "stale" not in vars(unchecked)  # not judged yet: no answer depended on it
+    assert unchecked.has_operator(gone) and unchecked.missing_operators() == []
+    assert unchecked.stale

@@ -165,8 +165,11 @@ def runtime_inventory(runtime: Any = AUTO) -> RuntimeInventory | None:
     return runtime
 
 
-#: (runtime override, cache dir) -> (the library found, its probe file's stamp, inventory)
-_INSTALLED: dict[tuple[str | None, str], tuple[Any, Any, Any]] = {}
+#: (runtime override, what the cache dir is made of) -> (the library found, its probe
+#: file's stamp, inventory)
+_INSTALLED: dict[tuple[str | None, ...], tuple[Any, Any, Any]] = {}
+#: the variables :func:`.runtime.find_runtime` and :func:`.runtime.cache_dir` read
+_RUNTIME_VARIABLES = ("FUSIONKIT_VULKAN_RUNTIME", "FUSIONKIT_CACHE", "XDG_CACHE_HOME", "HOME")
 
 
 def _installed_inventory() -> RuntimeInventory | None:
@@ -178,7 +181,8 @@ def _installed_inventory() -> RuntimeInventory | None:
     from . import runtime as rt
     from .runtime_probe import cached_inventory
 
-    key = (os.environ.get(rt.RUNTIME_ENV), str(rt.cache_dir()))
+    # read at every check: a dict lookup per variable, not a path built
+    key = tuple(os.environ.get(v) for v in _RUNTIME_VARIABLES)
     found = _INSTALLED.get(key)
     path = rt.find_runtime() if found is None else found[0]
     if path is None:
@@ -191,7 +195,8 @@ def _installed_inventory() -> RuntimeInventory | None:
         stamp = None
     if found is not None and found[1] == stamp:
         return found[2]  # type: ignore[no-any-return]
-    inventory = cached_inventory(path)
+    # its staleness is judged when an answer depends on it (an operator recorded missing)
+    inventory = cached_inventory(path, check_stale=False)
     _INSTALLED[key] = (path, stamp, inventory)
     return inventory
 
@@ -250,8 +255,7 @@ class DelegatedByVulkan(Constraint):
         if key is None or folds is None:
             return None
         # the same match judged against another runtime is another question
-        runtime = None if inventory is None else (inventory.library_sha256,
-                                                  tuple(inventory.missing_operators()))
+        runtime = None if inventory is None else inventory.fingerprint
         return (tuple(names), key, folds, runtime)
 
     def check(self, ctx: CheckContext) -> MatchResult | None:

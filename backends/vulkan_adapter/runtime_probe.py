@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Iterable
@@ -38,8 +39,8 @@ from fusionkit.match.targets import resolve_op
 
 from . import runtime as rt
 
-__all__ = ["PROBE_VERSION", "RuntimeInventory", "cached_inventory", "candidate_operators", "inventory",
-           "operators", "shader_names"]
+__all__ = ["PROBE_VERSION", "RuntimeInventory", "UncheckedInventory", "cached_inventory",
+           "candidate_operators", "inventory", "operators", "shader_names"]
 
 #: 5: the candidates include the ops the rules create and the registry's string keys; a
 #: name found in the library only as the tail of a longer name is asked about
@@ -69,6 +70,33 @@ class RuntimeInventory:
     def describe(self) -> str:
         """How a reason names this runtime."""
         return f"the Vulkan runtime probed (library sha256 {self.library_sha256[:12]})"
+
+    @functools.cached_property
+    def fingerprint(self) -> tuple[str, tuple[str, ...]]:
+        """The library and the operators recorded missing: two inventories with the same
+        fingerprint answer every question alike (computed once per inventory)."""
+        return self.library_sha256, tuple(sorted(k for k, v in self.operators.items() if not v))
+
+
+@dataclasses.dataclass(frozen=True)
+class UncheckedInventory(RuntimeInventory):
+    """A cached probe read without :func:`cached_inventory`'s staleness check, which is
+    made on the first answer that depends on it. A stale probe (not asked about every
+    :func:`candidate_operators` name) is, for :func:`cached_inventory`, no inventory: every
+    operator present. Only an operator recorded missing answers differently, so the check
+    (every rule of :data:`~.rule_ops.RULE_SETS` built and read, the registry's op libraries
+    imported: tens of milliseconds) waits for the first such answer, and is made once."""
+
+    def has_operator(self, name: str) -> bool:
+        return self.operators.get(name, True) or self.stale
+
+    def missing_operators(self) -> list[str]:
+        return [] if self.stale else super().missing_operators()
+
+    @functools.cached_property
+    def stale(self) -> bool:
+        """Whether :func:`cached_inventory` would say None for this probe."""
+        return _stale(self.operators)
 
 
 def _sha(path: Path) -> str:
@@ -218,20 +246,38 @@ def _write_cache(cache_file: Path, inv: RuntimeInventory) -> None:
         pass
 
 
-def cached_inventory(path: Path | None = None) -> RuntimeInventory | None:
-    """The inventory if this runtime was already probed (never probes: cheap)."""
-    path = path or rt.find_runtime()
-    if path is None:
-        return None
+def _stale(operators: dict[str, bool]) -> bool:
+    """The probe was not asked about an op the rules now create (``inventory()`` asks)."""
+    return any(n not in operators for n in candidate_operators())
+
+
+def _read_cache(path: Path) -> UncheckedInventory | None:
+    """The probe cached for the library at ``path`` (its version and sha256 checked; the
+    staleness not yet: :class:`UncheckedInventory`), or None."""
     try:
         rec = json.loads(_cache_file(path).read_text())
     except (OSError, ValueError):
         return None
     if rec.get("version") != PROBE_VERSION or rec.get("sha256") != _sha(path):
         return None
-    if any(n not in rec.get("operators", {}) for n in candidate_operators()):
-        return None  # stale: not asked about an op the rules now create (inventory() asks)
-    return RuntimeInventory(rec["sha256"], rec["operators"], frozenset(rec["shaders"]))
+    return UncheckedInventory(rec["sha256"], rec.get("operators", {}), frozenset(rec["shaders"]))
+
+
+def cached_inventory(path: Path | None = None, *, check_stale: bool = True
+                     ) -> RuntimeInventory | None:
+    """The inventory if this runtime was already probed (never probes: cheap); None when
+    its probe is stale. ``check_stale=False``: an :class:`UncheckedInventory`, which
+    answers as this function would and makes the staleness check only when an answer
+    depends on it (an operator recorded missing)."""
+    path = path or rt.find_runtime()
+    if path is None:
+        return None
+    unchecked = _read_cache(path)
+    if unchecked is None or not check_stale:
+        return unchecked
+    if unchecked.stale:
+        return None
+    return RuntimeInventory(unchecked.library_sha256, unchecked.operators, unchecked.shaders)
 
 
 def inventory(path: Path | None = None) -> RuntimeInventory | None:

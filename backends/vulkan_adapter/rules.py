@@ -56,8 +56,8 @@ def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
 
 def constant_args() -> dict[str, tuple[int, ...]]:
     """Op name -> the argument indices the Vulkan runtime prepacks (it requires a constant
-    there): :data:`~.inspect.prepack_check.PREPACKED_ARGS`, the facts ``check()`` and the
-    simulator judge with."""
-    from .inspect.prepack_check import PREPACKED_ARGS
+    there): :data:`~.inspect.prepacked_args.PREPACKED_ARGS`, the facts ``check()`` judges
+    with (the table alone is imported, not the checker)."""
+    from .inspect.prepacked_args import PREPACKED_ARGS
 
     return {name: tuple(a.index for a in args) for name, args in PREPACKED_ARGS.items()}

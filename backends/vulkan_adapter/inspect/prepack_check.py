@@ -38,6 +38,7 @@ from .payload import (
     VulkanPayload,
     decode_payload,
 )
+from .prepacked_args import PREPACKED_ARGS, PrepackedArg
 from .runtime_conditions import (
     DELEGATE_DIM_ORDER,
     RuntimeSymInt,
@@ -59,48 +60,6 @@ __all__ = [
 
 BACKEND_ID = "VulkanBackend"
 ABORT = "the runtime aborts in prepack_standard ... (graph.val_is_tref(tensor_data)) is false!"
-
-
-@dataclass(frozen=True)
-class PrepackedArg:
-    """An op argument the runtime requires to be a constant (a TensorRef)."""
-
-    index: int
-    name: str
-    #: the runtime accepts None in its place
-    none_ok: bool = False
-
-
-#: serialized op name -> the arguments ``prepack_standard`` requires to be TensorRefs
-PREPACKED_ARGS: dict[str, tuple[PrepackedArg, ...]] = {
-    "et_vk.rms_norm.default": (PrepackedArg(1, "weight"),),
-    # NativeLayerNorm.cpp (v1.4.1 through main) throws on a None weight *and* a None bias
-    # ("native_layer_norm requires bias to be non-None"), whatever the op registry accepts
-    "aten.native_layer_norm.default": (PrepackedArg(2, "weight"), PrepackedArg(3, "bias")),
-    "aten.native_group_norm.default": (PrepackedArg(1, "weight"), PrepackedArg(2, "bias")),
-    "aten._native_batch_norm_legit_no_training.default": (
-        PrepackedArg(1, "weight"),
-        PrepackedArg(2, "bias"),
-        PrepackedArg(3, "running_mean"),
-        PrepackedArg(4, "running_var"),
-    ),
-    "aten.embedding.default": (PrepackedArg(0, "weight"),),
-    # Linear.cpp linear_packed_weight: prepack_fp_linear_weight(weight) and, when there is
-    # one, prepack_standard(bias, passthrough=false); a weight computed at run time (a
-    # dequantize left on the CPU) aborts in toTensorRef: "Expected value to have type
-    # TensorRef"
-    "aten.linear.default": (PrepackedArg(1, "weight"), PrepackedArg(2, "bias", none_ok=True)),
-    # Convolution.cpp: every path prepacks the weight (conv2d: prepack_weights, a PrepackNode
-    # that calls get_tref; conv1d: prepack_standard(weight, passthrough=false); the resize
-    # functions read get_tref(weight)->sizes) and the bias (prepack_biases: a PrepackNode,
-    # None gives zeros). A weight the graph computes -- weight_norm's g * v / |v|, as in
-    # wav2vec2's positional conv -- is refused at load: "(graph.val_is_tref(tensor_data)) is
-    # false!" (tests/test_vulkan_real_runtime_norm_rank.py, on the real runtime)
-    "aten.convolution.default": (PrepackedArg(1, "weight"),
-                                 PrepackedArg(2, "bias", none_ok=True)),
-    "et_vk.conv_with_clamp.default": (PrepackedArg(1, "weight"),
-                                      PrepackedArg(2, "bias", none_ok=True)),
-}
 
 
 @dataclass(frozen=True)

@@ -210,3 +210,29 @@ def test_returned_values_on_the_real_vulkan_runtime(real_vulkan: Any) -> None:
     assert len(res.outputs) == len(want)
     for g, w in zip(res.outputs, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
+
+
+def test_check_and_the_simulator_name_the_argument_count_abort() -> None:
+    """Stock's program (one delegate output for two program outputs) is refused by the
+    runtime at execute; ``check()`` and the simulator say so in the runtime's words, and
+    pass ours (the real runtime's verdicts: the test above)."""
+    import fusionkit.backends.vulkan_adapter as vk
+    from fusionkit.backends.vulkan_adapter.inspect.prepack_check import check
+    from fusionkit.backends.vulkan_adapter.inspect.simulator import (
+        RuntimeConditionError,
+        simulate,
+    )
+
+    m = E2E["returned_and_cloned"]
+    with adapter_state_restored():
+        stock, _ = lower_one_way(m, (X,), "stock")
+        vk.install()
+        ours, _ = lower_one_way(m, (X,), "fusionkit")
+    (problem,) = check(stock)
+    assert "declares 1 inputs and 1 outputs, but the delegate call supplied 3 arguments" \
+        in problem.message, problem.message
+    with pytest.raises(RuntimeConditionError, match="the delegate call supplied 3 arguments"):
+        simulate(stock, X)
+    assert check(ours) == []
+    for g, w in zip(simulate(ours, X), m(X), strict=True):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)

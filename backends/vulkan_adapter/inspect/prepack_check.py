@@ -40,6 +40,7 @@ from .payload import (
 )
 from .prepacked_args import PREPACKED_ARGS, PrepackedArg
 from .runtime_conditions import (
+    DELEGATE_ARGUMENT_COUNT,
     DELEGATE_DIM_ORDER,
     RuntimeSymInt,
     conditions_for,
@@ -99,6 +100,9 @@ class VulkanDelegate:
     boundary: tuple[tuple[str, int, tuple[int, ...], tuple[int, ...]], ...] = ()
     #: named-data key -> its bytes, when the program's named data is at hand
     named_data: dict[str, bytes] | None = None
+    #: how many arguments the program's delegate call passes (its inputs, then its
+    #: outputs), when the program around the payload is at hand
+    call_arguments: int | None = None
 
 
 # -------------------------------------------------------------------- the checks
@@ -199,11 +203,13 @@ def check_payload(payload: bytes | VulkanPayload, delegate: int = 0, method: str
                   named_complete: bool = True,
                   boundary: tuple[tuple[str, int, tuple[int, ...], tuple[int, ...]], ...] = (),
                   named_data: dict[str, bytes] | None = None,
+                  call_arguments: int | None = None,
                   ) -> list[Problem]:
-    """Problems of one decoded (or raw) Vulkan delegate payload (``boundary``: see
-    :attr:`VulkanDelegate.boundary`)."""
+    """Problems of one decoded (or raw) Vulkan delegate payload (``boundary``,
+    ``call_arguments``: see :class:`VulkanDelegate`)."""
     raw = b"" if isinstance(payload, VulkanPayload) else bytes(payload)
-    d = VulkanDelegate(delegate, method, raw, named_sizes, named_complete, boundary)
+    d = VulkanDelegate(delegate, method, raw, named_sizes, named_complete, boundary,
+                       call_arguments=call_arguments)
     try:
         p = payload if isinstance(payload, VulkanPayload) else decode_payload(raw)
     except PayloadError as e:
@@ -211,6 +217,7 @@ def check_payload(payload: bytes | VulkanPayload, delegate: int = 0, method: str
                         f"the payload cannot be decoded: {e}", method)]
     return [*_check_args(p.graph, d), *_check_constants(p.graph, p, d),
             *_check_conditions(p.graph, d), *_check_boundary(p.graph, d),
+            *_check_argument_count(p.graph, d),
             *_check_rope_tables(p, d, named_data)]
 
 
@@ -347,6 +354,19 @@ def _check_conditions(g: VkGraph, d: VulkanDelegate) -> Iterator[Problem]:
                           f"{call.name} argument {c.args[0]!r}: {c.message()}", d.method, ci)
 
 
+def _check_argument_count(g: VkGraph, d: VulkanDelegate) -> Iterator[Problem]:
+    """The delegate call passes one argument per graph input and output (one value
+    returned for two outputs leaves the graph an output short)."""
+    from .runtime_conditions import delegate_argument_count
+
+    if d.call_arguments is None:
+        return
+    message = delegate_argument_count(len(g.input_ids), len(g.output_ids), d.call_arguments)
+    if message is not None:
+        yield Problem("runtime_condition", d.index, DELEGATE_ARGUMENT_COUNT.op, None, "args",
+                      None, message, d.method)
+
+
 # ------------------------------------------------------------ finding delegates
 
 
@@ -390,9 +410,12 @@ def _from_edge(prog: Any) -> Iterator[VulkanDelegate]:
                     continue
                 nd = getattr(lm, "named_data_store_output", None)
                 named = _named_sizes(nd)
+                val = call.meta.get("val")
+                outputs = len(val) if isinstance(val, (tuple, list)) else 1
                 yield VulkanDelegate(index, method, bytes(lm.processed_bytes),
                                      named if named is not None else {},
-                                     boundary=_edge_boundary(call), named_data=_named_bytes(nd))
+                                     boundary=_edge_boundary(call), named_data=_named_bytes(nd),
+                                     call_arguments=len(call.args) - 1 + outputs)
                 index += 1
 
 
@@ -476,7 +499,8 @@ def _from_pte(pte: bytes) -> Iterator[VulkanDelegate]:
                 blobs = {k: bytes(pf.named_data.buffers[e.buffer_index])
                          for k, e in pf.named_data.pte_data.items()}
             yield VulkanDelegate(index, plan.name, data, sizes, named_complete=False,
-                                 boundary=boundary, named_data=blobs)
+                                 boundary=boundary, named_data=blobs,
+                                 call_arguments=len(calls[di]) if di in calls else None)
             index += 1
 
 
@@ -517,7 +541,8 @@ def check(program: Any, runtime: Any = None) -> list[Problem]:
     problems: list[Problem] = []
     for d in vulkan_delegates(program):
         problems.extend(check_payload(d.payload, d.index, d.method, d.named_sizes,
-                                      d.named_complete, d.boundary, d.named_data))
+                                      d.named_complete, d.boundary, d.named_data,
+                                      d.call_arguments))
         if runtime is not None:
             problems.extend(_check_available(d, runtime))
     return problems

@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 __all__ = [
     "CONDITIONS",
+    "DELEGATE_ARGUMENT_COUNT",
     "DELEGATE_DIM_ORDER",
     "NOT_SIMULATED",
     "PREPACKED",
@@ -55,6 +56,7 @@ __all__ = [
     "as_written_by_runtime",
     "conditions_for",
     "contiguous_dim_order",
+    "delegate_argument_count",
     "serialized_name",
     "violated",
 ]
@@ -805,6 +807,26 @@ DELEGATE_DIM_ORDER = RuntimeCondition(
     "the runtime copies a delegate input's memory, and the result into an output's memory, "
     "in contiguous order whatever the tensor's dim order: a channels_last (0, 2, 3, 1) "
     "tensor is read and written as if it were NCHW")
+
+
+DELEGATE_ARGUMENT_COUNT = RuntimeCondition(
+    "executorch_call_delegate", "argument_count", ("args",),
+    "args.size() == num_inputs + num_outputs",
+    "VulkanBackend.cpp: VulkanBackend::execute", "abort",
+    lambda a: a["supplied"] == a["inputs"] + a["outputs"],
+    "the delegate call passes its inputs then its outputs, one argument each; a graph that "
+    "declares fewer (one value returned for two outputs) or more (a mutated buffer serialized "
+    "as an output) is refused at execute")
+
+
+def delegate_argument_count(inputs: int, outputs: int, supplied: int) -> str | None:
+    """The runtime's abort message when a delegate call passes ``supplied`` arguments to a
+    graph of ``inputs`` inputs and ``outputs`` outputs (None: the counts agree)."""
+    if DELEGATE_ARGUMENT_COUNT.holds({"inputs": inputs, "outputs": outputs,
+                                      "supplied": supplied}):
+        return None
+    return (f"Vulkan graph declares {inputs} inputs and {outputs} outputs, but the delegate "
+            f"call supplied {supplied} arguments: {DELEGATE_ARGUMENT_COUNT.message()}")
 
 
 def as_read_by_runtime(x: Any, dim_order: Any) -> Any:

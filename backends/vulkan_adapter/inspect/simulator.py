@@ -206,6 +206,7 @@ from .quantized_ops import RUNTIME_OPS
 from .runtime_conditions import (
     CACHE_ROWS_UNWRITTEN,
     CONDITIONS,
+    DELEGATE_ARGUMENT_COUNT,
     NOT_SIMULATED,
     PREPACKED,
     SDPA_WITH_KV_CACHE,
@@ -216,6 +217,7 @@ from .runtime_conditions import (
     as_written_by_runtime,
     conditions_for,
     contiguous_dim_order,
+    delegate_argument_count,
     violated,
 )
 from .shaders import missing_shader
@@ -1109,6 +1111,13 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
                     f"{label}: only {BACKEND_ID} delegates can be simulated, not {backend}",
                     backend)
             decoded = decode_payload(payload)
+            val = node.meta.get("val")
+            supplied = len(args) + (len(val) if isinstance(val, (tuple, list)) else 1)
+            message = delegate_argument_count(len(decoded.graph.input_ids),
+                                              len(decoded.graph.output_ids), supplied)
+            if message is not None:
+                raise RuntimeConditionError(f"{label}: {message}", DELEGATE_ARGUMENT_COUNT.op,
+                                            "args", DELEGATE_ARGUMENT_COUNT)
             # the inputs as they were before the delegate ran (it may update caches in place)
             before = ([a.clone() if isinstance(a, torch.Tensor) else a for a in args]
                       if trace is not None else [])

@@ -89,6 +89,19 @@ def test_a_concat_whose_elements_are_not_its_shape_is_declined() -> None:
     assert "hold 5 dimensions, the concat 4" in str(_nested(outer))
 
 
+def test_the_rule_flattens_arms_own_nested_concat_as_stock_does() -> None:
+    # ExecuTorch's pass test's graph (CONST_SHAPE [0], CONCAT_SHAPE([1], [2]), [3])
+    from executorch.backends.arm.test.passes import test_fuse_consecutive_concat_shapes as t
+
+    ours, stock = t._graph_module_with_nested_concat(), t._graph_module_with_nested_concat()
+    outer = t._concat_shape_nodes(ours)[-1]
+    assert _nested(outer) is None
+    flat = consecutive_concat_shapes.flattened(outer.args[0])  # type: ignore[arg-type]
+    stock_outer = t._concat_shape_nodes(t._run_fuse_pass(stock))[-1]
+    assert t._const_shape_values(flat) == t._const_shape_values(stock_outer.args[0]) == [
+        0, 1, 2, 3]
+
+
 class _Expand(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x + 1).unsqueeze(1).expand(-1, 3, -1, -1).flatten(1, 2)

@@ -207,6 +207,46 @@ def test_a_pattern_the_generator_cannot_satisfy_is_cannot_check_with_the_reason(
     assert v.status == CANNOT_CHECK and "custom:never" in v.reason, v
 
 
+def _zero_shift(ctx: Any, x: Any, shift: Any) -> str | None:
+    ref = ctx.inputs.constant(shift)
+    t = None if ref is None else ref.tensor
+    if t is None or bool((t != 0).any()):
+        return f"`{shift.name}` is not a constant of zeros"
+    xs = tuple(x.meta["val"].shape)
+    if tuple(torch.broadcast_shapes(xs, tuple(t.shape))) != xs:
+        return f"`{shift.name}` broadcasts `{x.name}` to another shape"
+    return None
+
+
+def test_an_operand_hint_makes_the_case_a_check_asks_for() -> None:
+    """x + shift -> x when shift is a constant of zeros: drawn by chance rarely (a constant,
+    and all zeros); an OperandHint makes it, and the rule verifies."""
+    from fusionkit.authoring.verify import OperandHint
+
+    rule = Rule("zero_shift", op("aten.add.Tensor", X, capture("shift")),
+                replace_with("aten.mul.Tensor", ref("x"), 1.0),
+                [Custom(_zero_shift, "zero_shift"), DtypeIn("x", {torch.float32}),
+                 DtypeIn("shift", {torch.float32})])
+    blind = verify(rule, cases=2, max_examples=15)
+    assert blind.status == CANNOT_CHECK and "zero_shift" in blind.reason, blind
+    hinted = verify(rule, cases=2, max_examples=15,
+                    hints={"shift": OperandHint(constant=True, fill="zeros")})
+    assert hinted.status == EQUAL, hinted
+
+
+def test_a_fused_activation_recorded_in_metadata_is_applied(monkeypatch: Any) -> None:
+    """XNNPACK's fused relu lives in XNN_FUSED_ACTIVATION: the verifier clamps the node's
+    result as XNNPACK does; without that the rule would be the dropped relu."""
+    from fusionkit.authoring import verify as verify_module
+
+    (relu,) = [r for r in rules_of("xnnpack") if r.name == "xnnpack_fuse_relu"]
+    assert verify(relu, cases=2, max_examples=40).status == EQUAL
+    monkeypatch.setitem(verify_module.METADATA_SEMANTICS, "XNN_FUSED_ACTIVATION",
+                        lambda recorded, out: out)
+    v = verify(relu, cases=8, max_examples=60)  # (stops at the first negative sum)
+    assert v.status == DIFFERENT and v.counterexample is not None, v
+
+
 class _HalfNormFloatWeight(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -247,10 +287,65 @@ def _shipped() -> list[tuple[str, str, Any]]:
 SHIPPED = _shipped()
 
 
-#: shipped rules the generator makes cases for: they must stay verified (equal)
-VERIFIED = {"rms_norm", "quantized_unary", "quantized_binary", "layer_norm_affine",
-            "linear_identity_view", "conv_batch_norm", "fuse_view_copy", "view_to_unsqueeze",
-            "binary_dtype_promotion"}
+#: the shipped rules `verify` cannot check in this file's budget, each with a pattern its
+#: reason must match and why that is so; every other shipped rule must verify equal, so a
+#: rule that stops verifying (or a reason that changes) fails here. Shrink this list.
+CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
+    # -- a backend op with no reference that computes what the kernel computes
+    "select_as_symint": ("et_vk.select_as_symint",
+                         "its only registered kernel is a Meta one: it returns a SymInt"),
+    "conv_relu_clamp": ("et_vk.conv_with_clamp",
+                        "its CPU reference clamps float32 with sys.float_info.max, the bound "
+                        "the stock pass gives a relu, and raises (overflow)"),
+    "linear_weight_int4": ("et_vk.linear_qcs4w|per_output_channel",
+                           "its CPU reference does not undo the +8 offset of the stock packer "
+                           "(in this file's budget the [N, K] weight may not be drawn first)"),
+    "causal_sdpa": ("llama.custom_sdpa",
+                    "its C++ kernel aborts the process on operands it refuses: never run"),
+    # -- the replacement's semantics are in node metadata the backend applies
+    "xnnpack_linear_module": ("linear_source_partition",
+                              "it reads the nn.Linear source partition (source_fn_stack); a "
+                              "subgraph built from ops has no module"),
+    "xnnpack_linear_module_reshaped": ("linear_source_partition", "as xnnpack_linear_module"),
+    # -- quantized weights whose geometry the generator's sizes (1..5) do not reach
+    "torchao_quantized_embedding": ("dequantize_affine",
+                                    "per-row groups of a multiple of 4 tiling embed_dim"),
+    "quantized_embedding": ("could not", "4-bit embeddings: group sizes a multiple of 4"),
+    "quantized_linear_q8ta": ("could not", "static int8 linear: per-channel scales [N], "
+                              "K a multiple of 4, a requantized output"),
+    "quantized_linear_q8csw": ("could not", "K a multiple of 4 and per-channel int8 bounds"),
+    "quantized_linear_q4gsw": ("dequantize_affine", "groups a multiple of 4 tiling K, K % 8"),
+    "quantized_linear_dq8ca_q4gsw": ("quantize_affine", "as q4gsw, with a per-token input"),
+    "quantized_convolution": ("conv_geometry", "output channels a multiple of 4"),
+    "linear_weight_int8": ("could not", "a [N, K] weight beyond 4 bits, and the rule's "
+                           "executability check lowers the aten-dialect export"),
+    "linear_weight_int8_affine": ("dequantize_affine", "an int8 [N, K] weight with [N, 1] "
+                                  "blocks: the generator draws the block first"),
+    # -- structure a check asks for that the generator does not build
+    "export_llama_rope": ("could not", "RoPE: rank-4 q/k with cos/sin tables of matching dims"),
+    "hf_rope": ("could not", "HF RoPE: rotate_half's slices at half the head dim"),
+    "xnnpack_linear_reads_dequantize": ("reads_dequantize",
+                                        "a view chain from a dynamic-quant dequantize"),
+    "xnnpack_linear_reads_dequantize_view": ("reads_dequantize", "as above"),
+    "arm_remove_safe_softmax_guard": ("safe_softmax_guard",
+                                      "the guard (eq/-inf, any, logical_not, full_like) over "
+                                      "the softmax's scores; REMOVE also changes all -inf rows"),
+    "arm_fuse_quantized_hardtanh": ("quantize_clamp",
+                                    "hardtanh(0, hi) with hi quantizing to qmax: hi >= "
+                                    "(qmax - zp) * scale, beyond the literal pools"),
+    # -- TOSA dialect ops run (fake or through the TOSA reference model) only inside a
+    #    TosaLoweringContext, which the generator does not open
+    "arm_fuse_identity_rescales": ("could not", "an int32 -> int8 -> int32 RESCALE pair"),
+    "arm_fuse_consecutive_slices": ("could not", "a SLICE of a SLICE with CONST_SHAPE starts "
+                                    "of the input's rank"),
+    "arm_fold_dyt_alpha_into_lut": ("could not", "a RESCALE into a TABLE"),
+    "arm_fuse_consecutive_concat_shapes": ("could not", "CONCAT_SHAPE of CONST_SHAPE lists "
+                                           "(List[List[int]])"),
+    "fold_qdq": ("folds_a_quantize", "a dequantize of a quantize; the fold drops the "
+                 "rounding on purpose (the Vulkan graph runs in float)"),
+    "view_to_squeeze": ("drops_size1_dims", "a view that only drops size-1 dims: found in "
+                        "the command's budget, rarely in this file's"),
+}
 
 
 @pytest.mark.parametrize("rule", [r for _, _, r in SHIPPED], ids=[i for i, _, _ in SHIPPED])
@@ -258,10 +353,15 @@ def test_every_shipped_rule_computes_what_it_replaces(rule: Rule) -> None:
     v = verify(rule, cases=2, max_examples=40)
     assert v.status != DIFFERENT, str(v)
     assert v.reason
-    if rule.name in VERIFIED:
+    allowed = CANNOT_CHECK_ALLOWED.get(rule.name)
+    if allowed is None:
         assert v.status == EQUAL, str(v)
-    if v.status == CANNOT_CHECK:  # and says why
-        assert any(w in v.reason for w in ("could not", "reference", "metadata")), v
+    elif v.status == CANNOT_CHECK:  # for the reason stated
+        assert re.search(allowed[0], v.reason), (allowed, v.reason)
+
+
+def test_the_cannot_check_allow_list_names_shipped_rules() -> None:
+    assert set(CANNOT_CHECK_ALLOWED) <= {r.name for _, _, r in SHIPPED}
 
 
 def test_linear_batch_norm_folds_only_a_batch_norm_over_the_linears_features() -> None:
@@ -276,6 +376,42 @@ def test_linear_batch_norm_folds_only_a_batch_norm_over_the_linears_features() -
         (rule,) = [r for r in rules_of(set_name) if r.name == name]
         v = verify(rule, cases=8, max_examples=150)
         assert v.status != DIFFERENT, str(v)
+
+
+class _ConvBatchNorm(torch.nn.Module):
+    def __init__(self, var: torch.Tensor) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([[[0.0]], [[-3.0]]]), requires_grad=False)
+        self.bn_w = torch.nn.Parameter(torch.tensor([-1.0, -2.0]), requires_grad=False)
+        self.bn_b = torch.nn.Parameter(torch.tensor([-1.0, 3.0]), requires_grad=False)
+        self.register_buffer("mean", torch.tensor([0.0, 1.0]))
+        self.register_buffer("var", var)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten.convolution.default(x, self.w, None, [1], [0], [1], False, [0], 1)
+        return torch.ops.aten._native_batch_norm_legit_no_training.default(
+            y, self.bn_w, self.bn_b, self.mean, self.var, 1e-5, 1e-5)[0]
+
+
+@pytest.mark.parametrize("set_name", ["vulkan_preprocess", "xnnpack"])
+def test_conv_batch_norm_folds_only_statistics_over_the_channels(set_name: str) -> None:
+    """Found by verify: a running variance of one element for a conv of two output
+    channels was folded (broadcast) where eager batch norm reads past its end (2532.8 vs
+    8.66 for the second channel). The statistics must be vectors over the channels."""
+    from fusionkit import FusionPass
+
+    (rule,) = [r for r in rules_of(set_name) if r.name.endswith("conv_batch_norm")]
+    x = torch.ones(1, 1, 1)
+    for var, fused in ((torch.tensor([2.0]), 0), (torch.tensor([2.0, 2.0]), 1)):
+        ep = torch.export.export(_ConvBatchNorm(var), (x,))
+        ep.graph_module.graph.eliminate_dead_code()  # the statistics outputs nothing reads
+        ep.graph_module.recompile()
+        want = ep.module()(x)
+        fuse = FusionPass([rule])
+        fuse(ep)
+        assert fuse.report.total_fused == fused, (var, fuse.report)
+        if fused:
+            assert torch.allclose(ep.module()(x), want)
 
 
 def _yaml_blocks() -> list[tuple[str, str]]:

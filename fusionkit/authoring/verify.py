@@ -104,6 +104,24 @@ _BOOKKEEPING_META = frozenset({"val", "tensor_meta", "stack_trace", "nn_module_s
                                # op next to it; the graph computes the pair itself
                                "IS_IMPLICIT_Q_DQ_TAG"})
 
+def _fused_activation(recorded: Any, out: Any) -> Any:
+    """XNNPACK's fused activation: the node's output clamped to ``[output_min, output_max]``
+    (``FuseActivationPass``; the operator serializers hand the bounds to XNNPACK's node)."""
+    def bound(v: Any) -> float | None:
+        if v is None or (isinstance(v, str) and v.lstrip("+-") == "inf"):
+            return None
+        return float(v)
+
+    lo, hi = bound(getattr(recorded, "output_min", None)), bound(getattr(recorded, "output_max", None))
+    return torch.clamp(out, lo, hi) if isinstance(out, torch.Tensor) else out
+
+
+#: node metadata whose meaning the verifier applies when it runs the rewritten program: the
+#: key, and what it does to the node's result
+METADATA_SEMANTICS: dict[str, Callable[[Any, Any], Any]] = {
+    "XNN_FUSED_ACTIVATION": _fused_activation,
+}
+
 #: backend ops whose registered CPU reference does not compute what the kernel computes
 #: from what the rules (and the stock passes) feed it: never judged through it
 REFERENCE_IS_NOT_THE_KERNEL: dict[str, str] = {
@@ -151,6 +169,7 @@ CHECK_HINTS: dict[str, dict[str, OperandHint]] = {
     "optional_affine_is_constant": {"bn_w": OperandHint(constant=True),
                                     "bn_b": OperandHint(constant=True)},
     "conv1d_with_constant_weight": {"w": OperandHint(constant=True)},
+    "scale_is_a_constant_channel_scale": {"scale": OperandHint(constant=True)},
     # the 8-bit weight-only kernel takes weights whose values do not fit in 4 bits
     "values_beyond_4_bits": {"weight": OperandHint(fill="int8")},
     # XNNPACK's quantized pad: the pad reads a per-tensor dequantize
@@ -264,6 +283,8 @@ def _arg_kind(a: Any) -> str:
         return "tensors" if "List" in t else "tensor?" if "Optional" in t else "tensor"
     if "List[int]" in t or "List[SymInt]" in t:
         return "ints"
+    if "List[float]" in t:
+        return "floats"
     if "number" in t or "float" in t:
         return "number"
     if "bool" in t:
@@ -332,6 +353,8 @@ def _literal_hint(key: str, index: int, before: list[Any]) -> list[Any]:
     if "quantize_per_channel" in name:  # (input, scales, zero_points, axis, qmin, qmax, dtype)
         per_channel: dict[int, list[Any]] = {3: [0], 4: [-128, -127], 5: [127], 6: [torch.int8]}
         return per_channel.get(index, [])
+    if name == "embedding_4bit" and index == 6:  # its reference refuses dtype=None
+        return [torch.float32]
     if "quantize_per_tensor" in name:  # (input, scale, zero_point, qmin, qmax, dtype)
         per_tensor: dict[int, list[Any]] = {1: [0.5, 0.25], 2: [0, 3], 3: [-128], 4: [127],
                                             5: [torch.int8]}
@@ -348,6 +371,8 @@ def _dtype_hint(key: str, index: int) -> torch.dtype | None:
         return torch.int64
     if name == "embedding" and index == 1:
         return torch.int64
+    if name == "where" and index == 0:
+        return torch.bool
     return None
 
 
@@ -357,6 +382,7 @@ _POOLS: dict[str, tuple[Any, ...]] = {
     "int": (-1, 0, 1, 2, 3, -2, 4),
     "bool": (False, True),
     "ints": ([-1], [0], [1], [2], [-2], [0, 1], [1, 1], [0, 0], [2, 2], [], [3], [1, 2]),
+    "floats": ([1.0], [0.5], [2.0], [0.25, 4.0]),
     "dtype": (None, torch.float32, torch.float16, torch.int8),
     "str": ("none", "tanh"),
     "other": (None,),
@@ -611,7 +637,19 @@ class _Builder(PatternVisitor[Any]):
         raise _NotACase(f"the generator has no case for a {type(p).__name__} pattern")
 
     def visit_capture(self, p: Capture) -> Any:
-        if self.kind in ("tensor", "tensor?", "tensors"):
+        if self.kind == "tensors":  # a list of tensors (cat's): 1..8 of one shape
+            if p.name in self.bound:
+                return self.bound[p.name]
+            n = self.draw(self.st.integers(1, 8))
+            first = self.tensor_capture(f"{p.name}_0")
+            shape, dtype = self.case.inputs[f"{p.name}_0"].shape, self.case.inputs[f"{p.name}_0"].dtype
+            got = [first]
+            for i in range(1, n):
+                value = self._tensor(shape, dtype)
+                got.append(self._input(f"{p.name}_{i}", shape, dtype, self.draw(self.st.booleans()), value))
+            self.bound[p.name] = got
+            return got
+        if self.kind in ("tensor", "tensor?"):
             return self.tensor_capture(p.name)
         return self.literal(self.kind, None, p.name)
 
@@ -767,10 +805,14 @@ class _Runner(torch.fx.Interpreter):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         try:
-            return super().run_node(n)
+            out = super().run_node(n)
         except Exception:
             self.failed_at = n
             raise
+        for key, apply in METADATA_SEMANTICS.items():
+            if n.meta.get(key) is not None:
+                out = apply(n.meta[key], out)
+        return out
 
 
 def _flat(v: Any) -> list[Any]:
@@ -976,7 +1018,8 @@ class _Checker:
             warnings.simplefilter("ignore")
             FusionPass([self.rule], name=f"verify:{self.rule.name}").call(rewritten)
             got = (ep.module(), rewritten.module())
-        recorded = {k for n in rewritten.graph.nodes for k in n.meta} - before - _BOOKKEEPING_META
+        recorded = ({k for n in rewritten.graph.nodes for k in n.meta} - before - _BOOKKEEPING_META
+                    - set(METADATA_SEMANTICS))
         if recorded:  # e.g. XNNPACK's fused activation: the graph alone does not say the result
             got = (f"the replacement records {', '.join(sorted(recorded))} in node metadata for "
                    "the backend to apply; the graph alone does not compute the result")

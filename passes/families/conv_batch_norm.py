@@ -324,6 +324,26 @@ def _folded_shapes(ctx: CheckContext, bn: Node, mean: Node, var: Node, bn_w: Any
     return None
 
 
+def _statistics_per_channel(ctx: CheckContext, bn: Node, mean: Node, var: Node,
+                            bn_w: Any = None, bn_b: Any = None) -> str | None:
+    """The batch norm's statistics and affine part are vectors over the C channels it
+    normalizes (any dtype). Eager ``native_batch_norm`` does not check their length: a
+    running variance of one element for two channels reads past its end, while the fold
+    broadcasts it (found by ``fusionkit verify``)."""
+    out = _bn_output(bn)
+    if out is None:
+        return f"batch norm `{bn.name}` has no known output of rank 2 or more"
+    c = out.shape[1]
+    for label, v in (("running mean", mean), ("running variance", var),
+                     ("batch-norm weight", bn_w), ("batch-norm bias", bn_b)):
+        t = v.meta.get("val") if isinstance(v, Node) else None
+        if v is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (c,)):
+            return (f"{label} `{getattr(v, 'name', v)}` of shape "
+                    f"{tuple(getattr(t, 'shape', ()))} is not a vector of the {c} channels "
+                    f"batch norm `{bn.name}` normalizes")
+    return None
+
+
 def _folded_weight(ctx: CheckContext, bn: Node, w: Node, b: Any = None) -> str | None:
     """The conv / linear weight and bias are of the dtype the batch norm computes in; the
     bias a vector over its channels."""
@@ -355,6 +375,8 @@ def _constraints(needs: Needs, with_op: bool) -> list[Any]:
                 constraint("folded_statistics_shapes")(_folded_shapes)]
         if with_op:
             out.append(constraint("folded_weight_dtype")(_folded_weight))
+    else:
+        out.append(constraint("statistics_per_channel")(_statistics_per_channel))
     return out
 
 

@@ -168,7 +168,7 @@ def runtime_inventory(runtime: Any = AUTO) -> RuntimeInventory | None:
 #: (runtime override, what the cache dir is made of) -> (the library found, its probe
 #: file's stamp, inventory)
 _INSTALLED: dict[tuple[str | None, ...], tuple[Any, Any, Any]] = {}
-#: the variables :func:`.runtime.find_runtime` and :func:`.runtime.cache_dir` read
+#: the variables :func:`.runtime_location.find_runtime` and its ``cache_dir`` read
 _RUNTIME_VARIABLES = ("FUSIONKIT_VULKAN_RUNTIME", "FUSIONKIT_CACHE", "XDG_CACHE_HOME", "HOME")
 
 
@@ -178,13 +178,13 @@ def _installed_inventory() -> RuntimeInventory | None:
     re-read when it changes (a probe made later in the process is seen)."""
     import os
 
-    from . import runtime as rt
+    from . import runtime_location as loc
     from .runtime_probe import cached_inventory
 
     # read at every check: a dict lookup per variable, not a path built
     key = tuple(os.environ.get(v) for v in _RUNTIME_VARIABLES)
     found = _INSTALLED.get(key)
-    path = rt.find_runtime() if found is None else found[0]
+    path = loc.find_runtime() if found is None else found[0]
     if path is None:
         _INSTALLED[key] = (None, None, None)
         return None

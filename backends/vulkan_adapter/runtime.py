@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import hashlib
 import os
 import shutil
 import subprocess
@@ -35,6 +34,17 @@ from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+
+if __package__:
+    from .runtime_location import LIBRARY, RUNTIME_ENV, cache_dir, find_runtime
+    from .runtime_location import library_sha256 as library_sha256  # (re-exported)
+else:  # run as a file in the runtime's child process (runpy.run_path): its sibling by path
+    import runpy
+
+    _location = runpy.run_path(str(Path(__file__).with_name("runtime_location.py")))
+    LIBRARY, RUNTIME_ENV = _location["LIBRARY"], _location["RUNTIME_ENV"]
+    cache_dir, find_runtime = _location["cache_dir"], _location["find_runtime"]
+    library_sha256 = _location["library_sha256"]
 
 __all__ = [
     "LAVAPIPE_ICD",
@@ -57,81 +67,13 @@ __all__ = [
     "uninitialized_state",
 ]
 
-LIBRARY = "libexecutorch_backend_vulkan.so"
 LAVAPIPE_ICD = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json"
-RUNTIME_ENV = "FUSIONKIT_VULKAN_RUNTIME"
 #: what the child prints on stderr before each program, to cut its stderr per program
 _MARK = "@@fusionkit-vulkan-run "
 
 
 class RuntimeNotFoundError(RuntimeError):
     """No usable real Vulkan runtime: the message says how to get one."""
-
-
-def cache_dir() -> Path:
-    """Where ``scripts/vulkan-runtime`` keeps runtimes."""
-    base = os.environ.get("FUSIONKIT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fusionkit")
-    return Path(base) / "vulkan-runtime"
-
-
-def _sha_ok(entry: Path) -> bool:
-    sums = entry / "SHA256SUMS"
-    lib = entry / LIBRARY
-    if not (sums.is_file() and lib.is_file()):
-        return False
-    want = {line.split()[-1].lstrip("*"): line.split()[0]
-            for line in sums.read_text().splitlines() if line.strip()}.get(LIBRARY)
-    return want == library_sha256(lib)
-
-
-#: (path, mtime_ns, size) -> sha256: a library is hashed once per process while unchanged
-_SHA256: dict[tuple[str, int, int], str] = {}
-
-
-def library_sha256(path: Path) -> str:
-    """The sha256 of the file at ``path`` (finding the runtime and checking its probe both
-    ask; the library is megabytes: hashing it is ~16 ms of every process's first lowering).
-    Remembered in the process, and next to the file (``<name>.sha256``) for its exact
-    stat: size, mtime, inode and ctime, which any write, rename or chmod changes and no
-    program can set back; a file whose stat differs is hashed again."""
-    st = path.stat()
-    key = (str(path), st.st_mtime_ns, st.st_size)
-    sha = _SHA256.get(key)
-    if sha is None:
-        stamp = f"{st.st_size} {st.st_mtime_ns} {st.st_ino} {st.st_ctime_ns}"
-        memo = path.with_name(path.name + ".sha256")
-        try:
-            recorded, sha = memo.read_text().rsplit(" ", 1)
-            if recorded != stamp or len(sha) != 64:
-                sha = None
-        except (OSError, ValueError):
-            sha = None
-        if sha is None:
-            sha = hashlib.sha256(path.read_bytes()).hexdigest()
-            try:
-                memo.write_text(f"{stamp} {sha}")
-            except OSError:  # a read-only cache: hashed again next process
-                pass
-        _SHA256[key] = sha
-    return sha
-
-
-def find_runtime() -> Path | None:
-    """The runtime library for the installed executorch/torch, or None."""
-    explicit = os.environ.get(RUNTIME_ENV)
-    if explicit:
-        return Path(explicit) if Path(explicit).is_file() else None
-    prefix = f"executorch-{version('executorch')}_torch-{version('torch').split('+')[0]}_"
-    root = cache_dir()
-    if not root.is_dir():
-        return None
-    entries = sorted((d for d in root.iterdir() if d.name.startswith(prefix) and d.is_dir()),
-                     key=lambda d: d.stat().st_mtime, reverse=True)
-    for entry in entries:
-        if _sha_ok(entry):
-            return entry / LIBRARY
-    return None
 
 
 def _require_runtime() -> Path:

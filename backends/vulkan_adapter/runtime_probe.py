@@ -37,7 +37,7 @@ from typing import Any
 
 from fusionkit.match.targets import resolve_op
 
-from . import runtime as rt
+from . import runtime_location as loc
 
 __all__ = ["PROBE_VERSION", "RuntimeInventory", "UncheckedInventory", "cached_inventory",
            "candidate_operators", "inventory", "operators", "shader_names"]
@@ -100,7 +100,7 @@ class UncheckedInventory(RuntimeInventory):
 
 
 def _sha(path: Path) -> str:
-    return rt.library_sha256(path)
+    return loc.library_sha256(path)
 
 
 def _registry_names() -> set[str]:
@@ -185,7 +185,9 @@ def operators(path: Path | None = None, *, timeout: float = 60.0,
               only: Iterable[str] | None = None) -> dict[str, bool]:
     """Operator name -> whether the runtime at ``path`` has it (probed, see the module);
     ``only``: just these candidates (what a cached probe was not asked about)."""
-    path = path or rt.find_runtime()
+    from . import runtime as rt  # (loads and runs the library: imported by a probe only)
+
+    path = path or loc.find_runtime()
     if path is None:
         raise rt.RuntimeNotFoundError("no real Vulkan runtime to probe: bash scripts/vulkan-runtime")
     # an operator is registered under its name (VK_REGISTER_OP stringifies it): a name
@@ -269,7 +271,7 @@ def cached_inventory(path: Path | None = None, *, check_stale: bool = True
     its probe is stale. ``check_stale=False``: an :class:`UncheckedInventory`, which
     answers as this function would and makes the staleness check only when an answer
     depends on it (an operator recorded missing)."""
-    path = path or rt.find_runtime()
+    path = path or loc.find_runtime()
     if path is None:
         return None
     unchecked = _read_cache(path)
@@ -282,7 +284,7 @@ def cached_inventory(path: Path | None = None, *, check_stale: bool = True
 
 def inventory(path: Path | None = None) -> RuntimeInventory | None:
     """The inventory of the runtime found (None: there is none); probed once per runtime."""
-    path = path or rt.find_runtime()
+    path = path or loc.find_runtime()
     if path is None:
         return None
     return _inventory(path, _sha(path))

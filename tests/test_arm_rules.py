@@ -20,7 +20,8 @@ from executorch.backends.arm.tosa.specification import (
 )
 from executorch.exir.dialects._ops import ops as exir_ops
 
-from fusionkit.passes.arm import consecutive_clamps, consecutive_rescales, consecutive_slices
+from fusionkit.passes.arm import consecutive_rescales, consecutive_slices
+from fusionkit.passes.families import clamp_chain
 
 RESCALE = exir_ops.backend.tosa.RESCALE.default
 SLICE = exir_ops.backend.tosa.SLICE.default
@@ -136,7 +137,7 @@ def test_the_composed_clamp_is_the_two_clamps(lo1: Any, hi1: Any, lo2: Any, hi2:
     x = torch.linspace(-5, 5, 101)
     if (lo1 is None and hi1 is None) or (lo2 is None and hi2 is None):
         return  # torch.clamp needs a bound
-    lo, hi = consecutive_clamps._lower(lo1, lo2), consecutive_clamps._upper(hi1, hi2)
+    lo, hi = clamp_chain.lower(lo1, lo2), clamp_chain.upper(hi1, hi2)
     if lo is not None and hi is not None and lo > hi:
         return  # declined (empty range)
     want = torch.clamp(torch.clamp(x, lo1, hi1), lo2, hi2)

@@ -1,5 +1,8 @@
 """``clamp(clamp(x, a, b), c, d)`` -> ``clamp(x, max(a, c), min(b, d))``.
 
+The range arithmetic and its checks are the clamp-chain family's
+(:mod:`fusionkit.passes.families.clamp_chain`, shared with XNNPACK's activation fusion).
+
 Takes over ``FuseConsecutiveClampsPass`` (``_passes/fuse_consecutive_clamps_pass.py``,
 ExecuTorch 1.5.1), which runs after Arm's q/dq folding: ``ConvertToClampPass`` has made
 every relu / hardtanh a clamp, so ``HardTanh -> ReLU`` is two adjacent clamps. The
@@ -22,17 +25,10 @@ import torch
 from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit.passes.families.clamp_chain import compose, empty_reason, lower, not_numbers, upper
 from fusionkit.passes.registry import register_rules
 
-from ._common import CLAMP, constraint, is_number, keep_node_meta
-
-
-def _lower(a: Any, b: Any) -> Any:
-    return b if a is None else a if b is None else max(a, b)
-
-
-def _upper(a: Any, b: Any) -> Any:
-    return b if a is None else a if b is None else min(a, b)
+from ._common import CLAMP, constraint, keep_node_meta
 
 
 def _dtype(n: Node) -> torch.dtype | None:
@@ -42,12 +38,11 @@ def _dtype(n: Node) -> torch.dtype | None:
 
 def _composable(ctx: CheckContext, first: Node, second: Node, lo1: Any, hi1: Any, lo2: Any,
                 hi2: Any) -> str | None:
-    for name, v in (("min", lo1), ("max", hi1), ("min", lo2), ("max", hi2)):
-        if v is not None and not is_number(v):
-            return f"a clamp's {name} bound {v!r} is not a number"
-    lo, hi = _lower(lo1, lo2), _upper(hi1, hi2)
-    if lo is not None and hi is not None and lo > hi:
-        return f"the composed range [{lo}, {hi}] is empty"
+    bad = not_numbers(("min", lo1), ("max", hi1), ("min", lo2), ("max", hi2))
+    if bad:
+        return bad
+    if compose(lo1, hi1, lo2, hi2) is None:
+        return empty_reason(lo1, hi1, lo2, hi2)
     d1, d2 = _dtype(first), _dtype(second)
     if d1 is None or d1 != d2:
         return f"`{first.name}` computes in {d1}, `{second.name}` in {d2}"
@@ -59,7 +54,7 @@ def _fused(rw: Rewriter, first: Node, second: Node, x: Node, lo1: Any, hi1: Any,
     if second.graph is rw.graph:  # (a probe builds into a scratch graph)
         rw.insert_before = second  # where the surviving clamp is
     kwargs = {k: v for k, v in second.kwargs.items() if k not in ("min", "max")}
-    new = rw.call(second.target, x, _lower(lo1, lo2), _upper(hi1, hi2), **kwargs)
+    new = rw.call(second.target, x, lower(lo1, lo2), upper(hi1, hi2), **kwargs)
     keep_node_meta(new, second)
     if first.meta.get("input_qparams") and "input_qparams" in second.meta:
         new.meta["input_qparams"] = dict(first.meta["input_qparams"])

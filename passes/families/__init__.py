@@ -12,6 +12,9 @@ where the folded constants go) and registers the rules in its own set.
   nothing to fold into becomes a 1x1 depthwise convolution);
 * :mod:`fusionkit.passes.families.conv_scale` -- a convolution's output multiplied by a
   constant per-channel scale, folded into the weight and bias.
+* :mod:`fusionkit.passes.families.clamp_chain` -- two clamps in a row as one clamp of the
+  intersected range, declined when it is empty (Arm's consecutive clamps; XNNPACK's two
+  activations fused into one op).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ read by schema (defaults included). What the stock pass forgets: an op that alre
 visits ``relu`` then ``hardtanh`` of ``conv -> relu -> hardtanh`` and *overwrites*
 the first range with the second, so the delegate computes ``clamp(conv, -1, 1)``
 instead of ``clamp(conv, 0, 1)``. Here the ranges are intersected (and the match
-declined when they do not overlap: the result would be a constant).
+declined when they do not overlap: the result would be a constant), with the clamp-chain
+family's arithmetic (:mod:`fusionkit.passes.families.clamp_chain`, shared with Arm's
+``FuseConsecutiveClampsPass``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import CheckContext, MatchResult, PythonReplacement, Rewriter, Rule, capture, op
+from fusionkit.passes.families.clamp_chain import compose
 from fusionkit.passes.registry import register_rules
 
 from ._common import CONV, FUSED_ACTIVATION_TAG, LINEAR, constraint, keep_provenance
@@ -38,19 +41,24 @@ HARDTANH = "aten.hardtanh.default"
 RELU_RANGE: tuple[Any, Any] = (0, "+inf")
 
 
-def _as_float(v: Any) -> float:
-    return math.inf if v == "+inf" else -math.inf if v == "-inf" else float(v)
+def _bound(v: Any) -> Any:
+    """An ``OutputMinMax`` bound as a number (``"+inf"`` / ``"-inf"``: infinities)."""
+    return math.inf if v == "+inf" else -math.inf if v == "-inf" else v
+
+
+def _kept(first: Any, second: Any, value: Any) -> Any:
+    """Of two bounds, the one the family kept (``first`` on a tie), as it was written."""
+    return first if _bound(first) == value else second
 
 
 def _combined(old: Any, lo: Any, hi: Any) -> tuple[Any, Any] | None:
     """``clamp(clamp(x, old), lo, hi)`` as one range, None when it is a constant."""
     if old is None:
         return lo, hi
-    new_lo = max((old.output_min, lo), key=_as_float)
-    new_hi = min((old.output_max, hi), key=_as_float)
-    if _as_float(new_lo) > _as_float(new_hi):
+    rng = compose(_bound(old.output_min), _bound(old.output_max), _bound(lo), _bound(hi))
+    if rng is None:
         return None
-    return new_lo, new_hi
+    return _kept(old.output_min, lo, rng[0]), _kept(old.output_max, hi, rng[1])
 
 
 def _is_number(v: Any) -> bool:

@@ -330,9 +330,6 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     "arm_remove_safe_softmax_guard": ("safe_softmax_guard",
                                       "the guard (eq/-inf, any, logical_not, full_like) over "
                                       "the softmax's scores; REMOVE also changes all -inf rows"),
-    "arm_fuse_quantized_hardtanh": ("quantize_clamp",
-                                    "hardtanh(0, hi) with hi quantizing to qmax: hi >= "
-                                    "(qmax - zp) * scale, beyond the literal pools"),
     # -- TOSA dialect ops run (fake or through the TOSA reference model) only inside a
     #    TosaLoweringContext, which the generator does not open
     "arm_fuse_identity_rescales": ("could not", "an int32 -> int8 -> int32 RESCALE pair"),
@@ -343,8 +340,6 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
                                            "(List[List[int]])"),
     "fold_qdq": ("folds_a_quantize", "a dequantize of a quantize; the fold drops the "
                  "rounding on purpose (the Vulkan graph runs in float)"),
-    "view_to_squeeze": ("drops_size1_dims", "a view that only drops size-1 dims: found in "
-                        "the command's budget, rarely in this file's"),
 }
 
 

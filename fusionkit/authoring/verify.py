@@ -145,13 +145,18 @@ class OperandHint:
     ``"transpose"`` (``permute_copy(constant, [1, 0])`` of the drawn shape, a weight a
     matmul reads transposed), ``"linear"`` (``linear(x, constant w)``), ``"conv"``
     (a 1x1 ``convolution`` of a rank-4 operand) or ``"dequantize_per_tensor"`` (of an
-    int8 tensor, scale 0.5, zero point 0).
+    int8 tensor, scale 0.5, zero point 0). ``values``: for a capture that is a literal,
+    the values to draw it from; ``shapes``: for a tensor, the shapes to draw it from.
     """
 
     constant: bool | None = None
     fill: str | None = None
     dtype: torch.dtype | None = None
     producer: str | None = None
+    #: for a literal capture: the values to draw it from (still filtered by its matcher)
+    values: tuple[Any, ...] = ()
+    #: for a tensor capture: the shapes to draw it from
+    shapes: tuple[tuple[int, ...], ...] = ()
 
 
 #: hints for the shipped rules' checks, by check name, then by the capture (a parameter of
@@ -172,6 +177,13 @@ CHECK_HINTS: dict[str, dict[str, OperandHint]] = {
     "scale_is_a_constant_channel_scale": {"scale": OperandHint(constant=True)},
     # the 8-bit weight-only kernel takes weights whose values do not fit in 4 bits
     "values_beyond_4_bits": {"weight": OperandHint(fill="int8")},
+    # Arm's hardtanh(0, hi) folded into a quantize whose qmax hi quantizes to: a bound far
+    # enough to saturate at qmax for the drawn scales (0.25, 0.5), and one that does not
+    "quantize_clamp": {"lo": OperandHint(values=(0.0,)), "hi": OperandHint(values=(1000.0, 6.0))},
+    # a view that only drops size-1 dims needs an input that has some
+    "drops_size1_dims": {"x": OperandHint(shapes=((2, 1, 3), (1, 4), (3, 1, 1, 2)))},
+    # the Vulkan int8 linears load the input channels in texels of 4
+    "in_channels_multiple_of_4": {"x": OperandHint(shapes=((2, 4), (1, 8), (3, 4)))},
     # XNNPACK's quantized pad: the pad reads a per-tensor dequantize
     "quantized_zero_pad": {"input": OperandHint(producer="dequantize_per_tensor")},
 }
@@ -515,7 +527,7 @@ class _Builder(PatternVisitor[Any]):
         if name in self.bound:
             return self.bound[name]  # type: ignore[no-any-return]
         hint = self.hints.get(name, OperandHint())
-        shape = self._shape(name)
+        shape = draw(st.sampled_from(hint.shapes)) if hint.shapes else self._shape(name)
         if hint.producer is not None:
             return self._produced(name, hint.producer, shape)
         hinted = _dtype_hint(self.context[0], self.context[1]) if self.context is not None else None
@@ -588,6 +600,9 @@ class _Builder(PatternVisitor[Any]):
         if name is not None and name in self.bound:
             return self.bound[name]
         pool: list[Any] = []
+        hinted_values = self.hints[name].values if name is not None and name in self.hints else ()
+        if hinted_values:
+            pool.extend(hinted_values)
         if value is not None:
             pool.extend(_spec_candidates(value))
         if self.context is not None:
@@ -615,7 +630,9 @@ class _Builder(PatternVisitor[Any]):
             raise _NotACase(f"no literal the generator knows satisfies {value!r}")
         hinted = [h for h in (_literal_hint(*self.context) if self.context is not None else [])
                   if any(_same_literal(h, q) for q in pool)]
-        if hinted and self.draw(self.st.integers(0, 3)) < 3:
+        if hinted_values:
+            pool = [p for p in pool if any(_same_literal(p, h) for h in hinted_values)] or pool
+        elif hinted and self.draw(self.st.integers(0, 3)) < 3:
             pool = hinted
         got = self.draw(self.st.sampled_from(pool))
         if name is not None:

@@ -297,9 +297,8 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     "conv_relu_clamp": ("et_vk.conv_with_clamp",
                         "its CPU reference clamps float32 with sys.float_info.max, the bound "
                         "the stock pass gives a relu, and raises (overflow)"),
-    "linear_weight_int4": ("et_vk.linear_qcs4w|per_output_channel",
-                           "its CPU reference does not undo the +8 offset of the stock packer "
-                           "(in this file's budget the [N, K] weight may not be drawn first)"),
+    "linear_weight_int4": ("et_vk.linear_qcs4w",
+                           "its CPU reference does not undo the +8 offset of the stock packer"),
     "causal_sdpa": ("llama.custom_sdpa",
                     "its C++ kernel aborts the process on operands it refuses: never run"),
     # -- the replacement's semantics are in node metadata the backend applies
@@ -317,8 +316,10 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     "quantized_linear_q4gsw": ("dequantize_affine", "groups a multiple of 4 tiling K, K % 8"),
     "quantized_linear_dq8ca_q4gsw": ("quantize_affine", "as q4gsw, with a per-token input"),
     "quantized_convolution": ("conv_geometry", "output channels a multiple of 4"),
-    "linear_weight_int8": ("could not", "a [N, K] weight beyond 4 bits, and the rule's "
-                           "executability check lowers the aten-dialect export"),
+    "linear_weight_int8": ("executable: aten._weight_int8pack_mm",
+                           "the rule's executability check lowers the program without the "
+                           "Vulkan delegate: _weight_int8pack_mm is not core ATen and "
+                           "to_edge has no decomposition for it"),
     "linear_weight_int8_affine": ("dequantize_affine", "an int8 [N, K] weight with [N, 1] "
                                   "blocks: the generator draws the block first"),
     # -- structure a check asks for that the generator does not build

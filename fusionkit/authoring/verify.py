@@ -175,6 +175,10 @@ CHECK_HINTS: dict[str, dict[str, OperandHint]] = {
                                     "bn_b": OperandHint(constant=True)},
     "conv1d_with_constant_weight": {"w": OperandHint(constant=True)},
     "scale_is_a_constant_channel_scale": {"scale": OperandHint(constant=True)},
+    # the weight-only linears' weight is [N, K], one scale per output channel
+    "per_output_channel": {"weight": OperandHint(shapes=((2, 4), (3, 4), (1, 4)))},
+    # _weight_int8pack_mm takes a 2-D input (K as the weights above)
+    "int8pack_mm_input": {"x": OperandHint(shapes=((2, 4), (1, 4), (3, 4)))},
     # the 8-bit weight-only kernel takes weights whose values do not fit in 4 bits
     "values_beyond_4_bits": {"weight": OperandHint(fill="int8")},
     # Arm's hardtanh(0, hi) folded into a quantize whose qmax hi quantizes to: a bound far
@@ -194,10 +198,20 @@ def _hints_of(rule: Rule, extra: Mapping[str, OperandHint] | None) -> dict[str, 
     for c in rule.constraints:
         if isinstance(c, Custom):
             for capture, hint in CHECK_HINTS.get(c.name, {}).items():
-                if capture in c.reads:
-                    out.setdefault(capture, hint)
-    out.update(extra or {})
+                if capture in c.reads:  # two checks' hints for one capture: both apply
+                    out[capture] = _merged(out[capture], hint) if capture in out else hint
+    for capture, hint in (extra or {}).items():
+        out[capture] = _merged(out[capture], hint) if capture in out else hint
     return out
+
+
+def _merged(a: OperandHint, b: OperandHint) -> OperandHint:
+    """``a`` with the fields ``b`` sets (``b`` wins where both do)."""
+    import dataclasses
+
+    unset = OperandHint()
+    return dataclasses.replace(a, **{f.name: getattr(b, f.name) for f in dataclasses.fields(b)
+                                     if getattr(b, f.name) != getattr(unset, f.name)})
 
 
 class _NotACase(Exception):
@@ -1162,15 +1176,24 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
 
 
 class _seeded:
+    """torch's generator seeded for the run; fake-tensor tracebacks not logged (a rule's
+    probe of a replacement on operands it declines logs each at ERROR, then declines)."""
+
     def __init__(self, seed: int) -> None:
         self.seed = seed
 
     def __enter__(self) -> None:
+        import logging
+
         self.state = torch.random.get_rng_state()
         torch.manual_seed(self.seed)
+        self.log = logging.getLogger("torch._subclasses.fake_tensor")
+        self.level = self.log.level
+        self.log.setLevel(logging.CRITICAL)
 
     def __exit__(self, *exc: Any) -> None:
         torch.random.set_rng_state(self.state)
+        self.log.setLevel(self.level)
 
 
 def _verdict(rule: Rule, ch: _Checker, found: _Case | None, seconds: float) -> Verification:

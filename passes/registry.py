@@ -16,11 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+# what a rule module tells fusionkit.verify about its backend's ops and node metadata
+from fusionkit.authoring.semantics import register_metadata_semantics, register_reference_caveat
+
 if TYPE_CHECKING:
     from fusionkit.rule import Rule
 
-__all__ = ["RuleFactory", "register_rules", "registered", "rule_set", "rule_set_names",
-           "rules_taking_over", "taken_over_patterns"]
+__all__ = ["RuleFactory", "register_metadata_semantics", "register_reference_caveat",
+           "register_rules", "registered", "rule_set", "rule_set_names", "rules_taking_over",
+           "taken_over_patterns"]
 
 #: the modules whose import registers every rule fusionkit ships
 SHIPPED_RULE_MODULES: tuple[str, ...] = ("fusionkit.passes.rms_norm", "fusionkit.passes.vulkan",

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from fusionkit.authoring.semantics import METADATA_SEMANTICS, REFERENCE_IS_NOT_THE_KERNEL
 from fusionkit.check.constraints import (
     Custom,
     DtypeIn,
@@ -103,34 +104,6 @@ _BOOKKEEPING_META = frozenset({"val", "tensor_meta", "stack_trace", "nn_module_s
                                # XNNPACK: a q/dq pair the partitioner folds into the quantized
                                # op next to it; the graph computes the pair itself
                                "IS_IMPLICIT_Q_DQ_TAG"})
-
-def _fused_activation(recorded: Any, out: Any) -> Any:
-    """XNNPACK's fused activation: the node's output clamped to ``[output_min, output_max]``
-    (``FuseActivationPass``; the operator serializers hand the bounds to XNNPACK's node)."""
-    def bound(v: Any) -> float | None:
-        if v is None or (isinstance(v, str) and v.lstrip("+-") == "inf"):
-            return None
-        return float(v)
-
-    lo, hi = bound(getattr(recorded, "output_min", None)), bound(getattr(recorded, "output_max", None))
-    return torch.clamp(out, lo, hi) if isinstance(out, torch.Tensor) else out
-
-
-#: node metadata whose meaning the verifier applies when it runs the rewritten program: the
-#: key, and what it does to the node's result
-METADATA_SEMANTICS: dict[str, Callable[[Any, Any], Any]] = {
-    "XNN_FUSED_ACTIVATION": _fused_activation,
-}
-
-#: backend ops whose registered CPU reference does not compute what the kernel computes
-#: from what the rules (and the stock passes) feed it: never judged through it
-REFERENCE_IS_NOT_THE_KERNEL: dict[str, str] = {
-    "et_vk.linear_qcs4w.default": (
-        "its CPU reference (executorch.backends.vulkan.custom_ops_lib.linear_qcs4w) reads "
-        "each nibble as 0..15, without undoing the +8 offset the stock packer "
-        "(fuse_quantized_ops.pack_4bit_weight_tensor) writes; linear_q4gsw's reference "
-        "undoes it"),
-}
 
 EQUAL, DIFFERENT, CANNOT_CHECK = "equal", "different", "cannot check"
 

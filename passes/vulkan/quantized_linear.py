@@ -71,7 +71,7 @@ from fusionkit import (
     op_key,
     per_row_block,
 )
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import register_reference_caveat, register_rules
 
 from ._common import (
     DQ_PER_CHANNEL,
@@ -523,3 +523,11 @@ def quantized_linear_rules() -> list[Rule]:
 
 __all__ = ["DQ_PER_TENSOR", "dq8ca_q4gsw_linear_rule", "per_group_sums", "q4gsw_linear_rule", "q8csw_linear_rule", "q8ta_linear_rule",
            "quantized_linear_rules"]
+
+
+# its CPU reference is not the kernel: fusionkit.verify never judges a rule through it
+register_reference_caveat(
+    "et_vk.linear_qcs4w.default",
+    "its CPU reference (executorch.backends.vulkan.custom_ops_lib.linear_qcs4w) reads each "
+    "nibble as 0..15, without undoing the +8 offset the stock packer "
+    "(fuse_quantized_ops.pack_4bit_weight_tensor) writes; linear_q4gsw's reference undoes it")

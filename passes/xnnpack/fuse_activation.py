@@ -21,11 +21,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
 from torch.fx import Node
 
 from fusionkit import CheckContext, MatchResult, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.passes.families.clamp_chain import compose
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import register_metadata_semantics, register_rules
 
 from ._common import CONV, FUSED_ACTIVATION_TAG, LINEAR, constraint, keep_provenance
 
@@ -127,3 +128,20 @@ def fuse_activation_rules() -> list[Rule]:
              constraints=[constraint("fusable_range")(_hardtanh_range)],
              description="hardtanh after conv/linear/add/sub/mul into its output_min/max"),
     ]
+
+
+def _fused_activation(recorded: Any, out: Any) -> Any:
+    """XNNPACK's fused activation: the node's output clamped to ``[output_min, output_max]``
+    (the operator serializers hand the bounds to XNNPACK's node)."""
+    def bound(v: Any) -> float | None:
+        if v is None or (isinstance(v, str) and v.lstrip("+-") == "inf"):
+            return None
+        return float(v)
+
+    lo = bound(getattr(recorded, "output_min", None))
+    hi = bound(getattr(recorded, "output_max", None))
+    return torch.clamp(out, lo, hi) if isinstance(out, torch.Tensor) else out
+
+
+# what the fused activation means, for fusionkit.verify
+register_metadata_semantics(FUSED_ACTIVATION_TAG, _fused_activation)

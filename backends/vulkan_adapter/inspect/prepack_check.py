@@ -100,8 +100,8 @@ class VulkanDelegate:
     boundary: tuple[tuple[str, int, tuple[int, ...], tuple[int, ...]], ...] = ()
     #: named-data key -> its bytes, when the program's named data is at hand
     named_data: dict[str, bytes] | None = None
-    #: how many arguments the program's delegate call passes (its inputs, then its
-    #: outputs), when the program around the payload is at hand
+    #: how many arguments the serialized delegate call passes (its inputs, then its
+    #: outputs): known for a .pte (an edge program's call also lists mutated buffers)
     call_arguments: int | None = None
 
 
@@ -410,12 +410,11 @@ def _from_edge(prog: Any) -> Iterator[VulkanDelegate]:
                     continue
                 nd = getattr(lm, "named_data_store_output", None)
                 named = _named_sizes(nd)
-                val = call.meta.get("val")
-                outputs = len(val) if isinstance(val, (tuple, list)) else 1
+                # no call_arguments: the edge call's outputs also list the buffers the
+                # delegate mutates, which the serialized call does not pass
                 yield VulkanDelegate(index, method, bytes(lm.processed_bytes),
                                      named if named is not None else {},
-                                     boundary=_edge_boundary(call), named_data=_named_bytes(nd),
-                                     call_arguments=len(call.args) - 1 + outputs)
+                                     boundary=_edge_boundary(call), named_data=_named_bytes(nd))
                 index += 1
 
 

@@ -934,6 +934,8 @@ class _Source:
     #: or None to take them from the lowered module itself (EdgeProgramManager)
     pte_delegates: list[tuple[str, bytes]] | None
     named: Callable[[str], bytes | None] | None
+    #: k-th delegate call -> how many arguments the serialized call passes (a .pte only)
+    pte_arguments: list[int] | None = None
 
 
 def _pte_source(pte: bytes, method: str) -> _Source:
@@ -946,6 +948,7 @@ def _pte_source(pte: bytes, method: str) -> _Source:
         raise SimulationError(f"the program has no method {method!r} ({sorted(plans)})")
     plan = plans[method]
     calls: list[tuple[str, bytes]] = []
+    arguments: list[int] = []
     for chain in plan.chains:
         for ins in chain.instructions:
             if not isinstance(ins.instr_args, DelegateCall):
@@ -956,7 +959,8 @@ def _pte_source(pte: bytes, method: str) -> _Source:
                 raise SimulationError(f"delegate {ins.instr_args.delegate_index} of {method!r} "
                                       f"keeps its payload in location {ref.location}")
             calls.append((d.id, bytes(pf.program.backend_delegate_data[ref.index].data)))
-    return _Source(calls, _named_lookup(pf.named_data))
+            arguments.append(len(ins.instr_args.args))
+    return _Source(calls, _named_lookup(pf.named_data), arguments)
 
 
 def _is_delegate_call(node: torch.fx.Node) -> bool:
@@ -1111,10 +1115,11 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
                     f"{label}: only {BACKEND_ID} delegates can be simulated, not {backend}",
                     backend)
             decoded = decode_payload(payload)
-            val = node.meta.get("val")
-            supplied = len(args) + (len(val) if isinstance(val, (tuple, list)) else 1)
-            message = delegate_argument_count(len(decoded.graph.input_ids),
-                                              len(decoded.graph.output_ids), supplied)
+            # the serialized call's argument count (an edge program's call also lists the
+            # buffers the delegate mutates, which the serialized call does not pass)
+            message = None if source.pte_arguments is None else delegate_argument_count(
+                len(decoded.graph.input_ids), len(decoded.graph.output_ids),
+                source.pte_arguments[delegate_no])
             if message is not None:
                 raise RuntimeConditionError(f"{label}: {message}", DELEGATE_ARGUMENT_COUNT.op,
                                             "args", DELEGATE_ARGUMENT_COUNT)

@@ -17,12 +17,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 # what a rule module tells fusionkit.verify about its backend's ops and node metadata
-from fusionkit.authoring.semantics import register_metadata_semantics, register_reference_caveat
+from fusionkit.authoring.semantics import (
+    OperandHint,
+    Pick,
+    register_metadata_semantics,
+    register_operand_hints,
+    register_reference_caveat,
+)
 
 if TYPE_CHECKING:
     from fusionkit.rule import Rule
 
-__all__ = ["RuleFactory", "register_metadata_semantics", "register_reference_caveat",
+__all__ = ["OperandHint", "Pick", "RuleFactory", "register_metadata_semantics", "register_operand_hints",
+           "register_reference_caveat",
            "register_rules", "registered", "rule_set", "rule_set_names", "rules_taking_over",
            "taken_over_patterns"]
 

@@ -306,23 +306,11 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
                               "it reads the nn.Linear source partition (source_fn_stack); a "
                               "subgraph built from ops has no module"),
     "xnnpack_linear_module_reshaped": ("linear_source_partition", "as xnnpack_linear_module"),
-    # -- quantized weights whose geometry the generator's sizes (1..5) do not reach
-    "torchao_quantized_embedding": ("dequantize_affine",
-                                    "per-row groups of a multiple of 4 tiling embed_dim"),
-    "quantized_embedding": ("could not", "4-bit embeddings: group sizes a multiple of 4"),
-    "quantized_linear_q8ta": ("could not", "static int8 linear: per-channel scales [N], "
-                              "K a multiple of 4, a requantized output"),
-    "quantized_linear_q8csw": ("could not", "K a multiple of 4 and per-channel int8 bounds"),
-    "quantized_linear_q4gsw": ("dequantize_affine", "groups a multiple of 4 tiling K, K % 8"),
-    "quantized_linear_dq8ca_q4gsw": ("quantize_affine", "as q4gsw, with a per-token input"),
-    "quantized_convolution": ("conv_geometry", "output channels a multiple of 4"),
-    "linear_weight_int8": ("executable: aten._weight_int8pack_mm",
-                           "the rule's executability check lowers the program without the "
-                           "Vulkan delegate: _weight_int8pack_mm is not core ATen and "
-                           "to_edge has no decomposition for it"),
-    "linear_weight_int8_affine": ("dequantize_affine", "an int8 [N, K] weight with [N, 1] "
-                                  "blocks: the generator draws the block first"),
     # -- structure a check asks for that the generator does not build
+    "quantized_linear_dq8ca_q4gsw": ("dynamic_per_token_input",
+                                     "an input quantized per token with the outputs of one "
+                                     "choose_qparams_affine of it; and the op's CPU reference "
+                                     "skips that quantization (the kernel does not)"),
     "export_llama_rope": ("could not", "RoPE: rank-4 q/k with cos/sin tables of matching dims"),
     "hf_rope": ("could not", "HF RoPE: rotate_half's slices at half the head dim"),
     "xnnpack_linear_reads_dequantize": ("reads_dequantize",
@@ -354,6 +342,26 @@ def test_every_shipped_rule_computes_what_it_replaces(rule: Rule) -> None:
         assert v.status == EQUAL, str(v)
     elif v.status == CANNOT_CHECK:  # for the reason stated
         assert re.search(allowed[0], v.reason), (allowed, v.reason)
+
+
+def test_a_quantized_rule_whose_geometry_is_drawn_jointly_is_judged() -> None:
+    """The torchao int8 weight-only linear: its check wants one block [1, K] per output
+    channel and scales of [N] or [N, 1], drawn together (the hint the Vulkan rule registers).
+    The same rule without its zero-point correction is different (a nonzero zero point)."""
+    (affine,) = [r for _, _, r in SHIPPED if r.name == "linear_weight_int8_affine"]
+    assert verify(affine, cases=2, max_examples=40).status == EQUAL
+    from fusionkit.passes.vulkan import weight_only_linear as wl
+
+    def drops_zero_points(rw: Any, x: Any, weight: Any, scales: Any, bias: Any = None,
+                          zeros: Any = None) -> Any:
+        return wl._int8_mm_per_row(rw, x, weight, scales, bias, None)
+
+    wrong = dataclasses.replace(affine, name="affine_drops_zero_points",
+                                replacement=PythonReplacement(drops_zero_points))
+    v = verify(wrong, cases=8, max_examples=80)
+    assert v.status == DIFFERENT and v.counterexample is not None, v
+    assert any(x != 0 for row in v.counterexample.inputs["zeros"]["values"]
+               for x in (row if isinstance(row, list) else [row])), v.counterexample
 
 
 def test_the_cannot_check_allow_list_names_shipped_rules() -> None:

@@ -1,5 +1,7 @@
 """What the verifier must be told of a backend: the node metadata its replacements use to
-say what a node computes, and the ops whose CPU reference is not what the kernel computes.
+say what a node computes, the ops whose CPU reference is not what the kernel computes, and
+how to make the operands a backend's checks ask for (:class:`OperandHint`, drawn jointly
+when a check relates several captures: a group size that tiles a dimension).
 
 Backends register these (their own code, so the core names no backend); the registries are
 plain dicts, light to import, read by :mod:`fusionkit.authoring.verify`.
@@ -7,15 +9,58 @@ plain dicts, light to import, read by :mod:`fusionkit.authoring.verify`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "METADATA_SEMANTICS",
+    "OPERAND_HINTS",
     "REFERENCE_IS_NOT_THE_KERNEL",
+    "OperandHint",
+    "Pick",
     "register_metadata_semantics",
+    "register_operand_hints",
     "register_reference_caveat",
 ]
+
+
+@dataclass(frozen=True)
+class OperandHint:
+    """How the verifier's generator makes one capture, for a check it cannot satisfy by chance.
+
+    ``constant``: a parameter/buffer (True) or a user input (False); ``fill``: ``"zeros"``
+    (a symmetric zero point), ``"positive"`` (a scale) or ``"int8"`` (values over the whole
+    int8 range); ``int_range``: integer values drawn in ``[lo, hi]`` (a 4-bit weight's
+    ``(-8, 7)``, an index below a table's size); ``dtype``: the tensor's dtype (a
+    ``torch.dtype``); ``producer``: the capture is the result of an op on fresh operands, not
+    a leaf: ``"transpose"`` (``permute_copy(constant, [1, 0])`` of the drawn shape, a weight a
+    matmul reads transposed), ``"linear"`` (``linear(x, constant w)``), ``"conv"`` (a 1x1
+    ``convolution`` of a rank-4 operand), ``"dequantize_per_tensor"`` (of an int8 tensor,
+    scale 0.5, zero point 0) or ``"quantize_per_tensor"`` (int8, scale 0.5, zero point 0, of
+    float values on that grid: the quantization loses nothing). ``values``: for a capture that is a literal, the values to draw
+    it from; ``shapes``: for a tensor, the shapes to draw it from.
+    """
+
+    constant: bool | None = None
+    fill: str | None = None
+    dtype: Any = None
+    producer: str | None = None
+    #: for a literal capture: the values to draw it from (still filtered by its matcher)
+    values: tuple[Any, ...] = ()
+    #: for a tensor capture: the shapes to draw it from
+    shapes: tuple[tuple[int, ...], ...] = ()
+    #: for an integer tensor: its values are drawn in [lo, hi]
+    int_range: tuple[int, int] | None = None
+
+
+#: ``pick(options)``: one of ``options``, drawn by the generator (so a failing case shrinks)
+Pick = Callable[[Sequence[Any]], Any]
+
+#: hints by check name (a ``Custom``'s name): capture -> hint, for the captures the check
+#: reads; or ``draw(pick) -> {capture: hint}``, called once per case, for a check whose
+#: captures must agree with each other (a block size drawn first, the dims it tiles after)
+OPERAND_HINTS: dict[str, Mapping[str, OperandHint] | Callable[[Pick], Mapping[str, OperandHint]]] = {}
 
 #: node metadata whose meaning the verifier applies when it runs the rewritten program: the
 #: key, and what it does to the node's result (``apply(recorded value, result)``)
@@ -35,3 +80,11 @@ def register_metadata_semantics(key: str, apply: Callable[[Any, Any], Any]) -> N
 def register_reference_caveat(op: str, why: str) -> None:
     """Tell the verifier that ``op``'s CPU reference is not its kernel (``why``)."""
     REFERENCE_IS_NOT_THE_KERNEL[op] = why
+
+
+def register_operand_hints(check: str,
+                           hints: Mapping[str, OperandHint] | Callable[[Pick], Mapping[str, OperandHint]]
+                           ) -> None:
+    """Tell the verifier how to make the operands the check named ``check`` asks for: a
+    mapping capture -> :class:`OperandHint`, or a function drawing them jointly per case."""
+    OPERAND_HINTS[check] = hints

@@ -47,7 +47,13 @@ from typing import Any
 
 import torch
 
-from fusionkit.authoring.semantics import METADATA_SEMANTICS, REFERENCE_IS_NOT_THE_KERNEL
+from fusionkit.authoring.semantics import (
+    METADATA_SEMANTICS,
+    OPERAND_HINTS,
+    REFERENCE_IS_NOT_THE_KERNEL,
+    OperandHint,
+    Pick,
+)
 from fusionkit.check.constraints import (
     Custom,
     DtypeIn,
@@ -108,33 +114,9 @@ _BOOKKEEPING_META = frozenset({"val", "tensor_meta", "stack_trace", "nn_module_s
 EQUAL, DIFFERENT, CANNOT_CHECK = "equal", "different", "cannot check"
 
 
-@dataclass(frozen=True)
-class OperandHint:
-    """How the generator makes one capture, for a check it cannot satisfy by chance.
-
-    ``constant``: a parameter/buffer (True) or a user input (False); ``fill``: ``"zeros"``
-    (a symmetric zero point) or ``"positive"`` (a scale); ``dtype``: the tensor's dtype;
-    ``producer``: the capture is the result of an op on fresh operands, not a leaf:
-    ``"transpose"`` (``permute_copy(constant, [1, 0])`` of the drawn shape, a weight a
-    matmul reads transposed), ``"linear"`` (``linear(x, constant w)``), ``"conv"``
-    (a 1x1 ``convolution`` of a rank-4 operand) or ``"dequantize_per_tensor"`` (of an
-    int8 tensor, scale 0.5, zero point 0). ``values``: for a capture that is a literal,
-    the values to draw it from; ``shapes``: for a tensor, the shapes to draw it from.
-    """
-
-    constant: bool | None = None
-    fill: str | None = None
-    dtype: torch.dtype | None = None
-    producer: str | None = None
-    #: for a literal capture: the values to draw it from (still filtered by its matcher)
-    values: tuple[Any, ...] = ()
-    #: for a tensor capture: the shapes to draw it from
-    shapes: tuple[tuple[int, ...], ...] = ()
-
-
 #: hints for the shipped rules' checks, by check name, then by the capture (a parameter of
 #: the check) they make; :func:`verify`'s ``hints`` adds to them by capture name
-CHECK_HINTS: dict[str, dict[str, OperandHint]] = {
+CHECK_HINTS: dict[str, Mapping[str, OperandHint]] = {
     # a matmul whose weight is a transpose of a 2-D weight is a linear (addmm/mm -> linear)
     "transposed_weight": {"wt": OperandHint(producer="transpose")},
     # symmetric quantization: an all-zero constant zero point
@@ -166,16 +148,25 @@ CHECK_HINTS: dict[str, dict[str, OperandHint]] = {
 }
 
 
-def _hints_of(rule: Rule, extra: Mapping[str, OperandHint] | None) -> dict[str, OperandHint]:
+def _hints_of(rule: Rule, extra: Mapping[str, OperandHint] | None
+              ) -> tuple[dict[str, OperandHint], list[Callable[[Pick], Mapping[str, OperandHint]]]]:
+    """The hints for ``rule``'s checks (:data:`CHECK_HINTS`, then those backends registered,
+    then ``extra``), and the functions that draw a check's hints jointly, once per case."""
     out: dict[str, OperandHint] = {}
+    joint: list[Callable[[Pick], Mapping[str, OperandHint]]] = []
     for c in rule.constraints:
         if isinstance(c, Custom):
-            for capture, hint in CHECK_HINTS.get(c.name, {}).items():
-                if capture in c.reads:  # two checks' hints for one capture: both apply
-                    out[capture] = _merged(out[capture], hint) if capture in out else hint
+            for table in (CHECK_HINTS, OPERAND_HINTS):
+                hints = table.get(c.name, {})
+                if callable(hints):
+                    joint.append(hints)
+                    continue
+                for capture, hint in hints.items():
+                    if capture in c.reads:  # two checks' hints for one capture: both apply
+                        out[capture] = _merged(out[capture], hint) if capture in out else hint
     for capture, hint in (extra or {}).items():
         out[capture] = _merged(out[capture], hint) if capture in out else hint
-    return out
+    return out, joint
 
 
 def _merged(a: OperandHint, b: OperandHint) -> OperandHint:
@@ -536,7 +527,10 @@ class _Builder(PatternVisitor[Any]):
             constant = draw(st.booleans())
         filled = draw(st.integers(0, 5))  # mostly drawn values; sometimes all zeros (a zero
         value = self._tensor(shape, dtype)  # point), sometimes all positive (a scale)
-        if hint.fill == "int8":
+        if hint.int_range is not None:
+            lo, hi = hint.int_range
+            value = torch.randint(lo, hi + 1, shape, generator=self.gen).to(dtype)
+        elif hint.fill == "int8":
             value = torch.randint(-128, 128, shape, generator=self.gen).to(dtype)
         elif filled == 4 or hint.fill == "zeros":
             value = torch.zeros_like(value)
@@ -574,6 +568,13 @@ class _Builder(PatternVisitor[Any]):
                             torch.randint(-128, 128, shape, generator=self.gen).to(torch.int8))
             got = self.emit("quantized_decomposed.dequantize_per_tensor.default",
                             (q, 0.5, 0, -128, 127, torch.int8))
+        elif producer == "quantize_per_tensor":
+            # float values on the quantization grid (multiples of the scale 0.5, in range):
+            # quantizing them loses nothing
+            f = self._input(f"{name}_float", shape, torch.float32, False,
+                            torch.randint(-16, 17, shape, generator=self.gen).to(torch.float32) / 2)
+            got = self.emit("quantized_decomposed.quantize_per_tensor.default",
+                            (f, 0.5, 0, -128, 127, torch.int8))
         else:
             raise ValueError(f"OperandHint.producer {producer!r}: not one the generator builds")
         self.bound[name] = got
@@ -962,6 +963,19 @@ def _short(v: Any) -> Any:
     return v
 
 
+def _eager_target() -> Any:
+    """Where the verifier runs the rewritten program: in torch, where every ATen op runs
+    (one outside the core opset too: whether a lowering could take it is the executability
+    check's question, not whether the replacement computes what the pattern computes)."""
+    from fusionkit.check.executable import Delegate, ExecutionTarget
+
+    return ExecutionTarget([Delegate("torch (fusionkit.verify runs the program eagerly)",
+                                     lambda node: None, frozenset({"aten"}))])
+
+
+_EAGER = _eager_target()
+
+
 class _Checker:
     """Runs drawn cases: export (memoised by structure), rewrite, evaluate, compare."""
 
@@ -1009,7 +1023,7 @@ class _Checker:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             rewritten = copy.deepcopy(ep)
-        ms = find_matches(rewritten, [self.rule])
+        ms = find_matches(rewritten, [self.rule], target=_EAGER)
         if not any(m.root.name == getattr(root, "name", None) for m in ms.accepted):
             at_root = [d for d in ms.declined if d.root.name == getattr(root, "name", None)]
             why = (f"declined: {at_root[0].step}: {at_root[0].reason}" if at_root
@@ -1020,7 +1034,7 @@ class _Checker:
         before = {k for n in ep.graph.nodes for k in n.meta}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            FusionPass([self.rule], name=f"verify:{self.rule.name}").call(rewritten)
+            FusionPass([self.rule], name=f"verify:{self.rule.name}", target=_EAGER).call(rewritten)
             got = (ep.module(), rewritten.module())
         recorded = ({k for n in rewritten.graph.nodes for k in n.meta} - before - _BOOKKEEPING_META
                     - set(METADATA_SEMANTICS))
@@ -1097,11 +1111,17 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
 
     started = time.monotonic()
     checker = _Checker(rule, cases)
-    operand_hints = _hints_of(rule, hints)
+    operand_hints, joint_hints = _hints_of(rule, hints)
 
     @st.composite
     def case(draw: Any) -> _Case:
-        b = _Builder(rule, draw, operand_hints)
+        case_hints = dict(operand_hints)
+        for joint in joint_hints:  # drawn first: the sizes the other operands must agree with
+            for capture, hint in joint(lambda options: draw(st.sampled_from(list(options)))).items():
+                case_hints[capture] = _merged(case_hints[capture], hint) if capture in case_hints else hint
+        for capture, hint in (hints or {}).items():  # the caller's own win
+            case_hints[capture] = _merged(case_hints[capture], hint) if capture in case_hints else hint
+        b = _Builder(rule, draw, case_hints)
         try:
             first = b.build(rule.pattern)
         except _NotACase as e:
@@ -1184,8 +1204,11 @@ def _verdict(rule: Rule, ch: _Checker, found: _Case | None, seconds: float) -> V
                             counterexample=cx, **common)  # type: ignore[arg-type]
     if ch.compared:
         sizes = len(ch.shapes)
+        skipped = (f"; cases through {', '.join(sorted(ch.no_reference))} not judged"
+                   if ch.no_reference else "")
         return Verification(rule.name, EQUAL, f"equal on {ch.compared} cases ({sizes} operand shapes; "
-                            f"dtypes {', '.join(sorted(ch.dtypes))})", **common)  # type: ignore[arg-type]
+                            f"dtypes {', '.join(sorted(ch.dtypes))}){skipped}",
+                            **common)  # type: ignore[arg-type]
     if ch.metadata:
         return Verification(rule.name, CANNOT_CHECK, sorted(ch.metadata)[0], **common)  # type: ignore[arg-type]
     if ch.no_reference:

@@ -52,7 +52,13 @@ from fusionkit import (
     lit,
     op,
 )
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import (
+    OperandHint,
+    Pick,
+    register_operand_hints,
+    register_reference_caveat,
+    register_rules,
+)
 
 from ._common import (
     DQ_PER_CHANNEL,
@@ -234,5 +240,44 @@ def quantized_convolution_rule(name: str = "quantized_convolution") -> Rule:
                     "_transposed)",
     )
 
+
+def conv_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: an int8 conv the geometry check accepts, drawn kind first
+    (a plain, a depthwise or a transposed conv) and the channels after it: OC a multiple of
+    4 (the rule pads scales and bias to 4 as the kernels read them; the ops' CPU references
+    take the padded length for OC), per output channel scales along the weight's
+    output-channel axis, a batch-1 input whose channels the weight reads."""
+    kind, oc, k = pick(("plain", "depthwise", "transposed")), pick((4, 8)), pick((1, 2, 3))
+    ic, groups, axis, transposed = pick((1, 2, 4)), 1, 0, False
+    if kind == "depthwise":
+        ic, groups, w = oc, oc, (oc, 1, k, k)
+    elif kind == "transposed":
+        w, axis, transposed = (ic, oc, k, k), 1, True
+    else:
+        w = (oc, ic, k, k)
+    side = pick((3, 4))
+    return {"x": OperandHint(dtype=torch.int8, shapes=((1, ic, side, side),)),
+            "weight": OperandHint(shapes=(w,), int_range=(-127, 127)),
+            "w_scales": OperandHint(shapes=((oc,),), fill="positive", dtype=torch.float32),
+            "w_zp": OperandHint(shapes=((oc,),), dtype=torch.int64),
+            "bias": OperandHint(constant=True, shapes=((oc,),), dtype=torch.float32),
+            "axis": OperandHint(values=(axis,)), "w_qmin": OperandHint(values=(-127, -128)),
+            "stride": OperandHint(values=([1, 1], [2, 2])),
+            "padding": OperandHint(values=([0, 0], [1, 1])),
+            "dilation": OperandHint(values=([1, 1],) if transposed else ([1, 1], [2, 2])),
+            "transposed": OperandHint(values=(transposed,)),
+            "output_padding": OperandHint(values=([0, 0],)),
+            "groups": OperandHint(values=(groups,))}
+
+
+register_operand_hints("conv_geometry", conv_operands)
+
+# its CPU reference reads another weight layout than the one it is given: fusionkit.verify
+# never judges a rule through it (the pointwise, depthwise and transposed ops it does judge)
+register_reference_caveat(
+    "et_vk.q8ta_conv2d.default",
+    "its CPU reference (executorch.backends.vulkan.custom_ops_lib.q8ta_conv2d) views the packed "
+    "[OC, KH*KW*IC] weight as [OC, IC, KH, KW]; the stock packer "
+    "(patterns/quantized_convolution.py) and this rule write it in (KH, KW, IC) order")
 
 __all__ = ["quantized_convolution_rule"]

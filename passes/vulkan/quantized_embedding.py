@@ -45,7 +45,7 @@ from fusionkit import (
     op,
     per_row_block,
 )
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
 
 from ._common import constraint, et_vk, in_int_range, shape, zero_points_are_zero
 
@@ -166,7 +166,7 @@ def quantized_embedding_rule(name: str = "quantized_embedding") -> Rule:
               dtype=one_of([None, torch.float32]))
 
     zp = constraint("zero_point_is_zero")(_embedding_4bit_zp)
-    geometry = constraint("embedding_geometry")(_embedding_4bit_geometry)
+    geometry = constraint("embedding_4bit_geometry")(_embedding_4bit_geometry)
     build = _embedding_4bit_build
 
     return Rule(
@@ -181,6 +181,41 @@ def quantized_embedding_rule(name: str = "quantized_embedding") -> Rule:
         replacement=PythonReplacement(build),
         description="quantized_decomposed.embedding_4bit into et_vk.embedding_q4gsw",
     )
+
+
+def _indices(pick: Pick, vocab: int) -> OperandHint:
+    """Token ids below ``vocab``: a user input of rank 1 or 2."""
+    return OperandHint(constant=False, dtype=torch.int64, int_range=(0, vocab - 1),
+                       shapes=(pick(((2,), (1,), (2, 3))),))
+
+
+def embedding_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: a torchao 4-bit table the geometry check accepts, drawn as
+    the kernel tiles it (a group size G, a multiple of 4; embed_dim a multiple of 32 that G
+    tiles; scales [vocab, embed_dim / G]) with its 4-bit values and token ids."""
+    vocab, embed_dim, group = pick((1, 3)), pick((32, 64)), pick((4, 8, 32))
+    groups = (vocab, embed_dim // group)
+    return {"weight": OperandHint(shapes=((vocab, embed_dim),), int_range=(-8, 7)),
+            "scales": OperandHint(shapes=(groups,), fill="positive", dtype=torch.float32),
+            "zero_point": OperandHint(shapes=(groups,), dtype=torch.int8),
+            "block_size": OperandHint(values=([1, group],)),
+            "indices": _indices(pick, vocab)}
+
+
+def embedding_4bit_operands(pick: Pick) -> dict[str, OperandHint]:
+    """As :func:`embedding_operands` for ``embedding_4bit``: the table packed two values a
+    byte ([vocab, embed_dim / 2] uint8), scales [vocab, groups]."""
+    vocab, embed_dim, group = pick((1, 3)), pick((32, 64)), pick((4, 8, 32))
+    groups = (vocab, embed_dim // group)
+    return {"weight": OperandHint(shapes=((vocab, embed_dim // 2),), dtype=torch.uint8,
+                                  int_range=(0, 255)),
+            "scales": OperandHint(shapes=(groups,), fill="positive", dtype=torch.float32),
+            "zero_point": OperandHint(shapes=(groups,), dtype=torch.float32),
+            "indices": _indices(pick, vocab)}
+
+
+register_operand_hints("embedding_geometry", embedding_operands)
+register_operand_hints("embedding_4bit_geometry", embedding_4bit_operands)
 
 
 def constant_tensor_shape(node: Node) -> tuple[int, ...]:

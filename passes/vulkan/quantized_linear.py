@@ -71,7 +71,13 @@ from fusionkit import (
     op_key,
     per_row_block,
 )
-from fusionkit.passes.registry import register_reference_caveat, register_rules
+from fusionkit.passes.registry import (
+    OperandHint,
+    Pick,
+    register_operand_hints,
+    register_reference_caveat,
+    register_rules,
+)
 
 from ._common import (
     DQ_PER_CHANNEL,
@@ -531,3 +537,56 @@ register_reference_caveat(
     "its CPU reference (executorch.backends.vulkan.custom_ops_lib.linear_qcs4w) reads each "
     "nibble as 0..15, without undoing the +8 offset the stock packer "
     "(fuse_quantized_ops.pack_4bit_weight_tensor) writes; linear_q4gsw's reference undoes it")
+
+
+def _linear_input(pick: Pick, k: int, dtype: torch.dtype) -> OperandHint:
+    """A linear's input with K in_channels: [M, K], or [1, M, K] (a bmm's batch of one)."""
+    m = pick((1, 2, 3))
+    return OperandHint(dtype=dtype, shapes=(pick(((m, k), (1, m, k))),))
+
+
+def per_channel_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: an int8 linear the per-channel checks accept: an [N, K] weight
+    in [-127, 127] (K a multiple of 4), one scale and a zero point of 0 per output channel
+    along axis 0, a bias [N], an int8 input of K channels.
+
+    N is a multiple of 4: the rules pad the scales and the bias to a multiple of 4 as the
+    kernels read them, and the ops' CPU references (``custom_ops_lib.q8ta_linear``...) take
+    the padded scales' length for N (3 output channels come out as 4).
+    """
+    n, k = pick((4, 8)), pick((4, 8))
+    return {"x": _linear_input(pick, k, torch.int8),
+            "weight": OperandHint(shapes=((n, k),), int_range=(-127, 127)),
+            "w_scales": OperandHint(shapes=((n,),), fill="positive", dtype=torch.float32),
+            "w_zp": OperandHint(shapes=((n,),), dtype=torch.int64),
+            "axis": OperandHint(values=(0,)), "w_qmin": OperandHint(values=(-127, -128)),
+            "bias": OperandHint(constant=True, shapes=((n,),), dtype=torch.float32)}
+
+
+def per_group_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: a torchao 4-bit linear the 4-bit kernels' geometry admits:
+    the group size G (a multiple of 4) first, K a multiple of 8 it tiles, N a multiple of 4;
+    a weight [N, K] in [-8, 7], scales and zero points [N, K / G], a bias [N]."""
+    group, n = pick((4, 8)), pick((4, 8))
+    k = pick((8, 16))
+    return {"x": _linear_input(pick, k, torch.float32),
+            "weight": OperandHint(shapes=((n, k),), int_range=(-8, 7)),
+            "w_scales": OperandHint(shapes=((n, k // group),), fill="positive", dtype=torch.float32),
+            "w_zp": OperandHint(shapes=((n, k // group),), dtype=torch.int32),
+            "block_size": OperandHint(values=([1, group],)),
+            "bias": OperandHint(constant=True, shapes=((n,),), dtype=torch.float32)}
+
+
+def float_activation_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: linear_q8ta_q8csw's input, the quantize of a float tensor
+    with the dequantize's own parameters (what the rule gives the op: the float tensor).
+
+    The float values are on the quantization grid: the op's CPU reference takes the float
+    input as it is, where the kernel quantizes it first; on the grid both are the same."""
+    return {"x": OperandHint(producer="quantize_per_tensor"), "in_scale": OperandHint(values=(0.5,)),
+            "in_zp": OperandHint(values=(0,))}
+
+
+register_operand_hints("per_channel_weight", per_channel_operands)
+register_operand_hints("float_output", float_activation_operands)
+register_operand_hints("per_group_weight", per_group_operands)

@@ -67,7 +67,7 @@ from fusionkit import (
     op_key,
 )
 from fusionkit.passes._provenance import keep_provenance
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
 
 from ._common import DQ_PER_CHANNEL, constant_tensor, constraint, et_vk, shape, zero_points_are_zero
 
@@ -332,5 +332,23 @@ def weight_only_linear_rules() -> list[Rule]:
                          "-> aten._weight_int8pack_mm (- x.sum(-1) * zeros * scales)"),
     ]
 
+
+def affine_int8_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: torchao's per-channel int8 weight as the checks take it: an
+    [N, K] int8 weight, one block [1, K] per output channel, scales and zero points [N] or
+    [N, 1] (the zero points drawn nonzero too: the rule folds them), a 2-D float32 input."""
+    n, k, m = pick((1, 2, 3)), pick((2, 4)), pick((1, 2, 3))
+    per_channel = pick(((n,), (n, 1)))
+    return {"x": OperandHint(dtype=torch.float32, shapes=((m, k),)),
+            "weight": OperandHint(shapes=((n, k),), dtype=torch.int8, int_range=(-128, 127)),
+            "block_size": OperandHint(values=([1, k],)),
+            "scales": OperandHint(shapes=(per_channel,), fill="positive", dtype=torch.float32),
+            "zeros": OperandHint(constant=True, shapes=(per_channel,), dtype=torch.int32,
+                                 int_range=pick(((0, 0), (-3, 3)))),
+            "qmin": OperandHint(values=(-128,)), "qmax": OperandHint(values=(127,)),
+            "bias": OperandHint(shapes=((n,),), dtype=torch.float32)}
+
+
+register_operand_hints("one_block_per_output_channel", affine_int8_operands)
 
 __all__ = ["STOCK_PASS", "weight_only_linear_rules"]

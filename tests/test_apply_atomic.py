@@ -422,3 +422,47 @@ def test_views_and_mutations_are_propagated_for_real() -> None:
     assert meta_cache._is_functional(torch.ops.aten.addmm.default)
     assert not meta_cache._is_functional(torch.ops.aten.view.default)
     assert not meta_cache._is_functional(torch.ops.aten.add_.Tensor)
+
+
+# --------------------------------------------------- a node edited in place is kept
+
+
+def in_place_relu_rule(fail: bool = False) -> Rule:
+    """``relu(relu(x))`` -> the inner relu itself (kept; ``fail``: after rewiring it to
+    read the program's first input, raise)."""
+
+    def build(rw: Any, inner: Any, x: Any) -> Any:
+        if fail:
+            inner.replace_input_with(x, next(iter(rw.graph.find_nodes(op="placeholder"))))
+            raise Injected("after an in-place edit")
+        return inner
+
+    return Rule("relu_relu_in_place",
+                op("aten.relu.default", op("aten.relu.default", capture("x")).bind("inner")),
+                PythonReplacement(build))
+
+
+def test_a_node_of_the_match_returned_by_the_replacement_is_kept(
+        model: nn.Module, base: Any) -> None:
+    ep = fresh(base)
+    relus = [n for n in ep.graph_module.graph.nodes if "relu" in n.name]
+    inner, outer = relus
+    res = apply_matches(ep, find_matches(ep, [in_place_relu_rule()]).accepted, strict=True)
+    assert res.new_roots == [inner]
+    assert outer._erased and not inner._erased and inner.name == relus[0].name
+    assert outputs_close(run_program(ep, *INPUTS), model(*INPUTS))
+
+
+def test_an_in_place_edit_of_a_failing_replacement_is_undone(base: Any) -> None:
+    rule = in_place_relu_rule(fail=True)
+    for strict in (True, False):
+        ep = fresh(base)
+        ms = find_matches(ep, [rule], check_replacements=False)
+        assert len(ms.accepted) == 1
+        before = snapshot(ep)
+        if strict:
+            with pytest.raises(Injected):
+                apply_matches(ep, ms.accepted, strict=True)
+        else:
+            assert len(apply_matches(ep, ms.accepted, strict=False).failed) == 1
+        assert_unchanged(ep, before)

@@ -213,6 +213,84 @@ def test_stock_is_wrong_or_crashes_ours_equals_eager(case: str) -> None:
     assert {p: counts[p] for p in fused} == fused, counts
 
 
+# --------------------------------------------------------------- stock's bytes where stock is right
+
+class Folds(torch.nn.Module):
+    """conv -> batch norm (``bn``), a batch norm with no conv (``bn_alone``), conv * a
+    channel scale (``mul``) or conv * a number (``mul_scalar``)."""
+
+    def __init__(self, kind: str, bias: bool = True, affine: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.kind = kind
+        self.conv = torch.nn.Conv2d(C_IN, C, 3, bias=bias)
+        self.bn = torch.nn.BatchNorm2d(C_IN if kind == "bn_alone" else C, affine=affine)
+        self.register_buffer("scale", torch.rand(C, 1, 1) + 0.5)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+            if affine:
+                self.bn.weight.uniform_(0.5, 1.5)
+                self.bn.bias.uniform_(-1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "bn_alone":
+            return self.bn(x + 1)  # type: ignore[no-any-return]
+        y = self.conv(x)
+        if self.kind == "bn":
+            return self.bn(y)  # type: ignore[no-any-return]
+        return y * (self.scale if self.kind == "mul" else 2.5)
+
+
+STOCK_RIGHT = {
+    "conv_bn": (Folds("bn"), "FuseBatchNorm2dPass"),
+    "conv_bn_no_bias": (Folds("bn", bias=False), "FuseBatchNorm2dPass"),
+    "bn_alone": (Folds("bn_alone"), "FuseBatchNorm2dPass"),
+    "bn_alone_not_affine": (Folds("bn_alone", affine=False), "FuseBatchNorm2dPass"),
+    "conv_mul": (Folds("mul"), "FoldScalarMulIntoConvPass"),
+    "conv_mul_no_bias": (Folds("mul", bias=False), "FoldScalarMulIntoConvPass"),
+    "conv_mul_scalar": (Folds("mul_scalar"), "FoldScalarMulIntoConvPass"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STOCK_RIGHT))
+def test_float_folds_give_stocks_tosa_byte_for_byte(case: str) -> None:
+    """Where the stock fold is right, the rule folds the same values into constants of the
+    same names at the same places (the scaled convolution edited in place, keeping its
+    name): the TOSA flatbuffer is stock's, byte for byte."""
+    model, stock_pass = STOCK_RIGHT[case]
+    inputs = (torch.randn(1, C_IN, 8, 8, generator=torch.Generator().manual_seed(1)),)
+    stock = rm.evaluate(model.eval(), inputs, fusionkit=False)
+    preprocess_rules.reset_counts()
+    ours = rm.evaluate(model, inputs, fusionkit=True)
+    assert preprocess_rules.counts()[stock_pass]["fused"] >= 1
+    assert ours.tosa == stock.tosa
+    assert ours.error <= FP_TOL and stock.error <= FP_TOL
+
+
+def test_a_shared_weight_folds_into_unique_stock_names() -> None:
+    """Two convolutions sharing a weight, each with its own batch norm (then each with its
+    own scale): stock's name for the second fold is taken, so it gets ``_1`` -- its own
+    constant, never the first one's (the reference model shows the program equal to eager:
+    ``shared_weight`` above)."""
+    from fusionkit.apply.rewrite import apply_matches
+    from fusionkit.match.finder import find_matches
+
+    model = Pair(Variant({}, seed=2, shared=True), Variant({}, seed=3, shared=True, op="mul"))
+    inputs = model.eval().inputs()
+    ep = torch.export.export(model, inputs).run_decompositions()
+    for stock_pass in ("FuseBatchNorm2dPass", "FoldScalarMulIntoConvPass"):
+        ms = find_matches(ep, rules_taking_over("arm", stock_pass))
+        assert len(ms.accepted) == 2, ms.declined
+        apply_matches(ep, ms.accepted, strict=True)
+    names = {p.name for p in ep.graph_module.graph.find_nodes(op="placeholder")}
+    assert {"p_first_w0_fused_bn", "p_first_w0_fused_bn_1", "p_first_b0_fused_bn",
+            "p_first_b1_fused_bn", "p_second_w0_folded_mul", "p_second_w0_folded_mul_1",
+            "p_second_b0_folded_mul", "p_second_b1_folded_mul"} <= names, sorted(names)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(*inputs), model(*inputs), atol=FP_TOL, rtol=0)
+
+
 # --------------------------------------------------------------- generated variants
 
 _BN_OPERANDS = {"b": (CONSTANT, INPUT, COMPUTED, FROM_CONSTANTS, ABSENT),

@@ -6,7 +6,8 @@ fold the constants it planned to fold, build the replacement at that point
 (new nodes get ``meta['val']`` from memoised fake-tensor propagation and the
 root's provenance), check it in place (each new node after its inputs and
 before its users, outputs of the same dtype and shape), reroute the outputs'
-users and erase the claimed nodes. Then, once for the whole pass: drop what
+users and erase the claimed nodes (but one the replacement edited in place and
+returned as an output: it stays, with its name). Then, once for the whole pass: drop what
 became dead (graph nodes and the constants nothing uses, in one batch), rename
 program outputs, lint what changed, and mark the code for regeneration (:mod:`.lazy_code`).
 
@@ -147,7 +148,12 @@ class _Apply:
             self.journal.replace_all_uses(old, new)
             pairs.append((old, new))
         check_users_follow(m, pairs)
-        self.erase_claimed(m)
+        # a node of the match the replacement edited in place and returned (its inputs
+        # changed through ``Node.replace_input_with``, which the journal records) stays:
+        # a stock pass that edits an op in place keeps its name, and later passes name
+        # their nodes after it
+        kept = {new for _, new in pairs if new is not m.root and new in m.claimed}
+        self.erase_claimed(m, kept)
         # success: publish what later matches and the pass-wide steps need
         self.folded.update(folded)
         self.dead_candidates.extend(folded)
@@ -155,9 +161,10 @@ class _Apply:
         self.dead_candidates.extend(v for v in m.captures.values() if isinstance(v, Node))
         return pairs[0][1]  # the new root (a node: replacement_outputs checked it)
 
-    def erase_claimed(self, m: Match) -> None:
-        """Erase the match's nodes, consumers before producers (one sweep, latest first)."""
-        pending = sorted(m.claimed, reverse=True)
+    def erase_claimed(self, m: Match, kept: set[Node] | frozenset[Node] = frozenset()) -> None:
+        """Erase the match's nodes but ``kept``, consumers before producers (one sweep,
+        latest first)."""
+        pending = sorted((n for n in m.claimed if n not in kept), reverse=True)
         while pending:
             left: list[Node] = []
             for n in pending:

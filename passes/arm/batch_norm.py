@@ -15,7 +15,10 @@ Arm's needs: convolutions of rank-3 and rank-4 inputs, no linear (Arm's pass fol
 convolutions only), the batch norm's weight and bias optional (``affine=False``), float32
 and float16 folded (the stock pass skips bfloat16, whose folded weight loses accuracy;
 the dtypes and shapes of every folded operand checked), and the standalone batch norm as
-a 1x1 depthwise convolution. A declined batch norm stays as it is and
+a 1x1 depthwise convolution. The folded constants have the names stock gives them, at
+the places stock puts them (the TOSA flatbuffer is stock's, byte for byte, where stock is
+right), but each is new: where stock's name is taken (a second convolution sharing the
+weight) it gets ``_1``. A declined batch norm stays as it is and
 ``DecomposeBatchNormNoStatsPass``, next in Arm's pipeline, computes it elementwise from
 whatever its operands are -- right, if slower.
 """

@@ -11,8 +11,10 @@ module's own parameter in place -- the user's ``nn.Module``, since an exported p
 ``module()`` shares its tensors.
 
 Here it is the family's rules (:mod:`fusionkit.passes.families.conv_scale`): every
-operand checked before anything changes, each fold its own new constants, and only ever
-on the exported program's constants.
+operand checked before anything changes, each fold its own new constants (stock's names
+and places, ``_1`` where the name is taken; the convolution edited in place, so the TOSA
+flatbuffer is stock's byte for byte where stock is right), and only ever on the exported
+program's constants.
 """
 
 from __future__ import annotations

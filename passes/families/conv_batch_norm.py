@@ -18,8 +18,11 @@ weight and bias, the batch norm's weight, bias, running mean and variance -- is 
 (a graph input or a value computed in the graph is not: the stock passes read such a
 weight as "no weight" or kill the lowering); a ``native_batch_norm`` in training mode
 (batch statistics) is not folded. Each fold gets its own new constants, never one found
-by name (the stock passes name the folded weight after the source weight only, so two
-convolutions sharing a weight, each with its own batch norm, both got the first one's).
+by name: they are named as the stock passes name them (:func:`folded_names`:
+``<weight>_fused_bn``, ``<bias>_fused_bn``), made unique where that name is taken (the
+stock passes find a folded constant by that name, so two convolutions sharing a weight,
+each with its own batch norm, both got the first one's; here the second is
+``<weight>_fused_bn_1``).
 
 What a backend's replacement needs is a :class:`Needs`: the rule names' prefix, whether
 linears are folded, whether the batch norm's weight and bias may be absent (an
@@ -61,7 +64,8 @@ from fusionkit.passes._constraint import constraint
 from fusionkit.passes._provenance import keep_provenance
 
 __all__ = ["BN", "BN_NO_TRAINING", "CONV", "FOLD_ROLE", "LINEAR", "Needs", "fold_conv",
-           "fold_conv_bn", "fold_linear", "fold_standalone", "fresh_constant", "rules"]
+           "fold_conv_bn", "fold_linear", "fold_standalone", "folded_names", "fresh_constant",
+           "rules"]
 
 CONV = "aten.convolution.default"
 LINEAR = "aten.linear.default"
@@ -129,6 +133,26 @@ def fresh_constant(rw: Rewriter, name: str, value: torch.Tensor) -> Node:
         i += 1
         unique = f"{name}_{i}"
     return rw.constant(unique, value)
+
+
+def folded_names(weight: str, bias: str | None) -> tuple[str, str]:
+    """The names the stock passes request for the folded weight and bias of the weight
+    placeholder ``weight`` and bias placeholder ``bias`` (None: no bias): ``<weight>_fused_bn``
+    and ``<bias>_fused_bn``, without a bias ``<weight>`` with ``weight`` read ``bias``, or
+    ``<weight>_bias_fused_bn`` (Arm's ``FuseBatchNorm2dPass.get_bias_name``). Only requested:
+    :func:`fresh_constant` makes each unique (two convolutions sharing one weight)."""
+    if bias is not None:
+        b = f"{bias}_fused_bn"
+    elif "weight" in weight:
+        b = weight.replace("weight", "bias") + "_fused_bn"
+    else:
+        b = f"{weight}_bias_fused_bn"
+    return f"{weight}_fused_bn", b
+
+
+def _first_placeholder(rw: Rewriter) -> Node | None:
+    graph = rw.ep.graph_module.graph if rw.ep is not None else rw.graph
+    return next(iter(graph.find_nodes(op="placeholder")), None)
 
 
 def _move_before(rw: Rewriter, new: Node, anchor: Node) -> None:
@@ -233,9 +257,9 @@ def _fold(rw: Rewriter, op: Node, x: Node, w_node: Node, b: Node | None,
         fused_w, fused_b = fuse_linear_bn_weights(
             weight, bias, mean, var, eps, torch.ones_like(mean) if bn_w is None else bn_w,
             torch.zeros_like(mean) if bn_b is None else bn_b)
-    tag = f"fusionkit_{rw.root.name}_bn_fused"
-    w_new = fresh_constant(rw, f"{tag}_weight", fused_w.detach())
-    b_new = fresh_constant(rw, f"{tag}_bias", fused_b.detach())
+    w_name, b_name = folded_names(w_node.name, None if b is None else b.name)
+    w_new = fresh_constant(rw, w_name, fused_w.detach())
+    b_new = fresh_constant(rw, b_name, fused_b.detach())
     # where the source weight was, graph and signature, as the stock passes place them
     # (the Vulkan serializer numbers values in placeholder order)
     _move_before(rw, w_new, w_node)
@@ -259,9 +283,15 @@ def fold_standalone(rw: Rewriter, x: Node, bn_w: Any, bn_b: Any, mean: Node, var
     ones = torch.ones((1,) * rank, dtype=m.dtype)
     fused_w, fused_b = fold_conv_bn(ones, None, m, rw.tensor(var), eps, _tensor(rw, bn_w),
                                     _tensor(rw, bn_b), False, 1)
-    tag = f"fusionkit_{rw.root.name}_bn_conv"
-    w_new = fresh_constant(rw, f"{tag}_weight", fused_w.detach())
-    b_new = fresh_constant(rw, f"{tag}_bias", fused_b.detach())
+    # named as Arm's pass names the fold of the ones-weight it inserts, and put where it
+    # puts them: before the batch norm's weight (first of the placeholders without one)
+    w_name, b_name = folded_names(f"{rw.root.name}_conv_weight", None)
+    w_new = fresh_constant(rw, w_name, fused_w.detach())
+    b_new = fresh_constant(rw, b_name, fused_b.detach())
+    anchor = bn_w if isinstance(bn_w, Node) else _first_placeholder(rw)
+    if anchor is not None:
+        _move_before(rw, w_new, anchor)
+        _move_before(rw, b_new, anchor)
     d = rank - 2
     new = rw.call(CONV, x, w_new, b_new, [1] * d, [0] * d, [1] * d, False, [0] * d,
                   int(fused_w.shape[0]))
@@ -306,6 +336,21 @@ def _bn_output(bn: Node) -> torch.Tensor | None:
     return out if isinstance(out, torch.Tensor) and out.dim() >= 2 else None
 
 
+def _off_channels(out: torch.Tensor, mean: Node, var: Node, bn_w: Any, bn_b: Any,
+                  dtype: torch.dtype | None = None) -> tuple[str, Any, Any] | None:
+    """The first of the batch norm's statistics and affine part (when present) that is not
+    a vector over the C channels of ``out`` (of ``dtype``, when given): its label, the
+    operand and its value; None when every one is."""
+    c = out.shape[1]
+    for label, v in (("running mean", mean), ("running variance", var),
+                     ("batch-norm weight", bn_w), ("batch-norm bias", bn_b)):
+        t = v.meta.get("val") if isinstance(v, Node) else None
+        if v is not None and (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != c
+                              or (dtype is not None and t.dtype != dtype)):
+            return label, v, t
+    return None
+
+
 def _folded_shapes(ctx: CheckContext, bn: Node, mean: Node, var: Node, bn_w: Any = None,
                    bn_b: Any = None) -> str | None:
     """The batch norm's statistics and affine part are vectors of its dtype over the C
@@ -313,15 +358,12 @@ def _folded_shapes(ctx: CheckContext, bn: Node, mean: Node, var: Node, bn_w: Any
     out = _bn_output(bn)
     if out is None:
         return f"batch norm `{bn.name}` has no known output of rank 2 or more"
-    c = out.shape[1]
-    for label, v in (("running mean", mean), ("running variance", var),
-                     ("batch-norm weight", bn_w), ("batch-norm bias", bn_b)):
-        t = v.meta.get("val") if isinstance(v, Node) else None
-        if v is not None and (not isinstance(t, torch.Tensor) or t.dtype != out.dtype
-                              or t.dim() != 1 or t.shape[0] != c):
-            return (f"{label} `{getattr(v, 'name', v)}` is not a {out.dtype} vector of the "
-                    f"{c} channels batch norm `{bn.name}` normalizes")
-    return None
+    off = _off_channels(out, mean, var, bn_w, bn_b, out.dtype)
+    if off is None:
+        return None
+    label, v, _ = off
+    return (f"{label} `{getattr(v, 'name', v)}` is not a {out.dtype} vector of the "
+            f"{out.shape[1]} channels batch norm `{bn.name}` normalizes")
 
 
 def _statistics_per_channel(ctx: CheckContext, bn: Node, mean: Node, var: Node,
@@ -333,15 +375,13 @@ def _statistics_per_channel(ctx: CheckContext, bn: Node, mean: Node, var: Node,
     out = _bn_output(bn)
     if out is None:
         return f"batch norm `{bn.name}` has no known output of rank 2 or more"
-    c = out.shape[1]
-    for label, v in (("running mean", mean), ("running variance", var),
-                     ("batch-norm weight", bn_w), ("batch-norm bias", bn_b)):
-        t = v.meta.get("val") if isinstance(v, Node) else None
-        if v is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (c,)):
-            return (f"{label} `{getattr(v, 'name', v)}` of shape "
-                    f"{tuple(getattr(t, 'shape', ()))} is not a vector of the {c} channels "
-                    f"batch norm `{bn.name}` normalizes")
-    return None
+    off = _off_channels(out, mean, var, bn_w, bn_b)
+    if off is None:
+        return None
+    label, v, t = off
+    return (f"{label} `{getattr(v, 'name', v)}` of shape "
+            f"{tuple(getattr(t, 'shape', ()))} is not a vector of the {out.shape[1]} channels "
+            f"batch norm `{bn.name}` normalizes")
 
 
 def _folded_weight(ctx: CheckContext, bn: Node, w: Node, b: Any = None) -> str | None:

@@ -7,10 +7,14 @@ dimension only (a scalar tensor, ``[C]`` aligned to the last dim is not: ``[C, 1
 _passes/fold_scalar_mul_into_conv_pass.py``) does, stated as a rule: the convolution has
 one user, the multiply (the pattern); it is not transposed (its weight's channel dimension
 is the second); its weight, bias (when there is one) and the scale are constants of one
-float dtype, checked before anything changes. Each fold gets its own new constants (the
-stock pass names the scaled weight ``<weight>_folded_mul`` and ExecuTorch's
-``create_constant_placeholder`` returns an existing node of that name: two convolutions
-sharing a weight, each with its own scale, both got the first one's scaled weight).
+float dtype, checked before anything changes. Each fold gets its own new constants,
+named and placed as the stock pass does (``<weight>_folded_mul`` before the weight,
+``<bias>_folded_mul`` before the bias) and made unique where that name is taken (the
+stock pass's ``create_constant_placeholder`` returns an existing node of that name: two
+convolutions sharing a weight, each with its own scale, both got the first one's scaled
+weight; here the second is ``<weight>_folded_mul_1``). The convolution is edited in
+place, as the stock pass edits it: it keeps its name, after which the next Arm pass
+(``RewriteConvPass``) names the weight it transposes.
 The fold works on the exported program's constants, never on a module's own tensors
 (the stock pass, run on a graph module at quantization time, writes the scaled weight
 into the module's parameter in place: the user's ``nn.Module`` itself).
@@ -38,7 +42,7 @@ from fusionkit import (
 )
 from fusionkit.passes._constraint import constraint
 from fusionkit.passes._provenance import keep_provenance
-from fusionkit.passes.families.conv_batch_norm import CONV, fresh_constant
+from fusionkit.passes.families.conv_batch_norm import CONV, _move_before, fresh_constant
 
 __all__ = ["MUL_SCALAR", "MUL_TENSOR", "ROLE", "channel_scale", "rules", "scale_conv"]
 
@@ -115,10 +119,21 @@ def scale_conv(rw: Rewriter, conv: Node, x: Node, w: Node, scale: Any, stride: A
     per_channel = channel_scale(s, tuple(conv.meta["val"].shape))
     assert per_channel is not None  # (the constraint)
     per_channel = per_channel.to(weight.dtype)
-    tag = f"fusionkit_{rw.root.name}_scaled"
-    w_new = fresh_constant(rw, f"{tag}_weight",
+    w_new = fresh_constant(rw, f"{w.name}_folded_mul",
                            weight * per_channel.reshape((-1,) + (1,) * (weight.dim() - 1)))
-    b_new = None if b is None else fresh_constant(rw, f"{tag}_bias", rw.tensor(b) * per_channel)
+    _move_before(rw, w_new, w)
+    b_new = None
+    if b is not None:
+        b_new = fresh_constant(rw, f"{b.name}_folded_mul", rw.tensor(b) * per_channel)
+        _move_before(rw, b_new, b)
+    if conv.graph is rw.graph and len({x, w, b}) == 3:
+        # in place, as the stock pass does (the journal records each replaced input; the
+        # engine keeps a node of the match the replacement returns)
+        conv.replace_input_with(w, w_new)
+        if b is not None and b_new is not None:
+            conv.replace_input_with(b, b_new)
+        return conv
+    # (a probe builds into a scratch graph; an input read twice cannot be swapped alone)
     new = rw.call(CONV, x, w_new, b_new, stride, padding, dilation, False, output_padding,
                   groups)
     keep_provenance(new, conv)  # the stock pass edits the convolution in place

@@ -5,7 +5,8 @@ each first-call figure is taken in a fresh process (``python -m benchmarks.first
 --child PATH BLOCKS ...`` prints one JSON line). In the child, the imports a user has made
 before lowering (torch, ExecuTorch, the adapter or the stock Vulkan patterns) and the
 programs (the ``norms`` chains of section 5: one fusable RMSNorm and one declined AdaLN norm
-per block) are ready first, untimed; then, in CPU time:
+per block) are ready first, untimed, and fusionkit's bytecode is compiled beforehand (as an
+installed package's is: :func:`compiled_bytecode`); then, in CPU time:
 
 * ``first``: the first call. fusionkit: ``transform_passes()`` built and run on the
   program (rules built, the runtime's probe read, every fixed cost the pass list has);
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -122,10 +124,35 @@ def _child(path: str, blocks: int, later: int, sizes: Sequence[int], size_runs: 
             "fused_rms_norms": fused, "first_s": first, "later_s": later_s, "per_size_s": per_size}
 
 
+def compiled_bytecode() -> str:
+    """A bytecode cache of this tree (``PYTHONPYCACHEPREFIX``), compiled now.
+
+    An installed package has its bytecode (pip compiles it at install time), as torch's and
+    ExecuTorch's have here; a source tree run with ``PYTHONDONTWRITEBYTECODE=1`` (this
+    machine's setting) compiles fusionkit's modules at every import instead, and the
+    modules the pass list imports on its first call would count that compilation as
+    fusionkit's first-call cost. The children read this cache: they import what a user
+    who installed fusionkit imports."""
+    import compileall
+    import tempfile
+
+    prefix = tempfile.mkdtemp(prefix="fusionkit-bench-pyc-")
+    old = sys.pycache_prefix
+    sys.pycache_prefix = prefix
+    try:
+        for folder in ("fusionkit", "passes", "backends", "benchmarks"):
+            compileall.compile_dir(str(ROOT / folder), quiet=1)
+    finally:
+        sys.pycache_prefix = old
+    return prefix
+
+
 def run_child(path: str, blocks: int, later: int, sizes: Sequence[int],
-              size_runs: int) -> dict[str, Any]:
+              size_runs: int, pycache: str | None = None) -> dict[str, Any]:
     """One fresh process: its JSON line (raises with its output when it fails)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if pycache is not None:
+        env["PYTHONPYCACHEPREFIX"] = pycache
     cmd = [sys.executable, "-m", "benchmarks.first_call", "--child", path, str(blocks),
            "--later", str(later), "--sizes", ",".join(map(str, sizes)),
            "--size-runs", str(size_runs)]
@@ -146,14 +173,19 @@ def measure(children: int, blocks: int, later: int, sizes: dict[str, Sequence[in
     """``children`` fresh processes per path, the paths alternating; medians per path."""
     out: dict[str, Any] = {"blocks": blocks, "children": children, "paths": {}}
     raw: dict[str, list[dict[str, Any]]] = {"fusionkit": [], "stock": []}
-    for i in range(children):
-        order = ("fusionkit", "stock") if i % 2 == 0 else ("stock", "fusionkit")
-        for path in order:
-            # the slope is taken in the first child of each path only (it is not a
-            # first-call figure, and the stock pass is slow)
-            raw[path].append(run_child(path, blocks, later, sizes[path] if i == 0 else (),
-                                       size_runs))
-            print(f"  ... {path} child {i + 1}/{children} done", file=sys.stderr, flush=True)
+    pycache = compiled_bytecode()
+    try:
+        for i in range(children):
+            order = ("fusionkit", "stock") if i % 2 == 0 else ("stock", "fusionkit")
+            for path in order:
+                # the slope is taken in the first child of each path only (it is not a
+                # first-call figure, and the stock pass is slow)
+                raw[path].append(run_child(path, blocks, later,
+                                           sizes[path] if i == 0 else (), size_runs, pycache))
+                print(f"  ... {path} child {i + 1}/{children} done", file=sys.stderr,
+                      flush=True)
+    finally:
+        shutil.rmtree(pycache, ignore_errors=True)
     for path, recs in raw.items():
         firsts = [r["first_s"] for r in recs]
         laters = [t for r in recs for t in r["later_s"]]
@@ -206,7 +238,8 @@ def section(quick: bool, results: dict[str, Any], targets: Any) -> dict[str, Any
           "call (stock also fuses the AdaLN norms, whose weight is computed). ms/block: least-squares slope "
           "of later calls over " + ", ".join(
               f"{p} {'/'.join(out['paths'][p]['per_size_s'])}" for p in out["paths"])
-          + " blocks (stock with its pattern graphs cached).")
+          + " blocks (stock with its pattern graphs cached). Children read fusionkit's "
+          "bytecode compiled beforehand, as an installed package has it.")
     for path, r in out["paths"].items():
         print(f"  {path} later calls by size (ms): " + ", ".join(
             f"{n}: {fmt_ms(t)}" for n, t in r["per_size_s"].items()))

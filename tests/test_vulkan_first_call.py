@@ -4,7 +4,8 @@ In a fresh process, ``transform_passes()`` run on a program without KV-cache att
 does not import the ``llama`` op library (the causal_sdpa rule names its ops by key),
 imports the prepacked-argument table and not the payload checker, nor the module that
 loads and runs the runtime, and does not judge the cached runtime probe's staleness
-(every rule of both Vulkan rule sets built and read) unless an answer depends on it.
+(every rule of both Vulkan rule sets built and read) unless an answer depends on it, nor
+scan the installed distributions' entry points or parse their METADATA.
 The runtime library's sha256 is remembered next to it, by its exact stat. Where the op library is loaded, the sdpa
 pattern is the one ``op()`` builds.
 """
@@ -27,16 +28,22 @@ import executorch.exir  # noqa: F401
 from benchmarks import graphs
 from fusionkit.backends.vulkan_adapter import runtime_probe as rp, transform_passes
 
-stale_checks = []
+from fusionkit.match import targets
+
+stale_checks, entry_point_scans = [], []
 original = rp._stale
 rp._stale = lambda ops: stale_checks.append(1) or original(ops)
+scan = targets.delegate_entry_points
+targets.delegate_entry_points = lambda: entry_point_scans.append(1) or scan()
 ep = graphs.build("norms", 2)
+before = set(sys.modules)
 for p in transform_passes():
     res = p(ep)
     ep = getattr(res, "exported_program", None) or ep
 fused = sum(1 for n in ep.graph_module.graph.nodes if "rms_norm" in str(n.target))
 print(json.dumps({"modules": sorted(sys.modules), "stale_checks": len(stale_checks),
-                  "fused": fused}))
+                  "fused": fused, "new_modules": sorted(set(sys.modules) - before),
+                  "entry_point_scans": len(entry_point_scans)}))
 """
 
 
@@ -61,6 +68,20 @@ def test_the_first_call_imports_what_the_program_needs_only(child: dict[str, obj
     # the fused et_vk.rms_norm is one the probe recorded present (or there is no probe):
     # no answer depended on the probe's staleness
     assert child["stale_checks"] == 0
+    # the et_vk ops it creates are described by the adapter already: no scan of every
+    # installed distribution's entry points, and no distribution's METADATA parsed (the
+    # runtime's directory is named by versions read from the dist-info directory names)
+    assert child["entry_point_scans"] == 0
+    assert not [m for m in child["new_modules"] if m.startswith("email")]  # type: ignore[union-attr]
+
+
+def test_the_runtime_directory_versions_are_the_distributions_own() -> None:
+    from importlib.metadata import version
+
+    from fusionkit.backends.vulkan_adapter import runtime_location as loc
+
+    for dist in ("executorch", "torch", "PyYAML"):
+        assert loc._version(dist) == version(dist)
 
 
 def test_the_sdpa_pattern_names_its_ops_by_their_keys() -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -242,6 +243,10 @@ class DelegatedByVulkan(Constraint):
     #: Sound because the partitioner judges node metadata, and a replacement's ops and
     #: their metadata are functions of its captures' metadata (never of weight values).
     memo: dict[Any, str | None] = field(default_factory=dict, compare=False, repr=False)
+    #: the search (its ProgramInputs, one per ``find_matches``) -> the runtime resolved for
+    #: it: resolving stats the probe file, once per search rather than once per match
+    resolved: weakref.WeakKeyDictionary[Any, RuntimeInventory | None] = field(
+        default_factory=weakref.WeakKeyDictionary, compare=False, repr=False)
 
     def captures(self) -> set[str]:
         return self.replacement.captures()
@@ -258,8 +263,19 @@ class DelegatedByVulkan(Constraint):
         runtime = None if inventory is None else inventory.fingerprint
         return (tuple(names), key, folds, runtime)
 
+    def _inventory(self, ctx: CheckContext) -> RuntimeInventory | None:
+        try:
+            return self.resolved[ctx.inputs]
+        except (KeyError, TypeError):
+            inventory = runtime_inventory(self.runtime)
+        try:
+            self.resolved[ctx.inputs] = inventory
+        except TypeError:  # not weakly referenceable: resolved at every check
+            pass
+        return inventory
+
     def check(self, ctx: CheckContext) -> MatchResult | None:
-        inventory = runtime_inventory(self.runtime)
+        inventory = self._inventory(ctx)
         key = self._memo_key(ctx, inventory)
         if key is None:
             why = self._verdict(ctx, inventory)

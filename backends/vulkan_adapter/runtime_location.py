@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 __all__ = ["LIBRARY", "RUNTIME_ENV", "cache_dir", "find_runtime", "library_sha256"]
@@ -71,12 +71,30 @@ def library_sha256(path: Path) -> str:
     return sha
 
 
+def _version(name: str) -> str:
+    """The installed distribution's version as ``importlib.metadata.version`` gives it, read
+    from its ``<name>-<version>.dist-info`` directory's name where it has one: parsing the
+    METADATA file (and importing the ``email`` package to do it) was most of the first
+    lowering's cost of finding the runtime."""
+    dist = distribution(name)
+    folder = getattr(dist, "_path", None)
+    stem = getattr(folder, "name", "")
+    if stem.endswith(".dist-info") and "-" in stem:
+        found = stem[: -len(".dist-info")].split("-", 1)[1]
+        if found:
+            return found
+    return dist.version
+
+
 def find_runtime() -> Path | None:
     """The runtime library for the installed executorch/torch, or None."""
     explicit = os.environ.get(RUNTIME_ENV)
     if explicit:
         return Path(explicit) if Path(explicit).is_file() else None
-    prefix = f"executorch-{version('executorch')}_torch-{version('torch').split('+')[0]}_"
+    try:
+        prefix = f"executorch-{_version('executorch')}_torch-{_version('torch').split('+')[0]}_"
+    except PackageNotFoundError:
+        return None
     root = cache_dir()
     if not root.is_dir():
         return None

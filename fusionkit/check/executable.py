@@ -319,9 +319,11 @@ _REGISTRY: list[frozenset[str]] = []
 
 
 def _known_backend_op(node: Node) -> str | None:
-    load_delegate_descriptions()
     key = op_key(node.target) or ""
     ns = key.split(".", 1)[0]
+    if ns in DELEGATE_ONLY_NAMESPACES:  # described already: no entry points read
+        return None
+    load_delegate_descriptions()
     if ns in DELEGATE_ONLY_NAMESPACES:
         return None
     keys = _registry_keys()

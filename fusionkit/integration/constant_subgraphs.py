@@ -95,8 +95,15 @@ class FoldConstantSubgraphsPass(ExportedProgramPassBase):
                 continue
             if node.op != "call_function" or not callable(node.target):
                 continue
-            # cheap test first: most nodes read a value that is not constant
-            if any(x not in known for x in node.all_input_nodes) or node.is_impure():
+            # cheap test first: most nodes read a value that is not constant (and with no
+            # constant known yet, any node that reads a value at all); ``_input_nodes`` is
+            # the dict ``all_input_nodes`` copies into a list for every call
+            inputs = getattr(node, "_input_nodes", None)
+            if inputs is None:
+                inputs = node.all_input_nodes
+            if inputs and (not known or any(x not in known for x in inputs)):
+                continue
+            if node.is_impure():
                 continue
             leaves = pytree.tree_leaves((node.args, node.kwargs))
             if not all(_is_leaf_constant(x, known) for x in leaves):

@@ -307,10 +307,6 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
                               "subgraph built from ops has no module"),
     "xnnpack_linear_module_reshaped": ("linear_source_partition", "as xnnpack_linear_module"),
     # -- structure a check asks for that the generator does not build
-    "quantized_linear_dq8ca_q4gsw": ("dynamic_per_token_input",
-                                     "an input quantized per token with the outputs of one "
-                                     "choose_qparams_affine of it; and the op's CPU reference "
-                                     "skips that quantization (the kernel does not)"),
     "export_llama_rope": ("could not", "RoPE: rank-4 q/k with cos/sin tables of matching dims"),
     "hf_rope": ("could not", "HF RoPE: rotate_half's slices at half the head dim"),
     "xnnpack_linear_reads_dequantize": ("reads_dequantize",

@@ -236,7 +236,7 @@ class Rewriter:
 
     def __init__(self, root: Node, rule_name: str, ep: ExportedProgram | None = None, *,
                  insert_before: Node | None = None,
-                 constants: ProgramConstants | None = None) -> None:
+                 constants: ProgramConstants | None = None, journal: Any = None) -> None:
         self.root = root
         self.graph = root.graph
         self.rule_name = rule_name
@@ -245,7 +245,23 @@ class Rewriter:
         self.insert_before = insert_before if insert_before is not None else root
         self._constants = constants if constants is not None or ep is None else ProgramConstants(ep)
         self.created: list[Node] = []
+        #: nodes the replacement stopped reading outside the match (see :meth:`release`)
+        self.released: list[Node] = []
+        self._journal = journal
         self._node_source: Any = None
+
+    def set_meta(self, node: Node, key: str, value: Any) -> None:
+        """``node.meta[key] = value`` for a node the replacement edits in place (one it
+        returns), undone with the rest of the match if applying fails."""
+        if self._journal is not None:
+            self._journal.set_meta(node, key, value)
+        else:
+            node.meta[key] = value
+
+    def release(self, node: Node) -> None:
+        """``node`` (outside the match) may be dead once the replacement is in place: the
+        engine erases it then, and its inputs that die with it (constants included)."""
+        self.released.append(node)
 
     def tensor(self, node: Node) -> torch.Tensor:
         """The real value of a constant placeholder (parameter, buffer, lifted constant)."""

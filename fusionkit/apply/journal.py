@@ -5,7 +5,8 @@ graph; a rewrite touches a few nodes per match. So every change the engine
 makes goes through :class:`Journal`, which records how to undo it — a node
 created or erased (seen through the graph module's node hooks, whoever makes
 the change), a node's arguments changed (through :meth:`Journal.set_args` and
-:meth:`Journal.replace_all_uses`) — and snapshots the few
+:meth:`Journal.replace_all_uses`), a ``meta`` entry of a node edited in place
+(:meth:`Journal.set_meta`) — and snapshots the few
 program-level containers (graph signature, state dict, constants) by
 reference when it opens. :meth:`Journal.rollback` undoes entries newest first,
 so each undo sees the graph exactly as it was right after the change it
@@ -23,7 +24,7 @@ from torch.fx import Graph, Node
 
 __all__ = ["Journal"]
 
-_CREATE, _ARGS, _ERASE, _PROGRAM = 0, 1, 2, 3
+_CREATE, _ARGS, _ERASE, _PROGRAM, _META = 0, 1, 2, 3, 4
 
 
 class Journal:
@@ -99,6 +100,11 @@ class Journal:
         node.args = args
         node.kwargs = kwargs
 
+    def set_meta(self, node: Node, key: str, value: Any) -> None:
+        """``node.meta[key] = value``, undone by a rollback (a node edited in place)."""
+        self._log.append((_META, node, key, key in node.meta, node.meta.get(key)))
+        node.meta[key] = value
+
     def replace_all_uses(self, old: Node, new: Node) -> None:
         """``old.replace_all_uses_with(new)``; the replace hook records each user's arguments."""
         old.replace_all_uses_with(new)
@@ -157,6 +163,12 @@ class Journal:
                     ns._used_names.discard(name)
             elif kind == _PROGRAM:
                 self._restore_program(entry)
+            elif kind == _META:
+                key, had, value = entry[2], entry[3], entry[4]
+                if had:
+                    node.meta[key] = value
+                else:
+                    node.meta.pop(key, None)
             elif node._erased:  # _ERASE: put the same node object back where it stood
                 nxt, args, kwargs = entry[2], entry[3], entry[4]
                 node._remove_from_list()  # its neighbours are adjacent again: a no-op

@@ -7,7 +7,7 @@ fold the constants it planned to fold, build the replacement at that point
 root's provenance), check it in place (each new node after its inputs and
 before its users, outputs of the same dtype and shape), reroute the outputs'
 users and erase the claimed nodes (but one the replacement edited in place and
-returned as an output: it stays, with its name). Then, once for the whole pass: drop what
+returned as an output, while it is read: it stays, with its name). Then, once for the whole pass: drop what
 became dead (graph nodes and the constants nothing uses, in one batch), rename
 program outputs, lint what changed, and mark the code for regeneration (:mod:`.lazy_code`).
 
@@ -130,7 +130,7 @@ class _Apply:
             folded[source] = captures[name] = self.fold(source)
         insert_before = getattr(m, "insert_before", None) or m.root
         rw = Rewriter(m.root, m.rule.name, self.ep, insert_before=insert_before,
-                      constants=self.constants)
+                      constants=self.constants, journal=self.journal)
         built = m.rule.replacement.build(rw, captures)
         olds = [m.root, *(m.captures[name] for name in output_names(m.rule.pattern))]
         news = replacement_outputs(m.rule.name, m.root, olds, built)
@@ -149,16 +149,17 @@ class _Apply:
             pairs.append((old, new))
         check_users_follow(m, pairs)
         # a node of the match the replacement edited in place and returned (its inputs
-        # changed through ``Node.replace_input_with``, which the journal records) stays:
-        # a stock pass that edits an op in place keeps its name, and later passes name
-        # their nodes after it
-        kept = {new for _, new in pairs if new is not m.root and new in m.claimed}
+        # changed through ``Node.replace_input_with``, which the journal records) stays
+        # while anything reads it: a stock pass that edits an op in place keeps its name,
+        # and later passes name their nodes after it
+        kept = {new for _, new in pairs if new.users and new in m.claimed}
         self.erase_claimed(m, kept)
         # success: publish what later matches and the pass-wide steps need
         self.folded.update(folded)
         self.dead_candidates.extend(folded)
         self.replaced.update(pairs)
         self.dead_candidates.extend(v for v in m.captures.values() if isinstance(v, Node))
+        self.dead_candidates.extend(rw.released)
         return pairs[0][1]  # the new root (a node: replacement_outputs checked it)
 
     def erase_claimed(self, m: Match, kept: set[Node] | frozenset[Node] = frozenset()) -> None:

@@ -38,14 +38,18 @@ class OperandHint:
     matmul reads transposed), ``"linear"`` (``linear(x, constant w)``), ``"conv"`` (a 1x1
     ``convolution`` of a rank-4 operand), ``"dequantize_per_tensor"`` (of an int8 tensor,
     scale 0.5, zero point 0) or ``"quantize_per_tensor"`` (int8, scale 0.5, zero point 0, of
-    float values on that grid: the quantization loses nothing). ``values``: for a capture that is a literal, the values to draw
+    float values on that grid: the quantization loses nothing); or a backend's function
+    ``producer(make)`` building it from ops (``make.capture(name)``, ``make.input(part,
+    shape, dtype, values)``, ``make.call(op_key, *args)``, ``make.item(ref, i)``,
+    ``make.bind(name, ref)``, ``make.shape``, ``make.randint(lo, hi, shape)``: see
+    ``fusionkit.authoring.verify._Making``). ``values``: for a capture that is a literal, the values to draw
     it from; ``shapes``: for a tensor, the shapes to draw it from.
     """
 
     constant: bool | None = None
     fill: str | None = None
     dtype: Any = None
-    producer: str | None = None
+    producer: str | Callable[[Any], Any] | None = None
     #: for a literal capture: the values to draw it from (still filtered by its matcher)
     values: tuple[Any, ...] = ()
     #: for a tensor capture: the shapes to draw it from

@@ -545,9 +545,13 @@ class _Builder(PatternVisitor[Any]):
         self.bound[name] = ref
         return ref
 
-    def _produced(self, name: str, producer: str, shape: tuple[int, ...]) -> _Ref:
+    def _produced(self, name: str, producer: str | Callable[[Any], Any], shape: tuple[int, ...]) -> _Ref:
         """Capture ``name`` as the result of ``producer`` on fresh operands (an OperandHint)."""
         draw, st = self.draw, self.st
+        if callable(producer):  # a backend's own: its ops on fresh operands
+            got = producer(_Making(self, name, shape))
+            self.bound[name] = got
+            return got  # type: ignore[no-any-return]
         if producer == "transpose":
             if len(shape) != 2:
                 raise _NotACase(f"{name}: a transposed weight of shape {shape} is not 2-D")
@@ -747,6 +751,45 @@ class _Builder(PatternVisitor[Any]):
         index = len(self.case.calls) - 1
         self.values[index] = out
         return _Ref(index=index)
+
+
+class _Making:
+    """What an :class:`OperandHint`'s ``producer`` function is given to build its capture:
+    ``capture(name)``: a capture built before it; ``input(part, shape, dtype, values)``: a
+    new user input (``values``: its tensor, else drawn); ``call(op_key, *args)``: an op on
+    what was built (run eagerly as the pattern's ops are); ``item(ref, i)``: output ``i`` of
+    a call returning several; ``bind(name, ref)``: what a capture not built yet will be;
+    ``shape``: the shape drawn for the capture; ``randint(lo, hi, shape)``: integers drawn
+    in [lo, hi]."""
+
+    def __init__(self, builder: _Builder, name: str, shape: tuple[int, ...]) -> None:
+        self.builder, self.name, self.shape = builder, name, tuple(shape)
+
+    def randint(self, lo: int, hi: int, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randint(lo, hi + 1, tuple(shape), generator=self.builder.gen)
+
+    def capture(self, name: str) -> Any:
+        if name not in self.builder.bound:
+            raise _NotACase(f"{self.name}: its producer reads `{name}`, not built before it")
+        return self.builder.bound[name]
+
+    def value(self, ref: Any) -> Any:
+        return self.builder._eager(ref)
+
+    def input(self, part: str, shape: tuple[int, ...], dtype: Any,
+              values: torch.Tensor | None = None) -> _Ref:
+        b = self.builder
+        value = values if values is not None else b._tensor(tuple(shape), dtype)
+        return b._input(f"{self.name}_{part}", tuple(shape), dtype, False, value)
+
+    def call(self, key: str, *args: Any) -> _Ref:
+        return self.builder.emit(key, args)
+
+    def item(self, ref: _Ref, i: int) -> _Ref:
+        return self.builder._call("getitem", operator.getitem, (ref, i), {})
+
+    def bind(self, name: str, ref: Any) -> None:
+        self.builder.bound[name] = ref
 
 
 def _to_meta(v: Any) -> Any:

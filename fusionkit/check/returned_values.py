@@ -159,6 +159,8 @@ def returned_value_refusal(ctx: CheckContext, rule: Rule, olds: Sequence[Node],
                             f"`{old.name}` is returned by the program; what an earlier match "
                             f"makes of `{new.name}`, which would take its place, cannot be "
                             "told", matched)
+        if stands is old:  # kept, edited in place: the program returns what it returned
+            continue
         if stands.op in ("placeholder", "get_attr"):
             return _decline(
                 rule.name, root, old,

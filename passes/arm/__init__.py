@@ -28,10 +28,11 @@ from fusionkit.passes.registry import registered, rules_taking_over, taken_over_
 RULE_SET = "arm"
 
 #: the rule modules, in the order of the stock passes they take over in ArmPassManager
-#: (``dyt_alpha_lut``: where a user inserts its pass, before ``InsertTableOpsPass``)
+#: (``dyt_alpha_lut``, ``dyt_affine_conv``: where a user inserts their passes, before
+#: ``InsertTableOpsPass``)
 RULE_MODULES: tuple[str, ...] = (
     "quantized_activation", "safe_softmax_guard", "consecutive_clamps", "consecutive_rescales",
-    "batch_norm", "dyt_alpha_lut", "scalar_mul_conv", "consecutive_slices",
+    "batch_norm", "dyt_alpha_lut", "dyt_affine_conv", "scalar_mul_conv", "consecutive_slices",
     "consecutive_concat_shapes",
 )
 

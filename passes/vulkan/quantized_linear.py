@@ -569,7 +569,9 @@ def per_group_operands(pick: Pick) -> dict[str, OperandHint]:
     a weight [N, K] in [-8, 7], scales and zero points [N, K / G], a bias [N]."""
     group, n = pick((4, 8)), pick((4, 8))
     k = pick((8, 16))
-    return {"x": _linear_input(pick, k, torch.float32),
+    x = _linear_input(pick, k, torch.float32)
+    per_token = [1] * (len(x.shapes[0]) - 1) + [k]
+    return {"x": x, "in_block": OperandHint(values=(per_token,)),
             "weight": OperandHint(shapes=((n, k),), int_range=(-8, 7)),
             "w_scales": OperandHint(shapes=((n, k // group),), fill="positive", dtype=torch.float32),
             "w_zp": OperandHint(shapes=((n, k // group),), dtype=torch.int32),
@@ -589,4 +591,38 @@ def float_activation_operands(pick: Pick) -> dict[str, OperandHint]:
 
 register_operand_hints("per_channel_weight", per_channel_operands)
 register_operand_hints("float_output", float_activation_operands)
+#: the per-token codes' step: a power of two, so every code times it is exact in float32
+_TOKEN_STEP = 1 / 16
+
+
+def _on_the_token_grid(make: Any) -> Any:
+    """A float input each row of which per-token int8 quantization holds exactly: codes in
+    [-128, 127] times one step, each row reaching both ends (so the row's scale is the step
+    and its zero point 0)."""
+    codes = make.randint(-128, 127, make.shape)
+    codes[..., 0], codes[..., -1] = -128, 127
+    return make.input("codes", make.shape, torch.float32, codes.to(torch.float32) * _TOKEN_STEP)
+
+
+def _per_token_qparams(make: Any) -> Any:
+    """``choose_qparams_affine`` of the input, per token, int8 [-128, 127]: its scale (this
+    capture) and its zero point (``in_zp``), as a dynamically quantized linear reads them."""
+    x = make.capture("x")
+    shape = make.value(x).shape
+    block = [1] * (len(shape) - 1) + [shape[-1]]
+    chosen = make.call(CHOOSE_QPARAMS, x, "ASYMMETRIC", block, torch.int8, -128, 127)
+    make.bind("in_zp", make.item(chosen, 1))
+    return make.item(chosen, 0)
+
+
+def dynamic_per_token_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: an input quantized per token with the outputs of one
+    ``choose_qparams_affine`` of it. Its values are on each row's quantization grid: the
+    op's CPU reference (``custom_ops_lib.linear_dq8ca_q4gsw``) takes the float input as it
+    is, where the kernel quantizes it per row first; on the grid both are the same."""
+    return {"x": OperandHint(producer=_on_the_token_grid),
+            "in_scale": OperandHint(producer=_per_token_qparams)}
+
+
 register_operand_hints("per_group_weight", per_group_operands)
+register_operand_hints("dynamic_per_token_input", dynamic_per_token_operands)

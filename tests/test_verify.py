@@ -323,6 +323,9 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     "arm_fold_dyt_alpha_into_lut": ("could not", "a RESCALE into a TABLE"),
     "arm_fuse_consecutive_concat_shapes": ("could not", "CONCAT_SHAPE of CONST_SHAPE lists "
                                            "(List[List[int]])"),
+    "arm_fold_dyt_affine_into_conv": ("dyt_affine_site", "a TABLE's codes through RESCALEs, a "
+                                      "mul and an add with int8 qparams metadata, a permute "
+                                      "(0, 3, 1, 2) and the convolution"),
     "fold_qdq": ("folds_a_quantize", "a dequantize of a quantize; the fold drops the "
                  "rounding on purpose (the Vulkan graph runs in float)"),
 }

@@ -37,23 +37,45 @@ log = logging.getLogger("fusionkit")
 class FusionPass(ExportedProgramPassBase):
     """Applies ``rules`` to an ExportedProgram (ATen or edge dialect)."""
 
-    def __init__(self, rules: Iterable[Rule], name: str = "fusionkit", *,
+    def __init__(self, rules: Iterable[Rule] | RuleIndex, name: str = "fusionkit", *,
                  strict: bool | None = None, target: ExecutionTarget | None = None) -> None:
-        self.index = RuleIndex(rules)  # validates names, indexes by root op, once
+        # validates names, indexes by root op, once (a RuleIndex may defer rule groups
+        # until a program holds their root ops: :class:`~fusionkit.match.finder.DeferredRules`)
+        self.index = rules if isinstance(rules, RuleIndex) else RuleIndex(rules)
         self.name = name
         #: where the program will run (None: ExecuTorch's CPU runtime and the ops
         #: the shipped backends' registries list; see ExecutionTarget)
         self.target = target
         #: None: read ``FUSIONKIT_STRICT`` at each run
         self.strict = strict
-        #: report of the most recent run
-        self.report = FusionReport({r.name: RuleReport(r.name) for r in self.index.rules})
-        #: reports of every run, in order
-        self.history: list[FusionReport] = []
+        # every run's matches; their reports are made when asked for (a report lists
+        # every rule, which builds the deferred ones)
+        self._runs: list[MatchSet] = []
+        self._reports: list[FusionReport] = []
 
     @property
     def rules(self) -> tuple[Rule, ...]:
         return self.index.rules
+
+    def record_run(self, ms: MatchSet) -> None:
+        """Record one run's matches (what :attr:`report` and :attr:`history` show)."""
+        self._runs.append(ms)
+
+    @property
+    def history(self) -> list[FusionReport]:
+        """Reports of every run, in order."""
+        names = None
+        for ms in self._runs[len(self._reports):]:
+            names = names or [r.name for r in self.rules]
+            self._reports.append(FusionReport.from_matches(names, ms))
+        return list(self._reports)
+
+    @property
+    def report(self) -> FusionReport:
+        """Report of the most recent run (before any run: every rule, nothing fused)."""
+        if not self._runs:
+            return FusionReport({r.name: RuleReport(r.name) for r in self.rules})
+        return self.history[-1]
 
     def call(self, exported_program: ProgramLike) -> ExportedProgramPassResult:
         """Apply the rules to ``exported_program`` in place (an ``ExportedProgram``, or the
@@ -66,8 +88,7 @@ class FusionPass(ExportedProgramPassBase):
             if applied.failed:
                 ms = MatchSet(applied.applied,
                               [*ms.declined, *(f.result() for f in applied.failed)])
-        self.report = FusionReport.from_matches([r.name for r in self.rules], ms)
-        self.history.append(self.report)
+        self.record_run(ms)
         for d in ms.declined:
             if d.step == "error":
                 log.warning("%s: %s", self.name, d)

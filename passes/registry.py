@@ -48,6 +48,10 @@ class RuleFactory:
     sets: frozenset[str]
     takes_over: str | None
     make: Callable[[], Rule | list[Rule]]
+    #: the op keys its rules are rooted at, when the factory states them: a pass list can
+    #: then build its rules only for programs that hold one of these ops
+    #: (:class:`fusionkit.match.finder.DeferredRules`; a test checks the statement)
+    roots: frozenset[str] | None = None
 
     def rules(self) -> list[Rule]:
         made = self.make()
@@ -57,12 +61,17 @@ class RuleFactory:
 _FACTORIES: dict[str, RuleFactory] = {}
 
 
-def register_rules(*sets: str, takes_over: str | None = None) -> Callable[[F], F]:
-    """Decorator: register a no-argument rule factory in the named rule sets."""
+def register_rules(*sets: str, takes_over: str | None = None,
+                   roots: tuple[str, ...] | None = None) -> Callable[[F], F]:
+    """Decorator: register a no-argument rule factory in the named rule sets.
+
+    ``roots``: the op keys (``"aten.mul.Tensor"``) every rule it makes is rooted at, so
+    that a program holding none of them never pays for building its patterns."""
 
     def wrap(fn: F) -> F:
         qualname = f"{fn.__module__}.{fn.__qualname__}"
-        _FACTORIES[qualname] = RuleFactory(qualname, frozenset(sets), takes_over, fn)
+        _FACTORIES[qualname] = RuleFactory(qualname, frozenset(sets), takes_over, fn,
+                                           None if roots is None else frozenset(roots))
         return fn
 
     return wrap

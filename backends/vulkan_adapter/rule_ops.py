@@ -28,36 +28,56 @@ stock's KV-cache fusion creates the ATen ``llama.sdpa_with_kv_cache``
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from types import CodeType, FunctionType
 from typing import Any
 
 from fusionkit import CallOp, PythonReplacement, Replacement, Rule
+from fusionkit.match.finder import DeferredRules, RuleIndex
 from fusionkit.match.targets import _import_op_libraries, resolve_op
 from fusionkit.passes.registry import RuleFactory, registered
 
-__all__ = ["RULE_SETS", "built_rules", "created_operators", "payload_names", "replacement_ops"]
+__all__ = ["RULE_SETS", "built_rules", "created_operators", "factory_rules", "payload_names",
+           "replacement_ops", "rule_index"]
 
 #: the rule sets whose rules run on Vulkan programs: transform passes and preprocess
 #: (FusePatternsPass) run "vulkan"; the takeover of preprocess passes "vulkan_preprocess"
 RULE_SETS = ("vulkan", "vulkan_preprocess")
 
-#: the registered factories -> the rules they made. Rules are immutable and every pass
-#: list wraps them in new objects (with its own delegation check), so building the 13
-#: factories' patterns once serves every lowering of the process
-_BUILT: dict[tuple[RuleFactory, ...], tuple[Rule, ...]] = {}
+#: a registered factory -> the rules it made. Rules are immutable and every pass list
+#: wraps them in new objects (with its own delegation check), so building a factory's
+#: patterns once serves every lowering of the process
+_BUILT: dict[RuleFactory, tuple[Rule, ...]] = {}
+
+
+def factory_rules(factory: RuleFactory) -> tuple[Rule, ...]:
+    """``factory``'s rules, built once (a cache: callers wrap them, never change them)."""
+    rules = _BUILT.get(factory)
+    if rules is None:
+        rules = _BUILT[factory] = tuple(factory.rules())
+    return rules
 
 
 def built_rules() -> tuple[Rule, ...]:
-    """The rules of ``rule_set("vulkan")``, built once per set of registered factories
-    (a cache: callers wrap them, never change them)."""
-    factories = tuple(registered("vulkan"))
-    rules = _BUILT.get(factories)
-    if rules is None:
-        _BUILT.clear()
-        rules = _BUILT[factories] = tuple(r for f in factories for r in f.rules())
-    return rules
+    """The rules of ``rule_set("vulkan")``, each factory's built once."""
+    return tuple(r for f in registered("vulkan") for r in factory_rules(f))
+
+
+def rule_index(wrap: Callable[[Rule], Rule]) -> RuleIndex:
+    """The ``"vulkan"`` rules, each wrapped, indexed for a pass list: a factory that states
+    its root ops is built the first time a program holds one of them, so a lowering
+    pays only for the patterns its program can match (all are built in order when a
+    factory does not state them)."""
+    factories = registered("vulkan")
+    if any(f.roots is None for f in factories):
+        return RuleIndex([wrap(r) for r in built_rules()])
+
+    def group(f: RuleFactory) -> DeferredRules:
+        assert f.roots is not None
+        return DeferredRules(f.roots, lambda: [wrap(r) for r in factory_rules(f)], f.qualname)
+
+    return RuleIndex((), [group(f) for f in factories])
 
 
 

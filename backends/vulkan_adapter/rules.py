@@ -45,7 +45,8 @@ def transform_passes(partitioner: Any = None) -> list[ExportedProgramPassBase]:
     """
     support = PartitionerSupport(partitioner)
     runtime = getattr(partitioner, "runtime", AUTO) if partitioner is not None else AUTO
-    rules = [with_delegation_check(r, support, runtime) for r in rule_ops.built_rules()]
+    # each rule built the first time the program holds its root op
+    rules = rule_ops.rule_index(lambda r: with_delegation_check(r, support, runtime))
     # values computed from lifted constants alone (attention masks) are folded first:
     # delegated on their own, stock Vulkan preprocess cannot re-trace them (Gemma2);
     # then every argument the runtime prepacks that the graph computes from parameters

@@ -36,7 +36,6 @@ from fusionkit.integration.hooks import PatchSet, UnsupportedExecuTorchError
 from fusionkit.integration.preprocess_takeover import Takeover
 from fusionkit.match.finder import MatchSet, find_matches
 from fusionkit.passes.registry import rules_taking_over, taken_over_patterns
-from fusionkit.report import FusionReport
 
 __all__ = ["MAX_ROUNDS", "PATCHES", "RULE_PASSES", "SWEEPS_DEAD_CODE", "TAKEN_OVER_PASSES",
            "RulePass", "counts", "disabled", "is_enabled", "reset_counts", "rules_for", "transform"]
@@ -127,8 +126,7 @@ class RulePass(FusionPass):
                 ms = MatchSet(applied.applied, [*ms.declined, *(
                     MatchResult.from_exception(f.match.rule.name, f.match.root, f.during, f.error)
                     for f in applied.failed)])
-        self.report = FusionReport.from_matches([r.name for r in self.rules], ms)
-        self.history.append(self.report)
+        self.record_run(ms)
         return bool(ms.accepted)
 
 

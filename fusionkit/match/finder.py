@@ -16,7 +16,8 @@ stage calls back into this one (``tests/test_architecture.py`` walks a pass and 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch.fx import Node
@@ -38,7 +39,7 @@ from fusionkit.program import ProgramLike, as_exported_program
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
 
-__all__ = ["DECLINE_STEPS", "Match", "MatchSet", "RuleIndex", "find_matches"]
+__all__ = ["DECLINE_STEPS", "DeferredRules", "Match", "MatchSet", "RuleIndex", "find_matches"]
 
 #: a structural failure of a shipped rule is a near miss (and reported) only once it has
 #: matched at least this many of the pattern's ops (root included), and two thirds of them
@@ -56,26 +57,81 @@ def _near_miss_threshold(rule: Rule) -> int:
     return max(MIN_STRUCTURAL_PROGRESS, -(-2 * rule.pattern.min_ops() // 3))
 
 
-class RuleIndex:
-    """Rules grouped by the op key of their root, in priority order (built once)."""
+@dataclass(frozen=True)
+class DeferredRules:
+    """Rules built the first time a searched program holds one of their root ops.
 
-    def __init__(self, rules: Iterable[Rule]) -> None:
-        self.rules: tuple[Rule, ...] = tuple(rules)
-        names = [r.name for r in self.rules]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"duplicate rule names: {dupes}")
-        by_key: dict[str, list[tuple[int, int, Rule]]] = defaultdict(list)
-        for order, r in enumerate(self.rules):
-            for key in r.root_keys:
-                by_key[key].append((-r.priority, order, r))
-        self._by_key = {k: tuple(r for _, _, r in sorted(v, key=lambda t: (t[0], t[1])))
-                        for k, v in by_key.items()}
+    Building a rule set's patterns is a fixed cost of the first lowering in a process;
+    a program pays only for the rules rooted at ops it holds. ``roots`` must name every
+    op key the built rules are rooted at (a rule rooted elsewhere is an error when built).
+    """
+
+    roots: frozenset[str]
+    build: Callable[[], Sequence[Rule]]
+    #: what the rules are, for messages (a factory's qualified name)
+    label: str = ""
+
+
+class RuleIndex:
+    """Rules grouped by the op key of their root, in priority order (built once).
+
+    ``deferred``: rule groups built when a program first holds one of their root ops
+    (:class:`DeferredRules`); :attr:`rules` builds them all.
+    """
+
+    def __init__(self, rules: Iterable[Rule], deferred: Iterable[DeferredRules] = ()) -> None:
+        self._eager: tuple[Rule, ...] = tuple(rules)
+        #: deferred groups in order; None once built (their rules are in ``_built``)
+        self._pending: list[DeferredRules | None] = list(deferred)
+        self._built: list[tuple[Rule, ...]] = [() for _ in self._pending]
+        self._pending_keys: dict[str, list[int]] = defaultdict(list)
+        for i, d in enumerate(self._pending):
+            for key in d.roots:  # type: ignore[union-attr]
+                self._pending_keys[key].append(i)
+        self._entries: dict[str, list[tuple[int, int, Rule]]] = defaultdict(list)
+        self._names: set[str] = set()
+        self._by_key: dict[str, tuple[Rule, ...]] = {}
+        self._add(self._eager, 0)
         #: for_target memo by target object (looked up once per distinct target of a graph)
         self._by_target: dict[Any, tuple[Rule, ...]] = {}
         self._thresholds: dict[Rule, int] = {}
         self._gates: dict[Rule, GateLike | None] = {}
         self._replacement_checks: dict[tuple[Rule, ExecutionTarget | None], ReplacementCheck] = {}
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        """Every rule, the deferred ones built (in the order they were given)."""
+        for i in range(len(self._pending)):
+            self._build(i)
+        return (*self._eager, *(r for group in self._built for r in group))
+
+    def _add(self, rules: Sequence[Rule], first: int, roots: frozenset[str] | None = None,
+             label: str = "") -> None:
+        names = [r.name for r in rules]
+        dupes = sorted({n for n in names if names.count(n) > 1 or n in self._names})
+        if dupes:
+            raise ValueError(f"duplicate rule names: {dupes}")
+        for order, r in enumerate(rules, first):
+            if roots is not None and not r.root_keys <= roots:
+                raise ValueError(f"rule {r.name!r} of {label or 'a deferred group'} is rooted at "
+                                 f"{sorted(r.root_keys - roots)}, which its roots "
+                                 f"{sorted(roots)} do not name")
+            for key in r.root_keys:
+                self._entries[key].append((-r.priority, order, r))
+                self._by_key[key] = tuple(e[2] for e in sorted(
+                    self._entries[key], key=lambda t: (t[0], t[1])))
+        self._names.update(names)
+
+    def _build(self, i: int) -> None:
+        d = self._pending[i]
+        if d is None:
+            return
+        self._pending[i] = None
+        built = tuple(d.build())
+        # orders after every eager rule, groups in the order given
+        self._add(built, (i + 1) << 20, d.roots, d.label)
+        self._built[i] = built
+        self._by_target.clear()  # a group rooted at several ops changes their lookups
 
     def compiled(self, rule: Rule) -> CompiledPattern:
         """The rule's pattern compiled for searching (once per pattern object, process-wide)."""
@@ -95,6 +151,10 @@ class RuleIndex:
         key = op_key(target)
         if key is None:
             return ()
+        waiting = self._pending_keys.pop(key, None)
+        if waiting:
+            for i in waiting:
+                self._build(i)
         return self._by_key.get(key, ())
 
     def threshold(self, rule: Rule) -> int:

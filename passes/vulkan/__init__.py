@@ -18,7 +18,7 @@ from fusionkit.passes.registry import register_rules
 from fusionkit.passes.rms_norm import VULKAN_DTYPES, rms_norm_rule
 
 
-@register_rules("vulkan", takes_over="rms_norm")
+@register_rules("vulkan", takes_over="rms_norm", roots=("aten.mul.Tensor",))
 def vulkan_rms_norm_rule() -> Rule:
     """RMSNorm for the Vulkan kernel's dtypes (no bf16 kernels in Vulkan 1.5.1)."""
     return rms_norm_rule(dtypes=VULKAN_DTYPES)

@@ -66,7 +66,7 @@ def _build(rw: Rewriter, x: Node, shape: Any, eps: Any, weight: Any = None,
     return rw.call(LAYER_NORM, x, list(shape), weight, bias, eps)
 
 
-@register_rules("vulkan")
+@register_rules("vulkan", roots=("aten.native_layer_norm.default",))
 def layer_norm_affine_rule(name: str = "layer_norm_affine") -> Rule:
     """``native_layer_norm`` without weight or bias -> the same op with ones / zeros."""
     # a missing operand binds nothing (the capture is absent from the match); a norm with

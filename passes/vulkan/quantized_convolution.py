@@ -217,7 +217,8 @@ def _conv_build(rw: Rewriter, x: Node, in_scale: float, in_zp: int, weight: Node
     return rw.call(et_vk(target), *args)
 
 
-@register_rules("builtin", "vulkan", takes_over="quantized_convolution")
+@register_rules("builtin", "vulkan", takes_over="quantized_convolution",
+                roots=("quantized_decomposed.quantize_per_tensor.default",))
 def quantized_convolution_rule(name: str = "quantized_convolution") -> Rule:
     role = CONV_ROLE
     act = _conv() | op("aten.relu.default", _conv()).bind("relu")

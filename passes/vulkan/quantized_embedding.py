@@ -103,7 +103,8 @@ def _torchao_embedding_build(rw: Rewriter, weight: Node, scales: Node, block_siz
     return rw.call(et_vk("embedding_q4gsw"), packed, scales, int(block_size[1]), indices, True)
 
 
-@register_rules("builtin", "vulkan", takes_over="torchao_quantized_embedding")
+@register_rules("builtin", "vulkan", takes_over="torchao_quantized_embedding",
+                roots=("aten.embedding.default",))
 def torchao_quantized_embedding_rule(name: str = "torchao_quantized_embedding") -> Rule:
     import_quant_ops()
     block = per_row_block("block_size")
@@ -158,7 +159,8 @@ def _embedding_4bit_build(rw: Rewriter, weight: Node, scales: Node, indices: Nod
     return rw.call(et_vk("embedding_q4gsw"), new, scales, group, indices, True)
 
 
-@register_rules("builtin", "vulkan", takes_over="quantized_embedding")
+@register_rules("builtin", "vulkan", takes_over="quantized_embedding",
+                roots=("quantized_decomposed.embedding_4bit.dtype",))
 def quantized_embedding_rule(name: str = "quantized_embedding") -> Rule:
     import_quant_ops()
     root = op("quantized_decomposed.embedding_4bit.dtype", capture("weight"), capture("scales"),

@@ -518,7 +518,9 @@ def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
     )
 
 
-@register_rules("builtin", "vulkan", takes_over="quantized_linear")
+@register_rules("builtin", "vulkan", takes_over="quantized_linear",
+                roots=("aten.addmm.default", "aten.bmm.default", "aten.linear.default",
+                       "aten.mm.default", "quantized_decomposed.quantize_per_tensor.default"))
 def quantized_linear_rules() -> list[Rule]:
     from .quantized_embedding import import_quant_ops
 

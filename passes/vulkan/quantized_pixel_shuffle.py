@@ -49,7 +49,8 @@ def _pixel_shuffle_build(rw: Rewriter, xq: Node, in_scale: float, in_zp: int,
                    out_zp, r)
 
 
-@register_rules("builtin", "vulkan", takes_over="quantized_pixel_shuffle")
+@register_rules("builtin", "vulkan", takes_over="quantized_pixel_shuffle",
+                roots=("quantized_decomposed.quantize_per_tensor.default",))
 def quantized_pixel_shuffle_rule(name: str = "quantized_pixel_shuffle") -> Rule:
     factor = integer("r", lo=1)  # the upscale factor
     shuffle = op("aten.pixel_shuffle.default", through(CLONES, int8_dq(capture("xq"), "in")),

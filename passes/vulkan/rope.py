@@ -84,7 +84,8 @@ def _rope_build(rw: Rewriter, xq: Node, xk: Node, freqs_cos: Node, freqs_sin: No
     return rw.getitem(fused, 0), rw.getitem(fused, 1)
 
 
-@register_rules("builtin", "vulkan", takes_over="export_llama_rope")
+@register_rules("builtin", "vulkan", takes_over="export_llama_rope",
+                roots=("aten.view_copy.default",))
 def rope_rule(name: str = "export_llama_rope") -> Rule:
     pattern = outputs(_rotary("xq", "q").bind("xq_out"),
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))

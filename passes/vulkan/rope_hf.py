@@ -166,7 +166,7 @@ def _hf_rope_build(rw: Rewriter, xq: Node, xk: Node, freqs_cos: Node, freqs_sin:
     return rw.getitem(fused, 0), rw.getitem(fused, 1)
 
 
-@register_rules("builtin", "vulkan", takes_over="hf_rope")
+@register_rules("builtin", "vulkan", takes_over="hf_rope", roots=("aten.cat.default",))
 def hf_rope_rule(name: str = "hf_rope") -> Rule:
     pattern = outputs(_rotary("xq", "q").bind("xq_out"),
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))

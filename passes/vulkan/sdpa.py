@@ -157,7 +157,8 @@ def llama_op(key: str, *args: Pattern, strict_defaults: bool = True, **kwargs: P
     return Op(frozenset({key}), args, dict(kwargs), False, strict_defaults)
 
 
-@register_rules("builtin", "vulkan", takes_over="causal_sdpa")
+@register_rules("builtin", "vulkan", takes_over="causal_sdpa",
+                roots=("llama.custom_sdpa.default",))
 def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
     sdpa = llama_op(SDPA, capture("q"), capture("k_cache"), capture("v_cache"),
                     capture("start_pos"), strict_defaults=False,

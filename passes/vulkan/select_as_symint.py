@@ -44,7 +44,8 @@ def _select_as_symint_build(rw: Rewriter, x: Node, dim: int, index: int) -> Node
     return node
 
 
-@register_rules("builtin", "vulkan", takes_over="select_as_symint")
+@register_rules("builtin", "vulkan", takes_over="select_as_symint",
+                roots=("aten._local_scalar_dense.default",))
 def select_as_symint_rule(name: str = "select_as_symint") -> Rule:
     select = op("aten.select_copy.int", capture("x"), integer("dim"), integer("index"))
 

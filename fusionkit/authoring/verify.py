@@ -1077,8 +1077,17 @@ class _Checker:
         before = {k for n in ep.graph.nodes for k in n.meta}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            FusionPass([self.rule], name=f"verify:{self.rule.name}", target=_EAGER).call(rewritten)
+            fuse = FusionPass([self.rule], name=f"verify:{self.rule.name}", target=_EAGER)
+            fuse.call(rewritten)
             got = (ep.module(), rewritten.module())
+        if not fuse.report.total_fused:
+            # the match was accepted but the rewrite was not made (its replacement raised,
+            # or built a value the root's users cannot read): nothing to compare
+            errors = fuse.report.errors
+            why = (f"accepted, then not rewritten: {errors[0].step}: {errors[0].reason}" if errors
+                   else "accepted, then not rewritten")
+            self.exported[key] = why
+            return why
         recorded = ({k for n in rewritten.graph.nodes for k in n.meta} - before - _BOOKKEEPING_META
                     - set(METADATA_SEMANTICS))
         if recorded:  # e.g. XNNPACK's fused activation: the graph alone does not say the result

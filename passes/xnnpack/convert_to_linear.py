@@ -68,7 +68,7 @@ from fusionkit import (
     op_key,
 )
 from fusionkit.apply.builder import PROVENANCE_KEYS
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
 from fusionkit.passes.vulkan.addmm_to_linear import addmm_to_linear_rules
 
 from ._common import LINEAR, constraint, keep_provenance
@@ -327,12 +327,45 @@ def convert_to_linear_rules() -> list[Rule]:
              replacement=PythonReplacement(_read_dequantize),
              description="a linear reads a dynamic-quant dequantize, not a view chain of it"),
         Rule(name="xnnpack_linear_reads_dequantize_view",
-             pattern=op(VIEW, linear, any_value()),
+             pattern=op(VIEW, linear, any_value("restored_shape")),
              constraints=[constraint("reads_dequantize_view_restores")(
                  _reads_dequantize_view_restores)],
              replacement=PythonReplacement(_read_dequantize),
              description="... and the view restoring its shape goes"),
     ]
 
+
+def _view_of_a_dequantize(shape: tuple[int, int], flatten: bool) -> Callable[[Any], Any]:
+    """For ``fusionkit.verify``: a linear's [M, K] input as a view_copy of a dynamic-quant
+    dequantize (``dequantize_per_tensor.tensor`` of int8 codes): of the same shape, or a
+    [1, M, K] dequantize flattened (the view a linear of a 3-D input reads)."""
+
+    def make_it(make: Any) -> Any:
+        q = make.input("q", (1, *shape) if flatten else shape, torch.int8,
+                       make.randint(-128, 127, (1, *shape) if flatten else shape).to(torch.int8))
+        scale = make.input("scale", (), torch.float32, torch.tensor(0.5))
+        zero_point = make.input("zero_point", (), torch.int64, torch.tensor(0))
+        dq = make.call(DQ_TENSOR, q, scale, zero_point, -128, 127, torch.int8)
+        return make.call(VIEW, dq, list(shape))
+
+    return make_it
+
+
+def reads_dequantize_operands(pick: Pick) -> dict[str, OperandHint]:
+    """The same-shape route: an identity view of the dequantize."""
+    shape = (pick((1, 2, 3)), pick((1, 2, 4)))
+    return {"a": OperandHint(producer=_view_of_a_dequantize(shape, False))}
+
+
+def reads_dequantize_view_operands(pick: Pick) -> dict[str, OperandHint]:
+    """The restoring route: a [1, M, K] dequantize viewed to [M, K], an [N, K] weight, and
+    the view after the linear restoring [1, M, N]."""
+    m, k, n = pick((1, 2, 3)), pick((1, 2, 4)), pick((1, 3))
+    return {"a": OperandHint(producer=_view_of_a_dequantize((m, k), True)),
+            "w": OperandHint(shapes=((n, k),)), "restored_shape": OperandHint(values=([1, m, n],))}
+
+
+register_operand_hints("reads_dequantize", reads_dequantize_operands)
+register_operand_hints("reads_dequantize_view_restores", reads_dequantize_view_operands)
 
 __all__ = ["STOCK_PASS", "ModulePlan", "convert_to_linear_rules", "module_plan"]

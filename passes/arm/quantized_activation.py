@@ -8,11 +8,20 @@ with ``qmin = zp`` does anyway (``dequantize(zp) == 0``), so the relu goes and t
 ``qmin`` becomes the zero point.
 
 Constraints: the conv / linear (kept as it is) and the activation have no other user
-(stock counts both too); the quantize is per tensor with integer bounds and zero point; a
-hardtanh's lower bound is 0 and its upper bound quantizes to ``qmax`` (the quantize's
-upper clamp is then the hardtanh's). What stock forgets: a quantize whose ``qmin`` is
-already above the zero point (its clamp is then tighter than relu's): stock writes the
-zero point over it, widening the range; here ``qmin`` becomes ``max(qmin, zp)``.
+(stock counts both too); the quantize is per tensor with integer bounds and zero point; its
+zero point is at or below its ``qmin`` (the quantized range starts at or above real 0, so
+the relu removes nothing the quantize keeps); a hardtanh's lower bound is 0 and its upper
+bound quantizes to ``qmax`` (the quantize's upper clamp is then the hardtanh's).
+
+What stock forgets: that nothing later in the TOSA pipeline clamps to the quantize's
+``qmin``. The quantize is folded into the conv / linear's output parameters and lowered to
+a ``RESCALE``, which saturates to the int8 range, not to ``qmin``; no ``CLAMP`` is emitted.
+So where the zero point is above ``qmin`` -- a relu whose output shares its quantization
+with other tensors, e.g. the inputs of a ``cat`` (Arm's quantizer gives them one scale and
+zero point) -- stock's ``qmin = zp`` is dropped and the negative values the relu removed
+come back (``tests/test_arm_quantized_activation.py``: 96 output steps off the
+fake-quantized model); the rule declines and the relu is lowered as a clamp. Where it
+fuses, ``qmin`` is kept (stock writes ``zp`` over it, widening a tighter ``qmin``).
 A hardtanh with its bounds as keyword arguments is read by schema (stock indexes
 ``args[1]``).
 """
@@ -64,6 +73,17 @@ def _per_tensor(ctx: CheckContext, scale: Any, zp: Any, qmin: Any, qmax: Any) ->
     return None
 
 
+def _range_covers_activation(ctx: CheckContext, zp: Any, qmin: Any) -> str | None:
+    """The quantize keeps no value below real 0 (``zp <= qmin``): the activation's clamp at
+    0 is the quantize's own, so removing it changes nothing later passes compute."""
+    if zp > qmin:
+        return (f"the quantize's zero point {zp} is above its qmin {qmin}: the activation "
+                "clips values the quantization keeps (its scale and zero point are shared, "
+                "e.g. with a cat's other inputs), and the TOSA lowering clamps the output to "
+                "the int8 range, not to a quantize's qmin")
+    return None
+
+
 def _hardtanh_bounds(ctx: CheckContext, lo: Any, hi: Any, scale: Any, zp: Any, qmin: Any,
                      qmax: Any, dtype: Any) -> str | None:
     if not (is_number(lo) and is_number(hi)):
@@ -81,7 +101,7 @@ def _requantized(rw: Rewriter, q: Node, pre: Node, scale: float, zp: int, qmin: 
                  qmax: int, dtype: Any) -> Node:
     if q.graph is rw.graph:  # (a probe builds into a scratch graph)
         rw.insert_before = q
-    new = rw.call(q.target, pre, scale, zp, max(qmin, zp), qmax, dtype, **q.kwargs)
+    new = rw.call(q.target, pre, scale, zp, qmin, qmax, dtype, **q.kwargs)
     keep_node_meta(new, q)
     return new
 
@@ -93,9 +113,10 @@ def _relu_rule() -> Rule:
         pattern=op(Q_PER_TENSOR, op(RELU, pre), capture("scale"), capture("zp"),
                    capture("qmin"), capture("qmax"), capture("dtype")).bind("q"),
         constraints=[constraint("fusable_input")(_fusable_input),
-                     constraint("per_tensor")(_per_tensor)],
+                     constraint("per_tensor")(_per_tensor),
+                     constraint("range_covers_activation")(_range_covers_activation)],
         replacement=PythonReplacement(_requantized),
-        description="relu before a per-tensor quantize as the quantize's qmin = zp")
+        description="relu before a per-tensor quantize whose range starts at 0 (zp <= qmin)")
 
 
 def _hardtanh_rule() -> Rule:
@@ -107,6 +128,7 @@ def _hardtanh_rule() -> Rule:
                    capture("dtype")).bind("q"),
         constraints=[constraint("fusable_input")(_fusable_input),
                      constraint("per_tensor")(_per_tensor),
+                     constraint("range_covers_activation")(_range_covers_activation),
                      constraint("quantize_clamp")(_hardtanh_bounds)],
         replacement=PythonReplacement(_requantized),
         description="hardtanh(0, max) before a per-tensor quantize whose qmax is max")

@@ -337,3 +337,28 @@ def test_a_new_constants_fake_value_equals_from_tensor() -> None:
         assert (got.shape, got.stride(), got.dtype, got.device, got.storage_offset(),
                 got.requires_grad) == (ref.shape, ref.stride(), ref.dtype, ref.device,
                                        ref.storage_offset(), ref.requires_grad)
+
+
+def test_a_search_computes_each_tensors_metadata_key_once() -> None:
+    """Inside ``keys_remembered`` (what ``find_matches`` decides in) a tensor's key is
+    computed once and is the key computed outside; a new tensor is never given the key
+    of an earlier one whose id it took, and the memo ends with the outermost scope."""
+    from fusionkit.apply import meta_cache
+
+    a = torch.empty(2, 3)
+    outside = meta_cache.metadata_key(a)
+    with meta_cache.keys_remembered():
+        assert meta_cache.metadata_key(a) == outside
+        with meta_cache.keys_remembered():  # nested: the same memo
+            assert meta_cache._remembered is not None and id(a) in meta_cache._remembered
+        memo = meta_cache._remembered
+        assert memo is not None
+        # a forged entry for a's id is served only to a itself
+        memo[id(a)] = (a, ("T", "forged"))
+        assert meta_cache.metadata_key(a) == ("T", "forged")
+        b = torch.empty(4)
+        memo[id(b)] = (a, ("T", "forged"))  # another tensor held under b's id
+        assert meta_cache.metadata_key(b) == meta_cache.metadata_key(torch.empty(4)) != (
+            "T", "forged")
+    assert meta_cache._remembered is None
+    assert meta_cache.metadata_key(a) == outside

@@ -13,13 +13,15 @@ or return views, and anything symbolic, are always propagated for real.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Node
 
-__all__ = ["clear", "fake_constant", "fake_output", "metadata_key"]
+__all__ = ["clear", "fake_constant", "fake_output", "keys_remembered", "metadata_key"]
 
 #: bound on remembered (op, input metadata) entries; cleared when full
 MAX_ENTRIES = 4096
@@ -49,13 +51,42 @@ class _Uncacheable(Exception):
     pass
 
 
+#: inside :func:`keys_remembered`: id -> (the tensor, kept alive so its id is not reused,
+#: and its key)
+_remembered: dict[int, tuple[torch.Tensor, tuple[Any, ...]]] | None = None
+
+
+@contextmanager
+def keys_remembered() -> Iterator[None]:
+    """Within: each tensor's metadata key is computed once. For a search, which decides
+    many matches over the same captured values and changes no tensor's metadata: its
+    memoised checks key every decision by those values' metadata."""
+    global _remembered
+    if _remembered is not None:  # nested: the outer scope's memo serves
+        yield
+        return
+    _remembered = {}
+    try:
+        yield
+    finally:
+        _remembered = None
+
+
 def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
+    memo = _remembered
+    if memo is not None:
+        hit = memo.get(id(t))
+        if hit is not None and hit[0] is t:
+            return hit[1]
     if t._has_symbolic_sizes_strides or t.layout is not torch.strided:
         raise _Uncacheable
     offset = t.storage_offset()
     if type(offset) is not int:  # pragma: no cover - covered by the flag above
         raise _Uncacheable
-    return ("T", tuple(t.shape), t.stride(), offset, t.dtype, t.device, t.requires_grad)
+    key = ("T", tuple(t.shape), t.stride(), offset, t.dtype, t.device, t.requires_grad)
+    if memo is not None:
+        memo[id(t)] = (t, key)
+    return key
 
 
 _LITERALS = frozenset({type(None), bool, int, str, torch.dtype, torch.device, torch.layout,

@@ -22,6 +22,7 @@ from typing import Any
 
 from torch.fx import Node
 
+from fusionkit.apply.meta_cache import keys_remembered
 from fusionkit.check.executable import ExecutionTarget, ReplacementCheck
 from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.match.decide import (
@@ -238,10 +239,12 @@ def find_matches(ep: ProgramLike, rules: Sequence[Rule] | RuleIndex,
     # 4. decide: in graph order, search each candidate and decide its bindings
     checks = ({r: index.replacement_check(r, target) for r in compiled}
               if check_replacements else None)
-    return decide_in_order(ep, candidates, Settings(
-        ProgramInputs(ep), {r: index.threshold(r) for r in compiled}, checks,
-        structural_declines=structural_declines, allow_folding=allow_folding,
-        all_near_misses=all_near_misses, strict=strict_mode(strict)))
+    # (each captured value's metadata key, which memoised checks ask for, computed once)
+    with keys_remembered():
+        return decide_in_order(ep, candidates, Settings(
+            ProgramInputs(ep), {r: index.threshold(r) for r in compiled}, checks,
+            structural_declines=structural_declines, allow_folding=allow_folding,
+            all_near_misses=all_near_misses, strict=strict_mode(strict)))
 
 
 def _gated(index: RuleIndex, rooted: Sequence[tuple[Node, Sequence[Rule]]],

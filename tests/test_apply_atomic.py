@@ -429,11 +429,13 @@ def test_views_and_mutations_are_propagated_for_real() -> None:
 
 def in_place_relu_rule(fail: bool = False) -> Rule:
     """``relu(relu(x))`` -> the inner relu itself (kept; ``fail``: after rewiring it to
-    read the program's first input, raise)."""
+    read the program's first input and editing its ``meta``, raise)."""
 
     def build(rw: Any, inner: Any, x: Any) -> Any:
         if fail:
             inner.replace_input_with(x, next(iter(rw.graph.find_nodes(op="placeholder"))))
+            rw.set_meta(inner, "val", None)
+            rw.set_meta(inner, "fusionkit_test", 1)
             raise Injected("after an in-place edit")
         return inner
 

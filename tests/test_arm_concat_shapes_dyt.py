@@ -5,8 +5,6 @@ what stock folds."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,12 +13,8 @@ import torch
 pytest.importorskip("tosa_reference_model")
 pytest.importorskip("executorch.backends.arm.tosa.partitioner")
 
-import executorch.backends.arm._passes.arm_pass_manager as arm_pass_manager
 import executorch.backends.arm.tosa.dialect  # noqa: F401  (registers tosa.*)
-from executorch.backends.arm._passes import (
-    FoldDyTAlphaIntoLUTPass,
-    InsertTableOpsPass,
-)
+from executorch.backends.arm._passes import FoldDyTAlphaIntoLUTPass
 from executorch.backends.arm._passes.quant_args import QuantArgs
 from executorch.backends.arm.test.passes import test_fold_dyt_alpha_into_lut_pass as stock_dyt_test
 from executorch.backends.arm.tosa.specification import (
@@ -127,20 +121,6 @@ def test_a_symbolic_shape_program_lowers_to_stocks_bytes() -> None:
 
 # --- FoldDyTAlphaIntoLUTPass: whole pipeline ------------------------------------------------
 
-@contextlib.contextmanager
-def _dyt_fold_inserted() -> Iterator[None]:
-    """The DyT fold inserted where its own test and docs put it (before the table pass),
-    for this block only (Arm's registry is global)."""
-    saved = {k: v for k, v in arm_pass_manager._registered_pass_insertions.items()}
-    arm_pass_manager.register_pass_insertions_before(
-        InsertTableOpsPass, [FoldDyTAlphaIntoLUTPass(None)])  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        arm_pass_manager._registered_pass_insertions.clear()
-        arm_pass_manager._registered_pass_insertions.update(saved)
-
-
 class DyT(torch.nn.Module):
     """ExecuTorch's own DyT fixture: ``tanh(alpha * permute(conv(x)))``."""
 
@@ -158,7 +138,7 @@ def dyt() -> dict[str, Any]:
     torch.manual_seed(0)
     model, inputs = DyT().eval(), (torch.rand(1, 3, 8, 8),)
     out: dict[str, Any] = {}
-    with _dyt_fold_inserted():
+    with rm.dyt_folds_inserted():
         for way in ("stock", "fusionkit"):
             preprocess_rules.reset_counts()
             out[way] = rm.evaluate(model, inputs, fusionkit=way == "fusionkit", spec=rm.INT)

@@ -5,9 +5,7 @@ the fake-quantized model on the reference model, and on ExecuTorch's own hand-bu
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,13 +14,8 @@ import torch
 pytest.importorskip("tosa_reference_model")
 pytest.importorskip("executorch.backends.arm.tosa.partitioner")
 
-import executorch.backends.arm._passes.arm_pass_manager as arm_pass_manager
 import executorch.backends.arm.tosa.dialect  # noqa: F401  (registers tosa.*)
-from executorch.backends.arm._passes import (
-    FoldDyTAffineIntoConvPass,
-    FoldDyTAlphaIntoLUTPass,
-    InsertTableOpsPass,
-)
+from executorch.backends.arm._passes import FoldDyTAffineIntoConvPass
 from executorch.backends.arm.test.passes import test_fold_dyt_affine_into_conv_pass as stock_test
 
 from fusionkit.backends.arm_adapter import preprocess_rules
@@ -35,21 +28,6 @@ STOCK = "FoldDyTAffineIntoConvPass"
 
 
 # --- whole pipeline ---------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _dyt_folds_inserted() -> Iterator[None]:
-    """Both DyT folds inserted before the table pass (alpha first: the affine fold starts
-    from its TABLE), for this block only (Arm's registry is global)."""
-    saved = dict(arm_pass_manager._registered_pass_insertions)
-    arm_pass_manager.register_pass_insertions_before(
-        InsertTableOpsPass, [FoldDyTAlphaIntoLUTPass(None),  # type: ignore[arg-type]
-                             FoldDyTAffineIntoConvPass(None)])  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        arm_pass_manager._registered_pass_insertions.clear()
-        arm_pass_manager._registered_pass_insertions.update(saved)
-
 
 class DyTAffine(torch.nn.Module):
     """ExecuTorch's own ``DyTAffineModule`` (conv -> NHWC -> tanh(alpha x) * gamma + beta ->
@@ -84,7 +62,7 @@ def test_the_affine_fold_gives_stocks_tosa_and_equals_the_fake_quantized_model(c
                                                                               ) -> None:
     model, rewritten = PIPELINE[case]
     inputs = (torch.rand(1, 3, 8, 8, generator=torch.Generator().manual_seed(0)),)
-    with _dyt_folds_inserted():
+    with rm.dyt_folds_inserted(affine=True):
         stock = rm.evaluate(model.eval(), inputs, fusionkit=False, spec=rm.INT)
         preprocess_rules.reset_counts()
         ours = rm.evaluate(model, inputs, fusionkit=True, spec=rm.INT)

@@ -22,15 +22,16 @@ guards call ``module()`` inserts breaks its annotation).
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["FP", "INT", "ArmRun", "evaluate", "fake_quantized", "lower", "max_error",
-           "run_on_reference_model", "tosa_flatbuffers"]
+__all__ = ["FP", "INT", "ArmRun", "dyt_folds_inserted", "evaluate", "fake_quantized", "lower",
+           "max_error", "run_on_reference_model", "tosa_flatbuffers"]
 
 #: the TOSA profiles this oracle lowers to
 FP = "TOSA-1.0+FP"
@@ -51,6 +52,31 @@ def _partitioner(spec: str, fusionkit: bool) -> Any:
     from executorch.backends.arm.tosa.partitioner import TOSAPartitioner as Stock
 
     return Stock(_compile_spec(spec))
+
+
+@contextlib.contextmanager
+def dyt_folds_inserted(affine: bool = False) -> Iterator[None]:
+    """Arm's DyT folds inserted where their own tests and docs put them, before
+    ``InsertTableOpsPass`` (``FoldDyTAlphaIntoLUTPass``, then with ``affine``
+    ``FoldDyTAffineIntoConvPass``, which starts from the alpha fold's TABLE), for the block
+    only: Arm's registry of insertions is process-wide and is restored afterwards."""
+    from executorch.backends.arm._passes import (
+        FoldDyTAffineIntoConvPass,
+        FoldDyTAlphaIntoLUTPass,
+        InsertTableOpsPass,
+        arm_pass_manager,
+    )
+
+    folds: list[Any] = [FoldDyTAlphaIntoLUTPass(None)]  # (the manager gives each its program)
+    if affine:
+        folds.append(FoldDyTAffineIntoConvPass(None))  # type: ignore[arg-type]
+    saved = dict(arm_pass_manager._registered_pass_insertions)
+    arm_pass_manager.register_pass_insertions_before(InsertTableOpsPass, folds)
+    try:
+        yield
+    finally:
+        arm_pass_manager._registered_pass_insertions.clear()
+        arm_pass_manager._registered_pass_insertions.update(saved)
 
 
 def fake_quantized(module: torch.nn.Module, inputs: tuple[Any, ...], spec: str = INT,

@@ -41,7 +41,7 @@ from fusionkit.passes.registry import taken_over_patterns
 
 from . import boundary_dim_order, constant_serializer, pass_gates, preprocess_rules
 from .delegation import with_delegation_check
-from .rule_ops import built_rules
+from .rule_ops import rule_index
 
 __all__ = [
     "ADAPTER",
@@ -88,7 +88,8 @@ def _replace_all_fusable_subgraphs(ep: Any, graph_module: Any) -> int:
     # dict: fuse without adding (folding) or removing constants
     # the runtime's conditions are checked here too: a fusion the runtime would abort on
     # is never made, before or inside preprocess
-    rules = [with_delegation_check(r, None) for r in built_rules()]
+    # (each rule built the first time a delegated graph holds its root op)
+    rules = rule_index(lambda r: with_delegation_check(r, None))
     ms = find_matches(ep, rules, structural_declines=False, allow_folding=False)
     applied = (apply_matches(ep, ms.accepted, drop_dead_constants=False).applied
                if ms.accepted else [])

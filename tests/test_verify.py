@@ -307,8 +307,6 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
                               "subgraph built from ops has no module"),
     "xnnpack_linear_module_reshaped": ("linear_source_partition", "as xnnpack_linear_module"),
     # -- structure a check asks for that the generator does not build
-    "export_llama_rope": ("could not", "RoPE: rank-4 q/k with cos/sin tables of matching dims"),
-    "hf_rope": ("could not", "HF RoPE: rotate_half's slices at half the head dim"),
     "arm_remove_safe_softmax_guard": ("safe_softmax_guard",
                                       "the guard (eq/-inf, any, logical_not, full_like) over "
                                       "the softmax's scores; REMOVE also changes all -inf rows"),

@@ -25,7 +25,7 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import CheckContext, Pattern, Rewriter, Rule, also, any_value, capture, op, outputs
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
 
 from ._common import constraint, et_vk, is_last_dim, qk_rope_rule, shape
 
@@ -38,17 +38,17 @@ def _half(x: Pattern, start: int, tag: str) -> Pattern:
 
 
 def _rotary(x: str, p: str) -> Pattern:
-    xv = op(VIEW, capture(x), any_value())
+    xv = op(VIEW, capture(x), any_value(f"{p}_pairs_shape"))
     xr, xi = _half(xv, 0, f"{p}r"), _half(xv, 1, f"{p}i")
-    cos = op(VIEW, capture("freqs_cos"), any_value())
-    sin = op(VIEW, capture("freqs_sin"), any_value())
+    cos = op(VIEW, capture("freqs_cos"), any_value(f"{p}_cos_shape"))
+    sin = op(VIEW, capture("freqs_sin"), any_value(f"{p}_sin_shape"))
     out_r = op("aten.sub.Tensor", op("aten.mul.Tensor", xr, cos), op("aten.mul.Tensor", xi, sin))
     out_i = op("aten.add.Tensor", op("aten.mul.Tensor", xr, sin), op("aten.mul.Tensor", xi, cos))
     cat = op("aten.cat.default",
              [op("aten.unsqueeze_copy.default", out_r, any_value(f"{p}u0")),
               op("aten.unsqueeze_copy.default", out_i, any_value(f"{p}u1"))],
              any_value(f"{p}cat_dim"))
-    return op(VIEW, cat, any_value())
+    return op(VIEW, cat, any_value(f"{p}_out_shape"))
 
 
 def _rope_geometry(ctx: CheckContext, xq: Node, xk: Node, freqs_cos: Node, freqs_sin: Node,
@@ -82,6 +82,32 @@ def _rope_build(rw: Rewriter, xq: Node, xk: Node, freqs_cos: Node, freqs_sin: No
                 ) -> tuple[Node, Node]:
     fused = rw.call(et_vk("apply_rotary_emb"), xq, xk, freqs_cos, freqs_sin)
     return rw.getitem(fused, 0), rw.getitem(fused, 1)
+
+
+def rope_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: q and k of [batch, seq_len, heads, head_dim] (head_dim even),
+    tables [seq_len, head_dim / 2], and the literals Llama's ``apply_rotary_emb`` writes:
+    the [..., head_dim / 2, 2] view, halves sliced and squeezed on its last dim, the tables
+    viewed [1, seq_len, 1, head_dim / 2], the halves re-joined on the last dim and viewed
+    back."""
+    batch, seq, half = pick((1, 2)), pick((1, 3)), pick((1, 2, 4))
+    tables = OperandHint(shapes=((seq, half),))
+    hints = {"freqs_cos": tables, "freqs_sin": tables}
+    for p, x in (("q", "xq"), ("k", "xk")):
+        heads = pick((1, 2))
+        hints[x] = OperandHint(shapes=((batch, seq, heads, 2 * half),))
+        hints[f"{p}_pairs_shape"] = OperandHint(values=([batch, seq, heads, half, 2],))
+        hints[f"{p}_cos_shape"] = hints[f"{p}_sin_shape"] = OperandHint(values=([1, seq, 1, half],))
+        hints[f"{p}_out_shape"] = OperandHint(values=([batch, seq, heads, 2 * half],))
+        for part in ("r", "i"):
+            hints[f"{p}{part}_sdim"] = OperandHint(values=(-1, 4))
+            hints[f"{p}{part}_qdim"] = OperandHint(values=([-1], [4]))
+        for join in ("u0", "u1", "cat_dim"):
+            hints[f"{p}{join}"] = OperandHint(values=(-1, 4))
+    return hints
+
+
+register_operand_hints("rope_geometry", rope_operands)
 
 
 @register_rules("builtin", "vulkan", takes_over="export_llama_rope",

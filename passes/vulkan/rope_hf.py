@@ -50,7 +50,7 @@ from fusionkit import (
     op_key,
     outputs,
 )
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
 
 from ._common import ABSENT, constraint, et_vk, is_last_dim, qk_rope_rule, shape
 from .rope_tables import not_duplicated
@@ -179,5 +179,43 @@ def hf_rope_rule(name: str = "hf_rope") -> Rule:
                         "HuggingFace rotate_half RoPE on q and k into et_vk.apply_rotary_emb_hf",
                         extra=(tables,))
 
+
+#: how an exported ``x[..., n:]`` ends its slice
+_TO_THE_END = 9223372036854775807
+
+
+def _duplicated_table(rows: int, half: int) -> Any:
+    """A cos/sin table as transformers builds it: ``cat([f, f], -1)`` of a [rows, half] input."""
+
+    def make_it(make: Any) -> Any:
+        f = make.input("half", (rows, half), torch.float32)
+        return make.call("aten.cat.default", [f, f], -1)
+
+    return make_it
+
+
+def hf_rope_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: q and k of [batch, seq_len, heads, head_dim] rotated over
+    rotary_dim (all of head_dim, or its first part with the rest passed through), tables
+    [seq_len, rotary_dim] of two equal halves, and the slice/cat literals rotate_half
+    writes (the last dim; the split at rotary_dim / 2; ends at the size or past it)."""
+    batch, seq, head_dim = pick((1, 2)), pick((1, 3)), pick((4, 8))
+    rotary = pick((head_dim, head_dim // 2))
+    hints = {"xq": OperandHint(shapes=((batch, seq, pick((1, 2)), head_dim),)),
+             "xk": OperandHint(shapes=((batch, seq, pick((1, 2)), head_dim),)),
+             "freqs_cos": OperandHint(producer=_duplicated_table(seq, rotary // 2)),
+             "freqs_sin": OperandHint(producer=_duplicated_table(seq, rotary // 2)),
+             "cos_udim": OperandHint(values=(1,)), "sin_udim": OperandHint(values=(1,))}
+    for p in ("q", "k"):
+        for dim in ("rot_dim", "x1_dim", "x2_dim", "rh_dim", "pass_dim", "cat_dim"):
+            hints[f"{p}_{dim}"] = OperandHint(values=(-1, 3))
+        hints[f"{p}_half"] = OperandHint(values=(rotary // 2,))
+        hints[f"{p}_x2_end"] = OperandHint(values=(rotary, _TO_THE_END))
+        hints[f"{p}_rd"] = OperandHint(values=(rotary,))
+        hints[f"{p}_pass_end"] = OperandHint(values=(head_dim, _TO_THE_END))
+    return hints
+
+
+register_operand_hints("hf_rope_geometry", hf_rope_operands)
 
 __all__ = ["hf_rope_rule"]

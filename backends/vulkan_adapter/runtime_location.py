@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-from importlib.metadata import PackageNotFoundError, distribution
+from importlib.metadata import PackageNotFoundError
 from pathlib import Path
+
+from fusionkit.integration.versions import distribution_version as _version
 
 __all__ = ["LIBRARY", "RUNTIME_ENV", "cache_dir", "find_runtime", "library_sha256"]
 
@@ -69,21 +71,6 @@ def library_sha256(path: Path) -> str:
                 pass
         _SHA256[key] = sha
     return sha
-
-
-def _version(name: str) -> str:
-    """The installed distribution's version as ``importlib.metadata.version`` gives it, read
-    from its ``<name>-<version>.dist-info`` directory's name where it has one: parsing the
-    METADATA file (and importing the ``email`` package to do it) was most of the first
-    lowering's cost of finding the runtime."""
-    dist = distribution(name)
-    folder = getattr(dist, "_path", None)
-    stem = getattr(folder, "name", "")
-    if stem.endswith(".dist-info") and "-" in stem:
-        found = stem[: -len(".dist-info")].split("-", 1)[1]
-        if found:
-            return found
-    return dist.version
 
 
 def find_runtime() -> Path | None:

@@ -28,6 +28,7 @@ __all__ = [
     "TESTED_EXECUTORCH",
     "Features",
     "UnsupportedExecuTorchError",
+    "distribution_version",
     "features",
     "installed_executorch_version",
     "is_supported",
@@ -47,10 +48,25 @@ class UnsupportedExecuTorchError(RuntimeError):
     """The installed ExecuTorch is outside the range fusionkit supports."""
 
 
+@functools.cache
+def distribution_version(name: str) -> str:
+    """``importlib.metadata.version(name)``, once per process, read from the distribution's
+    ``<name>-<version>.dist-info`` directory name where it has one: parsing its METADATA
+    (and importing the ``email`` package to do it) cost every lowering ~5 ms. Raises
+    ``importlib.metadata.PackageNotFoundError`` as that does."""
+    dist = importlib.metadata.distribution(name)
+    stem = getattr(getattr(dist, "_path", None), "name", "")
+    if stem.endswith(".dist-info") and "-" in stem:
+        found = stem[: -len(".dist-info")].split("-", 1)[1]
+        if found:
+            return found
+    return dist.version
+
+
 def installed_executorch_version() -> str:
     """The installed ``executorch`` distribution's version, or ``"not installed"``."""
     try:
-        return importlib.metadata.version("executorch")
+        return distribution_version("executorch")
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
 

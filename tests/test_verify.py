@@ -306,10 +306,6 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
                               "it reads the nn.Linear source partition (source_fn_stack); a "
                               "subgraph built from ops has no module"),
     "xnnpack_linear_module_reshaped": ("linear_source_partition", "as xnnpack_linear_module"),
-    # -- structure a check asks for that the generator does not build
-    "arm_remove_safe_softmax_guard": ("safe_softmax_guard",
-                                      "the guard (eq/-inf, any, logical_not, full_like) over "
-                                      "the softmax's scores; REMOVE also changes all -inf rows"),
     # -- TOSA dialect ops run (fake or through the TOSA reference model) only inside a
     #    TosaLoweringContext, which the generator does not open
     "arm_fuse_identity_rescales": ("could not", "an int32 -> int8 -> int32 RESCALE pair"),

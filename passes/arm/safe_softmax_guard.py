@@ -24,7 +24,7 @@ from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.match.targets import op_key
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
 
 from ._common import constraint
 
@@ -103,5 +103,36 @@ def safe_softmax_guard_rule() -> Rule:
         description="SDPA's safe-softmax guard removed (policy REMOVE)",
     )
 
+
+def _guarded_softmax(shape: tuple[int, ...], dim: int, any_dim: int) -> Any:
+    """SDPA's guard over a softmax of fresh scores: the predicate (this capture), and the
+    softmax and the zeros it binds. Some scores are -inf, never a whole row along ``dim``
+    (there the guard gives zeros and the softmax NaN: the trade-off policy REMOVE states)."""
+
+    def make_it(make: Any) -> Any:
+        values = make.randint(-3, 3, shape).to(torch.float32)
+        masked = make.randint(0, 2, shape) == 0
+        masked.select(dim, 0).fill_(False)  # a finite score in every row
+        scores = make.input("scores", shape, torch.float32, values.masked_fill(masked, -math.inf))
+        softmax = make.call(SOFTMAX, scores, dim, False)
+        make.bind("softmax", softmax)
+        make.bind("zeros", make.call(FULL_LIKE, softmax, 0))
+        eq = make.call(EQ, scores, -math.inf)
+        found = make.call(ANY_DIM, make.call(LOGICAL_NOT, eq), any_dim, True)
+        return make.call(LOGICAL_NOT, found)
+
+    return make_it
+
+
+def guard_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: the guard around a softmax over one of the scores' dims
+    (the guard's dim negative or not)."""
+    shape = tuple(pick((1, 2, 3)) for _ in range(pick((2, 3))))
+    dim = pick(range(len(shape)))
+    return {"pred": OperandHint(producer=_guarded_softmax(shape, dim,
+                                                          pick((dim, dim - len(shape)))))}
+
+
+register_operand_hints("safe_softmax_guard", guard_operands)
 
 __all__ = ["safe_softmax_guard_rule"]

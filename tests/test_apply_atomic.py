@@ -40,6 +40,7 @@ from torch import nn
 
 import fusionkit.apply.builder as builder_mod
 import fusionkit.apply.rewrite as rewrite_mod
+import fusionkit.fusion_pass as fusion_pass_mod
 from fusionkit import FusionPass, Rule, capture, find_matches, op
 from fusionkit.apply.rewrite import apply_matches
 from fusionkit.match.finder import Match
@@ -142,18 +143,33 @@ class Injected(RuntimeError):
 @contextmanager
 def fail_on_call(monkeypatch: pytest.MonkeyPatch, target: Any, attr: str, k: int
                  ) -> Iterator[list[int]]:
-    """``target.attr`` raises :class:`Injected` on its ``k``-th call, once."""
+    """``target.attr`` raises :class:`Injected` on its ``k``-th call made while
+    ``FusionPass`` applies its matches, once. Calls made while the matches are decided
+    (the replacements built in scratch graphs) are not counted: a fault there is a
+    decline or, for the returned-value check, no verdict at all, never a half-applied
+    program."""
     real = getattr(target, attr)
+    real_apply = fusion_pass_mod.apply_matches
     count = [0]
+    applying = [False]
 
     def wrapper(*a: Any, **kw: Any) -> Any:
-        count[0] += 1
-        if count[0] == k:
-            raise Injected(f"{attr} call {k}")
+        if applying[0]:
+            count[0] += 1
+            if count[0] == k:
+                raise Injected(f"{attr} call {k}")
         return real(*a, **kw)
+
+    def apply(*a: Any, **kw: Any) -> Any:
+        applying[0] = True
+        try:
+            return real_apply(*a, **kw)
+        finally:
+            applying[0] = False
 
     with monkeypatch.context() as m:
         m.setattr(target, attr, wrapper)
+        m.setattr(fusion_pass_mod, "apply_matches", apply)
         yield count
 
 

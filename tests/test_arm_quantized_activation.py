@@ -76,3 +76,31 @@ def test_the_decline_names_the_zero_point_and_qmin() -> None:
                and "zero point" in d.reason]
     assert len(reasons) == 1, [d.reason for d in ms.declined]
     assert "is above its qmin -128" in reasons[0]
+
+
+def test_verify_finds_the_fold_wrong_without_a_positive_scale() -> None:
+    """``fusionkit verify`` showed the relu fold wrong for a negative scale (relu then
+    quantize gives codes at the zero point, the fused quantize codes above it); the rule
+    declines a scale that is not positive, and verifies equal; without that check it
+    is different."""
+    import dataclasses
+
+    from fusionkit.authoring.verify import DIFFERENT, EQUAL, verify
+    from fusionkit.passes._constraint import constraint
+    from fusionkit.passes.arm.quantized_activation import (
+        _per_tensor,
+        quantized_activation_rules,
+    )
+
+    rule = quantized_activation_rules()[0]
+    assert _per_tensor(None, -0.5, 0, 0, 127) is not None  # type: ignore[arg-type]
+    assert _per_tensor(None, 0.5, 0, 0, 127) is None  # type: ignore[arg-type]
+    assert verify(rule, cases=20, max_examples=300).status == EQUAL
+
+    def any_scale(ctx: Any, scale: Any, zp: Any, qmin: Any, qmax: Any) -> None:
+        return None
+
+    kept = [c for c in rule.constraints if getattr(c, "name", None) != "per_tensor"]
+    assert len(kept) == len(rule.constraints) - 1
+    weak = dataclasses.replace(rule, constraints=[*kept, constraint("per_tensor")(any_scale)])
+    assert verify(weak, cases=20, max_examples=300).status == DIFFERENT

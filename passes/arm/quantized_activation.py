@@ -70,6 +70,9 @@ def _per_tensor(ctx: CheckContext, scale: Any, zp: Any, qmin: Any, qmax: Any) ->
     if not isinstance(scale, float) or not all(isinstance(v, int) for v in (zp, qmin, qmax)):
         return (f"the quantize's scale / zero point / bounds ({scale!r}, {zp!r}, {qmin!r}, "
                 f"{qmax!r}) are not per-tensor numbers")
+    if not scale > 0:  # a negative scale maps real values below 0 above the zero point
+        return (f"the quantize's scale {scale!r} is not positive: real values below 0 do not "
+                "quantize below its zero point, so the activation is not its clamp")
     return None
 
 

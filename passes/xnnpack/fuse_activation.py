@@ -140,7 +140,12 @@ def _fused_activation(recorded: Any, out: Any) -> Any:
 
     lo = bound(getattr(recorded, "output_min", None))
     hi = bound(getattr(recorded, "output_max", None))
-    return torch.clamp(out, lo, hi) if isinstance(out, torch.Tensor) else out
+    if not isinstance(out, torch.Tensor):
+        return out
+    if not out.is_floating_point():  # clamped in the output's own type (float bounds promote)
+        return torch.clamp(out, None if lo is None else math.ceil(lo),
+                           None if hi is None else math.floor(hi))
+    return torch.clamp(out, lo, hi)
 
 
 # what the fused activation means, for fusionkit.verify

@@ -666,7 +666,7 @@ class _Builder(PatternVisitor[Any]):
         return self.literal(self.kind, p, p.name)
 
     def visit_named(self, p: Named) -> Any:
-        if p.name in self.bound and isinstance(p.inner, Op):  # a named op is one node
+        if p.name in self.bound and p.inner.root_keys() is not None:  # a named op is one node
             return self.bound[p.name]
         got = self.build(p.inner, self.kind)
         self.bound.setdefault(p.name, got)

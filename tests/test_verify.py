@@ -199,6 +199,22 @@ def test_a_reference_implementation_that_raises_is_cannot_check_naming_the_op() 
     assert v.status == CANNOT_CHECK and "et_vk.conv_with_clamp" in v.reason, v
 
 
+def test_a_kernel_reference_a_backend_registers_is_what_the_replacement_runs(monkeypatch: Any
+                                                                             ) -> None:
+    """A backend states what its kernel computes (``register_kernel_reference``): the verifier
+    runs the replacement's op through it, so a kernel that computes something else than
+    torch's op is judged as the kernel, not as torch's op."""
+    from fusionkit.authoring import verify as verify_module
+
+    rule = Rule("neg_as_mul", op("aten.neg.default", X),
+                replace_with("aten.mul.Tensor", ref("x"), -1.0), [DtypeIn("x", {torch.float32})])
+    assert verify(rule, cases=2, max_examples=30).status == EQUAL
+    monkeypatch.setitem(verify_module.KERNEL_REFERENCES, "aten.mul.Tensor",
+                        lambda a, b: a * b + 1.0)
+    v = verify(rule, cases=2, max_examples=30)
+    assert v.status == DIFFERENT and v.counterexample is not None, v
+
+
 def test_a_pattern_the_generator_cannot_satisfy_is_cannot_check_with_the_reason() -> None:
     never = Custom(lambda ctx, x: "never", "never")
     rule = Rule("never", op("aten.neg.default", X), replace_with("aten.neg.default", ref("x")),

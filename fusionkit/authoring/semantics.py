@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "KERNEL_REFERENCES",
     "METADATA_SEMANTICS",
     "OPERAND_HINTS",
     "REFERENCE_IS_NOT_THE_KERNEL",
     "OperandHint",
     "Pick",
+    "register_kernel_reference",
     "register_metadata_semantics",
     "register_operand_hints",
     "register_reference_caveat",
@@ -75,6 +77,12 @@ METADATA_SEMANTICS: dict[str, Callable[[Any, Any], Any]] = {}
 #: judged through it
 REFERENCE_IS_NOT_THE_KERNEL: dict[str, str] = {}
 
+#: backend ops (``namespace.name.overload``) the verifier runs through a function the
+#: backend states computes what its kernel computes (checked against the kernel, the runtime
+#: or the reference model by the backend's own tests), in place of torch's registered one:
+#: ``fn(*args, **kwargs)`` with the node's evaluated arguments
+KERNEL_REFERENCES: dict[str, Callable[..., Any]] = {}
+
 
 def register_metadata_semantics(key: str, apply: Callable[[Any, Any], Any]) -> None:
     """Tell the verifier what a node's ``meta[key]`` does to its result."""
@@ -84,6 +92,14 @@ def register_metadata_semantics(key: str, apply: Callable[[Any, Any], Any]) -> N
 def register_reference_caveat(op: str, why: str) -> None:
     """Tell the verifier that ``op``'s CPU reference is not its kernel (``why``)."""
     REFERENCE_IS_NOT_THE_KERNEL[op] = why
+
+
+def register_kernel_reference(op: str, fn: Callable[..., Any]) -> None:
+    """Tell the verifier to run ``op`` through ``fn``: what the kernel computes, stated by the
+    backend that owns it (and tested there against the kernel), where torch has no CPU
+    implementation of it or one that is not the kernel's math."""
+    KERNEL_REFERENCES[op] = fn
+    REFERENCE_IS_NOT_THE_KERNEL.pop(op, None)
 
 
 def register_operand_hints(check: str,

@@ -325,8 +325,6 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     # -- TOSA dialect ops run (fake or through the TOSA reference model) only inside a
     #    TosaLoweringContext, which the generator does not open
     "arm_fuse_identity_rescales": ("could not", "an int32 -> int8 -> int32 RESCALE pair"),
-    "arm_fuse_consecutive_slices": ("could not", "a SLICE of a SLICE with CONST_SHAPE starts "
-                                    "of the input's rank"),
     "arm_fold_dyt_alpha_into_lut": ("could not", "a RESCALE into a TABLE"),
     "arm_fuse_consecutive_concat_shapes": ("could not", "CONCAT_SHAPE of CONST_SHAPE lists "
                                            "(List[List[int]])"),

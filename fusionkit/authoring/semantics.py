@@ -1,7 +1,8 @@
 """What the verifier must be told of a backend: the node metadata its replacements use to
-say what a node computes, the ops whose CPU reference is not what the kernel computes, and
-how to make the operands a backend's checks ask for (:class:`OperandHint`, drawn jointly
-when a check relates several captures: a group size that tiles a dimension).
+say what a node computes, the ops whose CPU reference is not what the kernel computes, the
+context its ops run in, and how to make the operands a backend's checks ask for
+(:class:`OperandHint`, drawn jointly when a check relates several captures: a group size
+that tiles a dimension).
 
 Backends register these (their own code, so the core names no backend); the registries are
 plain dicts, light to import, read by :mod:`fusionkit.authoring.verify`.
@@ -10,6 +11,7 @@ plain dicts, light to import, read by :mod:`fusionkit.authoring.verify`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +19,13 @@ __all__ = [
     "KERNEL_REFERENCES",
     "METADATA_SEMANTICS",
     "OPERAND_HINTS",
+    "OP_CONTEXTS",
     "REFERENCE_IS_NOT_THE_KERNEL",
     "OperandHint",
     "Pick",
     "register_kernel_reference",
     "register_metadata_semantics",
+    "register_op_context",
     "register_operand_hints",
     "register_reference_caveat",
 ]
@@ -82,6 +86,18 @@ REFERENCE_IS_NOT_THE_KERNEL: dict[str, str] = {}
 #: or the reference model by the backend's own tests), in place of torch's registered one:
 #: ``fn(*args, **kwargs)`` with the node's evaluated arguments
 KERNEL_REFERENCES: dict[str, Callable[..., Any]] = {}
+
+
+#: op namespace (``tosa``) -> a factory of the context its ops run in: a backend whose ops
+#: check operands against a lowering setting (the TOSA dialect's ops read the active TOSA
+#: specification) states it, and the verifier opens it around building, exporting,
+#: rewriting and running a rule whose pattern has ops of that namespace
+OP_CONTEXTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {}
+
+
+def register_op_context(namespace: str, factory: Callable[[], AbstractContextManager[Any]]) -> None:
+    """Tell the verifier to run the ops of ``namespace`` inside ``factory()``."""
+    OP_CONTEXTS[namespace] = factory
 
 
 def register_metadata_semantics(key: str, apply: Callable[[Any, Any], Any]) -> None:

@@ -35,6 +35,7 @@ exactly.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import operator
@@ -50,6 +51,7 @@ import torch
 from fusionkit.authoring.semantics import (
     KERNEL_REFERENCES,
     METADATA_SEMANTICS,
+    OP_CONTEXTS,
     OPERAND_HINTS,
     REFERENCE_IS_NOT_THE_KERNEL,
     OperandHint,
@@ -746,8 +748,9 @@ class _Builder(PatternVisitor[Any]):
                 pass  # an ATen op that cannot run on meta tensors (.item()): ATen raises instead
             else:
                 raise _NotACase(f"{key}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        reference = KERNEL_REFERENCES.get(key)  # what the backend's kernel computes
         try:
-            out = target(*real_args, **real_kwargs)
+            out = (reference or target)(*real_args, **real_kwargs)
         except Exception as e:  # the drawn operands are not a case for this op
             raise _NotACase(f"{key}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
         self.case.calls.append(call)
@@ -1017,17 +1020,15 @@ def _short(v: Any) -> Any:
     return v
 
 
-def _eager_target() -> Any:
+def _eager_target(namespaces: frozenset[str] = frozenset()) -> Any:
     """Where the verifier runs the rewritten program: in torch, where every ATen op runs
     (one outside the core opset too: whether a lowering could take it is the executability
-    check's question, not whether the replacement computes what the pattern computes)."""
+    check's question, not whether the replacement computes what the pattern computes), and
+    so do the ops of ``namespaces``, run in the context their backend registered."""
     from fusionkit.check.executable import Delegate, ExecutionTarget
 
     return ExecutionTarget([Delegate("torch (fusionkit.verify runs the program eagerly)",
-                                     lambda node: None, frozenset({"aten"}))])
-
-
-_EAGER = _eager_target()
+                                     lambda node: None, frozenset({"aten"}) | namespaces)])
 
 
 class _Checker:
@@ -1035,6 +1036,7 @@ class _Checker:
 
     def __init__(self, rule: Rule, cases: int) -> None:
         self.rule = rule
+        self.target = _eager_target(_context_namespaces(rule))
         self.want = cases
         self.compared = 0
         self.shapes: set[str] = set()
@@ -1077,7 +1079,7 @@ class _Checker:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             rewritten = copy.deepcopy(ep)
-        ms = find_matches(rewritten, [self.rule], target=_EAGER)
+        ms = find_matches(rewritten, [self.rule], target=self.target)
         if not any(m.root.name == getattr(root, "name", None) for m in ms.accepted):
             at_root = [d for d in ms.declined if d.root.name == getattr(root, "name", None)]
             why = (f"declined: {at_root[0].step}: {at_root[0].reason}" if at_root
@@ -1088,7 +1090,7 @@ class _Checker:
         before = {k for n in ep.graph.nodes for k in n.meta}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fuse = FusionPass([self.rule], name=f"verify:{self.rule.name}", target=_EAGER)
+            fuse = FusionPass([self.rule], name=f"verify:{self.rule.name}", target=self.target)
             fuse.call(rewritten)
             got = (ep.module(), rewritten.module())
         if not fuse.report.total_fused:
@@ -1121,7 +1123,7 @@ class _Checker:
             self.no_reference.update(missing)
             return False
         user = tuple(case.inputs[n].value.clone() for n in _Program(case).user)
-        want = pattern_gm(*user)
+        want = _Runner(pattern_gm).run(*user)  # (its backend ops as their kernels compute)
         runner = _Runner(gm)
         try:
             got = runner.run(*user)
@@ -1221,14 +1223,37 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
                       phases=[Phase.generate, Phase.shrink],
                       suppress_health_check=list(HealthCheck))
     found: _Case | None = None
-    try:
-        with _seeded(seed):
-            found = find(case(), condition, settings=config)
-    except NoSuchExample:
-        found = None
-    except Exception:  # hypothesis could not replay the shrinking (a flaky comparison)
-        found = checker.first_difference
-    return _verdict(rule, checker, found, time.monotonic() - started)
+    with _op_contexts(rule):
+        try:
+            with _seeded(seed):
+                found = find(case(), condition, settings=config)
+        except NoSuchExample:
+            found = None
+        except Exception:  # hypothesis could not replay the shrinking (a flaky comparison)
+            found = checker.first_difference
+        return _verdict(rule, checker, found, time.monotonic() - started)
+
+
+def _op_keys(p: Pattern) -> set[str]:
+    """The op keys anywhere in pattern ``p``."""
+    keys = set(p.targets) if isinstance(p, Op) else set()
+    for child in p.children():
+        keys |= _op_keys(child)
+    return keys
+
+
+def _context_namespaces(rule: Rule) -> frozenset[str]:
+    """The namespaces of ``rule``'s ops whose backend registered a context to run them in."""
+    return frozenset({k.split(".")[0] for k in _op_keys(rule.pattern)} & set(OP_CONTEXTS))
+
+
+def _op_contexts(rule: Rule) -> contextlib.ExitStack:
+    """The contexts backends registered for the namespaces of ``rule``'s ops
+    (:data:`~fusionkit.authoring.semantics.OP_CONTEXTS`), entered together."""
+    stack = contextlib.ExitStack()
+    for ns in sorted(_context_namespaces(rule)):
+        stack.enter_context(OP_CONTEXTS[ns]())
+    return stack
 
 
 class _seeded:

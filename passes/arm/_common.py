@@ -20,6 +20,9 @@ from fusionkit.passes.families.conv_batch_norm import fresh_constant as fresh_co
 # the TOSA dialect's ops (tosa.RESCALE, tosa.SLICE, ...) register when it is imported
 register_op_library("tosa", "executorch.backends.arm.tosa.dialect")
 
+# what fusionkit.verify needs to run them (their context, the ops with only fake kernels)
+from . import tosa_semantics as tosa_semantics  # noqa: E402
+
 CONV = "aten.convolution.default"
 LINEAR = "aten.linear.default"
 RELU = "aten.relu.default"

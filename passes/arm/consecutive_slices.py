@@ -24,7 +24,7 @@ from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.match.targets import op_key
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
 
 from ._common import CONST_SHAPE, SLICE, constraint, keep_node_meta
 
@@ -89,6 +89,34 @@ def _fused(rw: Rewriter, outer: Node, inner: Node, size2: Any) -> Node:
     return new
 
 
+def slice_of_a_slice(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: ``inner`` a SLICE of a drawn int8 or float input, and the
+    outer start/size of its rank, a window inside the inner slice (both windows drawn
+    per dim: a start, then a size that fits)."""
+    rank = pick((1, 2, 3))
+    extents = [pick((2, 3, 5)) for _ in range(rank)]
+    start1, size1, start2, size2 = [], [], [], []
+    for extent in extents:
+        s1 = pick(range(extent))
+        z1 = pick(range(1, extent - s1 + 1))
+        s2 = pick(range(z1))
+        start1.append(s1)
+        size1.append(z1)
+        start2.append(s2)
+        size2.append(pick(range(1, z1 - s2 + 1)))
+    dtype = pick((torch.int8, torch.float32))
+
+    def inner_slice(make: Any) -> Any:
+        x = make.input("x", tuple(extents), dtype)
+        return make.call(SLICE, x, start1, size1)
+
+    return {"inner": OperandHint(producer=inner_slice), "start2": OperandHint(values=(start2,)),
+            "size2": OperandHint(values=(size2,))}
+
+
+register_operand_hints("static_window", slice_of_a_slice)
+
+
 @register_rules("arm", takes_over="FuseConsecutiveSlicesPass")
 def consecutive_slices_rule() -> Rule:
     return Rule(
@@ -101,4 +129,4 @@ def consecutive_slices_rule() -> Rule:
     )
 
 
-__all__ = ["consecutive_slices_rule"]
+__all__ = ["consecutive_slices_rule", "slice_of_a_slice"]

@@ -1,0 +1,92 @@
+"""What ``fusionkit.verify`` runs the TOSA dialect's ops through is what the TOSA reference
+model computes: SLICE on windows of lowered slices, TABLE on every int8 input through a
+drawn table; and a wrong slice fusion is found different through them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+from fusionkit import PythonReplacement, Rewriter
+from fusionkit.authoring.verify import DIFFERENT, verify
+from fusionkit.passes.arm import tosa_semantics
+from fusionkit.passes.arm.consecutive_slices import consecutive_slices_rule
+
+pytest.importorskip("tosa_reference_model")
+
+
+def _windows(seed: int, shape: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """A start and a size inside ``shape`` per dim, drawn with ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    start, size = [], []
+    for extent in shape:
+        s = int(torch.randint(0, extent, (1,), generator=g))
+        start.append(s)
+        size.append(int(torch.randint(1, extent - s + 1, (1,), generator=g)))
+    return start, size
+
+
+class _Window(torch.nn.Module):
+    def __init__(self, start: list[int], size: list[int]) -> None:
+        super().__init__()
+        self.window = tuple(slice(s, s + z) for s, z in zip(start, size, strict=True))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[self.window] + 0.0  # (an op after it: the slice is not the whole program)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_slice_reference_is_the_reference_models_slice(seed: int) -> None:
+    """A window of a rank-3 input, lowered to TOSA-1.0+FP (RewriteSlicePass makes it a
+    tosa.SLICE) and run on the reference model, equals ``slice_reference`` on the window."""
+    from fusionkit.backends.arm_adapter.reference_model import FP, lower, run_on_reference_model
+
+    shape = (3, 4, 5)
+    start, size = _windows(seed, shape)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    edge = lower(_Window(start, size), (x,), fusionkit=False, spec=FP)
+    (got,) = run_on_reference_model(edge, (x,))
+    want = tosa_semantics.slice_reference(x, start, size)
+    assert tuple(got.shape) == tuple(size)
+    assert torch.equal(got, want), (start, size)
+
+
+def test_the_table_reference_is_the_reference_models_table() -> None:
+    """Every int8 input through a drawn 256-entry table, as a one-op TOSA graph on the
+    reference model (ExecuTorch's ``make_tosa_reference_model_impl`` serializes it)."""
+    from executorch.backends.arm.tosa.dialect.ops import table
+    from executorch.backends.arm.tosa.dialect.real_impl import make_tosa_reference_model_impl
+
+    run = make_tosa_reference_model_impl(table.TABLE, "TABLE(Tensor input1, Tensor table) -> Tensor")
+    codes = torch.arange(-128, 128, dtype=torch.int8).reshape(16, 16)
+    lut = torch.randint(-128, 128, (256,), generator=torch.Generator().manual_seed(0)).to(torch.int8)
+    with tosa_semantics.lowering_context():
+        got = run(codes, lut)
+    assert torch.equal(got, tosa_semantics.table_reference(codes, lut))
+    assert not torch.equal(got, codes)  # (the table is not the identity)
+
+
+def test_the_shape_marker_is_the_one_the_tosa_mapping_writes() -> None:
+    from executorch.backends.arm.tosa.mapping import TosaSpecialDtype
+
+    assert tosa_semantics.SPECIAL_DTYPE_KEY == TosaSpecialDtype.meta_key()
+
+
+def test_a_slice_fusion_that_drops_the_first_start_is_different() -> None:
+    """The fused slice given only the second start (not the sum): verify runs both
+    programs through the SLICE reference and finds a window where they differ."""
+    right = consecutive_slices_rule()
+    fused: Any = right.replacement.fn  # type: ignore[attr-defined]
+
+    def second_start_only(rw: Rewriter, outer: Any, inner: Any, size2: Any) -> Any:
+        new = fused(rw, outer, inner, size2)
+        new.args = (new.args[0], outer.args[1], new.args[2])
+        return new
+
+    wrong = dataclasses.replace(right, name="slices_drop_first_start",
+                                replacement=PythonReplacement(second_start_only))
+    v = verify(wrong, cases=8, max_examples=80)
+    assert v.status == DIFFERENT and v.counterexample is not None, v

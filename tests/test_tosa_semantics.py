@@ -90,3 +90,26 @@ def test_a_slice_fusion_that_drops_the_first_start_is_different() -> None:
                                 replacement=PythonReplacement(second_start_only))
     v = verify(wrong, cases=8, max_examples=80)
     assert v.status == DIFFERENT and v.counterexample is not None, v
+
+
+def test_a_rescale_fold_that_reads_the_codes_without_their_zero_point_is_different() -> None:
+    """tosa.RESCALE runs on the reference model (its eager kernel serializes a one-op graph):
+    a fold that rescales the int8 codes back with zero point 0, not the first rescale's,
+    is off by ``zp * scale`` and found different; the shipped fold verifies equal."""
+    from fusionkit.authoring.verify import EQUAL
+    from fusionkit.passes.arm._common import RESCALE
+    from fusionkit.passes.arm.consecutive_rescales import consecutive_rescales_rule
+
+    right = consecutive_rescales_rule()
+    assert verify(right, cases=2, max_examples=40).status == EQUAL
+
+    def ignores_zero_point(rw: Rewriter, r1: Any, r2: Any) -> Any:
+        new = rw.call(RESCALE, r1, torch.int32, list(r2.args[2]), 0, 0)
+        new.target = r2.target
+        return new
+
+    wrong = dataclasses.replace(right, name="rescales_ignore_zero_point",
+                                replacement=PythonReplacement(ignores_zero_point))
+    v = verify(wrong, cases=8, max_examples=80)
+    assert v.status == DIFFERENT and v.counterexample is not None, v
+    assert v.counterexample.literals["in_zp"] != 0, v.counterexample

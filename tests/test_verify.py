@@ -324,7 +324,6 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     "xnnpack_linear_module_reshaped": ("linear_source_partition", "as xnnpack_linear_module"),
     # -- TOSA dialect ops run (fake or through the TOSA reference model) only inside a
     #    TosaLoweringContext, which the generator does not open
-    "arm_fuse_identity_rescales": ("could not", "an int32 -> int8 -> int32 RESCALE pair"),
     "arm_fold_dyt_alpha_into_lut": ("could not", "a RESCALE into a TABLE"),
     "arm_fuse_consecutive_concat_shapes": ("could not", "CONCAT_SHAPE of CONST_SHAPE lists "
                                            "(List[List[int]])"),

@@ -26,7 +26,7 @@ from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.match.targets import op_key
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
 
 from ._common import RESCALE, constraint
 
@@ -85,6 +85,31 @@ def _first_input(rw: Rewriter, r1: Node) -> Any:
     return r1.args[0]
 
 
+def identity_round_trip(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: ``r1`` an int32 -> int8/int16 RESCALE (scale 1, 1/2 or
+    1/4; int8 zero point 0, 3 or -5) of int32 values on its grid (``(k - zp) / scale`` for
+    ``k`` in the output range: the round trip is exact there), and the second rescale's
+    inverse scale and zero points. Off the grid the pair rounds and clamps where the fold
+    does not: Arm's accepted trade-off, not judged."""
+    dtype = pick((torch.int8, torch.int16))
+    scale = pick((1.0, 0.5, 0.25))
+    zp = pick((0, 3, -5)) if dtype == torch.int8 else 0
+    lo, hi = (-128, 127) if dtype == torch.int8 else (-32768, 32767)
+    shape = pick(((4,), (2, 3), (1, 2, 2)))
+
+    def first_rescale(make: Any) -> Any:
+        codes = make.randint(lo, hi, shape)
+        x = make.input("x", shape, torch.int32, ((codes - zp) / scale).to(torch.int32))
+        return make.call(RESCALE, x, dtype, [scale], 0, zp)
+
+    return {"r1": OperandHint(producer=first_rescale), "dtype": OperandHint(values=(torch.int32,)),
+            "scale": OperandHint(values=([1.0 / scale],)), "in_zp": OperandHint(values=(zp,)),
+            "out_zp": OperandHint(values=(0,))}
+
+
+register_operand_hints("identity_pair", identity_round_trip)
+
+
 @register_rules("arm", takes_over="FuseConsecutiveRescalesPass")
 def consecutive_rescales_rule() -> Rule:
     return Rule(
@@ -97,4 +122,4 @@ def consecutive_rescales_rule() -> Rule:
     )
 
 
-__all__ = ["consecutive_rescales_rule"]
+__all__ = ["consecutive_rescales_rule", "identity_round_trip"]

@@ -113,3 +113,50 @@ def test_a_rescale_fold_that_reads_the_codes_without_their_zero_point_is_differe
     v = verify(wrong, cases=8, max_examples=80)
     assert v.status == DIFFERENT and v.counterexample is not None, v
     assert v.counterexample.literals["in_zp"] != 0, v.counterexample
+
+
+def _rescale_cases() -> list[tuple[Any, ...]]:
+    """(input, dtype, scales, in_zp, out_zp, unsigned flags) drawn from a seeded generator:
+    int32 -> int8/int16 (the quantized ops' outputs), int8/int16 -> int32 (their inputs),
+    int8 -> int8, per tensor and per channel of the last dim, scales over many octaves,
+    values that round half up and that clamp."""
+    g = torch.Generator().manual_seed(0)
+    cases: list[tuple[Any, ...]] = []
+    ranges = {torch.int8: (-128, 127), torch.int16: (-32768, 32767), torch.int32: (-40000, 40000)}
+    pairs = [(torch.int32, torch.int8), (torch.int32, torch.int16), (torch.int8, torch.int32),
+             (torch.int16, torch.int32), (torch.int8, torch.int8)]
+    for i in range(20):
+        src, dst = pairs[i % len(pairs)]
+        lo, hi = ranges[src]
+        x = torch.randint(lo, hi + 1, (2, 3), generator=g).to(src)
+        channels = 3 if i % 4 == 3 else 1
+        scales = [float(2.0 ** torch.randint(-14, 4, (1,), generator=g)
+                        * (0.5 + torch.rand(1, generator=g))) for _ in range(channels)]
+        in_zp = int(torch.randint(-128, 128, (1,), generator=g)) if src == torch.int8 else 0
+        out_zp = int(torch.randint(-128, 128, (1,), generator=g)) if dst == torch.int8 else 0
+        cases.append((x, dst, scales, in_zp, out_zp, False, False))
+    x = torch.randint(-128, 128, (2, 3), generator=g).to(torch.int8)
+    cases.append((x, torch.int8, [0.75], 200, -3, True, False))  # uint8 codes in
+    x = torch.randint(-128, 128, (2, 3), generator=g).to(torch.int8)
+    cases.append((x, torch.int8, [1.5], 0, 130, False, True))  # int8 to uint8 codes
+    return cases
+
+
+def test_the_rescale_reference_is_the_reference_models_rescale() -> None:
+    """``rescale_reference`` on 22 drawn cases equals tosa.RESCALE's own eager kernel, which
+    serializes the op (ExecuTorch's RescaleVisitor: multiplier, shift, SINGLE_ROUND) and
+    runs it on the TOSA reference model."""
+    from fusionkit.match.targets import resolve_op
+
+    kernel = resolve_op("tosa.RESCALE.default")
+    clamped = 0
+    with tosa_semantics.lowering_context():
+        for x, dtype, scales, in_zp, out_zp, u_in, u_out in _rescale_cases():
+            flags = {"input_unsigned": u_in, "output_unsigned": u_out}
+            want = kernel(x, dtype, scales, in_zp, out_zp, **flags)
+            got = tosa_semantics.rescale_reference(x, dtype, scales, in_zp, out_zp, **flags)
+            assert got.dtype == want.dtype and torch.equal(got, want), (x, dtype, scales, in_zp,
+                                                                         out_zp, got, want)
+            info = torch.iinfo(dtype)
+            clamped += int(((want == info.min) | (want == info.max)).sum())
+    assert clamped > 0  # (the cases reach the output type's bounds)

@@ -761,8 +761,8 @@ class _Builder(PatternVisitor[Any]):
 
 class _Making:
     """What an :class:`OperandHint`'s ``producer`` function is given to build its capture:
-    ``capture(name)``: a capture built before it; ``input(part, shape, dtype, values)``: a
-    new user input (``values``: its tensor, else drawn); ``call(op_key, *args)``: an op on
+    ``capture(name)``: a capture built before it; ``input(part, shape, dtype, values,
+    constant)``: a new user input, or a constant (``values``: its tensor, else drawn); ``call(op_key, *args)``: an op on
     what was built (run eagerly as the pattern's ops are); ``item(ref, i)``: output ``i`` of
     a call returning several; ``bind(name, ref)``: what a capture not built yet will be;
     ``shape``: the shape drawn for the capture; ``randint(lo, hi, shape)``: integers drawn
@@ -783,10 +783,10 @@ class _Making:
         return self.builder._eager(ref)
 
     def input(self, part: str, shape: tuple[int, ...], dtype: Any,
-              values: torch.Tensor | None = None) -> _Ref:
+              values: torch.Tensor | None = None, constant: bool = False) -> _Ref:
         b = self.builder
         value = values if values is not None else b._tensor(tuple(shape), dtype)
-        return b._input(f"{self.name}_{part}", tuple(shape), dtype, False, value)
+        return b._input(f"{self.name}_{part}", tuple(shape), dtype, constant, value)
 
     def call(self, key: str, *args: Any) -> _Ref:
         return self.builder.emit(key, args)

@@ -322,15 +322,17 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
                               "it reads the nn.Linear source partition (source_fn_stack); a "
                               "subgraph built from ops has no module"),
     "xnnpack_linear_module_reshaped": ("linear_source_partition", "as xnnpack_linear_module"),
-    # -- TOSA dialect ops run (fake or through the TOSA reference model) only inside a
-    #    TosaLoweringContext, which the generator does not open
+    # -- TOSA sites an exported program built from ops cannot hold (the TOSA context and the
+    #    kernel references of passes/arm/tosa_semantics.py run the rest)
     "arm_fold_dyt_alpha_into_lut": ("dyt_alpha_site: the tanh's input is no signed",
                                     "the int8 site is built (operand hints), but the check "
                                     "reads the RESCALEs as the edge dialect's op objects and "
                                     "int8 qparams node metadata, which an exported program "
                                     "built from ops does not carry"),
-    "arm_fuse_consecutive_concat_shapes": ("could not", "CONCAT_SHAPE of CONST_SHAPE lists "
-                                           "(List[List[int]])"),
+    "arm_fuse_consecutive_concat_shapes": ("CONCAT_SHAPE.default: it takes no tensor",
+                                           "CONCAT_SHAPE takes and returns no tensor: no eager "
+                                           "call dispatches it, and a traced program holds it "
+                                           "only with symbolic sizes"),
     "arm_fold_dyt_affine_into_conv": ("dyt_affine_site", "a TABLE's codes through RESCALEs, a "
                                       "mul and an add with int8 qparams metadata, a permute "
                                       "(0, 3, 1, 2) and the convolution"),

@@ -740,9 +740,11 @@ class _Builder(PatternVisitor[Any]):
         real_args, real_kwargs = self._eager(call.args), self._eager(call.kwargs)
         try:  # shapes first, on meta tensors: a native kernel is never given operands it refuses
             target(*_to_meta(real_args), **_to_meta(real_kwargs))
-        except NotImplementedError:
+        except NotImplementedError as e:
             if not key.startswith("aten."):
-                raise _NotACase(f"{key}: no meta kernel to check operands with") from None
+                why = ("it takes no tensor: outside a traced program nothing dispatches it"
+                       if "no tensor arguments" in str(e) else "no meta kernel to check operands with")
+                raise _NotACase(f"{key}: {why}") from None
         except Exception as e:
             if key.startswith("aten.") and "meta" in str(e):
                 pass  # an ATen op that cannot run on meta tensors (.item()): ATen raises instead

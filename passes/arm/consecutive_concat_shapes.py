@@ -31,7 +31,7 @@ from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.match.targets import op_key
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, register_operand_hints, register_rules
 
 from ._common import CONCAT_SHAPE, constraint, keep_node_meta
 
@@ -91,6 +91,13 @@ def _fused(rw: Rewriter, concat: Node, shapes: Any) -> Node:
     keep_node_meta(new, concat)
     new.meta["val"] = concat.meta.get("val")
     return new
+
+
+#: for ``fusionkit.verify``: the concat's operand is a list of shapes (the generator would
+#: draw a flat list of ints). The op takes and returns no tensor, so no eager call
+#: dispatches it and a traced program holds it only with symbolic sizes
+#: (``SymbolicToTosaShapesPass``): the verifier cannot build it, and says so
+register_operand_hints("nested_shapes", {"shapes": OperandHint(values=([[1, 2], [3]],))})
 
 
 @register_rules("arm", takes_over="FuseConsecutiveConcatShapesPass")

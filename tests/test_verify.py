@@ -215,6 +215,32 @@ def test_a_kernel_reference_a_backend_registers_is_what_the_replacement_runs(mon
     assert v.status == DIFFERENT and v.counterexample is not None, v
 
 
+def test_a_context_a_backend_registers_is_open_while_its_rules_ops_run(monkeypatch: Any) -> None:
+    """``register_op_context``: the context is entered around a rule whose pattern has an op
+    of its namespace (and not around others); without the TOSA context the Arm slice rule's
+    ops refuse to run, with it the rule verifies."""
+    import contextlib
+
+    from fusionkit.authoring import verify as verify_module
+
+    entered: list[str] = []
+
+    @contextlib.contextmanager
+    def recording(name: str) -> Any:
+        entered.append(name)
+        yield
+
+    monkeypatch.setitem(verify_module.OP_CONTEXTS, "aten", lambda: recording("aten"))
+    assert verify(_reciprocal_mul(False), cases=2).status == EQUAL
+    assert entered == ["aten"]
+    (slices,) = [r for _, _, r in SHIPPED if r.name == "arm_fuse_consecutive_slices"]
+    assert verify(slices, cases=2, max_examples=40).status == EQUAL
+    assert entered == ["aten"]  # (its pattern has no aten op)
+    monkeypatch.delitem(verify_module.OP_CONTEXTS, "tosa")
+    v = verify(slices, cases=2, max_examples=40)
+    assert v.status == CANNOT_CHECK and "TosaLoweringContext" in v.reason, v
+
+
 def test_a_pattern_the_generator_cannot_satisfy_is_cannot_check_with_the_reason() -> None:
     never = Custom(lambda ctx, x: "never", "never")
     rule = Rule("never", op("aten.neg.default", X), replace_with("aten.neg.default", ref("x")),

@@ -25,8 +25,10 @@ How a case is made (drawn with hypothesis, so a failure shrinks to the smallest 
   declined case is counted with its reason); the rewritten program is run.
 
 Backend ops run through the reference implementations registered in torch (the
-``et_vk`` ops' CPU implementations come with ``executorch.backends.vulkan``); an op
-with none makes the rule "cannot check" and is named.
+``et_vk`` ops' CPU implementations come with ``executorch.backends.vulkan``) or through
+the functions a backend states its kernels compute (``register_kernel_reference``), inside
+the context a backend states its ops need (``register_op_context``: the TOSA dialect's
+``TosaLoweringContext``); an op with none makes the rule "cannot check" and is named.
 
 Results are compared per output with the tolerance of its dtype (:data:`TOLERANCES`):
 ``|got - expected| <= tol * (1 + |expected|)``, NaN equal to NaN, shapes and dtypes

@@ -1239,8 +1239,8 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
 
 
 def _op_keys(p: Pattern) -> set[str]:
-    """The op keys anywhere in pattern ``p``."""
-    keys = set(p.targets) if isinstance(p, Op) else set()
+    """The op keys anywhere in pattern ``p`` (each sub-pattern's root ops)."""
+    keys = set(p.root_keys() or ())
     for child in p.children():
         keys |= _op_keys(child)
     return keys

@@ -100,8 +100,8 @@ class FoldConstantSubgraphsPass(ExportedProgramPassBase):
             # the dict ``all_input_nodes`` copies into a list for every call
             inputs = getattr(node, "_input_nodes", None)
             if inputs is None:
-                inputs = node.all_input_nodes
-            if inputs and (not known or any(x not in known for x in inputs)):
+                inputs = dict.fromkeys(node.all_input_nodes)
+            if inputs and (not known or not inputs.keys() <= known.keys()):
                 continue
             if node.is_impure():
                 continue

@@ -1,0 +1,84 @@
+"""The kernel references the backends register for ``fusionkit verify``
+(``register_kernel_reference``), each against the kernel it states: the real Vulkan runtime
+(lavapipe, one child process) where present, ExecuTorch's own CPU reference or C++ kernel on
+the operands where those compute the same.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+import torch
+from test_vulkan_preprocess_rules import lower
+from torch import nn
+
+from fusionkit.authoring.semantics import KERNEL_REFERENCES
+from fusionkit.backends.vulkan_adapter import decode_payload, runtime
+from fusionkit.backends.vulkan_adapter.inspect.prepack_check import vulkan_delegates
+
+pytestmark = pytest.mark.usefixtures("vulkan_ops")
+
+CONV_CLAMP = "et_vk.conv_with_clamp.default"
+
+
+class ConvClamp(nn.Module):
+    """A convolution and the activation FuseClampPass's rules fold into conv_with_clamp."""
+
+    def __init__(self, act: nn.Module, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv, self.act = nn.Conv2d(3, 4, 3, padding=1), act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.conv(x))  # type: ignore[no-any-return]
+
+
+#: the activation -> the bounds the rules give conv_with_clamp
+CONV_CASES: dict[str, tuple[nn.Module, float, float]] = {
+    "relu": (nn.ReLU(), 0.0, sys.float_info.max),
+    "hardtanh": (nn.Hardtanh(-0.25, 0.5), -0.25, 0.5),
+}
+
+
+def _conv_reference(m: ConvClamp, x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    c = m.conv
+    return KERNEL_REFERENCES[CONV_CLAMP](x, c.weight.detach(), c.bias.detach(), [1, 1], [1, 1],
+                                        [1, 1], False, [0, 0], 1, lo, hi)
+
+
+def test_the_conv_with_clamp_reference_is_stocks_where_stocks_runs() -> None:
+    """With bounds float32 holds, the reference is ExecuTorch's CPU one; with the relu's
+    ``sys.float_info.max`` that one raises, and the reference clamps at +inf (no upper bound)."""
+    m, x = ConvClamp(nn.Identity(), 0), torch.randn(1, 3, 5, 5)
+    c = m.conv
+    args = (x, c.weight.detach(), c.bias.detach(), [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    ours = KERNEL_REFERENCES[CONV_CLAMP]
+    stock = torch.ops.et_vk.conv_with_clamp.default
+    torch.testing.assert_close(ours(*args, -0.25, 0.5), stock(*args, -0.25, 0.5))
+    torch.testing.assert_close(ours(*args, 0.0, sys.float_info.max), stock(*args, 0.0, None))
+    with pytest.raises(RuntimeError, match="overflow"):
+        stock(*args, 0.0, sys.float_info.max)
+    assert bool((ours(*args, -0.25, 0.5) < 0).any())  # the lower bound was reached
+
+
+def test_the_conv_with_clamp_reference_is_what_the_runtime_computes(vulkan_runtime: Any) -> None:
+    """Conv2d + relu / hardtanh lowered through the adapter (the rules fuse them into
+    conv_with_clamp in preprocess): the real runtime's outputs equal the reference's."""
+    lowered = []
+    for i, (name, (act, lo, hi)) in enumerate(CONV_CASES.items()):
+        m, x = ConvClamp(act, 10 + i).eval(), torch.randn(1, 3, 6, 6)
+        low = lower(m, (x,), True)
+        ops = {o for d in vulkan_delegates(low.program)
+               for o in decode_payload(d.payload).graph.op_names()}
+        assert CONV_CLAMP in ops, (name, sorted(ops))
+        lowered.append((name, m, x, lo, hi, low))
+    results = runtime.run_many_in_child([runtime.Job(low.pte, [x])
+                                         for _, _, x, _, _, low in lowered])
+    for (name, m, x, lo, hi, _), res in zip(lowered, results, strict=True):
+        assert res.status == "ok" and res.outputs, (name, res.status, res.message)
+        want = _conv_reference(m, x, lo, hi)
+        assert bool((want == lo).any()) and bool((want > lo).any()), name  # it clamps
+        torch.testing.assert_close(res.outputs[0], want, atol=1e-4, rtol=1e-4,
+                                   msg=lambda s, name=name: f"{name}: {s}")

@@ -82,3 +82,29 @@ def test_the_conv_with_clamp_reference_is_what_the_runtime_computes(vulkan_runti
         assert bool((want == lo).any()) and bool((want > lo).any()), name  # it clamps
         torch.testing.assert_close(res.outputs[0], want, atol=1e-4, rtol=1e-4,
                                    msg=lambda s, name=name: f"{name}: {s}")
+
+
+QCS4W = "et_vk.linear_qcs4w.default"
+
+
+@pytest.mark.parametrize("shape", [(3, 10), (2, 3, 10)])
+def test_the_linear_qcs4w_reference_undoes_the_packers_offset(shape: tuple[int, ...]) -> None:
+    """On the bytes ExecuTorch's own packer writes, the reference is the dequantized linear,
+    and ExecuTorch's CPU reference is off by exactly ``sum(x) * 8 * s``. The simulator runs
+    the same function, and ``test_vulkan_simulator_qcs4w`` holds the simulator to the real
+    runtime on lowered int4 programs."""
+    from executorch.backends.vulkan._passes.fuse_quantized_ops import pack_4bit_weight_tensor
+
+    g = torch.Generator().manual_seed(7)
+    n, k = 6, shape[-1]
+    w = torch.randint(-8, 8, (n, k), generator=g, dtype=torch.int8)
+    s = torch.rand(n, generator=g) * 0.1 + 0.01
+    x = torch.randn(*shape, generator=g)
+    packed = pack_4bit_weight_tensor(w)
+    want = x.double() @ (w.double() * s.double()[:, None]).t()
+    got = KERNEL_REFERENCES[QCS4W](x, packed, s)
+    assert got.dtype == x.dtype and got.shape == (*shape[:-1], n)
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+    stock = torch.ops.et_vk.linear_qcs4w(x, packed, s).double()
+    torch.testing.assert_close(stock - want, x.double().sum(-1, keepdim=True) * 8 * s.double(),
+                               atol=1e-4, rtol=1e-4)

@@ -316,8 +316,6 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     # -- a backend op with no reference that computes what the kernel computes
     "select_as_symint": ("et_vk.select_as_symint",
                          "its only registered kernel is a Meta one: it returns a SymInt"),
-    "linear_weight_int4": ("et_vk.linear_qcs4w",
-                           "its CPU reference does not undo the +8 offset of the stock packer"),
     "causal_sdpa": ("llama.custom_sdpa",
                     "its C++ kernel aborts the process on operands it refuses: never run"),
     # -- the replacement's semantics are in node metadata the backend applies

@@ -108,3 +108,34 @@ def test_the_linear_qcs4w_reference_undoes_the_packers_offset(shape: tuple[int, 
     stock = torch.ops.et_vk.linear_qcs4w(x, packed, s).double()
     torch.testing.assert_close(stock - want, x.double().sum(-1, keepdim=True) * 8 * s.double(),
                                atol=1e-4, rtol=1e-4)
+
+
+SELECT = "et_vk.select_as_symint.default"
+
+
+@pytest.mark.parametrize(("shape", "dim", "index", "dtype"),
+                         [((5,), 0, 3, torch.int64), ((1, 4), 1, -1, torch.int32),
+                          ((3, 1), 0, 2, torch.int64)])
+def test_the_select_as_symint_reference_is_the_int_the_graph_read(
+        shape: tuple[int, ...], dim: int, index: int, dtype: torch.dtype) -> None:
+    """The int the runtime's ``select_as_symint_impl`` reads is the one eager
+    ``_local_scalar_dense(select_copy(x, dim, index))`` gives (the op's only torch kernel is
+    a Meta one; ExecuTorch 1.5.1's partitioner has no registry entry for it, so no program
+    of that version delegates it to the real runtime)."""
+    x = torch.randint(-50, 50, shape, dtype=dtype, generator=torch.Generator().manual_seed(3))
+    want = torch.ops.aten._local_scalar_dense(torch.ops.aten.select_copy.int(x, dim, index))
+    got = KERNEL_REFERENCES[SELECT](x, dim, index)
+    assert type(got) is int and got == want
+
+
+def test_verify_compares_the_int_select_as_symint_gives(monkeypatch: Any) -> None:
+    """The rule is judged on the int: a kernel off by one is different."""
+    from fusionkit.authoring import verify as verify_module
+    from fusionkit.authoring.verify import DIFFERENT, EQUAL, verify
+    from fusionkit.passes.vulkan.select_as_symint import select_as_symint_rule
+
+    rule = select_as_symint_rule()
+    assert verify(rule, cases=2, max_examples=40).status == EQUAL
+    monkeypatch.setitem(verify_module.KERNEL_REFERENCES, SELECT,
+                        lambda x, dim, index: int(x.select(dim, index).item()) + 1)
+    assert verify(rule, cases=2, max_examples=40).status == DIFFERENT

@@ -314,8 +314,6 @@ SHIPPED = _shipped()
 #: rule that stops verifying (or a reason that changes) fails here. Shrink this list.
 CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     # -- a backend op with no reference that computes what the kernel computes
-    "select_as_symint": ("et_vk.select_as_symint",
-                         "its only registered kernel is a Meta one: it returns a SymInt"),
     "causal_sdpa": ("llama.custom_sdpa",
                     "its C++ kernel aborts the process on operands it refuses: never run"),
     # -- the replacement's semantics are in node metadata the backend applies

@@ -332,8 +332,11 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     "arm_fold_dyt_affine_into_conv": ("dyt_affine_site", "a TABLE's codes through RESCALEs, a "
                                       "mul and an add with int8 qparams metadata, a permute "
                                       "(0, 3, 1, 2) and the convolution"),
-    "fold_qdq": ("folds_a_quantize", "a dequantize of a quantize; the fold drops the "
-                 "rounding on purpose (the Vulkan graph runs in float)"),
+    "fold_qdq": ("folds_a_quantize", "a dequantize of a quantize; the fold drops the pair on "
+                 "purpose (the Vulkan graph runs in float): not only its rounding (half a "
+                 "step) but its saturation and any scale the dequantize does not share with "
+                 "the quantize, so no tolerance bounds it (test_fold_qdq_error_is_not_bounded"
+                 "_by_a_quantization_step)"),
 }
 
 
@@ -367,6 +370,43 @@ def test_a_quantized_rule_whose_geometry_is_drawn_jointly_is_judged() -> None:
     assert v.status == DIFFERENT and v.counterexample is not None, v
     assert any(x != 0 for row in v.counterexample.inputs["zeros"]["values"]
                for x in (row if isinstance(row, list) else [row])), v.counterexample
+
+
+class _QuantizeDequantize(torch.nn.Module):
+    """A per-tensor int8 quantize (scale 0.5) read by a dequantize of scale ``dq_scale``,
+    doubled (an op after it: the program's output is not its input)."""
+
+    def __init__(self, dq_scale: float) -> None:
+        super().__init__()
+        self.dq_scale = dq_scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qd = torch.ops.quantized_decomposed
+        q = qd.quantize_per_tensor(x, 0.5, 0, -128, 127, torch.int8)
+        return qd.dequantize_per_tensor(q, self.dq_scale, 0, -128, 127, torch.int8) * 2.0  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("dq_scale", "x", "want"),
+                         [(0.5, 1000.0, 127.0),  # saturated at 127 steps of 0.5
+                          (0.25, 2.0, 2.0)])     # another scale: half the value
+def test_fold_qdq_error_is_not_bounded_by_a_quantization_step(dq_scale: float, x: float,
+                                                              want: float) -> None:
+    """Why fold_qdq stays cannot check: the pair it drops saturates, and the dequantize's
+    parameters need not be the quantize's (stock checks none, nor does the rule); the fold
+    gives ``x`` where the pattern gives far more than one step (0.5) away."""
+    import torch.ao.quantization.fx._decomposed  # (registers the quantized_decomposed ops)
+
+    from fusionkit import FusionPass
+
+    (fold,) = [r for r in rules_of("vulkan_preprocess") if r.name == "fold_qdq"]
+    t = torch.tensor([x])
+    ep = torch.export.export(_QuantizeDequantize(dq_scale), (t,))
+    assert float(ep.module()(t)[0]) == want
+    fuse = FusionPass([fold])
+    fuse(ep)
+    assert fuse.report.total_fused == 1
+    got = float(ep.module()(t)[0])
+    assert got == 2 * x and abs(got - want) > 2 * 0.5
 
 
 def test_the_cannot_check_allow_list_names_shipped_rules() -> None:

@@ -22,6 +22,7 @@ from fusionkit.authoring.semantics import (
     Pick,
     register_kernel_reference,
     register_metadata_semantics,
+    register_module_scope,
     register_operand_hints,
     register_reference_caveat,
 )
@@ -29,7 +30,8 @@ from fusionkit.authoring.semantics import (
 if TYPE_CHECKING:
     from fusionkit.rule import Rule
 
-__all__ = ["OperandHint", "Pick", "RuleFactory", "register_kernel_reference", "register_metadata_semantics", "register_operand_hints",
+__all__ = ["OperandHint", "Pick", "RuleFactory", "register_kernel_reference", "register_metadata_semantics", "register_module_scope",
+           "register_operand_hints",
            "register_reference_caveat",
            "register_rules", "registered", "rule_set", "rule_set_names", "rules_taking_over",
            "taken_over_patterns"]

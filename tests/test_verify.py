@@ -317,10 +317,10 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     "causal_sdpa": ("llama.custom_sdpa",
                     "its C++ kernel aborts the process on operands it refuses: never run"),
     # -- the replacement's semantics are in node metadata the backend applies
-    "xnnpack_linear_module": ("linear_source_partition",
-                              "it reads the nn.Linear source partition (source_fn_stack); a "
-                              "subgraph built from ops has no module"),
-    "xnnpack_linear_module_reshaped": ("linear_source_partition", "as xnnpack_linear_module"),
+    "xnnpack_linear_module_reshaped": ("linear_source_partition",
+                                       "the ops run inside an nn.Linear (MODULE_SCOPES), but the "
+                                       "generator does not build the view of a 3-D input inside "
+                                       "it nor draw the restoring view's (unnamed) shape"),
     # -- TOSA dialect ops run (fake or through the TOSA reference model) only inside a
     #    TosaLoweringContext, which the generator does not open
     "arm_fuse_identity_rescales": ("could not", "an int32 -> int8 -> int32 RESCALE pair"),
@@ -407,6 +407,32 @@ def test_fold_qdq_error_is_not_bounded_by_a_quantization_step(dq_scale: float, x
     assert fuse.report.total_fused == 1
     got = float(ep.module()(t)[0])
     assert got == 2 * x and abs(got - want) > 2 * 0.5
+
+
+def test_a_check_reading_the_module_runs_the_pattern_inside_one(monkeypatch: Any) -> None:
+    """xnnpack_linear_module reads the nn.Linear source partition its mm ran in: XNNPACK
+    registers the module scope (``register_module_scope``), the verifier runs the pattern's
+    ops inside an nn.Linear, and the rule is judged; without it no case is accepted. A
+    replacement that drops the bias of an addmm is different."""
+    from fusionkit.authoring import verify as verify_module
+
+    (module_rule,) = [r for r in rules_of("xnnpack") if r.name == "xnnpack_linear_module"]
+    assert verify(module_rule, cases=2, max_examples=40).status == EQUAL
+
+    def drops_bias(rw: Any, mm: Any) -> Any:
+        from fusionkit.passes.xnnpack.convert_to_linear import module_plan
+
+        found = module_plan(mm)
+        assert not isinstance(found, str)
+        return rw.call("aten.linear.default", found[1].x, found[1].w)
+
+    wrong = dataclasses.replace(module_rule, name="module_drops_bias",
+                                replacement=PythonReplacement(drops_bias))
+    v = verify(wrong, cases=8, max_examples=80)
+    assert v.status == DIFFERENT, v
+    monkeypatch.delitem(verify_module.MODULE_SCOPES, "linear_source_partition")
+    v = verify(module_rule, cases=2, max_examples=40)
+    assert v.status == CANNOT_CHECK and "no nn.Linear source partition" in v.reason, v
 
 
 def test_the_cannot_check_allow_list_names_shipped_rules() -> None:

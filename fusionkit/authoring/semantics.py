@@ -16,12 +16,14 @@ from typing import Any
 __all__ = [
     "KERNEL_REFERENCES",
     "METADATA_SEMANTICS",
+    "MODULE_SCOPES",
     "OPERAND_HINTS",
     "REFERENCE_IS_NOT_THE_KERNEL",
     "OperandHint",
     "Pick",
     "register_kernel_reference",
     "register_metadata_semantics",
+    "register_module_scope",
     "register_operand_hints",
     "register_reference_caveat",
 ]
@@ -82,6 +84,18 @@ REFERENCE_IS_NOT_THE_KERNEL: dict[str, str] = {}
 #: or the reference model by the backend's own tests), in place of torch's registered one:
 #: ``fn(*args, **kwargs)`` with the node's evaluated arguments
 KERNEL_REFERENCES: dict[str, Callable[..., Any]] = {}
+
+
+#: checks (a ``Custom``'s name) that read which module a matched op ran in (its source
+#: partition, from ``nn_module_stack``), and the module type: the verifier runs the pattern's
+#: ops inside an instance of it, as a model's module runs them
+MODULE_SCOPES: dict[str, type[Any]] = {}
+
+
+def register_module_scope(check: str, module_type: type[Any]) -> None:
+    """Tell the verifier that the check named ``check`` asks for the pattern's ops to run
+    inside a ``module_type`` module (an ``nn.Linear`` source partition)."""
+    MODULE_SCOPES[check] = module_type
 
 
 def register_metadata_semantics(key: str, apply: Callable[[Any, Any], Any]) -> None:

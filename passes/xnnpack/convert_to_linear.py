@@ -68,7 +68,13 @@ from fusionkit import (
     op_key,
 )
 from fusionkit.apply.builder import PROVENANCE_KEYS
-from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
+from fusionkit.passes.registry import (
+    OperandHint,
+    Pick,
+    register_module_scope,
+    register_operand_hints,
+    register_rules,
+)
 from fusionkit.passes.vulkan.addmm_to_linear import addmm_to_linear_rules
 
 from ._common import LINEAR, constraint, keep_provenance
@@ -366,6 +372,17 @@ def reads_dequantize_view_operands(pick: Pick) -> dict[str, OperandHint]:
 
 
 register_operand_hints("reads_dequantize", reads_dequantize_operands)
+# the partition the check reads is the nn.Linear module the ops ran in
+register_module_scope("linear_source_partition", torch.nn.Linear)
+
+
+def module_weight_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: the weight an nn.Linear's mm / addmm reads, the transpose
+    of a parameter (the check reads the matmul, so a per-capture hint would not apply)."""
+    return {"wt": OperandHint(producer="transpose")}
+
+
+register_operand_hints("linear_source_partition", module_weight_operands)
 register_operand_hints("reads_dequantize_view_restores", reads_dequantize_view_operands)
 
 __all__ = ["STOCK_PASS", "ModulePlan", "convert_to_linear_rules", "module_plan"]

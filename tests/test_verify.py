@@ -317,10 +317,6 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     "causal_sdpa": ("llama.custom_sdpa",
                     "its C++ kernel aborts the process on operands it refuses: never run"),
     # -- the replacement's semantics are in node metadata the backend applies
-    "xnnpack_linear_module_reshaped": ("linear_source_partition",
-                                       "the ops run inside an nn.Linear (MODULE_SCOPES), but the "
-                                       "generator does not build the view of a 3-D input inside "
-                                       "it nor draw the restoring view's (unnamed) shape"),
     # -- TOSA dialect ops run (fake or through the TOSA reference model) only inside a
     #    TosaLoweringContext, which the generator does not open
     "arm_fuse_identity_rescales": ("could not", "an int32 -> int8 -> int32 RESCALE pair"),
@@ -433,6 +429,30 @@ def test_a_check_reading_the_module_runs_the_pattern_inside_one(monkeypatch: Any
     monkeypatch.delitem(verify_module.MODULE_SCOPES, "linear_source_partition")
     v = verify(module_rule, cases=2, max_examples=40)
     assert v.status == CANNOT_CHECK and "no nn.Linear source partition" in v.reason, v
+
+
+def test_the_reshaped_module_rule_is_judged_on_a_3d_input_the_module_flattens() -> None:
+    """xnnpack_linear_module_reshaped: the hint builds a [B, L, K] input viewed as
+    [B * L, K] inside the nn.Linear, and the view back to [B, L, N]; a replacement that
+    drops the addmm's bias from the 3-D linear is different."""
+    (reshaped,) = [r for r in rules_of("xnnpack") if r.name == "xnnpack_linear_module_reshaped"]
+    v = verify(reshaped, cases=2, max_examples=40)
+    assert v.status == EQUAL and all("a_3d(" in s for s in v.shapes), v
+
+    def drops_bias(rw: Any, mm: Any) -> Any:
+        from fusionkit.passes.xnnpack.convert_to_linear import module_plan
+
+        found = module_plan(mm)
+        assert not isinstance(found, str)
+        if found[0].graph is rw.graph:
+            rw.insert_before = found[0]
+        return rw.call("aten.linear.default", found[1].x, found[1].w)
+
+    wrong = dataclasses.replace(reshaped, name="reshaped_drops_bias",
+                                replacement=PythonReplacement(drops_bias))
+    v = verify(wrong, cases=8, max_examples=80)
+    assert v.status == DIFFERENT and v.counterexample is not None, v
+    assert len(v.counterexample.inputs["a_3d"]["shape"]) == 3, v.counterexample
 
 
 def test_the_cannot_check_allow_list_names_shipped_rules() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 __all__ = [
     "KERNEL_REFERENCES",
     "METADATA_SEMANTICS",
+    "MODULE_SCOPES",
     "OPERAND_HINTS",
     "OP_CONTEXTS",
     "REFERENCE_IS_NOT_THE_KERNEL",
@@ -25,6 +26,7 @@ __all__ = [
     "Pick",
     "register_kernel_reference",
     "register_metadata_semantics",
+    "register_module_scope",
     "register_op_context",
     "register_operand_hints",
     "register_reference_caveat",
@@ -98,6 +100,18 @@ OP_CONTEXTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {}
 def register_op_context(namespace: str, factory: Callable[[], AbstractContextManager[Any]]) -> None:
     """Tell the verifier to run the ops of ``namespace`` inside ``factory()``."""
     OP_CONTEXTS[namespace] = factory
+
+
+#: checks (a ``Custom``'s name) that read which module a matched op ran in (its source
+#: partition, from ``nn_module_stack``), and the module type: the verifier runs the pattern's
+#: ops inside an instance of it, as a model's module runs them
+MODULE_SCOPES: dict[str, type[Any]] = {}
+
+
+def register_module_scope(check: str, module_type: type[Any]) -> None:
+    """Tell the verifier that the check named ``check`` asks for the pattern's ops to run
+    inside a ``module_type`` module (an ``nn.Linear`` source partition)."""
+    MODULE_SCOPES[check] = module_type
 
 
 def register_metadata_semantics(key: str, apply: Callable[[Any, Any], Any]) -> None:

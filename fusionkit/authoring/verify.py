@@ -53,6 +53,7 @@ import torch
 from fusionkit.authoring.semantics import (
     KERNEL_REFERENCES,
     METADATA_SEMANTICS,
+    MODULE_SCOPES,
     OP_CONTEXTS,
     OPERAND_HINTS,
     REFERENCE_IS_NOT_THE_KERNEL,
@@ -224,13 +225,15 @@ class _Case:
     literals: dict[str, Any] = field(default_factory=dict)
     #: whether the pattern's root is read by a clone (the last call) rather than returned
     tail: bool = False
+    #: the module type the pattern's calls run inside (:data:`MODULE_SCOPES`), or None
+    scope: Any = None
 
     def key(self) -> str:
         """The structure (not the values of user inputs): what export depends on."""
         ins = [(i.name, i.shape, str(i.dtype), i.constant,
                 i.value.tolist() if i.constant else None) for i in self.inputs.values()]
         calls = [(str(c.target), _plain(c.args), _plain(c.kwargs)) for c in self.calls]
-        return repr((ins, calls, _plain(self.outputs), self.tail))
+        return repr((ins, calls, _plain(self.outputs), self.tail, self.scope))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -821,13 +824,31 @@ def _same_literal(a: Any, b: Any) -> bool:
 # ------------------------------------------------------------- export and compare
 
 
+def _bare(module_type: type[torch.nn.Module]) -> torch.nn.Module:
+    """An instance of ``module_type`` with nothing of it but its type (no parameters): export
+    records the type in the ``nn_module_stack`` of the ops its ``forward`` runs (its source
+    partition); the ``forward`` is set per call."""
+    scope = module_type.__new__(module_type)
+    torch.nn.Module.__init__(scope)
+    return scope
+
+
+def _scope_of(rule: Rule) -> Any:
+    """The module type a check of ``rule`` asks the pattern's ops to run in, or None."""
+    return next((MODULE_SCOPES[c.name] for c in rule.constraints
+                 if isinstance(c, Custom) and c.name in MODULE_SCOPES), None)
+
+
 class _Program(torch.nn.Module):
-    """The drawn subgraph as a module: constants are parameters/buffers, the rest inputs."""
+    """The drawn subgraph as a module: constants are parameters/buffers, the rest inputs;
+    the pattern's calls inside a module of the case's scope, where a check asks for one."""
 
     def __init__(self, case: _Case) -> None:
         super().__init__()
         self.case = case
         self.user = [n for n, i in case.inputs.items() if not i.constant]
+        if case.scope is not None:
+            self.scope = _bare(case.scope)
         for n, i in case.inputs.items():
             if i.constant:
                 if i.dtype.is_floating_point:
@@ -851,8 +872,18 @@ class _Program(torch.nn.Module):
                 return tuple(ev(x) for x in r)
             return r
 
-        for c in self.case.calls:
-            results.append(c.target(*ev(c.args), **{k: ev(v) for k, v in c.kwargs.items()}))
+        def call(calls: list[_Call]) -> None:
+            for c in calls:
+                results.append(c.target(*ev(c.args), **{k: ev(v) for k, v in c.kwargs.items()}))
+
+        calls = self.case.calls
+        inside = len(calls) - 1 if self.case.tail else len(calls)  # the tail reads the module's output
+        if self.case.scope is not None:
+            self.scope.forward = lambda: call(calls[:inside])
+            self.scope()
+            call(calls[inside:])
+        else:
+            call(calls)
         return tuple(ev(o) for o in self.case.outputs)
 
 
@@ -1181,6 +1212,7 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
     started = time.monotonic()
     checker = _Checker(rule, cases)
     operand_hints, joint_hints = _hints_of(rule, hints)
+    scope = _scope_of(rule)
 
     @st.composite
     def case(draw: Any) -> _Case:
@@ -1191,6 +1223,7 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
         for capture, hint in (hints or {}).items():  # the caller's own win
             case_hints[capture] = _merged(case_hints[capture], hint) if capture in case_hints else hint
         b = _Builder(rule, draw, case_hints)
+        b.case.scope = scope
         try:
             first = b.build(rule.pattern)
         except _NotACase as e:

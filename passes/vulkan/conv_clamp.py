@@ -20,10 +20,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import torch
 from torch.fx import Node
 
 from fusionkit import PythonReplacement, Rewriter, Rule, any_value, capture, lit, op, scalar
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import register_kernel_reference, register_rules
 
 from ._common import et_vk
 
@@ -35,6 +36,24 @@ STOCK_PASS = "FuseClampPass"
 
 #: the convolution's arguments after input, weight and bias
 _GEOMETRY = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
+
+
+def conv_with_clamp_kernel(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                           stride: Any, padding: Any, dilation: Any, transposed: bool,
+                           output_padding: Any, groups: int, output_min: Any = None,
+                           output_max: Any = None) -> torch.Tensor:
+    """What the runtime's ``conv2d*_clamp`` shaders compute: the convolution, then
+    ``clamp(out, out_min, out_max)`` with bounds the runtime reads as C++ ``float``
+    (``Convolution.cpp``: ``extract_scalar<float>``), so ``sys.float_info.max`` becomes
+    ``+inf``. ExecuTorch's CPU reference clamps with the double and raises on float32."""
+    out = torch.convolution(input, weight, bias, stride, padding, dilation, transposed,
+                            output_padding, groups)
+    lo, hi = (None if b is None else torch.tensor(float(b), dtype=torch.float64)
+              .to(torch.float32).to(out.dtype) for b in (output_min, output_max))
+    return torch.clamp(out, lo, hi)
+
+
+register_kernel_reference("et_vk.conv_with_clamp.default", conv_with_clamp_kernel)
 
 
 def _conv() -> Any:
@@ -87,4 +106,4 @@ def conv_clamp_rules() -> list[Rule]:
     ]
 
 
-__all__ = ["STOCK_PASS", "conv_clamp_rules"]
+__all__ = ["STOCK_PASS", "conv_clamp_rules", "conv_with_clamp_kernel"]

@@ -75,7 +75,6 @@ from fusionkit.passes.registry import (
     OperandHint,
     Pick,
     register_operand_hints,
-    register_reference_caveat,
     register_rules,
 )
 
@@ -533,12 +532,6 @@ __all__ = ["DQ_PER_TENSOR", "dq8ca_q4gsw_linear_rule", "per_group_sums", "q4gsw_
            "quantized_linear_rules"]
 
 
-# its CPU reference is not the kernel: fusionkit.verify never judges a rule through it
-register_reference_caveat(
-    "et_vk.linear_qcs4w.default",
-    "its CPU reference (executorch.backends.vulkan.custom_ops_lib.linear_qcs4w) reads each "
-    "nibble as 0..15, without undoing the +8 offset the stock packer "
-    "(fuse_quantized_ops.pack_4bit_weight_tensor) writes; linear_q4gsw's reference undoes it")
 
 
 def _linear_input(pick: Pick, k: int, dtype: torch.dtype) -> OperandHint:

@@ -23,9 +23,19 @@ from fusionkit import (
     integer,
     op,
 )
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import register_kernel_reference, register_rules
 
 from ._common import constraint, et_vk, shape
+
+
+def select_as_symint_kernel(x: torch.Tensor, dim: int, index: int) -> int:
+    """What the runtime's ``select_as_symint_impl`` gives the graph: the int at ``index``
+    along ``dim`` of ``x`` (the op's one registered kernel, a Meta one, only makes a
+    symbol)."""
+    return int(x.select(dim, index).item())
+
+
+register_kernel_reference("et_vk.select_as_symint.default", select_as_symint_kernel)
 
 
 def _select_as_symint_in_range(ctx: CheckContext, x: Node, dim: int, index: int) -> str | None:

@@ -67,7 +67,13 @@ from fusionkit import (
     op_key,
 )
 from fusionkit.passes._provenance import keep_provenance
-from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
+from fusionkit.passes.registry import (
+    OperandHint,
+    Pick,
+    register_kernel_reference,
+    register_operand_hints,
+    register_rules,
+)
 
 from ._common import DQ_PER_CHANNEL, constant_tensor, constraint, et_vk, shape, zero_points_are_zero
 
@@ -276,6 +282,27 @@ def _take_place_of(rw: Rewriter, new: Node, old: Node, reader: Node) -> None:
     if target is not None and not any(s.target == target for s in specs):
         ep.state_dict.pop(target, None)
         ep.constants.pop(target, None)
+
+
+def linear_qcs4w_kernel(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
+                        ) -> torch.Tensor:
+    """What the runtime's ``linear_qcsnw_tiled`` 4-bit shader computes
+    (``QuantizedLinearQCSNW.cpp``) from the bytes ``pack_4bit_weight_tensor`` writes: byte
+    ``j`` of row n holds ``w[n, 2j] + 8`` in the high nibble and ``w[n, 2j+1] + 8`` in the low
+    one; the shader reads the raw nibbles and subtracts ``8 * sum_k x[m, k]``, so
+    ``out[m, n] = sum_k x[m, k] * (nibble[n, k] - 8) * s[n]`` in float. ExecuTorch's CPU
+    reference (``custom_ops_lib.linear_qcs4w``) drops the ``- 8``."""
+    packed = weight.to(torch.uint8).to(torch.int16)
+    n, k = packed.shape[0], x.shape[-1]
+    w = torch.empty((n, packed.shape[1] * 2), dtype=torch.int16)
+    w[:, 0::2] = (packed >> 4) & 0x0F
+    w[:, 1::2] = packed & 0x0F
+    w = w[:, :k] - 8  # an odd K was padded with a zero weight
+    s = scales.reshape(-1)[:n].to(torch.float32)  # the shader reads the scales flat
+    return (x.to(torch.float32) @ (w.to(torch.float32) * s.reshape(n, 1)).t()).to(x.dtype)
+
+
+register_kernel_reference("et_vk.linear_qcs4w.default", linear_qcs4w_kernel)
 
 
 def _linear_qcs4w(rw: Rewriter, x: Node, weight: Node, scales: Node, bias: Any = None) -> Node:

@@ -68,7 +68,13 @@ from fusionkit import (
     op_key,
 )
 from fusionkit.apply.builder import PROVENANCE_KEYS
-from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
+from fusionkit.passes.registry import (
+    OperandHint,
+    Pick,
+    register_module_scope,
+    register_operand_hints,
+    register_rules,
+)
 from fusionkit.passes.vulkan.addmm_to_linear import addmm_to_linear_rules
 
 from ._common import LINEAR, constraint, keep_provenance
@@ -318,7 +324,8 @@ def convert_to_linear_rules() -> list[Rule]:
              replacement=as_module,
              description="an nn.Linear's addmm/mm (2-D input) as one linear"),
         Rule(name="xnnpack_linear_module_reshaped",
-             pattern=op(OUTPUT_RESHAPES, matmul, any_value()), constraints=[module],
+             pattern=op(OUTPUT_RESHAPES, matmul, any_value("restored_shape")),
+             constraints=[module],
              replacement=as_module,
              description="an nn.Linear's view/mm/view as one linear of the unflattened input"),
         *fallback,
@@ -366,6 +373,31 @@ def reads_dequantize_view_operands(pick: Pick) -> dict[str, OperandHint]:
 
 
 register_operand_hints("reads_dequantize", reads_dequantize_operands)
+# the partition the check reads is the nn.Linear module the ops ran in
+register_module_scope("linear_source_partition", torch.nn.Linear)
+
+
+def module_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: what an nn.Linear's mm / addmm reads: the transpose of a
+    parameter (the check reads the matmul, so a per-capture hint would not apply); in half
+    the cases a 3-D input ``[B, L, K]`` the module flattens to ``[B * L, K]``, an addmm's
+    bias ``[N]`` and the view back to ``[B, L, N]`` (the reshaped rule's)."""
+    hints = {"wt": OperandHint(producer="transpose")}
+    if pick((False, True)):
+        b, length, k, n = pick((1, 2)), pick((2, 3)), pick((2, 3)), pick((2, 4))
+
+        def flattened(make: Any) -> Any:
+            return make.call(VIEW, make.input("3d", (b, length, k), torch.float32),
+                             [b * length, k])
+
+        hints.update(a=OperandHint(producer=flattened, shapes=((b * length, k),)),
+                     wt=OperandHint(producer="transpose", shapes=((k, n),)),
+                     b=OperandHint(shapes=((n,),)),
+                     restored_shape=OperandHint(values=([b, length, n],)))
+    return hints
+
+
+register_operand_hints("linear_source_partition", module_operands)
 register_operand_hints("reads_dequantize_view_restores", reads_dequantize_view_operands)
 
 __all__ = ["STOCK_PASS", "ModulePlan", "convert_to_linear_rules", "module_plan"]

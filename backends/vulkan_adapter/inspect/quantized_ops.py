@@ -120,25 +120,15 @@ def linear_q4gsw(a: A) -> torch.Tensor:
 
 
 def linear_qcs4w(a: A) -> torch.Tensor:
-    """``et_vk.linear_qcs4w`` (QuantizedLinearQCSNW.cpp, ``linear_qcsnw_tiled`` 4-bit).
-
-    Weight-only 4-bit, one scale per output channel, packed by
-    ``FuseQuantizedOpsTransform``'s ``pack_4bit_weight_tensor``: byte ``j`` of row n
-    holds ``w[n, 2j] + 8`` in the HIGH nibble and ``w[n, 2j+1] + 8`` in the low one.
-    The shader reads the raw nibbles and subtracts ``8 * sum_k x[m, k]``:
-    ``out[m, n] = sum_k x[m, k] * (nibble[n, k] - 8) * s[n]``, float accumulation.
-    DIFFERS from ExecuTorch's reference, which drops the ``- 8`` (errors of several
-    units on every weight-only int4 linear, where the real runtime matches eager).
+    """``et_vk.linear_qcs4w`` (QuantizedLinearQCSNW.cpp, ``linear_qcsnw_tiled`` 4-bit): the
+    kernel reference the weight-only rule registers for ``fusionkit verify``
+    (:func:`fusionkit.passes.vulkan.weight_only_linear.linear_qcs4w_kernel`: it undoes the
+    packer's +8). DIFFERS from ExecuTorch's reference, which drops the ``- 8`` (errors of
+    several units on every weight-only int4 linear, where the real runtime matches eager).
     """
-    x, packed = a["self"], a["weight"].to(torch.uint8).to(torch.int16)
-    n, k = packed.shape[0], x.shape[-1]
-    w = torch.empty((n, packed.shape[1] * 2), dtype=torch.int16)
-    w[:, 0::2] = (packed >> 4) & 0x0F
-    w[:, 1::2] = packed & 0x0F
-    w = w[:, :k] - 8  # an odd K was padded with a zero weight
-    scales = a["scales"].reshape(-1)[:n].to(torch.float32)  # read flat, like _vec
-    wf = w.to(torch.float32) * scales.reshape(n, 1)
-    return (x.to(torch.float32) @ wf.t()).to(x.dtype)
+    from fusionkit.passes.vulkan.weight_only_linear import linear_qcs4w_kernel
+
+    return linear_qcs4w_kernel(a["self"], a["weight"], a["scales"])
 
 
 def linear_dq8ca_q4gsw(a: A) -> torch.Tensor:

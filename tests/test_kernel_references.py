@@ -1,0 +1,141 @@
+"""The kernel references the backends register for ``fusionkit verify``
+(``register_kernel_reference``), each against the kernel it states: the real Vulkan runtime
+(lavapipe, one child process) where present, ExecuTorch's own CPU reference or C++ kernel on
+the operands where those compute the same.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+import torch
+from test_vulkan_preprocess_rules import lower
+from torch import nn
+
+from fusionkit.authoring.semantics import KERNEL_REFERENCES
+from fusionkit.backends.vulkan_adapter import decode_payload, runtime
+from fusionkit.backends.vulkan_adapter.inspect.prepack_check import vulkan_delegates
+
+pytestmark = pytest.mark.usefixtures("vulkan_ops")
+
+CONV_CLAMP = "et_vk.conv_with_clamp.default"
+
+
+class ConvClamp(nn.Module):
+    """A convolution and the activation FuseClampPass's rules fold into conv_with_clamp."""
+
+    def __init__(self, act: nn.Module, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv, self.act = nn.Conv2d(3, 4, 3, padding=1), act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.conv(x))  # type: ignore[no-any-return]
+
+
+#: the activation -> the bounds the rules give conv_with_clamp
+CONV_CASES: dict[str, tuple[nn.Module, float, float]] = {
+    "relu": (nn.ReLU(), 0.0, sys.float_info.max),
+    "hardtanh": (nn.Hardtanh(-0.25, 0.5), -0.25, 0.5),
+}
+
+
+def _conv_reference(m: ConvClamp, x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    c = m.conv
+    return KERNEL_REFERENCES[CONV_CLAMP](x, c.weight.detach(), c.bias.detach(), [1, 1], [1, 1],
+                                        [1, 1], False, [0, 0], 1, lo, hi)
+
+
+def test_the_conv_with_clamp_reference_is_stocks_where_stocks_runs() -> None:
+    """With bounds float32 holds, the reference is ExecuTorch's CPU one; with the relu's
+    ``sys.float_info.max`` that one raises, and the reference clamps at +inf (no upper bound)."""
+    m, x = ConvClamp(nn.Identity(), 0), torch.randn(1, 3, 5, 5)
+    c = m.conv
+    args = (x, c.weight.detach(), c.bias.detach(), [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    ours = KERNEL_REFERENCES[CONV_CLAMP]
+    stock = torch.ops.et_vk.conv_with_clamp.default
+    torch.testing.assert_close(ours(*args, -0.25, 0.5), stock(*args, -0.25, 0.5))
+    torch.testing.assert_close(ours(*args, 0.0, sys.float_info.max), stock(*args, 0.0, None))
+    with pytest.raises(RuntimeError, match="overflow"):
+        stock(*args, 0.0, sys.float_info.max)
+    assert bool((ours(*args, -0.25, 0.5) < 0).any())  # the lower bound was reached
+
+
+def test_the_conv_with_clamp_reference_is_what_the_runtime_computes(vulkan_runtime: Any) -> None:
+    """Conv2d + relu / hardtanh lowered through the adapter (the rules fuse them into
+    conv_with_clamp in preprocess): the real runtime's outputs equal the reference's."""
+    lowered = []
+    for i, (name, (act, lo, hi)) in enumerate(CONV_CASES.items()):
+        m, x = ConvClamp(act, 10 + i).eval(), torch.randn(1, 3, 6, 6)
+        low = lower(m, (x,), True)
+        ops = {o for d in vulkan_delegates(low.program)
+               for o in decode_payload(d.payload).graph.op_names()}
+        assert CONV_CLAMP in ops, (name, sorted(ops))
+        lowered.append((name, m, x, lo, hi, low))
+    results = runtime.run_many_in_child([runtime.Job(low.pte, [x])
+                                         for _, _, x, _, _, low in lowered])
+    for (name, m, x, lo, hi, _), res in zip(lowered, results, strict=True):
+        assert res.status == "ok" and res.outputs, (name, res.status, res.message)
+        want = _conv_reference(m, x, lo, hi)
+        assert bool((want == lo).any()) and bool((want > lo).any()), name  # it clamps
+        torch.testing.assert_close(res.outputs[0], want, atol=1e-4, rtol=1e-4,
+                                   msg=lambda s, name=name: f"{name}: {s}")
+
+
+QCS4W = "et_vk.linear_qcs4w.default"
+
+
+@pytest.mark.parametrize("shape", [(3, 10), (2, 3, 10)])
+def test_the_linear_qcs4w_reference_undoes_the_packers_offset(shape: tuple[int, ...]) -> None:
+    """On the bytes ExecuTorch's own packer writes, the reference is the dequantized linear,
+    and ExecuTorch's CPU reference is off by exactly ``sum(x) * 8 * s``. The simulator runs
+    the same function, and ``test_vulkan_simulator_qcs4w`` holds the simulator to the real
+    runtime on lowered int4 programs."""
+    from executorch.backends.vulkan._passes.fuse_quantized_ops import pack_4bit_weight_tensor
+
+    g = torch.Generator().manual_seed(7)
+    n, k = 6, shape[-1]
+    w = torch.randint(-8, 8, (n, k), generator=g, dtype=torch.int8)
+    s = torch.rand(n, generator=g) * 0.1 + 0.01
+    x = torch.randn(*shape, generator=g)
+    packed = pack_4bit_weight_tensor(w)
+    want = x.double() @ (w.double() * s.double()[:, None]).t()
+    got = KERNEL_REFERENCES[QCS4W](x, packed, s)
+    assert got.dtype == x.dtype and got.shape == (*shape[:-1], n)
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+    stock = torch.ops.et_vk.linear_qcs4w(x, packed, s).double()
+    torch.testing.assert_close(stock - want, x.double().sum(-1, keepdim=True) * 8 * s.double(),
+                               atol=1e-4, rtol=1e-4)
+
+
+SELECT = "et_vk.select_as_symint.default"
+
+
+@pytest.mark.parametrize(("shape", "dim", "index", "dtype"),
+                         [((5,), 0, 3, torch.int64), ((1, 4), 1, -1, torch.int32),
+                          ((3, 1), 0, 2, torch.int64)])
+def test_the_select_as_symint_reference_is_the_int_the_graph_read(
+        shape: tuple[int, ...], dim: int, index: int, dtype: torch.dtype) -> None:
+    """The int the runtime's ``select_as_symint_impl`` reads is the one eager
+    ``_local_scalar_dense(select_copy(x, dim, index))`` gives (the op's only torch kernel is
+    a Meta one; ExecuTorch 1.5.1's partitioner has no registry entry for it, so no program
+    of that version delegates it to the real runtime)."""
+    x = torch.randint(-50, 50, shape, dtype=dtype, generator=torch.Generator().manual_seed(3))
+    want = torch.ops.aten._local_scalar_dense(torch.ops.aten.select_copy.int(x, dim, index))
+    got = KERNEL_REFERENCES[SELECT](x, dim, index)
+    assert type(got) is int and got == want
+
+
+def test_verify_compares_the_int_select_as_symint_gives(monkeypatch: Any) -> None:
+    """The rule is judged on the int: a kernel off by one is different."""
+    from fusionkit.authoring import verify as verify_module
+    from fusionkit.authoring.verify import DIFFERENT, EQUAL, verify
+    from fusionkit.passes.vulkan.select_as_symint import select_as_symint_rule
+
+    rule = select_as_symint_rule()
+    assert verify(rule, cases=2, max_examples=40).status == EQUAL
+    monkeypatch.setitem(verify_module.KERNEL_REFERENCES, SELECT,
+                        lambda x, dim, index: int(x.select(dim, index).item()) + 1)
+    assert verify(rule, cases=2, max_examples=40).status == DIFFERENT

@@ -55,6 +55,9 @@ class RuleFactory:
     #: then build its rules only for programs that hold one of these ops
     #: (:class:`fusionkit.match.finder.DeferredRules`; a test checks the statement)
     roots: frozenset[str] | None = None
+    #: op keys of which every match of its rules holds a node (a quantized linear's
+    #: quantize / dequantize): a program holding none of them never builds its rules
+    needs: frozenset[str] = frozenset()
 
     def rules(self) -> list[Rule]:
         made = self.make()
@@ -65,16 +68,20 @@ _FACTORIES: dict[str, RuleFactory] = {}
 
 
 def register_rules(*sets: str, takes_over: str | None = None,
-                   roots: tuple[str, ...] | None = None) -> Callable[[F], F]:
+                   roots: tuple[str, ...] | None = None,
+                   needs: tuple[str, ...] = ()) -> Callable[[F], F]:
     """Decorator: register a no-argument rule factory in the named rule sets.
 
     ``roots``: the op keys (``"aten.mul.Tensor"``) every rule it makes is rooted at, so
-    that a program holding none of them never pays for building its patterns."""
+    that a program holding none of them never pays for building its patterns; ``needs``:
+    op keys of which every match holds a node (checked against the patterns when built),
+    so that a program holding none of them does not either."""
 
     def wrap(fn: F) -> F:
         qualname = f"{fn.__module__}.{fn.__qualname__}"
         _FACTORIES[qualname] = RuleFactory(qualname, frozenset(sets), takes_over, fn,
-                                           None if roots is None else frozenset(roots))
+                                           None if roots is None else frozenset(roots),
+                                           frozenset(needs))
         return fn
 
     return wrap

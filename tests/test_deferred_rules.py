@@ -106,7 +106,8 @@ def test_the_vulkan_pass_list_builds_only_the_rules_its_program_can_match() -> N
     fusion(ep)
     factories = registered("vulkan")
     built = [d is None for d in fusion.index._pending]
-    assert built == [bool(f.roots and f.roots & present) for f in factories]
+    assert built == [bool(f.roots and f.roots & present and (not f.needs or f.needs & present))
+                     for f in factories]
     assert not all(built)  # the quantized, RoPE and SDPA rules were not built
     report = fusion.report
     assert report.total_fused == 2
@@ -121,3 +122,80 @@ def test_torch_ops_resolve_for_the_stated_roots() -> None:
             if key.startswith("llama."):
                 continue  # the llama op library loads only when a program needs it
             assert isinstance(resolve_op(key), torch._ops.OpOverload), key
+
+
+class _AddOnly(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + x
+
+
+class _ReluAdd(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) + x
+
+
+def _needy(built: list[int], needs: frozenset[str], rules=addmm_rule) -> DeferredRules:
+    def build() -> list:
+        built.append(1)
+        return [rules()]
+    return DeferredRules(frozenset({"aten.add.Tensor"}), build, "needy", needs)
+
+
+def test_a_group_is_built_only_for_a_program_holding_what_it_needs() -> None:
+    """``needs``: every addmm match holds an mm; a program of adds without one neither
+    builds nor searches the group, and finds what an index built at once finds."""
+    built: list[int] = []
+    index = RuleIndex((), [_needy(built, frozenset({"aten.mm.default"}))])
+    add_only = export_edge(_AddOnly(), rand_inputs((2, 8)))
+    ms = find_matches(add_only, index)
+    assert not built and not ms.accepted and not ms.declined
+    eager = find_matches(add_only, [addmm_rule()])
+    assert [m.rule.name for m in eager.accepted] == []
+    # every near miss wanted: searched as if it needed nothing
+    find_matches(add_only, index, all_near_misses=True)
+    assert built == [1]
+
+    built.clear()
+    index = RuleIndex((), [_needy(built, frozenset({"aten.mm.default"}))])
+    addmm_ep = export_edge(AddMM(), rand_inputs((2, 8)))
+    ms = find_matches(addmm_ep, index)
+    assert built == [1] and ms.accepted
+    eager = find_matches(addmm_ep, [addmm_rule()])
+    assert [(m.rule.name, m.root.name) for m in ms.accepted] == \
+        [(m.rule.name, m.root.name) for m in eager.accepted]
+    # built once, then a program without an mm is searched without the group's rules
+    ms = find_matches(add_only, index)
+    assert not ms.accepted and not ms.declined and built == [1]
+    assert find_matches(addmm_ep, index).accepted
+
+
+def test_a_need_the_patterns_do_not_back_is_an_error() -> None:
+    ep = export_edge(_ReluAdd(), rand_inputs((2, 8)))
+    index = RuleIndex((), [_needy([], frozenset({"aten.relu.default"}))])
+    with pytest.raises(ValueError, match=r"addmm.*without a node of \['aten\.relu\.default'\]"):
+        find_matches(ep, index)
+
+
+def test_every_shipped_statement_of_needs_is_backed_by_the_patterns() -> None:
+    from fusionkit.match.required_ops import requires_one_of
+
+    stating = [f for f in registered() if f.needs]
+    assert stating, "no shipped factory states what it needs"
+    for f in stating:
+        for r in f.rules():
+            assert requires_one_of(r.pattern, f.needs), (f.qualname, r.name)
+
+
+def test_what_a_pattern_requires_is_read_from_every_alternative() -> None:
+    from fusionkit import capture, op
+    from fusionkit.match.pattern import through
+    from fusionkit.match.required_ops import requires_one_of
+
+    mm = op("aten.mm.default", capture("a"), capture("b"))
+    dq = frozenset({"aten.mm.default"})
+    assert requires_one_of(op("aten.add.Tensor", mm, capture("c")), dq)
+    # an alternative without it, or only through optional pass-through ops: not required
+    assert not requires_one_of(op("aten.add.Tensor", mm | capture("x"), capture("c")), dq)
+    assert requires_one_of(op("aten.add.Tensor", mm | op("aten.mm.default", mm, capture("d")),
+                              capture("c")), dq)
+    assert not requires_one_of(through({"aten.mm.default"}, capture("x")), dq)

@@ -75,7 +75,8 @@ def rule_index(wrap: Callable[[Rule], Rule]) -> RuleIndex:
 
     def group(f: RuleFactory) -> DeferredRules:
         assert f.roots is not None
-        return DeferredRules(f.roots, lambda: [wrap(r) for r in factory_rules(f)], f.qualname)
+        return DeferredRules(f.roots, lambda: [wrap(r) for r in factory_rules(f)], f.qualname,
+                             f.needs)
 
     return RuleIndex((), [group(f) for f in factories])
 

@@ -35,6 +35,7 @@ from fusionkit.match.decide import (
 )
 from fusionkit.match.gates import GATE_DEPTH, Gate, GateLike, gate_of, graph_op_keys, specialize
 from fusionkit.match.matcher import CompiledPattern, compile_pattern
+from fusionkit.match.required_ops import requires_one_of
 from fusionkit.match.targets import op_key
 from fusionkit.program import ProgramLike, as_exported_program
 from fusionkit.rule import Rule
@@ -65,12 +66,18 @@ class DeferredRules:
     Building a rule set's patterns is a fixed cost of the first lowering in a process;
     a program pays only for the rules rooted at ops it holds. ``roots`` must name every
     op key the built rules are rooted at (a rule rooted elsewhere is an error when built).
+    ``needs``: op keys of which every match of every rule holds a node (a quantized
+    linear's quantize / dequantize; an error when built if a pattern does not require
+    one): a program holding none of them neither builds nor searches the group, so a
+    float program is not told it nearly matched a quantized pattern (with every near miss
+    wanted, it is searched as if ``needs`` were empty).
     """
 
     roots: frozenset[str]
     build: Callable[[], Sequence[Rule]]
     #: what the rules are, for messages (a factory's qualified name)
     label: str = ""
+    needs: frozenset[str] = frozenset()
 
 
 class RuleIndex:
@@ -98,6 +105,24 @@ class RuleIndex:
         self._thresholds: dict[Rule, int] = {}
         self._gates: dict[Rule, GateLike | None] = {}
         self._replacement_checks: dict[tuple[Rule, ExecutionTarget | None], ReplacementCheck] = {}
+        #: the op keys of the program being searched (:meth:`admit`); None: every group's
+        #: ``needs`` counts as held
+        self._present: frozenset[str] | None = None
+        #: whether some group states ``needs``; a built one's rules -> its ``needs``
+        self._needy = any(d.needs for d in self._pending if d is not None)
+        self._needs_of: dict[Rule, frozenset[str]] = {}
+
+    def admit(self, present: frozenset[str] | None) -> None:
+        """The op keys of the program about to be searched (None: as if it held every
+        group's ``needs``): a group whose ``needs`` it lacks is not built or searched."""
+        if present != self._present and self._needy:
+            self._by_target.clear()  # a needy group's eligibility may have changed
+        self._present = present
+
+    def _eligible(self, i: int) -> bool:
+        d = self._pending[i]
+        return (d is None or not d.needs or self._present is None
+                or not d.needs.isdisjoint(self._present))
 
     @property
     def rules(self) -> tuple[Rule, ...]:
@@ -129,6 +154,13 @@ class RuleIndex:
             return
         self._pending[i] = None
         built = tuple(d.build())
+        if d.needs:
+            unbacked = [r.name for r in built if not requires_one_of(r.pattern, d.needs)]
+            if unbacked:
+                raise ValueError(f"rules {unbacked} of {d.label or 'a deferred group'} can "
+                                 f"match without a node of {sorted(d.needs)}, which the "
+                                 "group states every match holds")
+            self._needs_of.update((r, d.needs) for r in built)
         # orders after every eager rule, groups in the order given
         self._add(built, (i + 1) << 20, d.roots, d.label)
         self._built[i] = built
@@ -154,9 +186,18 @@ class RuleIndex:
             return ()
         waiting = self._pending_keys.pop(key, None)
         if waiting:
+            later = [i for i in waiting if not self._eligible(i)]
+            if later:  # not for this program: built when one holds what they need
+                self._pending_keys[key] = later
             for i in waiting:
-                self._build(i)
-        return self._by_key.get(key, ())
+                if self._eligible(i):
+                    self._build(i)
+        rules = self._by_key.get(key, ())
+        present = self._present
+        if self._needs_of and present is not None:  # built for an earlier program
+            rules = tuple(r for r in rules if (n := self._needs_of.get(r)) is None
+                          or not n.isdisjoint(present))
+        return rules
 
     def threshold(self, rule: Rule) -> int:
         """:func:`_near_miss_threshold`, computed once per rule."""
@@ -224,13 +265,16 @@ def find_matches(ep: ProgramLike, rules: Sequence[Rule] | RuleIndex,
     ep = as_exported_program(ep, who="find_matches()")
     index = rules if isinstance(rules, RuleIndex) else RuleIndex(rules)
     graph = ep.graph_module.graph
-    # 1. targets: the rules rooted at each call node's op, by priority
+    present = graph_op_keys(graph)
+    # 1. targets: the rules rooted at each call node's op, by priority (of the rules that
+    #    need an op, those whose needs the program holds)
+    index.admit(None if all_near_misses else present)
     rooted = [(n, found) for n in graph.nodes
               if n.op == "call_function" and (found := index.for_target(n.target))]
     # 2. gates: each try the gate lets by (or the exception it raised, reported at the try);
     #    every try when every near miss is wanted
     tried = ([(n, tuple((r, None) for r in rs)) for n, rs in rooted] if all_near_misses
-             else _gated(index, rooted, graph_op_keys(graph)))
+             else _gated(index, rooted, present))
     # 3. matcher: every rule rooted in the graph compiled (once per pattern, process-wide)
     compiled = {r: index.compiled(r) for r in {r: None for _, rs in rooted for r in rs}}
     candidates: list[Candidate] = [

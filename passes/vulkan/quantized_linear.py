@@ -519,7 +519,11 @@ def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
 
 @register_rules("builtin", "vulkan", takes_over="quantized_linear",
                 roots=("aten.addmm.default", "aten.bmm.default", "aten.linear.default",
-                       "aten.mm.default", "quantized_decomposed.quantize_per_tensor.default"))
+                       "aten.mm.default", "quantized_decomposed.quantize_per_tensor.default"),
+                needs=("quantized_decomposed.dequantize_per_channel.default",
+                       "quantized_decomposed.dequantize_per_tensor.default",
+                       "quantized_decomposed.quantize_per_tensor.default",
+                       "torchao.dequantize_affine.default", "torchao.quantize_affine.default"))
 def quantized_linear_rules() -> list[Rule]:
     from .quantized_embedding import import_quant_ops
 

@@ -33,10 +33,10 @@ from fusionkit.match.decide import (
     Settings,
     decide_in_order,
 )
-from fusionkit.match.gates import GATE_DEPTH, Gate, GateLike, gate_of, graph_op_keys, specialize
+from fusionkit.match.gates import GATE_DEPTH, Gate, GateLike, gate_of, specialize
 from fusionkit.match.matcher import CompiledPattern, compile_pattern
 from fusionkit.match.required_ops import requires_one_of
-from fusionkit.match.targets import op_key
+from fusionkit.match.targets import graph_op_keys, op_key
 from fusionkit.program import ProgramLike, as_exported_program
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode

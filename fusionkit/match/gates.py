@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, TypeAlias
 
-from torch.fx import Graph, Node
+from torch.fx import Node
 
 from fusionkit.match.memo import PerObject
 from fusionkit.match.pattern import (
@@ -38,7 +38,7 @@ from fusionkit.match.pattern import (
     Through,
     Value,
 )
-from fusionkit.match.targets import OP_KEY_MEMO, op_key
+from fusionkit.match.targets import OP_KEY_MEMO, graph_op_keys, op_key
 
 __all__ = [
     "GATE_DEPTH",
@@ -360,21 +360,6 @@ class AnyGate:
 
 def _never(node: Node) -> bool:
     return False
-
-
-def graph_op_keys(graph: Graph) -> frozenset[str]:
-    """The op keys of every ``call_function`` node in ``graph``.
-
-    Read from the graph's find-nodes side table (one entry per distinct target,
-    kept up to date by FX as nodes are created, erased or retargeted) when this
-    torch has it, else from a scan of the nodes.
-    """
-    table = getattr(getattr(graph, "_find_nodes_lookup_table", None), "table", None)
-    if isinstance(table, dict):
-        targets = [t for (op, t), nodes in list(table.items()) if op == "call_function" and nodes]
-    else:
-        targets = [n.target for n in graph.nodes if n.op == "call_function"]
-    return frozenset(k for k in map(op_key, targets) if k is not None)
 
 
 def _all_keys(gate: GateLike) -> frozenset[str]:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cache
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.fx import Graph
 
 __all__ = [
     "ASSERTION_OPS",
@@ -21,6 +24,7 @@ __all__ = [
     "UnknownOpError",
     "delegate_entry_points",
     "dialect_target",
+    "graph_op_keys",
     "is_assertion",
     "is_edge_target",
     "load_delegate_descriptions",
@@ -284,3 +288,18 @@ def dialect_target(key_or_target: OpTarget, like: Any) -> Any:
 
     ns, name = overload._schema.name.split("::", 1)
     return getattr(getattr(getattr(exir_ops.edge, ns), name), overload._overloadname)
+
+
+def graph_op_keys(graph: Graph) -> frozenset[str]:
+    """The op keys of every ``call_function`` node in ``graph``.
+
+    Read from the graph's find-nodes side table (one entry per distinct target,
+    kept up to date by FX as nodes are created, erased or retargeted) when this
+    torch has it, else from a scan of the nodes.
+    """
+    table = getattr(getattr(graph, "_find_nodes_lookup_table", None), "table", None)
+    if isinstance(table, dict):
+        targets = [t for (op, t), nodes in list(table.items()) if op == "call_function" and nodes]
+    else:
+        targets = [n.target for n in graph.nodes if n.op == "call_function"]
+    return frozenset(k for k in map(op_key, targets) if k is not None)

@@ -186,12 +186,11 @@ class RuleIndex:
             return ()
         waiting = self._pending_keys.pop(key, None)
         if waiting:
-            later = [i for i in waiting if not self._eligible(i)]
-            if later:  # not for this program: built when one holds what they need
-                self._pending_keys[key] = later
-            for i in waiting:
-                if self._eligible(i):
-                    self._build(i)
+            ready = [i for i in waiting if self._eligible(i)]
+            if len(ready) < len(waiting):  # the rest: built when a program holds their needs
+                self._pending_keys[key] = [i for i in waiting if i not in ready]
+            for i in ready:
+                self._build(i)
         rules = self._by_key.get(key, ())
         present = self._present
         if self._needs_of and present is not None:  # built for an earlier program

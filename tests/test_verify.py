@@ -282,6 +282,41 @@ def test_an_operand_hint_makes_the_case_a_check_asks_for() -> None:
     assert hinted.status == EQUAL, hinted
 
 
+def _marked(ctx: Any, x: Any) -> str | None:
+    return None if ctx.root.meta.get("marked") else "the root carries no `marked` metadata"
+
+
+def test_a_program_form_puts_the_exported_program_in_the_form_the_rule_sees(monkeypatch: Any) -> None:
+    """A rule that runs after a backend's passes reads what they wrote (here node metadata):
+    the program form a backend registers for the check gives the exported pattern that form,
+    and the rule is judged; without it the rule declines every case."""
+    from fusionkit.authoring import verify as verify_module
+
+    rule = Rule("marked_neg", op("aten.neg.default", X),
+                replace_with("aten.mul.Tensor", ref("x"), -1.0),
+                [Custom(_marked, "marked"), DtypeIn("x", {torch.float32})])
+    blind = verify(rule, cases=2, max_examples=15)
+    assert blind.status == CANNOT_CHECK and "marked" in blind.reason, blind
+    seen: list[int] = []
+
+    def mark(ep: Any) -> None:
+        negs = [n for n in ep.graph.nodes if n.op == "call_function"]
+        seen.append(len(negs))
+        for n in negs:
+            n.meta["marked"] = True
+
+    monkeypatch.setitem(verify_module.PROGRAM_FORMS, "marked", mark)
+    v = verify(rule, cases=2, max_examples=15)
+    assert v.status == EQUAL and seen and all(k == 1 for k in seen), (v, seen)
+
+    def broken(ep: Any) -> None:
+        raise RuntimeError("no such pass")
+
+    monkeypatch.setitem(verify_module.PROGRAM_FORMS, "marked", broken)
+    v = verify(rule, cases=2, max_examples=15)
+    assert v.status == CANNOT_CHECK and "program form failed: RuntimeError: no such pass" in v.reason, v
+
+
 def test_a_fused_activation_recorded_in_metadata_is_applied(monkeypatch: Any) -> None:
     """XNNPACK's fused relu lives in XNN_FUSED_ACTIVATION: the verifier clamps the node's
     result as XNNPACK does; without that the rule would be the dropped relu."""

@@ -21,6 +21,7 @@ __all__ = [
     "MODULE_SCOPES",
     "OPERAND_HINTS",
     "OP_CONTEXTS",
+    "PROGRAM_FORMS",
     "REFERENCE_IS_NOT_THE_KERNEL",
     "OperandHint",
     "Pick",
@@ -29,6 +30,7 @@ __all__ = [
     "register_module_scope",
     "register_op_context",
     "register_operand_hints",
+    "register_program_form",
     "register_reference_caveat",
 ]
 
@@ -138,3 +140,17 @@ def register_operand_hints(check: str,
     """Tell the verifier how to make the operands the check named ``check`` asks for: a
     mapping capture -> :class:`OperandHint`, or a function drawing them jointly per case."""
     OPERAND_HINTS[check] = hints
+
+
+#: checks (a ``Custom``'s name) whose rule runs where the program has another form than
+#: ``torch.export`` gives (a backend's pass pipeline before the rule: in-place ops where export
+#: writes functional ones, edge-dialect op objects, metadata earlier passes write), and
+#: ``form(ep)``, which puts the exported pattern program in that form, in place
+PROGRAM_FORMS: dict[str, Callable[[Any], None]] = {}
+
+
+def register_program_form(check: str, form: Callable[[Any], None]) -> None:
+    """Tell the verifier that the rule of the check named ``check`` sees programs in the form
+    ``form(ep)`` gives an exported program (edited in place): the verifier applies it to the
+    pattern's program after exporting it, before the rule rewrites a copy."""
+    PROGRAM_FORMS[check] = form

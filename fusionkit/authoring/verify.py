@@ -56,6 +56,7 @@ from fusionkit.authoring.semantics import (
     MODULE_SCOPES,
     OP_CONTEXTS,
     OPERAND_HINTS,
+    PROGRAM_FORMS,
     REFERENCE_IS_NOT_THE_KERNEL,
     OperandHint,
     Pick,
@@ -839,6 +840,12 @@ def _scope_of(rule: Rule) -> Any:
                  if isinstance(c, Custom) and c.name in MODULE_SCOPES), None)
 
 
+def _forms_of(rule: Rule) -> list[Callable[[Any], None]]:
+    """The program forms the checks of ``rule`` see (:data:`PROGRAM_FORMS`), in check order."""
+    return [PROGRAM_FORMS[c.name] for c in rule.constraints
+            if isinstance(c, Custom) and c.name in PROGRAM_FORMS]
+
+
 class _Program(torch.nn.Module):
     """The drawn subgraph as a module: constants are parameters/buffers, the rest inputs;
     the pattern's calls inside a module of the case's scope, where a check asks for one."""
@@ -1072,6 +1079,7 @@ class _Checker:
     def __init__(self, rule: Rule, cases: int) -> None:
         self.rule = rule
         self.target = _eager_target(_context_namespaces(rule))
+        self.forms = _forms_of(rule)
         self.want = cases
         self.compared = 0
         self.shapes: set[str] = set()
@@ -1104,6 +1112,14 @@ class _Checker:
             return got
         ep.graph_module.graph.eliminate_dead_code()  # the unused outputs of a tuple-valued op
         ep.graph_module.recompile()
+        for form in self.forms:  # the program as the rule's pass pipeline gives it to the rule
+            try:
+                form(ep)
+            except Exception as e:
+                got = f"the program form failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                self.exported[key] = got
+                return got
+            ep.graph_module.recompile()
         out = next(n for n in ep.graph.nodes if n.op == "output")
         roots = [a for a in _flat(out.args[0]) if isinstance(a, torch.fx.Node)]
         root = roots[0] if roots else None

@@ -33,7 +33,14 @@ from fusionkit import (
     replace_with,
     scalar,
 )
-from fusionkit.authoring.verify import CANNOT_CHECK, DIFFERENT, EQUAL, TOLERANCES, verify
+from fusionkit.authoring.verify import (
+    CANNOT_CHECK,
+    DIFFERENT,
+    EQUAL,
+    TOLERANCES,
+    OperandHint,
+    verify,
+)
 from fusionkit.passes.registry import registered
 from fusionkit.passes.registry import rule_set as rules_of
 from fusionkit.passes.rms_norm import rms_norm_rule
@@ -269,7 +276,6 @@ def _zero_shift(ctx: Any, x: Any, shift: Any) -> str | None:
 def test_an_operand_hint_makes_the_case_a_check_asks_for() -> None:
     """x + shift -> x when shift is a constant of zeros: drawn by chance rarely (a constant,
     and all zeros); an OperandHint makes it, and the rule verifies."""
-    from fusionkit.authoring.verify import OperandHint
 
     rule = Rule("zero_shift", op("aten.add.Tensor", X, capture("shift")),
                 replace_with("aten.mul.Tensor", ref("x"), 1.0),
@@ -391,11 +397,6 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     "arm_fold_dyt_affine_into_conv": ("dyt_affine_site", "a TABLE's codes through RESCALEs, a "
                                       "mul and an add with int8 qparams metadata, a permute "
                                       "(0, 3, 1, 2) and the convolution"),
-    "fold_qdq": ("folds_a_quantize", "a dequantize of a quantize; the fold drops the pair on "
-                 "purpose (the Vulkan graph runs in float): not only its rounding (half a "
-                 "step) but its saturation and any scale the dequantize does not share with "
-                 "the quantize, so no tolerance bounds it (test_fold_qdq_error_is_not_bounded"
-                 "_by_a_quantization_step)"),
 }
 
 
@@ -445,27 +446,66 @@ class _QuantizeDequantize(torch.nn.Module):
         return qd.dequantize_per_tensor(q, self.dq_scale, 0, -128, 127, torch.int8) * 2.0  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize(("dq_scale", "x", "want"),
-                         [(0.5, 1000.0, 127.0),  # saturated at 127 steps of 0.5
-                          (0.25, 2.0, 2.0)])     # another scale: half the value
-def test_fold_qdq_error_is_not_bounded_by_a_quantization_step(dq_scale: float, x: float,
-                                                              want: float) -> None:
-    """Why fold_qdq stays cannot check: the pair it drops saturates, and the dequantize's
-    parameters need not be the quantize's (stock checks none, nor does the rule); the fold
-    gives ``x`` where the pattern gives far more than one step (0.5) away."""
+def test_fold_qdq_declines_a_dequantize_with_other_parameters() -> None:
+    """Folding a pair gives up what quantizing loses; a dequantize of scale 0.25 of codes
+    quantized with 0.5 also halves the value (stock FoldQDQPass drops it all the same):
+    the rule declines it, naming the scale."""
     import torch.ao.quantization.fx._decomposed  # (registers the quantized_decomposed ops)
 
     from fusionkit import FusionPass
 
     (fold,) = [r for r in rules_of("vulkan_preprocess") if r.name == "fold_qdq"]
-    t = torch.tensor([x])
-    ep = torch.export.export(_QuantizeDequantize(dq_scale), (t,))
-    assert float(ep.module()(t)[0]) == want
+    t = torch.tensor([2.0])
+    ep = torch.export.export(_QuantizeDequantize(0.25), (t,))
+    fuse = FusionPass([fold])
+    fuse(ep)
+    assert fuse.report.total_fused == 0
+    (declined,) = fuse.report.declined
+    assert "scale 0.25" in declined.reason and "wrote them with 0.5" in declined.reason, declined
+    assert float(ep.module()(t)[0]) == 2.0  # (the pair kept: 2.0 -> code 4 -> 1.0, doubled)
+
+
+def test_fold_qdq_gives_up_saturation_by_design() -> None:
+    """What the fold gives up on its own pair (the precision the Vulkan graph trades by
+    running in float): a value beyond the range is not saturated. ``verify`` judges the fold
+    on the grid, inside the range."""
+    import torch.ao.quantization.fx._decomposed  # (registers the quantized_decomposed ops)
+
+    from fusionkit import FusionPass
+
+    (fold,) = [r for r in rules_of("vulkan_preprocess") if r.name == "fold_qdq"]
+    t = torch.tensor([1000.0])
+    ep = torch.export.export(_QuantizeDequantize(0.5), (t,))
+    assert float(ep.module()(t)[0]) == 127.0  # saturated at 127 steps of 0.5, doubled
     fuse = FusionPass([fold])
     fuse(ep)
     assert fuse.report.total_fused == 1
-    got = float(ep.module()(t)[0])
-    assert got == 2 * x and abs(got - want) > 2 * 0.5
+    assert float(ep.module()(t)[0]) == 2000.0
+
+
+def test_fold_qdq_is_judged_on_every_kind_of_pair_and_a_weaker_check_is_found_different(
+        monkeypatch: Any) -> None:
+    """The hint builds the quantize the drawn dequantize undoes (per tensor with literal or
+    tensor parameters, per channel, per token, torchao's affine); the rule is equal on each.
+    With stock's checks only (dtype and shape, the parameters not compared), a dequantize
+    reading another scale is found different."""
+    (fold,) = [r for r in rules_of("vulkan_preprocess") if r.name == "fold_qdq"]
+    v = verify(fold, cases=20, max_examples=300)
+    assert v.status == EQUAL, v
+    inputs = " ".join(v.shapes)
+    for made in ("q_scale(", "q_scales("):  # tensor parameters (per tensor / affine, per row)
+        assert made in inputs, inputs
+
+    from fusionkit.passes.vulkan import fold_qdq as fq
+
+    monkeypatch.setattr(fq, "_reads_the_quantize_parameters", lambda ctx, q: None)
+    weak = dataclasses.replace(  # (the per-tensor pair only: its scale is a literal)
+        fq.fold_qdq_rules()[0],
+        pattern=op("quantized_decomposed.dequantize_per_tensor.default", capture("q"),
+                   strict_defaults=False))
+    v = verify(weak, cases=8, max_examples=120,
+               hints={"*scale": OperandHint(values=(1.0,))})
+    assert v.status == DIFFERENT and v.counterexample is not None, v
 
 
 def test_a_check_reading_the_module_runs_the_pattern_inside_one(monkeypatch: Any) -> None:

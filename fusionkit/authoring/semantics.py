@@ -51,9 +51,11 @@ class OperandHint:
     float values on that grid: the quantization loses nothing); or a backend's function
     ``producer(make)`` building it from ops (``make.capture(name)``, ``make.input(part,
     shape, dtype, values)``, ``make.call(op_key, *args)``, ``make.item(ref, i)``,
-    ``make.bind(name, ref)``, ``make.shape``, ``make.randint(lo, hi, shape)``: see
+    ``make.bind(name, ref)``, ``make.shape``, ``make.op``, ``make.randint(lo, hi, shape)``: see
     ``fusionkit.authoring.verify._Making``). ``values``: for a capture that is a literal, the values to draw
-    it from; ``shapes``: for a tensor, the shapes to draw it from.
+    it from; ``shapes``: for a tensor, the shapes to draw it from. A hint keyed
+    ``"*<argument name>"`` makes every wildcard argument of that name (an argument a
+    ``strict_defaults=False`` op leaves out of its pattern).
     """
 
     constant: bool | None = None

@@ -442,6 +442,9 @@ class _Builder(PatternVisitor[Any]):
         self.bound: dict[str, Any] = {}  # capture name -> _Ref or literal
         self.values: dict[int, Any] = {}  # call index -> eager value
         self.anonymous = 0
+        #: the capture a wildcard argument (``strict_defaults=False``) is drawn as -> the
+        #: argument's schema name: a hint keyed ``"*<name>"`` makes every such argument
+        self.wildcards: dict[str, str] = {}
         self.optional = True  # whether the argument being built may be None
         self.kind = "tensor"  # what the argument being built takes (see _arg_kind)
         #: (op key, argument index, the eager arguments before it) while an op's argument is built
@@ -509,11 +512,19 @@ class _Builder(PatternVisitor[Any]):
         sizes = st.sampled_from(sorted(set(self.base) | {1})) | st.integers(1, 5)
         return tuple(draw(st.lists(sizes, min_size=rank, max_size=rank)))
 
+    def _hint(self, name: str) -> OperandHint | None:
+        """The hint for capture ``name``: its own, else (a wildcard argument) the one keyed
+        ``"*<argument name>"``."""
+        if name in self.hints:
+            return self.hints[name]
+        arg = self.wildcards.get(name)
+        return self.hints.get(f"*{arg}") if arg is not None else None
+
     def tensor_capture(self, name: str) -> _Ref:
         st, draw = self.st, self.draw
         if name in self.bound:
             return self.bound[name]  # type: ignore[no-any-return]
-        hint = self.hints.get(name, OperandHint())
+        hint = self._hint(name) or OperandHint()
         shape = draw(st.sampled_from(hint.shapes)) if hint.shapes else self._shape(name)
         if hint.producer is not None:
             return self._produced(name, hint.producer, shape)
@@ -601,7 +612,8 @@ class _Builder(PatternVisitor[Any]):
         if name is not None and name in self.bound:
             return self.bound[name]
         pool: list[Any] = []
-        hinted_values = self.hints[name].values if name is not None and name in self.hints else ()
+        hint = self._hint(name) if name is not None else None
+        hinted_values = hint.values if hint is not None else ()
         if hinted_values:
             pool.extend(hinted_values)
         if value is not None:
@@ -738,7 +750,9 @@ class _Builder(PatternVisitor[Any]):
                 put(i, a, self.build(p.kwargs[a.name], kind))
             elif not a.has_default_value():  # a wildcard (strict_defaults=False): any operand
                 self.anonymous += 1
-                put(i, a, self.build(Capture(f"{a.name}_{self.anonymous}"), kind))
+                wildcard = f"{a.name}_{self.anonymous}"
+                self.wildcards[wildcard] = a.name
+                put(i, a, self.build(Capture(wildcard), kind))
         return self._call(key, target, tuple(args), kwargs)
 
     def _call(self, key: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Ref:
@@ -773,11 +787,14 @@ class _Making:
     constant)``: a new user input, or a constant (``values``: its tensor, else drawn); ``call(op_key, *args)``: an op on
     what was built (run eagerly as the pattern's ops are); ``item(ref, i)``: output ``i`` of
     a call returning several; ``bind(name, ref)``: what a capture not built yet will be;
-    ``shape``: the shape drawn for the capture; ``randint(lo, hi, shape)``: integers drawn
-    in [lo, hi]."""
+    ``shape``: the shape drawn for the capture; ``op``: the op whose argument it is;
+    ``randint(lo, hi, shape)``: integers drawn in [lo, hi]."""
 
     def __init__(self, builder: _Builder, name: str, shape: tuple[int, ...]) -> None:
         self.builder, self.name, self.shape = builder, name, tuple(shape)
+        #: the op (``namespace.name.overload``) whose argument the capture is, if any: a
+        #: multi-target op's drawn one
+        self.op: str | None = builder.context[0] if builder.context is not None else None
 
     def randint(self, lo: int, hi: int, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.randint(lo, hi + 1, tuple(shape), generator=self.builder.gen)

@@ -11,11 +11,17 @@ Here the root is the dequantize (``dequantize(q, ...)``, one match per dequantiz
 quantize with several dequantize users folds them all in one round); the quantize is a
 capture, not part of the match, because its other users keep it. The stock pass's own
 tests are the constraint: ``q`` is a quantize (``utils.is_quant_node``'s op names) whose
-input is a graph value. What it forgets, declined here before anything changes: the
-dequantize's value must have the quantize input's dtype and shape (a ``dequantize(...,
-out_dtype=float16)`` of a float32 value is a cast the stock pass drops). Nothing is
-checked of the scales and zero points, as in the stock pass: folding means running the
-chain in float whatever its parameters.
+input is a graph value. What it forgets, declined here before anything changes:
+
+* the dequantize's value must have the quantize input's dtype and shape (a ``dequantize(...,
+  out_dtype=float16)`` of a float32 value is a cast the stock pass drops);
+* the dequantize reads the codes with the quantize's own parameters (the same kind of
+  quantization, scales, zero points, axis or blocks and code dtype: the same nodes, equal
+  constants or equal literals; the range a dequantize states changes nothing it computes). Folding a pair gives up only what quantizing loses -- rounding to the
+  step, saturation outside the range -- which is the point of running the chain in float. A
+  dequantize with other parameters also rescales or shifts the value (a dequantize of scale
+  0.25 of codes quantized with 0.5 halves it), which the stock pass drops too; PT2E writes
+  both from one observer, so its pairs always agree.
 
 The stock pass ends with FX dead-code elimination and an ``ExportPass`` retrace; the
 rule rewrites in place (the adapter's ``RulePass`` runs the dead-code elimination).
@@ -38,7 +44,7 @@ from fusionkit import (
     op,
     op_key,
 )
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
 
 from ._common import constraint
 
@@ -92,7 +98,8 @@ def _value(n: Any) -> torch.Tensor | None:
 
 
 def _folds_a_quantize(ctx: CheckContext, q: Any) -> str | MatchResult | None:
-    """``q`` is a quantize of a graph value with the dequantize's dtype and shape."""
+    """``q`` is a quantize of a graph value with the dequantize's dtype and shape, whose
+    parameters the dequantize reads."""
     dq = ctx.root
     if not (isinstance(q, Node) and q.op == "call_function" and op_key(q.target) in Q_OPS):
         what = getattr(q, "name", repr(q))
@@ -109,6 +116,68 @@ def _folds_a_quantize(ctx: CheckContext, q: Any) -> str | MatchResult | None:
                 f"{a.dtype}: dropping the pair would change the dtype its users read")
     if a.shape != b.shape:
         return f"`{dq.name}` has the shape {list(b.shape)}, `{src.name}` {list(a.shape)}"
+    return _reads_the_quantize_parameters(ctx, q)
+
+
+def _parameters(node: Node) -> dict[str, Any]:
+    """The quantization parameters a quantize writes or a dequantize reads, by schema name
+    (the value argument and a dequantize's float output dtype left out; torchao's code dtype
+    named ``dtype`` on both sides)."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    dequantize = op_key(node.target) in DQ_OPS
+    out: dict[str, Any] = {}
+    for i, a in enumerate(schema.arguments[1:], start=1):
+        if i < len(node.args):
+            v = node.args[i]
+        elif a.name in node.kwargs:
+            v = node.kwargs[a.name]
+        else:
+            v = a.default_value if a.has_default_value() else None
+        name = a.name
+        if dequantize and name in ("out_dtype", "output_dtype"):
+            continue  # the float the codes become, not how they were made
+        if name in ("quant_min", "quant_max"):
+            continue  # a dequantize computes (code - zero_point) * scale whatever range it states
+        if name in ("input_dtype", "output_dtype"):  # torchao: the codes' dtype
+            name = "dtype"
+        out[name] = v
+    return out
+
+
+def _kind(key: str | None) -> str:
+    """``per_tensor.default`` for ``quantized_decomposed.(de)quantize_per_tensor.default``."""
+    _, name, overload = (key or "..").split(".")
+    return f"{name.removeprefix('de').removeprefix('quantize')}.{overload}"
+
+
+def _same_parameter(ctx: CheckContext, a: Any, b: Any) -> bool:
+    if isinstance(a, Node) or isinstance(b, Node):
+        if a is b:
+            return True
+        ca = ctx.inputs.constant(a) if isinstance(a, Node) else None
+        cb = ctx.inputs.constant(b) if isinstance(b, Node) else None
+        return ca is not None and cb is not None and ca.tensor.dtype == cb.tensor.dtype and \
+            ca.tensor.shape == cb.tensor.shape and bool(torch.equal(ca.tensor, cb.tensor))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_parameter(ctx, x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and bool(a == b)
+
+
+def _short(v: Any) -> str:
+    return f"`{v.name}`" if isinstance(v, Node) else repr(v)
+
+
+def _reads_the_quantize_parameters(ctx: CheckContext, q: Node) -> str | MatchResult | None:
+    dq = ctx.root
+    if _kind(op_key(q.target)) != _kind(op_key(dq.target)):
+        return ctx.fail(f"`{dq.name}` ({op_key(dq.target)}) does not undo `{q.name}` "
+                        f"({op_key(q.target)}): another kind of quantization", at="q")
+    wrote, reads = _parameters(q), _parameters(dq)
+    for name, v in wrote.items():
+        if name in reads and not _same_parameter(ctx, v, reads[name]):
+            return ctx.fail(f"`{dq.name}` reads the codes with {name} {_short(reads[name])}, "
+                            f"`{q.name}` wrote them with {_short(v)}: dropping the pair would "
+                            "change the value, not only its rounding", at="q")
     return None
 
 
@@ -116,6 +185,70 @@ def _quantized_value(rw: Rewriter, q: Node) -> Node:
     src = q.args[0]
     assert isinstance(src, Node)  # the constraint
     return src
+
+
+def quantized_pair(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: the quantize the drawn dequantize undoes -- the same kind
+    (per tensor, with literal or tensor parameters; per channel; per token; torchao's
+    affine) -- of float values on its grid (inside its range, so quantizing loses nothing),
+    and the dequantize's own arguments (wildcards, hinted by argument name) with the
+    quantize's parameters. The verdict is the fold on the grid; off it the pair rounds to
+    the step and saturates outside the range, and the fold does not: the precision the
+    Vulkan graph gives up by running in float."""
+    dtype, (lo, hi) = pick(((torch.int8, (-128, 127)), (torch.uint8, (0, 255))))
+    scale, zero_point = pick((0.5, 0.25, 0.03125)), pick((0, 3))
+    shape = pick(((2, 3), (4,), (1, 2, 2)))
+    made: dict[str, Any] = {}
+
+    def quantize(make: Any) -> Any:
+        codes = make.randint(max(lo, zero_point - 20), min(hi, zero_point + 20), shape)
+        x = make.input("x", shape, torch.float32, (codes - zero_point).float() * scale)
+        kind = _kind(make.op)
+        rows = (*shape[:-1], 1)  # one parameter per row (a token, a channel on the last dim)
+        if kind == "_per_tensor.default":
+            return make.call(Q_OPS[0], x, scale, zero_point, lo, hi, dtype)
+        if kind == "_per_tensor.tensor":
+            made["scale"] = make.input("scale", (), torch.float32, torch.tensor(scale), True)
+            made["zero_point"] = make.input("zero_point", (), torch.int64,
+                                            torch.tensor(zero_point), True)
+            return make.call(Q_OPS[1], x, made["scale"], made["zero_point"], lo, hi, dtype)
+        if kind == "_per_channel.default":
+            n = shape[-1]
+            made["scales"] = make.input("scales", (n,), torch.float32, torch.full((n,), scale), True)
+            made["zero_points"] = make.input("zero_points", (n,), torch.int64,
+                                             torch.full((n,), zero_point), True)
+            return make.call(Q_OPS[2], x, made["scales"], made["zero_points"], len(shape) - 1,
+                             lo, hi, dtype)
+        if kind == "_per_token.default":
+            made["scales"] = make.input("scales", rows, torch.float32, torch.full(rows, scale), True)
+            made["zero_points"] = make.input("zero_points", rows, torch.int64,
+                                             torch.full(rows, zero_point), True)
+            return make.call(Q_OPS[3], x, made["scales"], made["zero_points"], lo, hi, dtype)
+        if kind == "_affine.default":
+            made["scale"] = make.input("scale", rows, torch.float32, torch.full(rows, scale), True)
+            made["zero_point"] = make.input("zero_point", rows, torch.int64,
+                                            torch.full(rows, zero_point), True)
+            return make.call(Q_OPS[4], x, made["block_size"], made["scale"], made["zero_point"],
+                             dtype, lo, hi)
+        return make.call(Q_OPS[0], x, scale, zero_point, lo, hi, dtype)  # (no quantize undone)
+
+    made["block_size"] = [1] * (len(shape) - 1) + [shape[-1]]
+
+    def parameter(name: str, literal: Any = None) -> OperandHint:
+        return OperandHint(values=() if literal is None else (literal,),
+                           producer=lambda make: made[name])
+
+    return {"q": OperandHint(producer=quantize, shapes=(shape,)),
+            "*scale": parameter("scale", scale), "*zero_point": parameter("zero_point", zero_point),
+            "*scales": parameter("scales"), "*zero_points": parameter("zero_points"),
+            "*axis": OperandHint(values=(len(shape) - 1,)),
+            "*block_size": OperandHint(values=(made["block_size"],)),
+            "*quant_min": OperandHint(values=(lo,)), "*quant_max": OperandHint(values=(hi,)),
+            "*dtype": OperandHint(values=(dtype,)), "*input_dtype": OperandHint(values=(dtype,)),
+            "*output_dtype": OperandHint(values=(torch.float32,))}
+
+
+register_operand_hints("folds_a_quantize", quantized_pair)
 
 
 @register_rules("vulkan_preprocess", takes_over=STOCK_PASS)

@@ -33,7 +33,7 @@ from fusionkit import (
     replace_with,
     scalar,
 )
-from fusionkit.authoring.verify import CANNOT_CHECK, DIFFERENT, EQUAL, TOLERANCES, verify
+from fusionkit.authoring.verify import CANNOT_CHECK, DIFFERENT, EQUAL, TOLERANCES, OperandHint, verify
 from fusionkit.passes.registry import registered
 from fusionkit.passes.registry import rule_set as rules_of
 from fusionkit.passes.rms_norm import rms_norm_rule
@@ -374,9 +374,6 @@ SHIPPED = _shipped()
 #: reason must match and why that is so; every other shipped rule must verify equal, so a
 #: rule that stops verifying (or a reason that changes) fails here. Shrink this list.
 CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
-    # -- a backend op with no reference that computes what the kernel computes
-    "causal_sdpa": ("llama.custom_sdpa",
-                    "its C++ kernel aborts the process on operands it refuses: never run"),
     # -- TOSA sites an exported program built from ops cannot hold (the TOSA context and the
     #    kernel references of passes/arm/tosa_semantics.py run the rest)
     "arm_fold_dyt_alpha_into_lut": ("dyt_alpha_site: the tanh's input is no signed",
@@ -516,6 +513,88 @@ def test_the_reshaped_module_rule_is_judged_on_a_3d_input_the_module_flattens() 
     v = verify(wrong, cases=8, max_examples=80)
     assert v.status == DIFFERENT and v.counterexample is not None, v
     assert len(v.counterexample.inputs["a_3d"]["shape"]) == 3, v.counterexample
+
+
+def _causal_sdpa_with(build: Any) -> Rule:
+    """The shipped causal_sdpa rule with another replacement (a wrong variant)."""
+    from fusionkit.passes.vulkan.sdpa import causal_sdpa_rule
+
+    rule = causal_sdpa_rule()
+    return dataclasses.replace(rule, name=f"causal_sdpa_{build.__name__}",
+                               replacement=PythonReplacement(build))
+
+
+def _fused_sdpa(rw: Any, q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, pos: Any, mask: Any,
+                dropout_p: Any, is_causal: Any, scale: Any) -> tuple[Any, None, None]:
+    from fusionkit.passes.vulkan.sdpa import SDPA_WITH_KV_CACHE
+
+    fused = rw.call(SDPA_WITH_KV_CACHE, q, k, v, k_cache, v_cache, pos, 1, mask, dropout_p, is_causal, scale)
+    return fused, None, None
+
+
+def _sdpa_variant(rw: Any, q: Any, k_proj: Any, v_proj: Any, k_cache: Any, v_cache: Any, start_pos: Any,
+                  attn_mask: Any, dropout_p: Any, is_causal: Any, scale: Any) -> tuple[Any, None, None]:
+    """The right replacement, written as a test's variant is."""
+    return _fused_sdpa(rw, q, k_proj, v_proj, k_cache, v_cache, start_pos, attn_mask, dropout_p,
+                       is_causal, scale)
+
+
+def test_the_kv_cache_fusion_is_judged_in_place_from_zero_caches() -> None:
+    """causal_sdpa: both cache updates built before the sdpa (in-place parts of the match),
+    their results no outputs, the caches zero buffers each run starts from; the llama ops
+    run through the kernel references ``passes/vulkan/sdpa_reference.py`` registers."""
+    (rule,) = [r for _, _, r in SHIPPED if r.name == "causal_sdpa"]
+    v = verify(rule, cases=6, max_examples=80)
+    assert v.status == EQUAL and v.cases == 6, str(v)
+    seq = [tuple(int(x) for x in re.findall(r"(?:k_proj|k_cache)\((\d+), (\d+)", s)[i])
+           for s in v.shapes for i in (0, 1)]
+    assert any(c[1] > p[1] for p, c in zip(seq[::2], seq[1::2], strict=True)), v.shapes  # max_S > S
+    # a later step: start_pos 3 of a 6-position cache, 4 query heads over 2 kv heads
+    later = {"q": OperandHint(shapes=((1, 2, 4, 4),)), "k_proj": OperandHint(shapes=((1, 2, 2, 4),)),
+             "v_proj": OperandHint(shapes=((1, 2, 2, 4),)),
+             "k_cache": OperandHint(shapes=((1, 6, 2, 4),)), "v_cache": OperandHint(shapes=((1, 6, 2, 4),)),
+             **{p: OperandHint(values=(3,)) for p in ("start_pos", "k_pos", "v_pos")}}
+    assert verify(rule, cases=3, max_examples=40, hints=later).status == EQUAL
+    # the same rule again: the memoised programs' caches do not carry the last run's writes
+    assert verify(rule, cases=6, max_examples=80).status == EQUAL
+
+
+def test_wrong_kv_cache_fusions_are_different() -> None:
+    """A fused op that writes one position later, or that is given the key projection for
+    the value one, computes something else; one that writes copies of the caches computes the
+    same output but leaves the program's caches unwritten; caches that start non-zero are
+    declined."""
+    def shifted(rw: Any, q: Any, k_proj: Any, v_proj: Any, k_cache: Any, v_cache: Any, start_pos: Any,
+                attn_mask: Any, dropout_p: Any, is_causal: Any, scale: Any) -> tuple[Any, None, None]:
+        return _fused_sdpa(rw, q, k_proj, v_proj, k_cache, v_cache, start_pos + 1, attn_mask,
+                           dropout_p, is_causal, scale)
+
+    def keys_as_values(rw: Any, q: Any, k_proj: Any, v_proj: Any, k_cache: Any, v_cache: Any,
+                       start_pos: Any, attn_mask: Any, dropout_p: Any, is_causal: Any, scale: Any
+                       ) -> tuple[Any, None, None]:
+        return _fused_sdpa(rw, q, k_proj, k_proj, k_cache, v_cache, start_pos, attn_mask, dropout_p,
+                           is_causal, scale)
+
+    def writes_copies(rw: Any, q: Any, k_proj: Any, v_proj: Any, k_cache: Any, v_cache: Any,
+                      start_pos: Any, attn_mask: Any, dropout_p: Any, is_causal: Any, scale: Any
+                      ) -> tuple[Any, None, None]:
+        k_copy, v_copy = (rw.call("aten.clone.default", c) for c in (k_cache, v_cache))
+        return _fused_sdpa(rw, q, k_proj, v_proj, k_copy, v_copy, start_pos, attn_mask, dropout_p,
+                           is_causal, scale)
+
+    for build in (shifted, keys_as_values):
+        v = verify(_causal_sdpa_with(build), cases=4, max_examples=80)
+        assert v.status == DIFFERENT and v.counterexample is not None, str(v)
+        assert v.counterexample.reason.startswith("output 0"), str(v)
+    # the same output, but the caches the program keeps are never written
+    v = verify(_causal_sdpa_with(writes_copies), cases=4, max_examples=80)
+    assert v.status == DIFFERENT and v.counterexample is not None, str(v)
+    assert v.counterexample.reason.startswith("buffer `"), str(v)
+    filled = verify(_causal_sdpa_with(_sdpa_variant), cases=2, max_examples=20,
+                    hints={"k_cache": OperandHint(fill="positive")})
+    assert filled.status != DIFFERENT, str(filled)
+    assert any("caches_start_zero" in why and "starts non-zero" in why for why in filled.declined), \
+        filled.declined
 
 
 def test_the_cannot_check_allow_list_names_shipped_rules() -> None:

@@ -171,7 +171,7 @@ def test_the_update_cache_reference_writes_what_the_kernel_writes(shape: tuple[i
     """``llama.update_cache`` (``op_update_cache.cpp``): the same cache after the write, at
     every start position; the result is one element (the kernel never writes it)."""
     _llama_ops()
-    b, s, _, h_kv, d, max_s = shape
+    s, max_s = shape[1], shape[5]
     for pos in _positions(s, max_s):
         _, _, v, cache, _ = _kv_operands(*shape, torch.float32, seed=pos)
         ours, theirs = cache.clone(), cache.clone()
@@ -190,7 +190,7 @@ def test_the_sdpa_references_compute_what_the_kernels_compute(shape: tuple[int, 
     not, the default scale and another, at every start position, on caches that hold values
     beyond the window (which neither may read): the same result and the same caches."""
     _llama_ops()
-    b, s, h, h_kv, d, max_s = shape
+    s, max_s = shape[1], shape[5]
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     for pos in _positions(s, max_s):
         for causal in (True, False):

@@ -33,7 +33,14 @@ from fusionkit import (
     replace_with,
     scalar,
 )
-from fusionkit.authoring.verify import CANNOT_CHECK, DIFFERENT, EQUAL, TOLERANCES, OperandHint, verify
+from fusionkit.authoring.verify import (
+    CANNOT_CHECK,
+    DIFFERENT,
+    EQUAL,
+    TOLERANCES,
+    OperandHint,
+    verify,
+)
 from fusionkit.passes.registry import registered
 from fusionkit.passes.registry import rule_set as rules_of
 from fusionkit.passes.rms_norm import rms_norm_rule

@@ -20,6 +20,10 @@ How a case is made (drawn with hypothesis, so a failure shrinks to the smallest 
 * a literal (a value matcher, or a capture in a number/int/list argument) is drawn
   from the values its matcher and a :class:`~fusionkit.check.constraints.ScalarRange`
   admit, their bounds (the edges) included;
+* a multi-output pattern returns its primary and each ``also`` part, built after it; an
+  ``also`` part whose op writes an operand (a cache update) is built before the primary,
+  which reads what it wrote, and is not returned; a constant an op writes is a mutable
+  buffer, reset before each run and compared after it;
 * the subgraph is run eagerly (a case the ops refuse is not a case), exported with
   ``torch.export`` and copied; the rule must accept the match at the pattern's root (a
   declined case is counted with its reason); the rewritten program is run.
@@ -105,7 +109,8 @@ TOLERANCES: dict[torch.dtype, float] = {
 }
 
 #: op namespaces whose CPU kernels (ExecuTorch's C++ custom ops) abort the process on
-#: operands they refuse, instead of raising: the verifier never runs them
+#: operands they refuse, instead of raising: the verifier never runs them, only the kernel
+#: reference a backend registered for one (``register_kernel_reference``)
 UNSAFE_TO_RUN: tuple[str, ...] = ("llama.",)
 UNSAFE_TO_RUN_WHY = "its C++ kernel aborts the process on operands it refuses"
 
@@ -1182,9 +1187,9 @@ class _Checker:
                 return got
             ep.graph_module.recompile()
         out = next(n for n in ep.graph.nodes if n.op == "output")
-        user = {getattr(s.arg, "name", None) for s in ep.graph_signature.output_specs
-                if s.kind == torch.export.graph_signature.OutputKind.USER_OUTPUT}
-        roots = [a for a in _flat(out.args[0]) if isinstance(a, torch.fx.Node) and a.name in user]
+        user_outputs = {getattr(s.arg, "name", None) for s in ep.graph_signature.output_specs
+                        if s.kind == torch.export.graph_signature.OutputKind.USER_OUTPUT}
+        roots = [a for a in _flat(out.args[0]) if isinstance(a, torch.fx.Node) and a.name in user_outputs]
         root = roots[0] if roots else None
         if root is not None and case.tail and root.args:
             root = root.args[0]  # type: ignore[assignment]

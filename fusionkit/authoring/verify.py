@@ -839,15 +839,11 @@ def _written_args(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             for a in _written(schema)]
 
 
-def _writes_an_operand(p: Pattern) -> bool:
-    """Whether pattern ``p`` (an ``also`` part) is an op that writes one of its operands."""
-    inner = p.pattern if isinstance(p, Also) else p
-    while isinstance(inner, Named):
-        inner = inner.inner
-    if not isinstance(inner, Op):
-        return False
+def _writes_an_operand(p: Also) -> bool:
+    """Whether the ``also`` part ``p`` is an in-place op: each op it can be writes an operand."""
+    keys = p.pattern.root_keys()
     try:
-        return any(_written(resolve_op(k)._schema) for k in inner.targets)
+        return bool(keys) and all(_written(resolve_op(k)._schema) for k in keys or ())
     except Exception:  # an op that does not resolve: the build names it
         return False
 

@@ -60,10 +60,15 @@ from fusionkit import (
     capture,
     outputs,
 )
-from fusionkit.authoring.semantics import OperandHint, Pick
 from fusionkit.match.pattern import Op, Pattern
 from fusionkit.match.targets import resolve_op
-from fusionkit.passes.registry import register_operand_hints, register_program_form, register_rules
+from fusionkit.passes.registry import (
+    OperandHint,
+    Pick,
+    register_operand_hints,
+    register_program_form,
+    register_rules,
+)
 
 from . import sdpa_reference  # noqa: F401  (what the llama kernels compute, for fusionkit verify)
 from ._common import FP_T, constraint, shape

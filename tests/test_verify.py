@@ -566,6 +566,27 @@ def test_the_kv_cache_fusion_is_judged_in_place_from_zero_caches() -> None:
     assert verify(rule, cases=6, max_examples=80).status == EQUAL
 
 
+def test_the_kv_cache_form_is_the_one_preprocess_gives_the_rule() -> None:
+    """The form causal_sdpa registers returns the exported program functionalized (as
+    ``to_edge``) and in place again: both updates ``llama.update_cache`` itself, no
+    ``auto_functionalized``, the caches buffer mutations of the program."""
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    from kv_cache_models import KVAttention
+
+    from fusionkit.passes.vulkan.sdpa import in_place_updates
+
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(1, 2, 4, 8, generator=g), torch.randn(1, 2, 2, 8, generator=g),
+            torch.randn(1, 2, 2, 8, generator=g), torch.tensor([3]))
+    ep = in_place_updates(torch.export.export(KVAttention(), args, strict=False))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets.count("llama.update_cache.default") == 2, targets
+    assert not any("auto_functionalized" in t for t in targets), targets
+    mutated = [o.target for o in ep.graph_signature.output_specs
+               if o.kind == torch.export.graph_signature.OutputKind.BUFFER_MUTATION]
+    assert sorted(mutated) == ["kc", "vc"], ep.graph_signature.output_specs
+
+
 def test_wrong_kv_cache_fusions_are_different() -> None:
     """A fused op that writes one position later, or that is given the key projection for
     the value one, computes something else; one that writes copies of the caches computes the

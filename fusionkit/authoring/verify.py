@@ -1176,7 +1176,7 @@ class _Checker:
         ep.graph_module.recompile()
         for form in self.forms:  # the program as the rule's pass pipeline gives it to the rule
             try:
-                form(ep)
+                ep = form(ep) or ep  # a new program, or None: ep edited in place
             except Exception as e:
                 got = f"the program form failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 self.exported[key] = got

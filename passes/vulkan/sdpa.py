@@ -172,12 +172,13 @@ def kv_cache_operands(pick: Pick) -> dict[str, OperandHint]:
             "scale": OperandHint(values=(pick((None, 0.5)),))}
 
 
-def in_place_updates(ep: Any) -> None:
-    """The program as ``VulkanBackend.preprocess`` gives it to the rule: functional cache
-    updates (``auto_functionalized``) made in place again."""
+def in_place_updates(ep: Any) -> Any:
+    """The program as ``VulkanBackend.preprocess`` gives it to the rule: functionalized as
+    ``to_edge`` does (``auto_functionalized`` cache updates, the caches buffer mutations of
+    the program), then made in place again by ``unsafe_remove_auto_functionalized_pass``."""
     from torch.export._remove_auto_functionalized_pass import unsafe_remove_auto_functionalized_pass
 
-    unsafe_remove_auto_functionalized_pass(ep)  # edits ep itself
+    return unsafe_remove_auto_functionalized_pass(ep.run_decompositions({}))
 
 
 register_operand_hints("sdpa_shapes", kv_cache_operands)

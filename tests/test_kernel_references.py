@@ -209,12 +209,16 @@ def test_the_sdpa_references_compute_what_the_kernels_compute(shape: tuple[int, 
 
 
 def test_the_custom_sdpa_reference_adds_a_mask_over_the_whole_cache() -> None:
-    """With a 2-D mask the kernel reads every cache position and adds the mask."""
+    """With a 2-D mask the kernel reads every cache position and adds the mask; a dropout
+    probability changes nothing (the kernel applies none)."""
     _llama_ops()
     q, _, _, kc, vc = _kv_operands(1, 3, 4, 2, 8, 8, torch.float32, seed=5)
     mask = torch.randn(3, 8, generator=torch.Generator().manual_seed(6))
     torch.testing.assert_close(KERNEL_REFERENCES[SDPA](q, kc, vc, 2, mask, 0.0, False, None),
                                torch.ops.llama.custom_sdpa(q, kc, vc, 2, mask, 0.0, False, None),
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(KERNEL_REFERENCES[SDPA](q, kc, vc, 2, None, 0.5, True, None),
+                               torch.ops.llama.custom_sdpa(q, kc, vc, 2, None, 0.5, True, None),
                                atol=1e-5, rtol=1e-5)
 
 

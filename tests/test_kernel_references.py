@@ -139,3 +139,107 @@ def test_verify_compares_the_int_select_as_symint_gives(monkeypatch: Any) -> Non
     monkeypatch.setitem(verify_module.KERNEL_REFERENCES, SELECT,
                         lambda x, dim, index: int(x.select(dim, index).item()) + 1)
     assert verify(rule, cases=2, max_examples=40).status == DIFFERENT
+
+
+UPDATE, SDPA, SDPA_KV = ("llama.update_cache.default", "llama.custom_sdpa.default",
+                         "llama.sdpa_with_kv_cache.default")
+
+#: (B, S, H, H_kv, D, max_S): one token, a prefill, grouped-query heads, a batch of two
+KV_SHAPES = [(1, 1, 4, 4, 8, 8), (1, 3, 4, 2, 8, 8), (2, 4, 6, 2, 4, 10), (1, 5, 8, 1, 16, 12)]
+
+
+def _llama_ops() -> None:
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    import fusionkit.passes.vulkan.sdpa  # noqa: F401  (registers the references)
+
+
+def _kv_operands(b: int, s: int, h: int, h_kv: int, d: int, max_s: int, dtype: torch.dtype,
+                 seed: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v and caches that already hold values (a later step's caches)."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(shape, generator=g).to(dtype)
+                 for shape in ((b, s, h, d), (b, s, h_kv, d), (b, s, h_kv, d),
+                               (b, max_s, h_kv, d), (b, max_s, h_kv, d)))
+
+
+def _positions(s: int, max_s: int) -> list[int]:
+    return sorted({0, 1, (max_s - s) // 2, max_s - s} & set(range(max_s - s + 1)))
+
+
+@pytest.mark.parametrize("shape", KV_SHAPES)
+def test_the_update_cache_reference_writes_what_the_kernel_writes(shape: tuple[int, ...]) -> None:
+    """``llama.update_cache`` (``op_update_cache.cpp``): the same cache after the write, at
+    every start position; the result is one element (the kernel never writes it)."""
+    _llama_ops()
+    s, max_s = shape[1], shape[5]
+    for pos in _positions(s, max_s):
+        _, _, v, cache, _ = _kv_operands(*shape, torch.float32, seed=pos)
+        ours, theirs = cache.clone(), cache.clone()
+        got = KERNEL_REFERENCES[UPDATE](v, ours, pos)
+        want = torch.ops.llama.update_cache(v, theirs, pos)
+        assert torch.equal(ours, theirs), (shape, pos)
+        assert got.shape == want.shape == (1,) and got.dtype == want.dtype
+        assert torch.equal(ours[:, pos:pos + s], v) and torch.equal(ours[:, :pos], cache[:, :pos])
+
+
+@pytest.mark.parametrize("shape", KV_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_sdpa_references_compute_what_the_kernels_compute(shape: tuple[int, ...],
+                                                               dtype: torch.dtype) -> None:
+    """``llama.custom_sdpa`` and ``llama.sdpa_with_kv_cache`` (``op_sdpa.cpp``): causal or
+    not, the default scale and another, at every start position, on caches that hold values
+    beyond the window (which neither may read): the same result and the same caches."""
+    _llama_ops()
+    s, max_s = shape[1], shape[5]
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    for pos in _positions(s, max_s):
+        for causal in (True, False):
+            for scale in (None, 0.3):
+                q, k, v, kc, vc = _kv_operands(*shape, dtype, seed=pos + 10 * causal)
+                ours, theirs = (kc.clone(), vc.clone()), (kc.clone(), vc.clone())
+                got = KERNEL_REFERENCES[SDPA_KV](q, k, v, *ours, pos, 1, None, 0.0, causal, scale)
+                want = torch.ops.llama.sdpa_with_kv_cache(q, k, v, *theirs, pos, 1, None, 0.0,
+                                                          causal, scale)
+                at = (shape, pos, causal, scale)
+                torch.testing.assert_close(got, want, atol=tol, rtol=tol, msg=lambda m, at=at: f"{at}: {m}")
+                assert all(torch.equal(a, c) for a, c in zip(ours, theirs, strict=True)), at
+                got = KERNEL_REFERENCES[SDPA](q, *ours, pos, None, 0.0, causal, scale)
+                want = torch.ops.llama.custom_sdpa(q, *theirs, pos, None, 0.0, causal, scale)
+                torch.testing.assert_close(got, want, atol=tol, rtol=tol, msg=lambda m, at=at: f"{at}: {m}")
+
+
+def test_the_custom_sdpa_reference_adds_a_mask_over_the_whole_cache() -> None:
+    """With a 2-D mask the kernel reads every cache position and adds the mask; a dropout
+    probability changes nothing (the kernel applies none)."""
+    _llama_ops()
+    q, _, _, kc, vc = _kv_operands(1, 3, 4, 2, 8, 8, torch.float32, seed=5)
+    mask = torch.randn(3, 8, generator=torch.Generator().manual_seed(6))
+    torch.testing.assert_close(KERNEL_REFERENCES[SDPA](q, kc, vc, 2, mask, 0.0, False, None),
+                               torch.ops.llama.custom_sdpa(q, kc, vc, 2, mask, 0.0, False, None),
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(KERNEL_REFERENCES[SDPA](q, kc, vc, 2, None, 0.5, True, None),
+                               torch.ops.llama.custom_sdpa(q, kc, vc, 2, None, 0.5, True, None),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_the_sdpa_with_kv_cache_reference_is_what_the_runtime_computes(vulkan_runtime: Any) -> None:
+    """The KV-cache attention lowered through the adapter (causal_sdpa fuses it into the
+    runtime's ``sdpa_with_kv_cache``), 4 query heads over 2 kv heads, at positions 0 and 3,
+    each run in a fresh child (zero caches): the real runtime's output is the reference's on
+    zero caches."""
+    _llama_ops()
+    from kv_cache_models import KVAttention
+    from test_vulkan_real_runtime_state import _lower, _payload_ops
+
+    g = torch.Generator().manual_seed(11)
+    runs = [(torch.randn(1, 4, 4, 8, generator=g), torch.randn(1, 4, 2, 8, generator=g),
+             torch.randn(1, 4, 2, 8, generator=g), torch.tensor([pos])) for pos in (0, 3)]
+    pte = _lower(KVAttention(), runs[1])
+    assert "sdpa_with_kv_cache.default" in _payload_ops(pte), _payload_ops(pte)
+    results = runtime.run_many_in_child([runtime.Job(pte, list(r)) for r in runs])
+    for (q, k, v, pos), res in zip(runs, results, strict=True):
+        assert res.ok and res.outputs, (int(pos), res.status, res.message)
+        caches = torch.zeros(1, 16, 2, 8), torch.zeros(1, 16, 2, 8)
+        want = KERNEL_REFERENCES[SDPA_KV](q, k, v, *caches, int(pos), 1, None, 0.0, True, None)
+        torch.testing.assert_close(res.outputs[0], want, atol=1e-4, rtol=1e-4,
+                                   msg=lambda m, pos=pos: f"start_pos {int(pos)}: {m}")

@@ -380,9 +380,6 @@ SHIPPED = _shipped()
 #: reason must match and why that is so; every other shipped rule must verify equal, so a
 #: rule that stops verifying (or a reason that changes) fails here. Shrink this list.
 CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
-    # -- a backend op with no reference that computes what the kernel computes
-    "causal_sdpa": ("llama.custom_sdpa",
-                    "its C++ kernel aborts the process on operands it refuses: never run"),
     # -- TOSA sites an exported program built from ops cannot hold (the TOSA context and the
     #    kernel references of passes/arm/tosa_semantics.py run the rest)
     "arm_fold_dyt_alpha_into_lut": ("dyt_alpha_site: the tanh's input is no signed",
@@ -556,6 +553,122 @@ def test_the_reshaped_module_rule_is_judged_on_a_3d_input_the_module_flattens() 
     v = verify(wrong, cases=8, max_examples=80)
     assert v.status == DIFFERENT and v.counterexample is not None, v
     assert len(v.counterexample.inputs["a_3d"]["shape"]) == 3, v.counterexample
+
+
+def _causal_sdpa_with(build: Any) -> Rule:
+    """The shipped causal_sdpa rule with another replacement (a wrong variant)."""
+    from fusionkit.passes.vulkan.sdpa import causal_sdpa_rule
+
+    rule = causal_sdpa_rule()
+    return dataclasses.replace(rule, name=f"causal_sdpa_{build.__name__}",
+                               replacement=PythonReplacement(build))
+
+
+def _fused_sdpa(rw: Any, q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, pos: Any, mask: Any,
+                dropout_p: Any, is_causal: Any, scale: Any) -> tuple[Any, None, None]:
+    from fusionkit.passes.vulkan.sdpa import SDPA_WITH_KV_CACHE
+
+    fused = rw.call(SDPA_WITH_KV_CACHE, q, k, v, k_cache, v_cache, pos, 1, mask, dropout_p, is_causal, scale)
+    return fused, None, None
+
+
+def _sdpa_variant(rw: Any, q: Any, k_proj: Any, v_proj: Any, k_cache: Any, v_cache: Any, start_pos: Any,
+                  attn_mask: Any, dropout_p: Any, is_causal: Any, scale: Any) -> tuple[Any, None, None]:
+    """The right replacement, written as a test's variant is."""
+    return _fused_sdpa(rw, q, k_proj, v_proj, k_cache, v_cache, start_pos, attn_mask, dropout_p,
+                       is_causal, scale)
+
+
+def test_the_kv_cache_fusion_is_judged_in_place_from_zero_caches(monkeypatch: Any) -> None:
+    """causal_sdpa: both cache updates built before the sdpa (in-place parts of the match),
+    their results no outputs, the caches zero buffers each run starts from; the llama ops
+    run through the kernel references ``passes/vulkan/sdpa_reference.py`` registers."""
+    (rule,) = [r for _, _, r in SHIPPED if r.name == "causal_sdpa"]
+    v = verify(rule, cases=6, max_examples=80)
+    assert v.status == EQUAL and v.cases == 6, str(v)
+    seq = [tuple(int(x) for x in re.findall(r"(?:k_proj|k_cache)\((\d+), (\d+)", s)[i])
+           for s in v.shapes for i in (0, 1)]
+    assert any(c[1] > p[1] for p, c in zip(seq[::2], seq[1::2], strict=True)), v.shapes  # max_S > S
+    # every run, of either program, starts from zero caches: the memoised programs do not
+    # carry one case's writes into the next (cases of one structure share the programs)
+    from fusionkit.authoring import verify as verify_module
+
+    starts: list[float] = []
+    run = verify_module._Runner.run
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        starts.extend(float(b.abs().sum()) for n, b in self.module.named_buffers() if "cache" in n)
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(verify_module._Runner, "run", spy)
+    # a later step, one structure for every case: start_pos 3 of a 6-position cache, 4
+    # query heads over 2 kv heads
+    later = {"q": OperandHint(shapes=((1, 2, 4, 4),), dtype=torch.float32),
+             **{p: OperandHint(shapes=((1, 2, 2, 4),), dtype=torch.float32) for p in ("k_proj", "v_proj")},
+             **{c: OperandHint(shapes=((1, 6, 2, 4),), dtype=torch.float32) for c in ("k_cache", "v_cache")},
+             **{p: OperandHint(values=(3,)) for p in ("start_pos", "k_pos", "v_pos")},
+             "scale": OperandHint(values=(None,))}
+    assert verify(rule, cases=4, max_examples=40, hints=later).status == EQUAL
+    assert len(starts) >= 16 and not any(starts), starts  # 2 caches x 2 programs x 4 cases
+
+
+def test_the_kv_cache_form_is_the_one_preprocess_gives_the_rule() -> None:
+    """The form causal_sdpa registers returns the exported program functionalized (as
+    ``to_edge``) and in place again: both updates ``llama.update_cache`` itself, no
+    ``auto_functionalized``, the caches buffer mutations of the program."""
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    from kv_cache_models import KVAttention
+
+    from fusionkit.passes.vulkan.sdpa import in_place_updates
+
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(1, 2, 4, 8, generator=g), torch.randn(1, 2, 2, 8, generator=g),
+            torch.randn(1, 2, 2, 8, generator=g), torch.tensor([3]))
+    ep = in_place_updates(torch.export.export(KVAttention(), args, strict=False))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets.count("llama.update_cache.default") == 2, targets
+    assert not any("auto_functionalized" in t for t in targets), targets
+    mutated = [o.target for o in ep.graph_signature.output_specs
+               if o.kind == torch.export.graph_signature.OutputKind.BUFFER_MUTATION]
+    assert sorted(mutated) == ["kc", "vc"], ep.graph_signature.output_specs
+
+
+def test_wrong_kv_cache_fusions_are_different() -> None:
+    """A fused op that writes one position later, or that is given the key projection for
+    the value one, computes something else; one that writes copies of the caches computes the
+    same output but leaves the program's caches unwritten; caches that start non-zero are
+    declined."""
+    def shifted(rw: Any, q: Any, k_proj: Any, v_proj: Any, k_cache: Any, v_cache: Any, start_pos: Any,
+                attn_mask: Any, dropout_p: Any, is_causal: Any, scale: Any) -> tuple[Any, None, None]:
+        return _fused_sdpa(rw, q, k_proj, v_proj, k_cache, v_cache, start_pos + 1, attn_mask,
+                           dropout_p, is_causal, scale)
+
+    def keys_as_values(rw: Any, q: Any, k_proj: Any, v_proj: Any, k_cache: Any, v_cache: Any,
+                       start_pos: Any, attn_mask: Any, dropout_p: Any, is_causal: Any, scale: Any
+                       ) -> tuple[Any, None, None]:
+        return _fused_sdpa(rw, q, k_proj, k_proj, k_cache, v_cache, start_pos, attn_mask, dropout_p,
+                           is_causal, scale)
+
+    def writes_copies(rw: Any, q: Any, k_proj: Any, v_proj: Any, k_cache: Any, v_cache: Any,
+                      start_pos: Any, attn_mask: Any, dropout_p: Any, is_causal: Any, scale: Any
+                      ) -> tuple[Any, None, None]:
+        k_copy, v_copy = (rw.call("aten.clone.default", c) for c in (k_cache, v_cache))
+        return _fused_sdpa(rw, q, k_proj, v_proj, k_copy, v_copy, start_pos, attn_mask, dropout_p,
+                           is_causal, scale)
+
+    for build in (shifted, keys_as_values):
+        v = verify(_causal_sdpa_with(build), cases=4, max_examples=80)
+        assert v.status == DIFFERENT and v.counterexample is not None, str(v)
+        assert v.counterexample.reason.startswith("output 0"), str(v)
+    # the same output, but the caches the program keeps are never written
+    v = verify(_causal_sdpa_with(writes_copies), cases=4, max_examples=80)
+    assert v.status == DIFFERENT and v.counterexample is not None, str(v)
+    assert v.counterexample.reason.startswith("buffer `"), str(v)
+    filled = verify(_causal_sdpa_with(_sdpa_variant), cases=2, max_examples=20,
+                    hints={"k_cache": OperandHint(fill="positive")})
+    assert filled.status != DIFFERENT, str(filled)
+    assert any("caches_start_zero" in why and "starts non-zero" in why for why in filled.declined), \
+        filled.declined
 
 
 def test_the_cannot_check_allow_list_names_shipped_rules() -> None:

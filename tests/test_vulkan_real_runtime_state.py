@@ -59,16 +59,16 @@ def _eager(inputs: tuple[torch.Tensor, ...], caches_from: tuple[torch.Tensor, ..
         return m(*inputs)
 
 
-def _lower(m: KVAttention) -> bytes:
-    """``m`` lowered by the adapter's drop-in (the position is an input: A and B run the
-    same program)."""
+def _lower(m: KVAttention, inputs: tuple[torch.Tensor, ...] = B) -> bytes:
+    """``m`` lowered by the adapter's drop-in for inputs like ``inputs`` (the position is an
+    input: A and B run the same program)."""
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (llama.* ops)
     from executorch.exir import to_edge_transform_and_lower
 
     from fusionkit.backends.vulkan_adapter import VulkanPartitioner, transform_passes
 
     part = VulkanPartitioner()
-    prog = to_edge_transform_and_lower(torch.export.export(m, B),
+    prog = to_edge_transform_and_lower(torch.export.export(m, inputs),
                                        transform_passes=transform_passes(partitioner=part),
                                        partitioner=[part])
     return bytes(prog.to_executorch().buffer)

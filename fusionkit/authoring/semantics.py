@@ -147,12 +147,14 @@ def register_operand_hints(check: str,
 #: checks (a ``Custom``'s name) whose rule runs where the program has another form than
 #: ``torch.export`` gives (a backend's pass pipeline before the rule: in-place ops where export
 #: writes functional ones, edge-dialect op objects, metadata earlier passes write), and
-#: ``form(ep)``, which puts the exported pattern program in that form, in place
-PROGRAM_FORMS: dict[str, Callable[[Any], None]] = {}
+#: ``form(ep)``, which puts the exported pattern program in that form: in place (returning
+#: None), or returning the program in that form (a pipeline that makes a new one)
+PROGRAM_FORMS: dict[str, Callable[[Any], Any]] = {}
 
 
-def register_program_form(check: str, form: Callable[[Any], None]) -> None:
+def register_program_form(check: str, form: Callable[[Any], Any]) -> None:
     """Tell the verifier that the rule of the check named ``check`` sees programs in the form
-    ``form(ep)`` gives an exported program (edited in place): the verifier applies it to the
-    pattern's program after exporting it, before the rule rewrites a copy."""
+    ``form(ep)`` gives an exported program (edited in place, or returned): the verifier
+    applies it to the pattern's program after exporting it, before the rule rewrites a
+    copy."""
     PROGRAM_FORMS[check] = form

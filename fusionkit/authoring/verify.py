@@ -20,6 +20,10 @@ How a case is made (drawn with hypothesis, so a failure shrinks to the smallest 
 * a literal (a value matcher, or a capture in a number/int/list argument) is drawn
   from the values its matcher and a :class:`~fusionkit.check.constraints.ScalarRange`
   admit, their bounds (the edges) included;
+* a multi-output pattern returns its primary and each ``also`` part, built after it; an
+  ``also`` part whose op writes an operand (a cache update) is built before the primary,
+  which reads what it wrote, and is not returned; a constant an op writes is a mutable
+  buffer, reset before each run and compared after it;
 * the subgraph is run eagerly (a case the ops refuse is not a case), exported with
   ``torch.export`` and copied; the rule must accept the match at the pattern's root (a
   declined case is counted with its reason); the rewritten program is run.
@@ -105,7 +109,8 @@ TOLERANCES: dict[torch.dtype, float] = {
 }
 
 #: op namespaces whose CPU kernels (ExecuTorch's C++ custom ops) abort the process on
-#: operands they refuse, instead of raising: the verifier never runs them
+#: operands they refuse, instead of raising: the verifier never runs them, only the kernel
+#: reference a backend registered for one (``register_kernel_reference``)
 UNSAFE_TO_RUN: tuple[str, ...] = ("llama.",)
 UNSAFE_TO_RUN_WHY = "its C++ kernel aborts the process on operands it refuses"
 
@@ -441,6 +446,9 @@ class _Builder(PatternVisitor[Any]):
         self.case = _Case()
         self.bound: dict[str, Any] = {}  # capture name -> _Ref or literal
         self.values: dict[int, Any] = {}  # call index -> eager value
+        #: inputs an in-place op wrote while building, as it left them (the case keeps the
+        #: initial value: what the program starts from)
+        self.written: dict[str, torch.Tensor] = {}
         self.anonymous = 0
         #: the capture a wildcard argument (``strict_defaults=False``) is drawn as -> the
         #: argument's schema name: a hint keyed ``"*<name>"`` makes every such argument
@@ -473,7 +481,7 @@ class _Builder(PatternVisitor[Any]):
     def _eager(self, r: Any) -> Any:
         if isinstance(r, _Ref):
             if r.input is not None:
-                return self.case.inputs[r.input].value
+                return self.written.get(r.input, self.case.inputs[r.input].value)
             return self.values[r.index]  # type: ignore[index]
         if isinstance(r, list):
             return [self._eager(x) for x in r]
@@ -708,10 +716,17 @@ class _Builder(PatternVisitor[Any]):
         return self._op(p)
 
     def visit_outputs(self, p: Outputs) -> Any:
+        # an in-place part (its op writes an operand: a cache update) runs before the primary,
+        # which reads what it wrote; its effect is the write, and its result is no output
+        in_place = [_writes_an_operand(o) for o in p.others]
+        for o, first_ in zip(p.others, in_place, strict=True):
+            if first_:
+                self.build(o)
         first = self.build(p.primary)
         self.case.outputs.append(first)
-        for o in p.others:
-            self.case.outputs.append(self.build(o))
+        for o, first_ in zip(p.others, in_place, strict=True):
+            if not first_:
+                self.case.outputs.append(self.build(o))
         return first
 
     def visit_also(self, p: Also) -> Any:
@@ -722,7 +737,7 @@ class _Builder(PatternVisitor[Any]):
     def _op(self, p: Op) -> _Ref:
         keys = sorted(p.targets, key=lambda k: (not k.startswith("aten."), k))
         key = keys[self.draw(self.st.integers(0, len(keys) - 1))] if len(keys) > 1 else keys[0]
-        if key.startswith(UNSAFE_TO_RUN):
+        if key.startswith(UNSAFE_TO_RUN) and key not in KERNEL_REFERENCES:
             raise _NotACase(f"{key} is not run on generated operands ({UNSAFE_TO_RUN_WHY})")
         target = resolve_op(key)
         schema = target._schema
@@ -757,6 +772,9 @@ class _Builder(PatternVisitor[Any]):
 
     def _call(self, key: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Ref:
         call = _Call(target, args, kwargs)
+        for a in _written_args(target, args, kwargs):  # the input keeps its initial value
+            if isinstance(a, _Ref) and a.input is not None and a.input not in self.written:
+                self.written[a.input] = self.case.inputs[a.input].value.clone()
         real_args, real_kwargs = self._eager(call.args), self._eager(call.kwargs)
         try:  # shapes first, on meta tensors: a native kernel is never given operands it refuses
             target(*_to_meta(real_args), **_to_meta(real_kwargs))
@@ -823,6 +841,30 @@ class _Making:
         self.builder.bound[name] = ref
 
 
+def _written(schema: Any) -> list[Any]:
+    """The arguments of ``schema`` its op writes (``Tensor(a!)``)."""
+    return [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _written_args(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The operands a call of ``target`` writes in place."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return []
+    names = [a.name for a in schema.arguments]
+    return [args[names.index(a.name)] if names.index(a.name) < len(args) else kwargs.get(a.name)
+            for a in _written(schema)]
+
+
+def _writes_an_operand(p: Also) -> bool:
+    """Whether the ``also`` part ``p`` is an in-place op: each op it can be writes an operand."""
+    keys = p.pattern.root_keys()
+    try:
+        return bool(keys) and all(_written(resolve_op(k)._schema) for k in keys or ())
+    except Exception:  # an op that does not resolve: the build names it
+        return False
+
+
 def _to_meta(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return v.to("meta")
@@ -864,8 +906,9 @@ def _forms_of(rule: Rule) -> list[Callable[[Any], None]]:
 
 
 class _Program(torch.nn.Module):
-    """The drawn subgraph as a module: constants are parameters/buffers, the rest inputs;
-    the pattern's calls inside a module of the case's scope, where a check asks for one."""
+    """The drawn subgraph as a module: constants are parameters/buffers (a constant an op
+    writes in place is a mutable buffer, a KV cache), the rest inputs; the pattern's calls
+    inside a module of the case's scope, where a check asks for one."""
 
     def __init__(self, case: _Case) -> None:
         super().__init__()
@@ -873,9 +916,11 @@ class _Program(torch.nn.Module):
         self.user = [n for n, i in case.inputs.items() if not i.constant]
         if case.scope is not None:
             self.scope = _bare(case.scope)
+        written = {a.input for c in case.calls for a in _written_args(c.target, c.args, c.kwargs)
+                   if isinstance(a, _Ref) and a.input is not None}
         for n, i in case.inputs.items():
             if i.constant:
-                if i.dtype.is_floating_point:
+                if i.dtype.is_floating_point and n not in written:
                     self.register_parameter(f"c_{n}", torch.nn.Parameter(i.value.clone(), requires_grad=False))
                 else:
                     self.register_buffer(f"c_{n}", i.value.clone())
@@ -979,6 +1024,21 @@ def _difference(want: Any, got: Any) -> tuple[str | None, float]:
             return (f"output {i} differs by up to {float(err.max()):.4g} "
                     f"(tolerance for {str(w.dtype).removeprefix('torch.')}: {tol:g} x (1 + |expected|))"), worst
     return None, worst
+
+
+def _buffers_difference(pattern: torch.nn.Module, rewritten: torch.nn.Module, want: Any, got: Any
+                        ) -> tuple[str | None, float, Any, Any]:
+    """Whether the buffers of both programs (by name) differ after a run (an in-place cache
+    update left other values): why, the largest error and the two values compared."""
+    mine = dict(rewritten.named_buffers())
+    for name, w in pattern.named_buffers():
+        g = mine.get(name)
+        if g is None:
+            continue
+        reason, worst = _difference(w, g)
+        if reason is not None:
+            return f"buffer `{name}` after the run: {reason.replace('output 0', 'its value')}", worst, w, g
+    return None, 0.0, want, got
 
 
 def _no_reference(gm: torch.fx.GraphModule) -> list[str]:
@@ -1107,6 +1167,8 @@ class _Checker:
         #: why a rewritten program cannot be judged by running it (semantics in node metadata)
         self.metadata: set[str] = set()
         self.exported: dict[str, Any] = {}
+        #: the initial buffers of each exported module (by id), restored before each run
+        self.buffers: dict[int, dict[str, torch.Tensor]] = {}
         self.last_difference: tuple[str, float, Any, Any] | None = None
         #: the first case found different (what is reported if shrinking cannot replay it)
         self.first_difference: _Case | None = None
@@ -1131,14 +1193,16 @@ class _Checker:
         ep.graph_module.recompile()
         for form in self.forms:  # the program as the rule's pass pipeline gives it to the rule
             try:
-                form(ep)
+                ep = form(ep) or ep  # a new program, or None: ep edited in place
             except Exception as e:
                 got = f"the program form failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 self.exported[key] = got
                 return got
             ep.graph_module.recompile()
         out = next(n for n in ep.graph.nodes if n.op == "output")
-        roots = [a for a in _flat(out.args[0]) if isinstance(a, torch.fx.Node)]
+        user_outputs = {getattr(s.arg, "name", None) for s in ep.graph_signature.output_specs
+                        if s.kind == torch.export.graph_signature.OutputKind.USER_OUTPUT}
+        roots = [a for a in _flat(out.args[0]) if isinstance(a, torch.fx.Node) and a.name in user_outputs]
         root = roots[0] if roots else None
         if root is not None and case.tail and root.args:
             root = root.args[0]  # type: ignore[assignment]
@@ -1161,6 +1225,8 @@ class _Checker:
             fuse = FusionPass([self.rule], name=f"verify:{self.rule.name}", target=self.target)
             fuse.call(rewritten)
             got = (ep.module(), rewritten.module())
+        for m in got:  # what each run starts from: the buffers an op writes in place reset
+            self.buffers[id(m)] = {n: b.clone() for n, b in m.named_buffers()}
         if not fuse.report.total_fused:
             # the match was accepted but the rewrite was not made (its replacement raised,
             # or built a value the root's users cannot read): nothing to compare
@@ -1191,6 +1257,9 @@ class _Checker:
             self.no_reference.update(missing)
             return False
         user = tuple(case.inputs[n].value.clone() for n in _Program(case).user)
+        for m in made:  # each run starts from the initial state (caches written in place)
+            for n, b in m.named_buffers():
+                b.copy_(self.buffers[id(m)][n])
         want = _Runner(pattern_gm).run(*user)  # (its backend ops as their kernels compute)
         runner = _Runner(gm)
         try:
@@ -1206,6 +1275,8 @@ class _Checker:
             self.last_difference = (raised, math.inf, want, None)
             return True
         reason, worst = _difference(want, got)
+        if reason is None:  # and the state both leave: the buffers written in place
+            reason, worst, want, got = _buffers_difference(pattern_gm, gm, want, got)
         if reason is not None:
             self.last_difference = (reason, worst, want, got)
             return True

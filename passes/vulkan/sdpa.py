@@ -62,8 +62,15 @@ from fusionkit import (
 )
 from fusionkit.match.pattern import Op, Pattern
 from fusionkit.match.targets import resolve_op
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import (
+    OperandHint,
+    Pick,
+    register_operand_hints,
+    register_program_form,
+    register_rules,
+)
 
+from . import sdpa_reference  # noqa: F401  (what the llama kernels compute, for fusionkit verify)
 from ._common import FP_T, constraint, shape
 
 SDPA = "llama.custom_sdpa.default"
@@ -144,6 +151,38 @@ def _sdpa_build(rw: Rewriter, q: Node, k_proj: Node, v_proj: Node, k_cache: Node
     # stock's target: the ATen overload, serialized as the name the runtime has (module doc)
     fused.target = resolve_op(SDPA_WITH_KV_CACHE)
     return fused, None, None
+
+
+def kv_cache_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit verify``: a decode/prefill step the kernels take: q ``[B, S, H, D]``,
+    projections ``[B, S, H_kv, D]`` (``H`` a multiple of ``H_kv``), zero caches ``[B, max_S,
+    H_kv, D]`` (constants: the mutable buffers a model registers), one ``start_pos`` with
+    ``start_pos + S <= max_S`` read by all three ops, no mask, no dropout, causal."""
+    b, s, h_kv, group, d = pick((1, 2)), pick((1, 3, 2)), pick((1, 2)), pick((1, 2)), pick((4, 8))
+    max_s = s + pick((0, 2, 5))
+    start = pick(sorted({0, max_s - s, (max_s - s) // 2}))
+    dtype = pick((torch.float32, torch.float16))
+    q = OperandHint(constant=False, dtype=dtype, shapes=((b, s, h_kv * group, d),))
+    proj = OperandHint(constant=False, dtype=dtype, shapes=((b, s, h_kv, d),))
+    cache = OperandHint(constant=True, fill="zeros", dtype=dtype, shapes=((b, max_s, h_kv, d),))
+    pos = OperandHint(values=(start,))
+    return {"q": q, "k_proj": proj, "v_proj": proj, "k_cache": cache, "v_cache": cache,
+            "start_pos": pos, "k_pos": pos, "v_pos": pos, "attn_mask": OperandHint(values=(None,)),
+            "dropout_p": OperandHint(values=(0.0,)), "is_causal": OperandHint(values=(True,)),
+            "scale": OperandHint(values=(pick((None, 0.5)),))}
+
+
+def in_place_updates(ep: Any) -> Any:
+    """The program as ``VulkanBackend.preprocess`` gives it to the rule: functionalized as
+    ``to_edge`` does (``auto_functionalized`` cache updates, the caches buffer mutations of
+    the program), then made in place again by ``unsafe_remove_auto_functionalized_pass``."""
+    from torch.export._remove_auto_functionalized_pass import unsafe_remove_auto_functionalized_pass
+
+    return unsafe_remove_auto_functionalized_pass(ep.run_decompositions({}))
+
+
+register_operand_hints("sdpa_shapes", kv_cache_operands)
+register_program_form("cache_updates_fused", in_place_updates)
 
 
 def llama_op(key: str, *args: Pattern, strict_defaults: bool = True, **kwargs: Pattern) -> Op:

@@ -317,6 +317,38 @@ def test_a_program_form_puts_the_exported_program_in_the_form_the_rule_sees(monk
     assert v.status == CANNOT_CHECK and "program form failed: RuntimeError: no such pass" in v.reason, v
 
 
+def _scaled_neg(node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A neg whose ``gain`` metadata (written by the program form below) scales its result."""
+    gain = node.meta.get("gain")
+    return NotImplemented if gain is None else -args[0] * gain
+
+
+def test_node_semantics_say_what_a_node_computes_from_its_metadata(monkeypatch: Any) -> None:
+    """A node whose meaning at its pipeline position is in metadata an earlier pass wrote (a
+    requantized tanh on int8 codes): the node semantics a backend registers run it in both
+    programs. Here ``neg`` marked with ``gain=2`` computes ``-2x``: folded into ``mul(x, -2)``
+    it verifies equal with the semantics and is different without them (the plain neg); a
+    node without the metadata runs as torch runs it (``NotImplemented``)."""
+    from fusionkit.authoring import verify as verify_module
+
+    def gain_two(ep: Any) -> None:
+        for n in ep.graph.nodes:
+            if n.op == "call_function":
+                n.meta["gain"] = 2.0
+
+    rule = Rule("gained_neg", op("aten.neg.default", X),
+                replace_with("aten.mul.Tensor", ref("x"), -2.0),
+                [Custom(lambda ctx, x: None, "gained"), DtypeIn("x", {torch.float32})])
+    monkeypatch.setitem(verify_module.PROGRAM_FORMS, "gained", gain_two)
+    blind = verify(rule, cases=4, max_examples=40)
+    assert blind.status == DIFFERENT, blind
+    monkeypatch.setitem(verify_module.NODE_SEMANTICS, "aten.neg.default", _scaled_neg)
+    assert verify(rule, cases=4, max_examples=40).status == EQUAL
+    plain = Rule("neg_as_mul", op("aten.neg.default", X),
+                 replace_with("aten.mul.Tensor", ref("x"), -1.0), [DtypeIn("x", {torch.float32})])
+    assert verify(plain, cases=4, max_examples=40).status == EQUAL  # (no gain: torch's neg)
+
+
 def test_a_fused_activation_recorded_in_metadata_is_applied(monkeypatch: Any) -> None:
     """XNNPACK's fused relu lives in XNN_FUSED_ACTIVATION: the verifier clamps the node's
     result as XNNPACK does; without that the rule would be the dropped relu."""

@@ -19,6 +19,7 @@ __all__ = [
     "KERNEL_REFERENCES",
     "METADATA_SEMANTICS",
     "MODULE_SCOPES",
+    "NODE_SEMANTICS",
     "OPERAND_HINTS",
     "OP_CONTEXTS",
     "PROGRAM_FORMS",
@@ -28,6 +29,7 @@ __all__ = [
     "register_kernel_reference",
     "register_metadata_semantics",
     "register_module_scope",
+    "register_node_semantics",
     "register_op_context",
     "register_operand_hints",
     "register_program_form",
@@ -90,6 +92,22 @@ REFERENCE_IS_NOT_THE_KERNEL: dict[str, str] = {}
 #: or the reference model by the backend's own tests), in place of torch's registered one:
 #: ``fn(*args, **kwargs)`` with the node's evaluated arguments
 KERNEL_REFERENCES: dict[str, Callable[..., Any]] = {}
+
+
+#: ops (``namespace.name.overload``) whose meaning at a backend's pipeline position depends on
+#: node metadata an earlier pass wrote, not on the op and its operands alone (an ``aten.tanh``
+#: on int8 codes with the qparams ``FoldAndAnnotateQParamsPass`` writes is a requantized tanh,
+#: not ``torch.tanh``): ``fn(node, args, kwargs)`` with the node's evaluated arguments returns
+#: what the node computes, or ``NotImplemented`` where the node carries nothing it reads (the
+#: op then runs as usual)
+NODE_SEMANTICS: dict[str, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {}
+
+
+def register_node_semantics(op: str, fn: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]) -> None:
+    """Tell the verifier what a node of ``op`` computes from its metadata: ``fn(node, args,
+    kwargs)``, consulted before :data:`KERNEL_REFERENCES` and torch's kernel; ``NotImplemented``
+    where it does not apply."""
+    NODE_SEMANTICS[op] = fn
 
 
 #: op namespace (``tosa``) -> a factory of the context its ops run in: a backend whose ops

@@ -54,6 +54,7 @@ from fusionkit.authoring.semantics import (
     KERNEL_REFERENCES,
     METADATA_SEMANTICS,
     MODULE_SCOPES,
+    NODE_SEMANTICS,
     OP_CONTEXTS,
     OPERAND_HINTS,
     PROGRAM_FORMS,
@@ -901,9 +902,11 @@ class _Runner(torch.fx.Interpreter):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         try:
-            reference = (KERNEL_REFERENCES.get(op_key(n.target) or "")
-                         if n.op == "call_function" else None)
-            if reference is not None:
+            key = (op_key(n.target) or "") if n.op == "call_function" else ""
+            out = self._by_metadata(n, key)
+            if out is not NotImplemented:
+                pass
+            elif (reference := KERNEL_REFERENCES.get(key)) is not None:
                 args, kwargs = self.fetch_args_kwargs_from_env(n)
                 out = reference(*args, **kwargs)
             else:
@@ -911,10 +914,19 @@ class _Runner(torch.fx.Interpreter):
         except Exception:
             self.failed_at = n
             raise
-        for key, apply in METADATA_SEMANTICS.items():
-            if n.meta.get(key) is not None:
-                out = apply(n.meta[key], out)
+        for meta_key, apply in METADATA_SEMANTICS.items():
+            if n.meta.get(meta_key) is not None:
+                out = apply(n.meta[meta_key], out)
         return out
+
+    def _by_metadata(self, n: torch.fx.Node, key: str) -> Any:
+        """What ``n`` computes by the semantics a backend registered for its op and metadata
+        (:data:`NODE_SEMANTICS`), or ``NotImplemented``."""
+        semantics = NODE_SEMANTICS.get(key)
+        if semantics is None:
+            return NotImplemented
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        return semantics(n, args, kwargs)
 
 
 def _flat(v: Any) -> list[Any]:

@@ -274,3 +274,46 @@ def test_an_alpha_that_broadcasts_the_product_is_declined_where_stock_folds() ->
     (why,) = [d.reason for d in report.declined]
     assert "the tanh's output is [1, 1, 1, 16, 16], the activation [1, 1, 16, 16]" in why
     assert any("tanh" in t for t in _ops(our_ep))
+
+
+# --- FoldDyTAlphaIntoLUTPass: fusionkit.verify on the pipeline's program form ---------------
+
+def test_verify_judges_the_alpha_fold_bit_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The program form gives the drawn site the edge dialect's targets and the qparams the
+    pipeline writes; the tanh runs as InsertTableOpsPass's table: the fold equals the chain
+    on every drawn code, with no int8 tolerance at all."""
+    from fusionkit.authoring import verify as verify_module
+    from fusionkit.authoring.verify import EQUAL, verify
+    from fusionkit.passes.arm.dyt_alpha_lut import dyt_alpha_lut_rule
+
+    monkeypatch.setitem(verify_module.TOLERANCES, torch.int8, 0)
+    v = verify(dyt_alpha_lut_rule(), cases=8, max_examples=80)
+    assert v.status == EQUAL and v.cases == 8, v
+
+
+def test_verify_finds_a_table_that_ignores_the_alpha_different() -> None:
+    """The same fold computing its table for an alpha of 1 (the code read as absent)."""
+    import dataclasses
+
+    from fusionkit import PythonReplacement
+    from fusionkit.authoring.verify import DIFFERENT, verify
+    from fusionkit.passes.arm.dyt_alpha_lut import dyt_alpha_lut_rule
+
+    right = dyt_alpha_lut_rule()
+    table: Any = right.replacement.fn  # type: ignore[attr-defined]
+
+    def alpha_of_one(rw: Any, tanh: Any, out_rescale: Any, mul: Any) -> Any:
+        read = rw.tensor
+
+        def tensor(n: Any) -> torch.Tensor:
+            t = read(n)
+            return torch.ones_like(t) if t.numel() == 1 else t
+
+        rw.tensor = tensor
+        return table(rw, tanh, out_rescale, mul)
+
+    wrong = dataclasses.replace(right, name="dyt_alpha_ignored",
+                                replacement=PythonReplacement(alpha_of_one))
+    v = verify(wrong, cases=8, max_examples=80)
+    assert v.status == DIFFERENT and v.counterexample is not None, v
+    assert v.counterexample.inputs["rhs_code"]["values"] != [1], v.counterexample

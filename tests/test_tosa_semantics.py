@@ -160,3 +160,35 @@ def test_the_rescale_reference_is_the_reference_models_rescale() -> None:
             info = torch.iinfo(dtype)
             clamped += int(((want == info.min) | (want == info.max)).sum())
     assert clamped > 0  # (the cases reach the output type's bounds)
+
+
+class _Tanh(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.tanh.default(x)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("in_scale", "in_zp", "out_scale", "out_zp"),
+                         [(1 / 32, 5, 1 / 128, 0), (1 / 8, -3, 1 / 100, 7), (0.02, 0, 1 / 128, -128)])
+def test_a_quantized_tanh_is_the_table_insert_table_ops_builds(in_scale: float, in_zp: int,
+                                                               out_scale: float, out_zp: int) -> None:
+    """What the verifier runs an int8 tanh with qparams through (before InsertTableOpsPass
+    replaces it) is the TABLE that pass builds for it, on all 256 int8 codes; without
+    qparams the node is left to torch."""
+    from executorch.backends.arm._passes.insert_table_ops import InsertTableOpsPass
+
+    from fusionkit.passes.arm import pipeline_form
+
+    codes = torch.arange(-128, 128, dtype=torch.int8)
+    ep = torch.export.export(_Tanh(), (codes,), strict=False)
+    pipeline_form.edge_dialect(ep)
+    (tanh,) = [n for n in ep.graph.nodes if n.op == "call_function"]
+    assert pipeline_form.table_op_semantics(tanh, (codes,), {}) is NotImplemented
+    tanh.meta["input_qparams"] = {0: pipeline_form.quant_args(in_scale, in_zp, torch.int8)}
+    tanh.meta["output_qparams"] = {0: pipeline_form.quant_args(out_scale, out_zp, torch.int8)}
+    got = pipeline_form.table_op_semantics(tanh, (codes,), {})
+    with tosa_semantics.lowering_context():
+        assert InsertTableOpsPass(ep).call(ep.graph_module).modified
+    (table,) = [n for n in ep.graph.nodes if "TABLE" in str(n.target)]
+    lut = ep.state_dict[ep.graph_signature.inputs_to_buffers[table.args[1].name]]
+    assert torch.equal(got, tosa_semantics.table_reference(codes, lut))
+    assert len(set(got.tolist())) > 16  # (a table with many levels, not a constant)

@@ -411,11 +411,6 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
                     "its C++ kernel aborts the process on operands it refuses: never run"),
     # -- TOSA sites an exported program built from ops cannot hold (the TOSA context and the
     #    kernel references of passes/arm/tosa_semantics.py run the rest)
-    "arm_fold_dyt_alpha_into_lut": ("dyt_alpha_site: the tanh's input is no signed",
-                                    "the int8 site is built (operand hints), but the check "
-                                    "reads the RESCALEs as the edge dialect's op objects and "
-                                    "int8 qparams node metadata, which an exported program "
-                                    "built from ops does not carry"),
     "arm_fuse_consecutive_concat_shapes": ("CONCAT_SHAPE.default: it takes no tensor",
                                            "CONCAT_SHAPE takes and returns no tensor: no eager "
                                            "call dispatches it, and a traced program holds it "

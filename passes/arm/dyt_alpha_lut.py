@@ -34,7 +34,7 @@ other user (the match's escape check). What stock forgets:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch.fx import Node
@@ -50,7 +50,13 @@ from fusionkit import (
     op,
 )
 from fusionkit.match.targets import op_key
-from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
+from fusionkit.passes.registry import (
+    OperandHint,
+    Pick,
+    register_operand_hints,
+    register_program_form,
+    register_rules,
+)
 
 from ._common import (
     RESCALE,
@@ -59,6 +65,7 @@ from ._common import (
     keep_node_meta,
     move_placeholder_before,
 )
+from .pipeline_form import edge_dialect, quant_args, rescale_args
 
 TANH = "aten.tanh.default"
 MUL = "aten.mul.Tensor"
@@ -68,7 +75,7 @@ TABLE = "tosa.TABLE.default"
 _CODE_DTYPES = (torch.int8, torch.int16, torch.int32)
 
 
-def _is(n: Any, key: str) -> bool:
+def _is(n: Any, key: str) -> TypeGuard[Node]:
     return isinstance(n, Node) and n.op == "call_function" and op_key(n.target) == key
 
 
@@ -241,33 +248,72 @@ def _table(rw: Rewriter, tanh: Node, out_rescale: Node, mul: Node) -> Node:
     return new
 
 
+#: the int8 scale the program form gives the DyT's sources (activation and alpha): each
+#: int32 scale is derived from it over its rescale's ratio, as stock's ``_source_qargs`` reads
+SOURCE_SCALE = 1 / 16
+#: the tanh's output qparams in the form: int8 over [-1, 1)
+TANH_OUTPUT_SCALE = 1 / 128
+
+
 def dyt_alpha_operands(pick: Pick) -> dict[str, OperandHint]:
     """For ``fusionkit.verify``: the int8 DyT site built from ops -- an int8 activation and
-    a one-element int8 alpha constant, each rescaled to int32, their product rescaled to
-    int8. What the check reads beyond that, the int8 qparams ``FoldAndAnnotateQParamsPass``
-    writes into the mul's and the tanh's metadata, and the TOSA ops as the edge dialect's
-    op objects (stock's ``_RescaleParams.from_node`` compares ``node.target`` with
-    ``exir_ops.backend.tosa.RESCALE.default``), a program built from ops and exported with
-    ``torch.export`` does not carry: the rule declines it."""
+    a one-element int8 alpha constant, each rescaled to int32 (ratio 1, as
+    ``InsertRescaleInt32Pass`` writes a mul's, or another stock accepts; the activation's
+    zero point drawn), their product rescaled to int8. :func:`dyt_alpha_form` gives it the
+    qparams those ratios imply; with them the tanh's input scale ranges over [1/128, 1/8]."""
     shape = pick(((1, 4), (2, 3)))
-    act_scale, alpha_scale, out_scale = pick((0.5, 0.25)), pick((0.5, 0.125)), pick((0.25,))
+    act_scale, act_zp = pick((1.0, 0.5)), pick((0, -5))
+    alpha_scale, out_scale = pick((1.0, 0.25)), pick((0.25, 0.5))
 
     def activation(make: Any) -> Any:
-        x = make.input("x", shape, torch.int8)
-        return make.call(RESCALE, x, torch.int32, [act_scale], 0, 0)
+        x = make.input("x", shape, torch.int8, make.randint(-128, 127, shape).to(torch.int8))
+        return make.call(RESCALE, x, torch.int32, [act_scale], act_zp, 0)
 
     def alpha(make: Any) -> Any:
-        code = make.input("code", (1,), torch.int8, torch.tensor([pick((3, 5))], dtype=torch.int8),
-                          constant=True)
+        code = make.input("code", (1,), torch.int8,
+                          torch.tensor([pick((3, 5, -2))], dtype=torch.int8), constant=True)
         return make.call(RESCALE, code, torch.int32, [alpha_scale], 0, 0)
 
     return {"lhs": OperandHint(producer=activation), "rhs": OperandHint(producer=alpha),
             "out_dtype": OperandHint(values=(torch.int8,)),
             "out_scales": OperandHint(values=([out_scale],)),
-            "out_in_zp": OperandHint(values=(0,)), "out_out_zp": OperandHint(values=(0,))}
+            "out_in_zp": OperandHint(values=(0,)), "out_out_zp": OperandHint(values=(0, -4))}
+
+
+def dyt_alpha_form(ep: Any) -> None:
+    """The site as the rule sees it in the TOSA pipeline: edge-dialect targets, and the
+    qparams ``FoldAndAnnotateQParamsPass`` and ``InsertRescaleInt32Pass`` write -- each
+    source int8 at :data:`SOURCE_SCALE` (its rescale's input zero point), the mul's int32
+    inputs at that over the rescale's ratio and its output at their product, the tanh's
+    int8 input at the product over the requantize's ratio (its output zero point), its
+    output at :data:`TANH_OUTPUT_SCALE`."""
+    edge_dialect(ep)
+    for tanh in list(ep.graph.nodes):
+        if _is(tanh, TANH) and _is(tanh.args[0], RESCALE) and _is(tanh.args[0].args[0], MUL):
+            _annotate_site(tanh, tanh.args[0], tanh.args[0].args[0])
+
+
+def _annotate_site(tanh: Node, out_rescale: Node, mul: Node) -> None:
+    int32 = {}
+    for i, arg in enumerate(mul.args[:2]):
+        node = arg
+        while _is(node, VIEW):
+            node = node.args[0]
+        if not _is(node, RESCALE) or not isinstance(node.args[0], Node):
+            return
+        ratio, in_zp, _ = rescale_args(node)
+        node.args[0].meta["output_qparams"] = {0: quant_args(SOURCE_SCALE, in_zp, torch.int8)}
+        int32[i] = quant_args(SOURCE_SCALE / ratio, 0, torch.int32)
+    product = int32[0].scale * int32[1].scale
+    mul.meta["input_qparams"] = int32
+    mul.meta["output_qparams"] = {0: quant_args(product, 0, torch.int32)}
+    out_ratio, _, out_zp = rescale_args(out_rescale)
+    tanh.meta["input_qparams"] = {0: quant_args(product / out_ratio, out_zp, torch.int8)}
+    tanh.meta["output_qparams"] = {0: quant_args(TANH_OUTPUT_SCALE, 0, torch.int8)}
 
 
 register_operand_hints("dyt_alpha_site", dyt_alpha_operands)
+register_program_form("dyt_alpha_site", dyt_alpha_form)
 
 
 @register_rules("arm", takes_over="FoldDyTAlphaIntoLUTPass")
@@ -285,4 +331,4 @@ def dyt_alpha_lut_rule() -> Rule:
     )
 
 
-__all__ = ["Plan", "dyt_alpha_lut_rule", "dyt_alpha_operands", "plan"]
+__all__ = ["Plan", "dyt_alpha_form", "dyt_alpha_lut_rule", "dyt_alpha_operands", "plan"]

@@ -349,6 +349,23 @@ def test_node_semantics_say_what_a_node_computes_from_its_metadata(monkeypatch: 
     assert verify(plain, cases=4, max_examples=40).status == EQUAL  # (no gain: torch's neg)
 
 
+def test_an_integer_output_may_differ_by_its_tolerance_only() -> None:
+    """An int8 output is codes: one quantization step of tolerance, whatever the value's size
+    (not ``1 + |expected|``, under which ``-2x`` for ``-x`` would pass on every code)."""
+    from fusionkit.authoring.verify import OperandHint
+
+    rule = Rule("neg_doubled", op("aten.neg.default", X),
+                replace_with("aten.mul.Tensor", ref("x"), -2), [DtypeIn("x", {torch.int8})])
+    v = verify(rule, cases=4, max_examples=40)
+    assert v.status == DIFFERENT and v.counterexample is not None, v
+    assert "(tolerance for int8: 1)" in v.reason, v.reason
+    off_by_one = Rule("neg_off_by_one", op("aten.neg.default", X),
+                      replace_with("aten.sub.Tensor", ref("x"), ref("x")),
+                      [DtypeIn("x", {torch.int8})])
+    assert verify(off_by_one, cases=2, max_examples=40,
+                  hints={"x": OperandHint(int_range=(0, 1))}).status == EQUAL
+
+
 def test_a_fused_activation_recorded_in_metadata_is_applied(monkeypatch: Any) -> None:
     """XNNPACK's fused relu lives in XNN_FUSED_ACTIVATION: the verifier clamps the node's
     result as XNNPACK does; without that the rule would be the dropped relu."""

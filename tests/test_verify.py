@@ -317,6 +317,29 @@ def test_a_program_form_puts_the_exported_program_in_the_form_the_rule_sees(monk
     assert v.status == CANNOT_CHECK and "program form failed: RuntimeError: no such pass" in v.reason, v
 
 
+def test_a_program_forms_namespaces_open_their_contexts(monkeypatch: Any) -> None:
+    """A site whose operands a hint builds from a backend's ops (Arm's affine site: a TABLE
+    and RESCALEs before an ATen convolution) needs that backend's context although the
+    pattern names none of its ops: the form's namespaces open it."""
+    import contextlib
+
+    from fusionkit.authoring import verify as verify_module
+
+    entered: list[str] = []
+
+    @contextlib.contextmanager
+    def context() -> Any:
+        entered.append("in")
+        yield
+
+    rule = Rule("held_neg", op("aten.neg.default", X), replace_with("aten.mul.Tensor", ref("x"), -1.0),
+                [Custom(lambda ctx, x: None, "held"), DtypeIn("x", {torch.float32})])
+    monkeypatch.setitem(verify_module.OP_CONTEXTS, "heldns", context)
+    assert verify(rule, cases=2, max_examples=15).status == EQUAL and not entered
+    monkeypatch.setitem(verify_module.FORM_NAMESPACES, "held", frozenset({"heldns"}))
+    assert verify(rule, cases=2, max_examples=15).status == EQUAL and entered
+
+
 def _scaled_neg(node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A neg whose ``gain`` metadata (written by the program form below) scales its result."""
     gain = node.meta.get("gain")

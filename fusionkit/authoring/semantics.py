@@ -1,6 +1,7 @@
 """What the verifier must be told of a backend: the node metadata its replacements use to
 say what a node computes, the ops whose CPU reference is not what the kernel computes, the
-context its ops run in, and how to make the operands a backend's checks ask for
+context its ops run in, the form its pipeline gives a program where a rule runs and what a
+node means there, and how to make the operands a backend's checks ask for
 (:class:`OperandHint`, drawn jointly when a check relates several captures: a group size
 that tiles a dimension).
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "FORM_NAMESPACES",
     "KERNEL_REFERENCES",
     "METADATA_SEMANTICS",
     "MODULE_SCOPES",
@@ -166,9 +168,17 @@ def register_operand_hints(check: str,
 #: ``form(ep)``, which puts the exported pattern program in that form, in place
 PROGRAM_FORMS: dict[str, Callable[[Any], None]] = {}
 
+#: checks whose site holds ops of these namespaces beyond the pattern's own (an operand built
+#: from a backend's ops): the verifier opens their contexts (:data:`OP_CONTEXTS`) too
+FORM_NAMESPACES: dict[str, frozenset[str]] = {}
 
-def register_program_form(check: str, form: Callable[[Any], None]) -> None:
+
+def register_program_form(check: str, form: Callable[[Any], None],
+                          namespaces: Sequence[str] = ()) -> None:
     """Tell the verifier that the rule of the check named ``check`` sees programs in the form
     ``form(ep)`` gives an exported program (edited in place): the verifier applies it to the
-    pattern's program after exporting it, before the rule rewrites a copy."""
+    pattern's program after exporting it, before the rule rewrites a copy. ``namespaces``:
+    the op namespaces the site holds beyond the pattern's (their contexts are opened)."""
     PROGRAM_FORMS[check] = form
+    if namespaces:
+        FORM_NAMESPACES[check] = frozenset(namespaces)

@@ -28,11 +28,14 @@ Backend ops run through the reference implementations registered in torch (the
 ``et_vk`` ops' CPU implementations come with ``executorch.backends.vulkan``) or through
 the functions a backend states its kernels compute (``register_kernel_reference``), inside
 the context a backend states its ops need (``register_op_context``: the TOSA dialect's
-``TosaLoweringContext``); an op with none makes the rule "cannot check" and is named.
+``TosaLoweringContext``); an op with none makes the rule "cannot check" and is named. A
+check that runs inside a backend's pipeline has the exported program put in that
+pipeline's form first (``register_program_form``), and a node whose meaning there is in
+its metadata runs through what the backend states it computes (``register_node_semantics``).
 
 Results are compared per output with the tolerance of its dtype (:data:`TOLERANCES`):
-``|got - expected| <= tol * (1 + |expected|)``, NaN equal to NaN, shapes and dtypes
-exactly.
+``|got - expected| <= tol * (1 + |expected|)`` for floats, NaN equal to NaN; integer codes
+within ``tol``; shapes and dtypes exactly.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from typing import Any
 import torch
 
 from fusionkit.authoring.semantics import (
+    FORM_NAMESPACES,
     KERNEL_REFERENCES,
     METADATA_SEMANTICS,
     MODULE_SCOPES,
@@ -1314,8 +1318,11 @@ def _op_keys(p: Pattern) -> set[str]:
 
 
 def _context_namespaces(rule: Rule) -> frozenset[str]:
-    """The namespaces of ``rule``'s ops whose backend registered a context to run them in."""
-    return frozenset({k.split(".")[0] for k in _op_keys(rule.pattern)} & set(OP_CONTEXTS))
+    """The namespaces of ``rule``'s ops, and of the ops its checks' program forms hold
+    (:data:`FORM_NAMESPACES`), whose backend registered a context to run them in."""
+    held = {ns for c in rule.constraints if isinstance(c, Custom)
+            for ns in FORM_NAMESPACES.get(c.name, ())}
+    return frozenset(({k.split(".")[0] for k in _op_keys(rule.pattern)} | held) & set(OP_CONTEXTS))
 
 
 def _op_contexts(rule: Rule) -> contextlib.ExitStack:

@@ -182,3 +182,61 @@ def test_stock_bakes_a_mutated_gamma_the_rule_declines() -> None:
     (decline,) = ms.declined
     assert "`b_gamma` is a mutable buffer" in decline.reason, decline.reason
     assert not _rule_pass(ours).modified
+
+
+# --- fusionkit.verify on the pipeline's program form ------------------------------------------
+
+def _recording_plans(monkeypatch: pytest.MonkeyPatch, change: Any = None) -> dict[str, int]:
+    """The plan kinds the rule computes from here on (each ``change(plan)`` first, if given)."""
+    from fusionkit.passes.arm import dyt_affine_conv
+
+    kinds: dict[str, int] = {}
+    planned = dyt_affine_conv.plan
+
+    def plan(*args: Any) -> Any:
+        got = planned(*args)
+        if isinstance(got, dyt_affine_conv.Plan):
+            kinds[got.kind] = kinds.get(got.kind, 0) + 1
+            got = change(got) if change is not None else got
+        return got
+
+    monkeypatch.setattr(dyt_affine_conv, "plan", plan)
+    return kinds
+
+
+def test_verify_judges_every_branch_of_the_affine_fold_bit_exact(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drawn site (TABLE, rescales, mul by gamma, add of beta, permute, int8 convolution)
+    in the pipeline's form: the fold, the identity and the identity gamma are each judged,
+    and the rewritten program equals the site's with no int8 tolerance at all."""
+    from fusionkit.authoring import verify as verify_module
+    from fusionkit.authoring.verify import EQUAL, verify
+    from fusionkit.passes.arm.dyt_affine_conv import dyt_affine_conv_rule
+
+    kinds = _recording_plans(monkeypatch)
+    monkeypatch.setitem(verify_module.TOLERANCES, torch.int8, 0)
+    v = verify(dyt_affine_conv_rule(), cases=40, max_examples=300)
+    assert v.status == EQUAL and v.cases == 40, v
+    assert set(kinds) == {"fold", "identity", "gamma_identity"}, kinds
+
+
+def test_verify_finds_a_fold_that_drops_the_folded_bias_different(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fold keeping the convolution's own bias (beta's and the table zero point's offsets
+    dropped): found different on a drawn site, judged bit-exact as the right fold is."""
+    import dataclasses
+
+    from fusionkit.authoring import verify as verify_module
+    from fusionkit.authoring.verify import DIFFERENT, verify
+    from fusionkit.passes.arm.dyt_affine_conv import dyt_affine_conv_rule
+
+    monkeypatch.setitem(verify_module.TOLERANCES, torch.int8, 0)
+
+    def keep_bias(plan: Any) -> Any:
+        return dataclasses.replace(plan, bias=None) if plan.kind == "fold" else plan
+
+    _recording_plans(monkeypatch, keep_bias)
+    rule = dataclasses.replace(dyt_affine_conv_rule(), name="dyt_affine_keeps_bias")
+    v = verify(rule, cases=20, max_examples=200)
+    assert v.status == DIFFERENT and v.counterexample is not None, v
+    assert v.counterexample.literals["padding"] == [0, 0], v.counterexample

@@ -449,15 +449,13 @@ CANNOT_CHECK_ALLOWED: dict[str, tuple[str, str]] = {
     # -- a backend op with no reference that computes what the kernel computes
     "causal_sdpa": ("llama.custom_sdpa",
                     "its C++ kernel aborts the process on operands it refuses: never run"),
-    # -- TOSA sites an exported program built from ops cannot hold (the TOSA context and the
-    #    kernel references of passes/arm/tosa_semantics.py run the rest)
+    # -- a TOSA site an exported program built from ops cannot hold (the TOSA context, the
+    #    kernel references of passes/arm/tosa_semantics.py and the pipeline's program form
+    #    and node semantics of passes/arm/pipeline_form.py run the rest)
     "arm_fuse_consecutive_concat_shapes": ("CONCAT_SHAPE.default: it takes no tensor",
                                            "CONCAT_SHAPE takes and returns no tensor: no eager "
                                            "call dispatches it, and a traced program holds it "
                                            "only with symbolic sizes"),
-    "arm_fold_dyt_affine_into_conv": ("dyt_affine_site", "a TABLE's codes through RESCALEs, a "
-                                      "mul and an add with int8 qparams metadata, a permute "
-                                      "(0, 3, 1, 2) and the convolution"),
     "fold_qdq": ("folds_a_quantize", "a dequantize of a quantize; the fold drops the pair on "
                  "purpose (the Vulkan graph runs in float): not only its rounding (half a "
                  "step) but its saturation and any scale the dequantize does not share with "

@@ -63,10 +63,17 @@ from fusionkit import (
     op,
 )
 from fusionkit.match.targets import op_key
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import (
+    OperandHint,
+    Pick,
+    register_operand_hints,
+    register_program_form,
+    register_rules,
+)
 
 from ._common import CONV, RESCALE, constraint, fresh_constant, move_placeholder_before
 from .dyt_alpha_lut import TABLE, _single_qargs
+from .pipeline_form import edge_dialect, quant_args, rescale_args
 
 ADD = "aten.add.Tensor"
 MUL = "aten.mul.Tensor"
@@ -393,11 +400,157 @@ def _fold_site(rw: Rewriter, conv: Node, x: Node) -> Node:
     return conv  # edited in place, as stock edits it (the engine keeps it)
 
 
+#: the table's int8 output scale in the program form (a tanh's: [-1, 1))
+TABLE_OUTPUT_SCALE = 1 / 128
+#: gamma's int8 scale in the form (beta's is derived: its int32 scale is the activation's)
+GAMMA_SCALE = 1 / 16
+#: the convolution's int8 weight scale in the form, per output channel
+WEIGHT_SCALE = 1 / 64
+#: the convolution's output scale over its accumulator's (input scale times weight scale)
+CONV_GAIN = 64
+
+
+def dyt_affine_operands(pick: Pick) -> dict[str, OperandHint]:
+    """For ``fusionkit.verify``: the int8 site built from ops -- a ``tosa.TABLE`` of a
+    256-entry int8 constant on int8 codes (NHWC), rescaled to int32 and multiplied by gamma
+    (an int8 ``[C]`` constant rescaled to int32 and viewed as ``(1, 1, 1, C)``),
+    requantized to int8, rescaled to int32 again and added to beta (as gamma), requantized,
+    ``permute(0, 3, 1, 2)`` and an int8 convolution with int8 weight and int32 bias
+    constants. Each rescale pair's scales multiply to 1 (powers of two: the integer map is
+    exact, as the pipeline's are where it folds); the add's ratio 1 or ``2**19``,
+    ``InsertRescaleInt32Pass``'s for two int8 operands of one scale. The branch is drawn:
+    no padding (the fold), or padding with gamma 1 (``gamma_identity``) and beta 0 too
+    (``identity``)."""
+    branch = pick(("fold", "padded"))
+    if branch == "padded":  # the fold does not apply: gamma 1, and beta 0 or not
+        branch = pick(("gamma_identity", "identity"))
+    c, (h, w), out_c, k = pick((2, 3)), pick(((2, 2), (3, 2))), pick((2, 4)), pick((1, 2))
+    t_zp, r_t, r_g, r_a = pick((0, 2)), pick((1.0, 2.0)), pick((1.0, 4.0)), pick((1.0, 2.0**19))
+    z_go = t_zp if branch != "fold" else pick((t_zp, t_zp + 3))
+    z_ao = z_go if branch == "identity" else pick((z_go, z_go - 2))
+    padding = [0, 0] if branch == "fold" else [1, 1]
+
+    def activation(make: Any) -> Any:
+        codes = make.input("codes", (1, h, w, c), torch.int8,
+                           make.randint(-128, 127, (1, h, w, c)).to(torch.int8))
+        lut = make.input("lut", (256,), torch.int8, make.randint(-20, 20, (256,)).to(torch.int8),
+                         constant=True)
+        ones = torch.ones(c, dtype=torch.int8)
+        gamma_codes = ones if branch != "fold" else make.randint(-3, 3, (c,)).to(torch.int8)
+        beta_codes = (torch.zeros(c, dtype=torch.int8) if branch == "identity"
+                      else make.randint(-20, 20, (c,)).to(torch.int8))
+        gamma = make.input("gamma", (c,), torch.int8, gamma_codes, constant=True)
+        beta = make.input("beta", (c,), torch.int8, beta_codes, constant=True)
+        table = make.call(TABLE, codes, lut)
+        product = make.call(MUL, make.call(RESCALE, table, torch.int32, [r_t], t_zp, 0),
+                            _channels(make, gamma, r_g, c))
+        gamma_output = make.call(RESCALE, product, torch.int8, [1 / (r_t * r_g)], 0, z_go)
+        summed = make.call(ADD, make.call(RESCALE, gamma_output, torch.int32, [r_a], z_go, 0),
+                           _channels(make, beta, r_a, c))
+        add_output = make.call(RESCALE, summed, torch.int8, [1 / r_a], 0, z_ao)
+        return make.call(PERMUTE, add_output, [0, 3, 1, 2])
+
+    return {"x": OperandHint(producer=activation),
+            "w": OperandHint(constant=True, dtype=torch.int8, shapes=((out_c, c, k, k),),
+                             int_range=(-8, 8)),
+            "b": OperandHint(constant=True, dtype=torch.int32, shapes=((out_c,),),
+                             int_range=(-50, 50)),
+            "stride": OperandHint(values=([1, 1],)), "padding": OperandHint(values=(padding,)),
+            "dilation": OperandHint(values=([1, 1],)),
+            "output_padding": OperandHint(values=([0, 0],)), "groups": OperandHint(values=(1,))}
+
+
+def _channels(make: Any, codes: Any, ratio: float, c: int) -> Any:
+    """An int8 ``[C]`` constant rescaled to int32 and viewed as ``(1, 1, 1, C)``."""
+    return make.call(VIEW, make.call(RESCALE, codes, torch.int32, [ratio], 0, 0), [1, 1, 1, c])
+
+
+def dyt_affine_form(ep: Any) -> None:
+    """The site as the rule sees it in the TOSA pipeline: edge-dialect targets, and the
+    qparams the pipeline writes, derived from the drawn rescales -- the table's int8 output
+    at :data:`TABLE_OUTPUT_SCALE` (its rescale's input zero point), gamma at
+    :data:`GAMMA_SCALE`, each int32 scale the int8 one over its rescale's ratio, the mul's
+    output their product, each requantized int8 scale the int32 one over its ratio, beta's
+    int8 scale the one that gives it the activation's int32 scale; the convolution's input
+    at the add output's, its weight per channel at :data:`WEIGHT_SCALE`, its output at the
+    accumulator's times :data:`CONV_GAIN`."""
+    edge_dialect(ep)
+    for conv in list(ep.graph.nodes):
+        if _is(conv, CONV) and isinstance(conv.args[0], Node):
+            _annotate_site(conv)
+
+
+def _rescaled(arg: Any) -> tuple[Node, Node] | None:
+    """(the RESCALE to int32 under ``arg``'s views, its source)."""
+    node = arg
+    while _is(node, VIEW):
+        node = node.args[0]
+    if not _is(node, RESCALE) or not isinstance(node.args[0], Node):
+        return None
+    return node, node.args[0]
+
+
+def _binary(node: Node, is_activation: Any) -> tuple[int, Node, Node, Node, Node] | None:
+    """(the activation operand's index, its rescale, its source, the constant's rescale, its
+    source) of a binary op whose operands are rescaled to int32."""
+    got = [_rescaled(a) for a in node.args[:2]]
+    if got[0] is None or got[1] is None:
+        return None
+    i = 0 if is_activation(got[0][1]) else 1
+    (ra, sa), (rc, sc) = got[i], got[1 - i]  # type: ignore[misc]
+    return i, ra, sa, rc, sc
+
+
+def _annotate_site(conv: Node) -> None:
+    traced = _layout_source(conv.args[0])  # type: ignore[arg-type]
+    add_output = traced[0]
+    if not _is(add_output, RESCALE) or not _is(add_output.args[0], ADD):
+        return
+    add = add_output.args[0]
+    got = _binary(add, lambda n: _is(n, RESCALE))
+    if got is None or not _is(got[2].args[0], MUL):
+        return
+    a_index, a_rescale, gamma_output, b_rescale, beta = got
+    mul = gamma_output.args[0]
+    assert isinstance(mul, Node)
+    got = _binary(mul, lambda n: _is(n, TABLE))
+    if got is None:
+        return
+    t_index, t_rescale, table, g_rescale, gamma = got
+    (r_t, t_zp, _), (r_g, g_zp, _) = rescale_args(t_rescale), rescale_args(g_rescale)
+    table.meta["output_qparams"] = {0: quant_args(TABLE_OUTPUT_SCALE, t_zp, torch.int8)}
+    gamma.meta["output_qparams"] = {0: quant_args(GAMMA_SCALE, g_zp, torch.int8)}
+    product = (TABLE_OUTPUT_SCALE / r_t) * (GAMMA_SCALE / r_g)
+    mul.meta["input_qparams"] = {t_index: quant_args(TABLE_OUTPUT_SCALE / r_t, 0, torch.int32),
+                                 1 - t_index: quant_args(GAMMA_SCALE / r_g, 0, torch.int32)}
+    mul.meta["output_qparams"] = {0: quant_args(product, 0, torch.int32)}
+    r_go, _, _ = rescale_args(gamma_output)
+    (r_a, _, _), (r_b, b_zp, _) = rescale_args(a_rescale), rescale_args(b_rescale)
+    int32_scale = product / r_go / r_a
+    beta.meta["output_qparams"] = {0: quant_args(int32_scale * r_b, b_zp, torch.int8)}
+    add.meta["input_qparams"] = {a_index: quant_args(int32_scale, 0, torch.int32),
+                                 1 - a_index: quant_args(int32_scale, 0, torch.int32)}
+    add.meta["output_qparams"] = {0: quant_args(int32_scale, 0, torch.int32)}
+    r_ao, _, z_ao = rescale_args(add_output)
+    in_scale = int32_scale / r_ao
+    out_c = conv.meta["val"].shape[1]
+    conv.meta["input_qparams"] = {
+        0: quant_args(in_scale, z_ao, torch.int8),
+        1: quant_args([WEIGHT_SCALE] * out_c, [0] * out_c, torch.int8, per_channel=True),
+        2: quant_args(in_scale * WEIGHT_SCALE, 0, torch.int32)}
+    conv.meta["output_qparams"] = {0: quant_args(in_scale * WEIGHT_SCALE * CONV_GAIN, 0,
+                                                 torch.int8)}
+
+
+register_operand_hints("dyt_affine_site", dyt_affine_operands)
+register_program_form("dyt_affine_site", dyt_affine_form, namespaces=("tosa",))
+
+
 @register_rules("arm", takes_over="FoldDyTAffineIntoConvPass")
 def dyt_affine_conv_rule() -> Rule:
     return Rule(
         name="arm_fold_dyt_affine_into_conv",
-        pattern=op(CONV, capture("x"), capture("w"), lit(None) | capture("b"), any_value("stride"),
+        pattern=op(CONV, capture("x"), capture("w"), capture("b") | lit(None), any_value("stride"),
                    any_value("padding"), any_value("dilation"), lit(False),
                    any_value("output_padding"), any_value("groups")).bind("conv"),
         constraints=[constraint("dyt_affine_site")(_applies)],
@@ -407,4 +560,4 @@ def dyt_affine_conv_rule() -> Rule:
     )
 
 
-__all__ = ["Plan", "dyt_affine_conv_rule", "plan"]
+__all__ = ["Plan", "dyt_affine_conv_rule", "dyt_affine_form", "dyt_affine_operands", "plan"]

@@ -77,8 +77,19 @@ def rescale_args(node: Node) -> tuple[float, int, int]:
     return float(scale), int(node.args[3]), int(node.args[4])  # type: ignore[arg-type]
 
 
+def _qparams(node: Node, key: str) -> dict[int, Any]:
+    """The node's Arm qparams under ``key`` (``QuantArgs`` by index; another backend's
+    metadata under the same key is none of them)."""
+    from executorch.backends.arm._passes.quant_args import QuantArgs
+
+    got = node.meta.get(key)
+    if not isinstance(got, dict) or not all(isinstance(q, QuantArgs) for q in got.values()):
+        return {}
+    return got
+
+
 def _single(node: Node, key: str) -> Any:
-    qparams = node.meta.get(key) or {}
+    qparams = _qparams(node, key)
     return qparams.get(0) if len(qparams) == 1 else None
 
 
@@ -102,7 +113,7 @@ def quantized_conv_semantics(node: Node, args: tuple[Any, ...], kwargs: dict[str
     accumulation then the output ``RESCALE`` ``RewriteConvPass`` inserts; else
     ``NotImplemented``."""
     x, w, b, stride, padding, dilation, transposed, _, groups = (*args, *[None] * 9)[:9]
-    qparams = node.meta.get("input_qparams") or {}
+    qparams = _qparams(node, "input_qparams")
     q_x, q_w, q_out = qparams.get(0), qparams.get(1), _single(node, "output_qparams")
     if (not isinstance(x, torch.Tensor) or x.dtype != torch.int8 or x.dim() != 4 or transposed
             or q_x is None or q_w is None or q_out is None or q_x.dtype != torch.int8):

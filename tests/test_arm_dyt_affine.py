@@ -240,3 +240,78 @@ def test_verify_finds_a_fold_that_drops_the_folded_bias_different(
     v = verify(rule, cases=20, max_examples=200)
     assert v.status == DIFFERENT and v.counterexample is not None, v
     assert v.counterexample.literals["padding"] == [0, 0], v.counterexample
+
+
+_QPARAMS = ("input_qparams", "output_qparams")
+
+
+def _site(conv: Any) -> dict[str, Any]:
+    """The nodes of the affine site before ``conv``, by role."""
+    from fusionkit.passes.arm import dyt_affine_conv as m
+
+    add_output = m._layout_source(conv.args[0])[0]
+    add = add_output.args[0]
+    a_index, a_rescale, gamma_output, _, _ = m._binary(add, lambda n: m._is(n, m.RESCALE))
+    mul = gamma_output.args[0]
+    t_index, t_rescale, table, _, _ = m._binary(mul, lambda n: m._is(n, m.TABLE))
+    return {"conv": conv, "add_output": add_output, "add": add, "a_index": a_index,
+            "a_rescale": a_rescale, "gamma_output": gamma_output, "mul": mul,
+            "t_index": t_index, "t_rescale": t_rescale, "table": table}
+
+
+def test_the_program_form_writes_the_qparams_the_pipeline_writes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The affine form's qparams, derived from the site's rescales alone, on the site the
+    pipeline gives the rule (ExecuTorch's DyT module, padded): each node the form annotates
+    has the pipeline's keys, dtypes, ranges, zero points and per-channel layout; and the
+    scale relations the form derives its scales by hold of the pipeline's own."""
+    import copy
+    import math
+
+    from fusionkit.match.targets import op_key
+    from fusionkit.passes.arm import dyt_affine_conv
+
+    sites: list[Any] = []
+    call = preprocess_rules.ArmRulePass.__call__
+
+    def capture(self: Any, graph_module: Any) -> Any:
+        if self.stock_pass == STOCK:
+            sites.append(copy.deepcopy(graph_module))
+        return call(self, graph_module)
+
+    monkeypatch.setattr(preprocess_rules.ArmRulePass, "__call__", capture)
+    model, _ = PIPELINE["padded"]
+    inputs = (torch.rand(1, 3, 8, 8, generator=torch.Generator().manual_seed(0)),)
+    with rm.dyt_folds_inserted(affine=True):
+        rm.evaluate(model.eval(), inputs, fusionkit=True, spec=rm.INT)
+    (gm,) = sites
+    conv = [n for n in gm.graph.nodes if op_key(n.target) == "aten.convolution.default"][-1]
+    s = _site(conv)
+    written = {"table": ("output_qparams",), "mul": _QPARAMS, "add": _QPARAMS, "conv": _QPARAMS}
+    real = {role: {k: s[role].meta.pop(k) for k in keys} for role, keys in written.items()}
+    dyt_affine_conv._annotate_site(conv)
+    for role, keys in written.items():
+        for key in keys:
+            want, got = real[role][key], s[role].meta[key]
+            assert set(got) == set(want), (role, key)
+            for i, q in want.items():
+                # (the convolution's output zero point is its own: no rescale of the site says
+                # it, the form states 0)
+                own = role == "conv" and key == "output_qparams"
+                fields = ("dtype", "qmin", "qmax", "per_channel", "axis", *(() if own else ("zp",)))
+                assert [getattr(got[i], f) for f in fields] == [getattr(q, f) for f in fields], (
+                    role, key, i, got[i], q)
+
+    def ratio(node: Any) -> float:
+        return float(node.args[2][0])
+
+    table_out, mul_in = real["table"]["output_qparams"][0], real["mul"]["input_qparams"]
+    assert math.isclose(mul_in[s["t_index"]].scale, table_out.scale / ratio(s["t_rescale"]))
+    add_in = real["add"]["input_qparams"]
+    int32 = real["mul"]["output_qparams"][0].scale / ratio(s["gamma_output"]) / ratio(
+        s["a_rescale"])
+    assert all(math.isclose(q.scale, int32, rel_tol=1e-6) for q in add_in.values())
+    conv_in = real["conv"]["input_qparams"]
+    assert math.isclose(conv_in[0].scale, int32 / ratio(s["add_output"]), rel_tol=1e-6)
+    assert all(math.isclose(b, conv_in[0].scale * w, rel_tol=1e-6)
+               for b, w in zip(conv_in[2].scale, conv_in[1].scale, strict=True))

@@ -411,21 +411,25 @@ CONV_GAIN = 64
 
 
 def dyt_affine_operands(pick: Pick) -> dict[str, OperandHint]:
-    """For ``fusionkit.verify``: the int8 site built from ops -- a ``tosa.TABLE`` of a
-    256-entry int8 constant on int8 codes (NHWC), rescaled to int32 and multiplied by gamma
-    (an int8 ``[C]`` constant rescaled to int32 and viewed as ``(1, 1, 1, C)``),
-    requantized to int8, rescaled to int32 again and added to beta (as gamma), requantized,
-    ``permute(0, 3, 1, 2)`` and an int8 convolution with int8 weight and int32 bias
-    constants. Each rescale pair's scales multiply to 1 (powers of two: the integer map is
-    exact, as the pipeline's are where it folds); the add's ratio 1 or ``2**19``,
-    ``InsertRescaleInt32Pass``'s for two int8 operands of one scale. The branch is drawn:
-    no padding (the fold), or padding with gamma 1 (``gamma_identity``) and beta 0 too
-    (``identity``)."""
+    """For ``fusionkit.verify``: the int8 site built from ops, as the pipeline gives it -- a
+    ``tosa.TABLE`` of a 256-entry int8 constant on int8 codes (NHWC), rescaled to int32
+    (ratio 1 as ``InsertRescaleInt32Pass`` writes a mul's, or 2) and multiplied by gamma (an
+    int8 ``[C]`` constant at zero point 0 or -128, rescaled to int32 and viewed as
+    ``(1, 1, 1, C)``), requantized to int8, rescaled to int32 (ratio 1, or the pipeline's
+    ``2**19`` for an add of int8 operands) and added to beta (zero point 0 or 42, its ratio
+    that one or a fraction of it), requantized, ``permute(0, 3, 1, 2)``, and an int8
+    convolution with int8 weight and int32 bias constants. Each requantize undoes its
+    operands' ratios, so the integer map is exact where gamma's codes are small (the fold)
+    or gamma is 1 (the identity gamma: 1 code, or 255 at zero point -128, as the pipeline
+    quantizes it). The branch is drawn: no padding (the fold), or padding with gamma 1
+    (``gamma_identity``) and beta 0 too (``identity``)."""
     branch = pick(("fold", "padded"))
     if branch == "padded":  # the fold does not apply: gamma 1, and beta 0 or not
         branch = pick(("gamma_identity", "identity"))
     c, (h, w), out_c, k = pick((2, 3)), pick(((2, 2), (3, 2))), pick((2, 4)), pick((1, 2))
-    t_zp, r_t, r_g, r_a = pick((0, 2)), pick((1.0, 2.0)), pick((1.0, 4.0)), pick((1.0, 2.0**19))
+    t_zp, r_t, r_g, r_a = pick((0, 39)), pick((1.0, 2.0)), pick((1.0, 4.0)), pick((1.0, 2.0**19))
+    g_zp, b_zp, r_b = pick((0, -128)), pick((0, 42)), r_a * pick((1.0, 0.5587))
+    one = pick((1, 255)) if g_zp == -128 else 1  # gamma 1's codes above the zero point
     z_go = t_zp if branch != "fold" else pick((t_zp, t_zp + 3))
     z_ao = z_go if branch == "identity" else pick((z_go, z_go - 2))
     padding = [0, 0] if branch == "fold" else [1, 1]
@@ -435,18 +439,18 @@ def dyt_affine_operands(pick: Pick) -> dict[str, OperandHint]:
                            make.randint(-128, 127, (1, h, w, c)).to(torch.int8))
         lut = make.input("lut", (256,), torch.int8, make.randint(-20, 20, (256,)).to(torch.int8),
                          constant=True)
-        ones = torch.ones(c, dtype=torch.int8)
-        gamma_codes = ones if branch != "fold" else make.randint(-3, 3, (c,)).to(torch.int8)
-        beta_codes = (torch.zeros(c, dtype=torch.int8) if branch == "identity"
-                      else make.randint(-20, 20, (c,)).to(torch.int8))
-        gamma = make.input("gamma", (c,), torch.int8, gamma_codes, constant=True)
-        beta = make.input("beta", (c,), torch.int8, beta_codes, constant=True)
+        steps = (torch.full((c,), one) if branch != "fold"
+                 else make.randint(0 if g_zp else -3, 3, (c,)))
+        beta_steps = torch.zeros(c) if branch == "identity" else make.randint(-20, 20, (c,))
+        gamma = make.input("gamma", (c,), torch.int8, (steps + g_zp).to(torch.int8), constant=True)
+        beta = make.input("beta", (c,), torch.int8, (beta_steps + b_zp).to(torch.int8),
+                          constant=True)
         table = make.call(TABLE, codes, lut)
         product = make.call(MUL, make.call(RESCALE, table, torch.int32, [r_t], t_zp, 0),
-                            _channels(make, gamma, r_g, c))
-        gamma_output = make.call(RESCALE, product, torch.int8, [1 / (r_t * r_g)], 0, z_go)
+                            _channels(make, gamma, r_g, g_zp, c))
+        gamma_output = make.call(RESCALE, product, torch.int8, [1 / (r_t * r_g * one)], 0, z_go)
         summed = make.call(ADD, make.call(RESCALE, gamma_output, torch.int32, [r_a], z_go, 0),
-                           _channels(make, beta, r_a, c))
+                           _channels(make, beta, r_b, b_zp, c))
         add_output = make.call(RESCALE, summed, torch.int8, [1 / r_a], 0, z_ao)
         return make.call(PERMUTE, add_output, [0, 3, 1, 2])
 
@@ -460,20 +464,22 @@ def dyt_affine_operands(pick: Pick) -> dict[str, OperandHint]:
             "output_padding": OperandHint(values=([0, 0],)), "groups": OperandHint(values=(1,))}
 
 
-def _channels(make: Any, codes: Any, ratio: float, c: int) -> Any:
+def _channels(make: Any, codes: Any, ratio: float, zp: int, c: int) -> Any:
     """An int8 ``[C]`` constant rescaled to int32 and viewed as ``(1, 1, 1, C)``."""
-    return make.call(VIEW, make.call(RESCALE, codes, torch.int32, [ratio], 0, 0), [1, 1, 1, c])
+    return make.call(VIEW, make.call(RESCALE, codes, torch.int32, [ratio], zp, 0), [1, 1, 1, c])
 
 
 def dyt_affine_form(ep: Any) -> None:
     """The site as the rule sees it in the TOSA pipeline: edge-dialect targets, and the
     qparams the pipeline writes, derived from the drawn rescales -- the table's int8 output
-    at :data:`TABLE_OUTPUT_SCALE` (its rescale's input zero point), gamma at
+    at :data:`TABLE_OUTPUT_SCALE` (its rescale's input zero point), gamma's at
     :data:`GAMMA_SCALE`, each int32 scale the int8 one over its rescale's ratio, the mul's
-    output their product, each requantized int8 scale the int32 one over its ratio, beta's
-    int8 scale the one that gives it the activation's int32 scale; the convolution's input
-    at the add output's, its weight per channel at :data:`WEIGHT_SCALE`, its output at the
-    accumulator's times :data:`CONV_GAIN`."""
+    output their product, each requantized int8 scale the int32 one over its ratio, the
+    add's operands at one int32 scale (beta's int8 scale is that times its ratio); the
+    convolution's input at the add output's, its symmetric weight per channel at
+    :data:`WEIGHT_SCALE` and bias at their product, its output at the accumulator's times
+    :data:`CONV_GAIN`. ``tests/test_arm_dyt_affine.py`` holds it to the site the pipeline
+    gives the rule."""
     edge_dialect(ep)
     for conv in list(ep.graph.nodes):
         if _is(conv, CONV) and isinstance(conv.args[0], Node):
@@ -510,24 +516,22 @@ def _annotate_site(conv: Node) -> None:
     got = _binary(add, lambda n: _is(n, RESCALE))
     if got is None or not _is(got[2].args[0], MUL):
         return
-    a_index, a_rescale, gamma_output, b_rescale, beta = got
+    a_index, a_rescale, gamma_output, _, _ = got
     mul = gamma_output.args[0]
     assert isinstance(mul, Node)
     got = _binary(mul, lambda n: _is(n, TABLE))
     if got is None:
         return
-    t_index, t_rescale, table, g_rescale, gamma = got
-    (r_t, t_zp, _), (r_g, g_zp, _) = rescale_args(t_rescale), rescale_args(g_rescale)
+    t_index, t_rescale, table, g_rescale, _ = got
+    (r_t, t_zp, _), (r_g, _, _) = rescale_args(t_rescale), rescale_args(g_rescale)
     table.meta["output_qparams"] = {0: quant_args(TABLE_OUTPUT_SCALE, t_zp, torch.int8)}
-    gamma.meta["output_qparams"] = {0: quant_args(GAMMA_SCALE, g_zp, torch.int8)}
     product = (TABLE_OUTPUT_SCALE / r_t) * (GAMMA_SCALE / r_g)
     mul.meta["input_qparams"] = {t_index: quant_args(TABLE_OUTPUT_SCALE / r_t, 0, torch.int32),
                                  1 - t_index: quant_args(GAMMA_SCALE / r_g, 0, torch.int32)}
     mul.meta["output_qparams"] = {0: quant_args(product, 0, torch.int32)}
     r_go, _, _ = rescale_args(gamma_output)
-    (r_a, _, _), (r_b, b_zp, _) = rescale_args(a_rescale), rescale_args(b_rescale)
-    int32_scale = product / r_go / r_a
-    beta.meta["output_qparams"] = {0: quant_args(int32_scale * r_b, b_zp, torch.int8)}
+    r_a, _, _ = rescale_args(a_rescale)
+    int32_scale = product / r_go / r_a  # (beta's int8 scale: this times its ratio)
     add.meta["input_qparams"] = {a_index: quant_args(int32_scale, 0, torch.int32),
                                  1 - a_index: quant_args(int32_scale, 0, torch.int32)}
     add.meta["output_qparams"] = {0: quant_args(int32_scale, 0, torch.int32)}
@@ -536,8 +540,10 @@ def _annotate_site(conv: Node) -> None:
     out_c = conv.meta["val"].shape[1]
     conv.meta["input_qparams"] = {
         0: quant_args(in_scale, z_ao, torch.int8),
-        1: quant_args([WEIGHT_SCALE] * out_c, [0] * out_c, torch.int8, per_channel=True),
-        2: quant_args(in_scale * WEIGHT_SCALE, 0, torch.int32)}
+        1: quant_args([WEIGHT_SCALE] * out_c, [0] * out_c, torch.int8, per_channel=True,
+                      symmetric=True),
+        2: quant_args([in_scale * WEIGHT_SCALE] * out_c, [0] * out_c, torch.int32,
+                      per_channel=True, symmetric=True)}
     conv.meta["output_qparams"] = {0: quant_args(in_scale * WEIGHT_SCALE * CONV_GAIN, 0,
                                                  torch.int8)}
 

@@ -33,6 +33,7 @@ other user (the match's escape check). What stock forgets:
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -248,8 +249,8 @@ def _table(rw: Rewriter, tanh: Node, out_rescale: Node, mul: Node) -> Node:
     return new
 
 
-#: the int8 scale the program form gives the DyT's sources (activation and alpha): each
-#: int32 scale is derived from it over its rescale's ratio, as stock's ``_source_qargs`` reads
+#: the int8 scale the program form takes for the DyT's sources (activation and alpha codes):
+#: each int32 scale is it over the rescale's ratio, as stock's ``_source_qargs`` reads
 SOURCE_SCALE = 1 / 16
 #: the tanh's output qparams in the form: int8 over [-1, 1)
 TANH_OUTPUT_SCALE = 1 / 128
@@ -282,18 +283,25 @@ def dyt_alpha_operands(pick: Pick) -> dict[str, OperandHint]:
 
 def dyt_alpha_form(ep: Any) -> None:
     """The site as the rule sees it in the TOSA pipeline: edge-dialect targets, and the
-    qparams ``FoldAndAnnotateQParamsPass`` and ``InsertRescaleInt32Pass`` write -- each
-    source int8 at :data:`SOURCE_SCALE` (its rescale's input zero point), the mul's int32
+    qparams ``FoldAndAnnotateQParamsPass`` and ``InsertRescaleInt32Pass`` write -- the
+    activation int8 at :data:`SOURCE_SCALE` (its rescale's input zero point; the alpha,
+    a constant, none), the mul's int32
     inputs at that over the rescale's ratio and its output at their product, the tanh's
     int8 input at the product over the requantize's ratio (its output zero point), its
     output at :data:`TANH_OUTPUT_SCALE`."""
     edge_dialect(ep)
+    sig = ep.graph_signature
+    constants = {*sig.inputs_to_parameters, *sig.inputs_to_buffers,
+                 *sig.inputs_to_lifted_tensor_constants}
     for tanh in list(ep.graph.nodes):
         if _is(tanh, TANH) and _is(tanh.args[0], RESCALE) and _is(tanh.args[0].args[0], MUL):
-            _annotate_site(tanh, tanh.args[0], tanh.args[0].args[0])
+            _annotate_site(tanh, tanh.args[0], tanh.args[0].args[0], constants)
 
 
-def _annotate_site(tanh: Node, out_rescale: Node, mul: Node) -> None:
+def _annotate_site(tanh: Node, out_rescale: Node, mul: Node,
+                   constants: Collection[str] = ()) -> None:
+    """The qparams of one site; a constant source (``constants``: placeholder names) gets
+    none, as the pipeline leaves its frozen parameters."""
     int32 = {}
     for i, arg in enumerate(mul.args[:2]):
         node = arg
@@ -302,7 +310,9 @@ def _annotate_site(tanh: Node, out_rescale: Node, mul: Node) -> None:
         if not _is(node, RESCALE) or not isinstance(node.args[0], Node):
             return
         ratio, in_zp, _ = rescale_args(node)
-        node.args[0].meta["output_qparams"] = {0: quant_args(SOURCE_SCALE, in_zp, torch.int8)}
+        if node.args[0].name not in constants:
+            node.args[0].meta["output_qparams"] = {0: quant_args(SOURCE_SCALE, in_zp,
+                                                                 torch.int8)}
         int32[i] = quant_args(SOURCE_SCALE / ratio, 0, torch.int32)
     product = int32[0].scale * int32[1].scale
     mul.meta["input_qparams"] = int32

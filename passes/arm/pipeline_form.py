@@ -60,14 +60,15 @@ def edge_dialect(ep: Any) -> None:
 
 
 def quant_args(scale: float | list[float], zp: int | list[int], dtype: torch.dtype, *,
-          per_channel: bool = False) -> Any:
-    """``QuantArgs`` over ``dtype``'s whole range, as ``FoldAndAnnotateQParamsPass`` (int8)
-    and ``InsertRescaleInt32Pass`` (int32, zero point 0) write them."""
+               per_channel: bool = False, symmetric: bool = False) -> Any:
+    """``QuantArgs`` over ``dtype``'s range, as ``FoldAndAnnotateQParamsPass`` (int8) and
+    ``InsertRescaleInt32Pass`` (int32, zero point 0) write them; ``symmetric``: without the
+    lowest code, as the Arm quantizer's weights and biases (``-127..127``)."""
     from executorch.backends.arm._passes.quant_args import QuantArgs
 
     info = torch.iinfo(dtype)
-    return QuantArgs(scale=scale, zp=zp, qmin=info.min, qmax=info.max, dtype=dtype, axis=0,
-                     per_channel=per_channel)
+    return QuantArgs(scale=scale, zp=zp, qmin=info.min + int(symmetric), qmax=info.max,
+                     dtype=dtype, axis=0, per_channel=per_channel)
 
 
 def rescale_args(node: Node) -> tuple[float, int, int]:

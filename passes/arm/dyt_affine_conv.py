@@ -437,8 +437,9 @@ def dyt_affine_operands(pick: Pick) -> dict[str, OperandHint]:
     def activation(make: Any) -> Any:
         codes = make.input("codes", (1, h, w, c), torch.int8,
                            make.randint(-128, 127, (1, h, w, c)).to(torch.int8))
-        lut = make.input("lut", (256,), torch.int8, make.randint(-20, 20, (256,)).to(torch.int8),
-                         constant=True)
+        # (values around the table's zero point: gamma's product stays in int8, unclamped)
+        lut = make.input("lut", (256,), torch.int8,
+                         (make.randint(-20, 20, (256,)) + t_zp).to(torch.int8), constant=True)
         steps = (torch.full((c,), one) if branch != "fold"
                  else make.randint(0 if g_zp else -3, 3, (c,)))
         beta_steps = torch.zeros(c) if branch == "identity" else make.randint(-20, 20, (c,))

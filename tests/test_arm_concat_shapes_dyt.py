@@ -329,7 +329,7 @@ def test_the_program_form_writes_the_qparams_the_pipeline_writes(
     import math
 
     from fusionkit.match.targets import op_key
-    from fusionkit.passes.arm import dyt_alpha_lut
+    from fusionkit.passes.arm import _dyt_sites, dyt_alpha_lut
 
     sites: list[Any] = []
     call = preprocess_rules.ArmRulePass.__call__
@@ -353,7 +353,7 @@ def test_the_program_form_writes_the_qparams_the_pipeline_writes(
                activation.args[0]: ("output_qparams",)}
     real = {n: {k: n.meta.pop(k) for k in keys} for n, keys in written.items()}
     constants = {r.args[0].name for r in rescales if r is not activation}
-    dyt_alpha_lut._annotate_site(tanh, out_rescale, mul, constants)
+    _dyt_sites._annotate_alpha_site(tanh, out_rescale, mul, constants)
     assert all(gm.graph.find_nodes(op="placeholder", target=c)[0].meta.get("output_qparams")
                is None for c in constants)  # (a frozen parameter has none)
     for n, keys in written.items():

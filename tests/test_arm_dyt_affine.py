@@ -247,13 +247,14 @@ _QPARAMS = ("input_qparams", "output_qparams")
 
 def _site(conv: Any) -> dict[str, Any]:
     """The nodes of the affine site before ``conv``, by role."""
+    from fusionkit.passes.arm import _dyt_sites as sites
     from fusionkit.passes.arm import dyt_affine_conv as m
 
     add_output = m._layout_source(conv.args[0])[0]
     add = add_output.args[0]
-    a_index, a_rescale, gamma_output, _, _ = m._binary(add, lambda n: m._is(n, m.RESCALE))
+    a_index, a_rescale, gamma_output, _, _ = sites._binary(add, lambda n: m._is(n, m.RESCALE))
     mul = gamma_output.args[0]
-    t_index, t_rescale, table, _, _ = m._binary(mul, lambda n: m._is(n, m.TABLE))
+    t_index, t_rescale, table, _, _ = sites._binary(mul, lambda n: m._is(n, sites.TABLE))
     return {"conv": conv, "add_output": add_output, "add": add, "a_index": a_index,
             "a_rescale": a_rescale, "gamma_output": gamma_output, "mul": mul,
             "t_index": t_index, "t_rescale": t_rescale, "table": table}
@@ -269,7 +270,7 @@ def test_the_program_form_writes_the_qparams_the_pipeline_writes(
     import math
 
     from fusionkit.match.targets import op_key
-    from fusionkit.passes.arm import dyt_affine_conv
+    from fusionkit.passes.arm import _dyt_sites
 
     sites: list[Any] = []
     call = preprocess_rules.ArmRulePass.__call__
@@ -289,7 +290,7 @@ def test_the_program_form_writes_the_qparams_the_pipeline_writes(
     s = _site(conv)
     written = {"table": ("output_qparams",), "mul": _QPARAMS, "add": _QPARAMS, "conv": _QPARAMS}
     real = {role: {k: s[role].meta.pop(k) for k in keys} for role, keys in written.items()}
-    dyt_affine_conv._annotate_site(conv)
+    _dyt_sites._annotate_affine_site(conv)
     for role, keys in written.items():
         for key in keys:
             want, got = real[role][key], s[role].meta[key]

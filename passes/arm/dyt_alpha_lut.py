@@ -33,7 +33,6 @@ other user (the match's escape check). What stock forgets:
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -51,13 +50,7 @@ from fusionkit import (
     op,
 )
 from fusionkit.match.targets import op_key
-from fusionkit.passes.registry import (
-    OperandHint,
-    Pick,
-    register_operand_hints,
-    register_program_form,
-    register_rules,
-)
+from fusionkit.passes.registry import register_rules
 
 from ._common import (
     RESCALE,
@@ -66,7 +59,6 @@ from ._common import (
     keep_node_meta,
     move_placeholder_before,
 )
-from .pipeline_form import edge_dialect, quant_args, rescale_args
 
 TANH = "aten.tanh.default"
 MUL = "aten.mul.Tensor"
@@ -249,83 +241,6 @@ def _table(rw: Rewriter, tanh: Node, out_rescale: Node, mul: Node) -> Node:
     return new
 
 
-#: the int8 scale the program form takes for the DyT's sources (activation and alpha codes):
-#: each int32 scale is it over the rescale's ratio, as stock's ``_source_qargs`` reads
-SOURCE_SCALE = 1 / 16
-#: the tanh's output qparams in the form: int8 over [-1, 1)
-TANH_OUTPUT_SCALE = 1 / 128
-
-
-def dyt_alpha_operands(pick: Pick) -> dict[str, OperandHint]:
-    """For ``fusionkit.verify``: the int8 DyT site built from ops -- an int8 activation and
-    a one-element int8 alpha constant, each rescaled to int32 (ratio 1, as
-    ``InsertRescaleInt32Pass`` writes a mul's, or another stock accepts; the activation's
-    zero point drawn), their product rescaled to int8. :func:`dyt_alpha_form` gives it the
-    qparams those ratios imply; with them the tanh's input scale ranges over [1/128, 1/8]."""
-    shape = pick(((1, 4), (2, 3)))
-    act_scale, act_zp = pick((1.0, 0.5)), pick((0, -5))
-    alpha_scale, out_scale = pick((1.0, 0.25)), pick((0.25, 0.5))
-
-    def activation(make: Any) -> Any:
-        x = make.input("x", shape, torch.int8, make.randint(-128, 127, shape).to(torch.int8))
-        return make.call(RESCALE, x, torch.int32, [act_scale], act_zp, 0)
-
-    def alpha(make: Any) -> Any:
-        code = make.input("code", (1,), torch.int8,
-                          torch.tensor([pick((3, 5, -2))], dtype=torch.int8), constant=True)
-        return make.call(RESCALE, code, torch.int32, [alpha_scale], 0, 0)
-
-    return {"lhs": OperandHint(producer=activation), "rhs": OperandHint(producer=alpha),
-            "out_dtype": OperandHint(values=(torch.int8,)),
-            "out_scales": OperandHint(values=([out_scale],)),
-            "out_in_zp": OperandHint(values=(0,)), "out_out_zp": OperandHint(values=(0, -4))}
-
-
-def dyt_alpha_form(ep: Any) -> None:
-    """The site as the rule sees it in the TOSA pipeline: edge-dialect targets, and the
-    qparams ``FoldAndAnnotateQParamsPass`` and ``InsertRescaleInt32Pass`` write -- the
-    activation int8 at :data:`SOURCE_SCALE` (its rescale's input zero point; the alpha,
-    a constant, none), the mul's int32
-    inputs at that over the rescale's ratio and its output at their product, the tanh's
-    int8 input at the product over the requantize's ratio (its output zero point), its
-    output at :data:`TANH_OUTPUT_SCALE`."""
-    edge_dialect(ep)
-    sig = ep.graph_signature
-    constants = {*sig.inputs_to_parameters, *sig.inputs_to_buffers,
-                 *sig.inputs_to_lifted_tensor_constants}
-    for tanh in list(ep.graph.nodes):
-        if _is(tanh, TANH) and _is(tanh.args[0], RESCALE) and _is(tanh.args[0].args[0], MUL):
-            _annotate_site(tanh, tanh.args[0], tanh.args[0].args[0], constants)
-
-
-def _annotate_site(tanh: Node, out_rescale: Node, mul: Node,
-                   constants: Collection[str] = ()) -> None:
-    """The qparams of one site; a constant source (``constants``: placeholder names) gets
-    none, as the pipeline leaves its frozen parameters."""
-    int32 = {}
-    for i, arg in enumerate(mul.args[:2]):
-        node = arg
-        while _is(node, VIEW):
-            node = node.args[0]
-        if not _is(node, RESCALE) or not isinstance(node.args[0], Node):
-            return
-        ratio, in_zp, _ = rescale_args(node)
-        if node.args[0].name not in constants:
-            node.args[0].meta["output_qparams"] = {0: quant_args(SOURCE_SCALE, in_zp,
-                                                                 torch.int8)}
-        int32[i] = quant_args(SOURCE_SCALE / ratio, 0, torch.int32)
-    product = int32[0].scale * int32[1].scale
-    mul.meta["input_qparams"] = int32
-    mul.meta["output_qparams"] = {0: quant_args(product, 0, torch.int32)}
-    out_ratio, _, out_zp = rescale_args(out_rescale)
-    tanh.meta["input_qparams"] = {0: quant_args(product / out_ratio, out_zp, torch.int8)}
-    tanh.meta["output_qparams"] = {0: quant_args(TANH_OUTPUT_SCALE, 0, torch.int8)}
-
-
-register_operand_hints("dyt_alpha_site", dyt_alpha_operands)
-register_program_form("dyt_alpha_site", dyt_alpha_form)
-
-
 @register_rules("arm", takes_over="FoldDyTAlphaIntoLUTPass")
 def dyt_alpha_lut_rule() -> Rule:
     mul = op(MUL, capture("lhs"), capture("rhs")).bind("mul")
@@ -341,4 +256,4 @@ def dyt_alpha_lut_rule() -> Rule:
     )
 
 
-__all__ = ["Plan", "dyt_alpha_form", "dyt_alpha_lut_rule", "dyt_alpha_operands", "plan"]
+__all__ = ["Plan", "dyt_alpha_lut_rule", "plan"]

@@ -42,22 +42,25 @@ TANH_OUTPUT_SCALE = 1 / 128
 
 def dyt_alpha_operands(pick: Pick) -> dict[str, OperandHint]:
     """For ``fusionkit.verify``: the int8 DyT site built from ops -- an int8 activation and
-    a one-element int8 alpha constant, each rescaled to int32 (ratio 1, as
-    ``InsertRescaleInt32Pass`` writes a mul's, or another stock accepts; the activation's
-    zero point drawn), their product rescaled to int8. :func:`dyt_alpha_form` gives it the
-    qparams those ratios imply; with them the tanh's input scale ranges over [1/128, 1/8]."""
+    a one-element int8 alpha constant (at zero point 0, or -128 as the pipeline quantizes a
+    positive alpha), each rescaled to int32 (ratio 1, as ``InsertRescaleInt32Pass`` writes
+    a mul's, or another stock accepts; the activation's zero point drawn), their product
+    rescaled to int8. :func:`dyt_alpha_form` gives it the qparams those ratios imply; with
+    them the tanh's input scale ranges over [1/128, 1/8]."""
     shape = pick(((1, 4), (2, 3)))
     act_scale, act_zp = pick((1.0, 0.5)), pick((0, -5))
     alpha_scale, out_scale = pick((1.0, 0.25)), pick((0.25, 0.5))
+    alpha_zp = pick((0, -128))
+    alpha_code = alpha_zp + pick((3, 5, -2) if alpha_zp == 0 else (3, 255))
 
     def activation(make: Any) -> Any:
         x = make.input("x", shape, torch.int8, make.randint(-128, 127, shape).to(torch.int8))
         return make.call(RESCALE, x, torch.int32, [act_scale], act_zp, 0)
 
     def alpha(make: Any) -> Any:
-        code = make.input("code", (1,), torch.int8,
-                          torch.tensor([pick((3, 5, -2))], dtype=torch.int8), constant=True)
-        return make.call(RESCALE, code, torch.int32, [alpha_scale], 0, 0)
+        code = make.input("code", (1,), torch.int8, torch.tensor([alpha_code], dtype=torch.int8),
+                          constant=True)
+        return make.call(RESCALE, code, torch.int32, [alpha_scale], alpha_zp, 0)
 
     return {"lhs": OperandHint(producer=activation), "rhs": OperandHint(producer=alpha),
             "out_dtype": OperandHint(values=(torch.int8,)),
@@ -68,11 +71,10 @@ def dyt_alpha_operands(pick: Pick) -> dict[str, OperandHint]:
 def dyt_alpha_form(ep: Any) -> None:
     """The site as the rule sees it in the TOSA pipeline: edge-dialect targets, and the
     qparams ``FoldAndAnnotateQParamsPass`` and ``InsertRescaleInt32Pass`` write -- the
-    activation int8 at :data:`SOURCE_SCALE` (its rescale's input zero point; the alpha,
-    a constant, none), the mul's int32
-    inputs at that over the rescale's ratio and its output at their product, the tanh's
-    int8 input at the product over the requantize's ratio (its output zero point), its
-    output at :data:`TANH_OUTPUT_SCALE`."""
+    activation int8 at :data:`SOURCE_SCALE` (its rescale's input zero point; the alpha, a
+    constant, none), the mul's int32 inputs at that over each rescale's ratio and its output
+    at their product, the tanh's int8 input at the product over the requantize's ratio (its
+    output zero point), its output at :data:`TANH_OUTPUT_SCALE`."""
     edge_dialect(ep)
     sig = ep.graph_signature
     constants = {*sig.inputs_to_parameters, *sig.inputs_to_buffers,
@@ -83,7 +85,7 @@ def dyt_alpha_form(ep: Any) -> None:
 
 
 def _annotate_alpha_site(tanh: Node, out_rescale: Node, mul: Node,
-                   constants: Collection[str] = ()) -> None:
+                         constants: Collection[str] = ()) -> None:
     """The qparams of one site; a constant source (``constants``: placeholder names) gets
     none, as the pipeline leaves its frozen parameters."""
     int32 = {}

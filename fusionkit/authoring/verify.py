@@ -88,7 +88,7 @@ from fusionkit.match.pattern import (
     Through,
     Value,
 )
-from fusionkit.match.targets import op_key, resolve_op
+from fusionkit.match.targets import _overload_of, op_key, resolve_op
 from fusionkit.rule import Rule
 
 __all__ = ["CHECK_HINTS", "TOLERANCES", "Counterexample", "OperandHint", "Verification", "verify",
@@ -990,9 +990,11 @@ def _no_reference(gm: torch.fx.GraphModule) -> list[str]:
     """Ops in ``gm`` that torch has no implementation to run on the CPU for."""
     missing: list[str] = []
     for n in gm.graph.nodes:
-        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+        # (an edge-dialect op object, as a program form gives it, is the op it wraps)
+        overload = _overload_of(n.target) if n.op == "call_function" else None
+        if overload is None:
             continue
-        name = n.target.name()
+        name = overload.name()
         if op_key(n.target) in KERNEL_REFERENCES:
             continue
         if (op_key(n.target) or "").startswith(UNSAFE_TO_RUN):

@@ -23,6 +23,7 @@ from fusionkit.authoring.semantics import (
     register_kernel_reference,
     register_metadata_semantics,
     register_module_scope,
+    register_node_semantics,
     register_op_context,
     register_operand_hints,
     register_program_form,
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from fusionkit.rule import Rule
 
 __all__ = ["OperandHint", "Pick", "RuleFactory", "register_kernel_reference", "register_metadata_semantics",
-           "register_module_scope", "register_op_context", "register_operand_hints", "register_program_form",
+           "register_module_scope", "register_node_semantics", "register_op_context",
+           "register_operand_hints", "register_program_form",
            "register_reference_caveat",
            "register_rules", "registered", "rule_set", "rule_set_names", "rules_taking_over",
            "taken_over_patterns"]

@@ -274,3 +274,102 @@ def test_an_alpha_that_broadcasts_the_product_is_declined_where_stock_folds() ->
     (why,) = [d.reason for d in report.declined]
     assert "the tanh's output is [1, 1, 1, 16, 16], the activation [1, 1, 16, 16]" in why
     assert any("tanh" in t for t in _ops(our_ep))
+
+
+# --- FoldDyTAlphaIntoLUTPass: fusionkit.verify on the pipeline's program form ---------------
+
+def test_verify_judges_the_alpha_fold_bit_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The program form gives the drawn site the edge dialect's targets and the qparams the
+    pipeline writes; the tanh runs as InsertTableOpsPass's table: the fold equals the chain
+    on every drawn code, with no int8 tolerance at all."""
+    from fusionkit.authoring import verify as verify_module
+    from fusionkit.authoring.verify import EQUAL, verify
+    from fusionkit.passes.arm.dyt_alpha_lut import dyt_alpha_lut_rule
+
+    monkeypatch.setitem(verify_module.TOLERANCES, torch.int8, 0)
+    v = verify(dyt_alpha_lut_rule(), cases=8, max_examples=80)
+    assert v.status == EQUAL and v.cases == 8, v
+
+
+def test_verify_finds_a_table_that_ignores_the_alpha_different() -> None:
+    """The same fold computing its table for an alpha of 1 (the code read as absent)."""
+    import dataclasses
+
+    from fusionkit import PythonReplacement
+    from fusionkit.authoring.verify import DIFFERENT, verify
+    from fusionkit.passes.arm.dyt_alpha_lut import dyt_alpha_lut_rule
+
+    right = dyt_alpha_lut_rule()
+    table: Any = right.replacement.fn  # type: ignore[attr-defined]
+
+    def alpha_of_one(rw: Any, tanh: Any, out_rescale: Any, mul: Any) -> Any:
+        read = rw.tensor
+
+        def tensor(n: Any) -> torch.Tensor:
+            t = read(n)
+            return torch.ones_like(t) if t.numel() == 1 else t
+
+        rw.tensor = tensor
+        return table(rw, tanh, out_rescale, mul)
+
+    wrong = dataclasses.replace(right, name="dyt_alpha_ignored",
+                                replacement=PythonReplacement(alpha_of_one))
+    v = verify(wrong, cases=8, max_examples=80)
+    assert v.status == DIFFERENT and v.counterexample is not None, v
+    assert v.counterexample.inputs["rhs_code"]["values"] != [1], v.counterexample
+
+
+def test_the_program_form_writes_the_qparams_the_pipeline_writes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The alpha form's qparams, derived from the site's rescales alone, on the site the
+    pipeline gives the rule (ExecuTorch's DyT fixture): the activation, the mul and the tanh
+    carry the pipeline's keys, dtypes, ranges and zero points; and the scale relations the
+    form derives its scales by hold of the pipeline's own."""
+    import copy
+    import math
+
+    from fusionkit.match.targets import op_key
+    from fusionkit.passes.arm import _dyt_sites, dyt_alpha_lut
+
+    sites: list[Any] = []
+    call = preprocess_rules.ArmRulePass.__call__
+
+    def capture(self: Any, graph_module: Any) -> Any:
+        if self.stock_pass == "FoldDyTAlphaIntoLUTPass":
+            sites.append(copy.deepcopy(graph_module))
+        return call(self, graph_module)
+
+    monkeypatch.setattr(preprocess_rules.ArmRulePass, "__call__", capture)
+    torch.manual_seed(0)
+    with rm.dyt_folds_inserted():
+        rm.evaluate(DyT().eval(), (torch.rand(1, 3, 8, 8),), fusionkit=True, spec=rm.INT)
+    (gm,) = sites
+    (tanh,) = [n for n in gm.graph.nodes if op_key(n.target) == "aten.tanh.default"]
+    out_rescale, mul = tanh.args[0], tanh.args[0].args[0]
+    rescales = [a if op_key(a.target) == dyt_alpha_lut.RESCALE else a.args[0]
+                for a in mul.args[:2]]
+    activation = next(r for r in rescales if r.args[0].op != "placeholder")
+    written = {tanh: ("input_qparams", "output_qparams"), mul: ("input_qparams", "output_qparams"),
+               activation.args[0]: ("output_qparams",)}
+    real = {n: {k: n.meta.pop(k) for k in keys} for n, keys in written.items()}
+    constants = {r.args[0].name for r in rescales if r is not activation}
+    _dyt_sites._annotate_alpha_site(tanh, out_rescale, mul, constants)
+    assert all(gm.graph.find_nodes(op="placeholder", target=c)[0].meta.get("output_qparams")
+               is None for c in constants)  # (a frozen parameter has none)
+    for n, keys in written.items():
+        for key in keys:
+            want, got = real[n][key], n.meta[key]
+            assert set(got) == set(want), (n.name, key)
+            for i, q in want.items():
+                # (the tanh's output zero point is its own: no rescale of the site says it)
+                own = n is tanh and key == "output_qparams"
+                fields = ("dtype", "qmin", "qmax", "per_channel", "axis", *(() if own else ("zp",)))
+                assert [getattr(got[i], f) for f in fields] == [getattr(q, f) for f in fields], (
+                    n.name, key, i, got[i], q)
+    mul_in, index = real[mul]["input_qparams"], rescales.index(activation)
+    act = real[activation.args[0]]["output_qparams"][0]
+    assert math.isclose(mul_in[index].scale, act.scale / float(activation.args[2][0]))
+    product = real[mul]["output_qparams"][0].scale
+    assert math.isclose(product, mul_in[0].scale * mul_in[1].scale, rel_tol=1e-6)
+    assert math.isclose(real[tanh]["input_qparams"][0].scale,
+                        product / float(out_rescale.args[2][0]), rel_tol=1e-6)

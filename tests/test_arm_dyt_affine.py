@@ -182,3 +182,137 @@ def test_stock_bakes_a_mutated_gamma_the_rule_declines() -> None:
     (decline,) = ms.declined
     assert "`b_gamma` is a mutable buffer" in decline.reason, decline.reason
     assert not _rule_pass(ours).modified
+
+
+# --- fusionkit.verify on the pipeline's program form ------------------------------------------
+
+def _recording_plans(monkeypatch: pytest.MonkeyPatch, change: Any = None) -> dict[str, int]:
+    """The plan kinds the rule computes from here on (each ``change(plan)`` first, if given)."""
+    from fusionkit.passes.arm import dyt_affine_conv
+
+    kinds: dict[str, int] = {}
+    planned = dyt_affine_conv.plan
+
+    def plan(*args: Any) -> Any:
+        got = planned(*args)
+        if isinstance(got, dyt_affine_conv.Plan):
+            kinds[got.kind] = kinds.get(got.kind, 0) + 1
+            got = change(got) if change is not None else got
+        return got
+
+    monkeypatch.setattr(dyt_affine_conv, "plan", plan)
+    return kinds
+
+
+def test_verify_judges_every_branch_of_the_affine_fold_bit_exact(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drawn site (TABLE, rescales, mul by gamma, add of beta, permute, int8 convolution)
+    in the pipeline's form: the fold, the identity and the identity gamma are each judged,
+    and the rewritten program equals the site's with no int8 tolerance at all."""
+    from fusionkit.authoring import verify as verify_module
+    from fusionkit.authoring.verify import EQUAL, verify
+    from fusionkit.passes.arm.dyt_affine_conv import dyt_affine_conv_rule
+
+    kinds = _recording_plans(monkeypatch)
+    monkeypatch.setitem(verify_module.TOLERANCES, torch.int8, 0)
+    v = verify(dyt_affine_conv_rule(), cases=40, max_examples=300)
+    assert v.status == EQUAL and v.cases == 40, v
+    assert set(kinds) == {"fold", "identity", "gamma_identity"}, kinds
+
+
+def test_verify_finds_a_fold_that_drops_the_folded_bias_different(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fold keeping the convolution's own bias (beta's and the table zero point's offsets
+    dropped): found different on a drawn site, judged bit-exact as the right fold is."""
+    import dataclasses
+
+    from fusionkit.authoring import verify as verify_module
+    from fusionkit.authoring.verify import DIFFERENT, verify
+    from fusionkit.passes.arm.dyt_affine_conv import dyt_affine_conv_rule
+
+    monkeypatch.setitem(verify_module.TOLERANCES, torch.int8, 0)
+
+    def keep_bias(plan: Any) -> Any:
+        return dataclasses.replace(plan, bias=None) if plan.kind == "fold" else plan
+
+    _recording_plans(monkeypatch, keep_bias)
+    rule = dataclasses.replace(dyt_affine_conv_rule(), name="dyt_affine_keeps_bias")
+    v = verify(rule, cases=20, max_examples=200)
+    assert v.status == DIFFERENT and v.counterexample is not None, v
+    assert v.counterexample.literals["padding"] == [0, 0], v.counterexample
+
+
+_QPARAMS = ("input_qparams", "output_qparams")
+
+
+def _site(conv: Any) -> dict[str, Any]:
+    """The nodes of the affine site before ``conv``, by role."""
+    from fusionkit.passes.arm import _dyt_sites as sites
+    from fusionkit.passes.arm import dyt_affine_conv as m
+
+    add_output = m._layout_source(conv.args[0])[0]
+    add = add_output.args[0]
+    a_index, a_rescale, gamma_output, _, _ = sites._binary(add, lambda n: m._is(n, m.RESCALE))
+    mul = gamma_output.args[0]
+    t_index, t_rescale, table, _, _ = sites._binary(mul, lambda n: m._is(n, sites.TABLE))
+    return {"conv": conv, "add_output": add_output, "add": add, "a_index": a_index,
+            "a_rescale": a_rescale, "gamma_output": gamma_output, "mul": mul,
+            "t_index": t_index, "t_rescale": t_rescale, "table": table}
+
+
+def test_the_program_form_writes_the_qparams_the_pipeline_writes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The affine form's qparams, derived from the site's rescales alone, on the site the
+    pipeline gives the rule (ExecuTorch's DyT module, padded): each node the form annotates
+    has the pipeline's keys, dtypes, ranges, zero points and per-channel layout; and the
+    scale relations the form derives its scales by hold of the pipeline's own."""
+    import copy
+    import math
+
+    from fusionkit.match.targets import op_key
+    from fusionkit.passes.arm import _dyt_sites
+
+    sites: list[Any] = []
+    call = preprocess_rules.ArmRulePass.__call__
+
+    def capture(self: Any, graph_module: Any) -> Any:
+        if self.stock_pass == STOCK:
+            sites.append(copy.deepcopy(graph_module))
+        return call(self, graph_module)
+
+    monkeypatch.setattr(preprocess_rules.ArmRulePass, "__call__", capture)
+    model, _ = PIPELINE["padded"]
+    inputs = (torch.rand(1, 3, 8, 8, generator=torch.Generator().manual_seed(0)),)
+    with rm.dyt_folds_inserted(affine=True):
+        rm.evaluate(model.eval(), inputs, fusionkit=True, spec=rm.INT)
+    (gm,) = sites
+    conv = [n for n in gm.graph.nodes if op_key(n.target) == "aten.convolution.default"][-1]
+    s = _site(conv)
+    written = {"table": ("output_qparams",), "mul": _QPARAMS, "add": _QPARAMS, "conv": _QPARAMS}
+    real = {role: {k: s[role].meta.pop(k) for k in keys} for role, keys in written.items()}
+    _dyt_sites._annotate_affine_site(conv)
+    for role, keys in written.items():
+        for key in keys:
+            want, got = real[role][key], s[role].meta[key]
+            assert set(got) == set(want), (role, key)
+            for i, q in want.items():
+                # (the convolution's output zero point is its own: no rescale of the site says
+                # it, the form states 0)
+                own = role == "conv" and key == "output_qparams"
+                fields = ("dtype", "qmin", "qmax", "per_channel", "axis", *(() if own else ("zp",)))
+                assert [getattr(got[i], f) for f in fields] == [getattr(q, f) for f in fields], (
+                    role, key, i, got[i], q)
+
+    def ratio(node: Any) -> float:
+        return float(node.args[2][0])
+
+    table_out, mul_in = real["table"]["output_qparams"][0], real["mul"]["input_qparams"]
+    assert math.isclose(mul_in[s["t_index"]].scale, table_out.scale / ratio(s["t_rescale"]))
+    add_in = real["add"]["input_qparams"]
+    int32 = real["mul"]["output_qparams"][0].scale / ratio(s["gamma_output"]) / ratio(
+        s["a_rescale"])
+    assert all(math.isclose(q.scale, int32, rel_tol=1e-6) for q in add_in.values())
+    conv_in = real["conv"]["input_qparams"]
+    assert math.isclose(conv_in[0].scale, int32 / ratio(s["add_output"]), rel_tol=1e-6)
+    assert all(math.isclose(b, conv_in[0].scale * w, rel_tol=1e-6)
+               for b, w in zip(conv_in[2].scale, conv_in[1].scale, strict=True))

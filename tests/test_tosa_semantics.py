@@ -160,3 +160,85 @@ def test_the_rescale_reference_is_the_reference_models_rescale() -> None:
             info = torch.iinfo(dtype)
             clamped += int(((want == info.min) | (want == info.max)).sum())
     assert clamped > 0  # (the cases reach the output type's bounds)
+
+
+class _Tanh(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.tanh.default(x)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("in_scale", "in_zp", "out_scale", "out_zp"),
+                         [(1 / 32, 5, 1 / 128, 0), (1 / 8, -3, 1 / 100, 7), (0.02, 0, 1 / 128, -128)])
+def test_a_quantized_tanh_is_the_table_insert_table_ops_builds(in_scale: float, in_zp: int,
+                                                               out_scale: float, out_zp: int) -> None:
+    """What the verifier runs an int8 tanh with qparams through (before InsertTableOpsPass
+    replaces it) is the TABLE that pass builds for it, on all 256 int8 codes; without
+    qparams the node is left to torch."""
+    from executorch.backends.arm._passes.insert_table_ops import InsertTableOpsPass
+
+    from fusionkit.passes.arm import pipeline_form
+
+    codes = torch.arange(-128, 128, dtype=torch.int8)
+    ep = torch.export.export(_Tanh(), (codes,), strict=False)
+    pipeline_form.edge_dialect(ep)
+    (tanh,) = [n for n in ep.graph.nodes if n.op == "call_function"]
+    assert pipeline_form.table_op_semantics(tanh, (codes,), {}) is NotImplemented
+    tanh.meta["input_qparams"] = {0: pipeline_form.quant_args(in_scale, in_zp, torch.int8)}
+    tanh.meta["output_qparams"] = {0: pipeline_form.quant_args(out_scale, out_zp, torch.int8)}
+    got = pipeline_form.table_op_semantics(tanh, (codes,), {})
+    with tosa_semantics.lowering_context():
+        assert InsertTableOpsPass(ep).call(ep.graph_module).modified
+    (table,) = [n for n in ep.graph.nodes if "TABLE" in str(n.target)]
+    lut = ep.state_dict[ep.graph_signature.inputs_to_buffers[table.args[1].name]]
+    assert torch.equal(got, tosa_semantics.table_reference(codes, lut))
+    assert len(set(got.tolist())) > 16  # (a table with many levels, not a constant)
+
+
+_CONV2D_SCHEMA = ("CONV2D(Tensor input, Tensor weight, Tensor bias, int[2] stride, SymInt[4] pad, "
+                  "int[2] dilation) -> Tensor")
+
+
+@pytest.mark.parametrize(("x_zp", "w_zp", "pad", "per_channel"),
+                         [(0, 0, 0, True), (5, 0, 1, True), (-7, 3, 1, False)])
+def test_a_quantized_convolution_is_tosa_conv2d_then_its_output_rescale(
+        monkeypatch: pytest.MonkeyPatch, x_zp: int, w_zp: int, pad: int, per_channel: bool) -> None:
+    """What the verifier runs an int8 convolution with qparams through (before RewriteConvPass
+    makes it a tosa.CONV2D and the output RESCALE) is what the reference model computes for
+    that pair: CONV2D on the NHWC codes and OHWI weights with the qparams' zero points (read
+    by ExecuTorch's serializer from the node's qparams), then RESCALE by in * w / out per
+    output channel to the output's zero point."""
+    import executorch.backends.arm.operators.ops_quant_utils as quant_utils
+    from executorch.backends.arm.tosa.dialect.ops import conv2d
+    from executorch.backends.arm.tosa.dialect.real_impl import make_tosa_reference_model_impl
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from fusionkit.match.targets import resolve_op
+    from fusionkit.passes.arm import pipeline_form
+
+    g = torch.Generator().manual_seed(x_zp + 8 * pad)
+    x = torch.randint(-128, 128, (1, 3, 4, 5), generator=g).to(torch.int8)
+    w = torch.randint(-128, 128, (4, 3, 2, 2), generator=g).to(torch.int8)
+    b = torch.randint(-5000, 5000, (4,), generator=g).to(torch.int32)
+    w_scales = [0.01, 0.02, 0.005, 0.04] if per_channel else 0.01
+    q_x = pipeline_form.quant_args(0.05, x_zp, torch.int8)
+    q_w = pipeline_form.quant_args(w_scales, [w_zp] * 4 if per_channel else w_zp, torch.int8,
+                                   per_channel=per_channel)
+    q_out = pipeline_form.quant_args(0.5, -3, torch.int8)
+    node = torch.fx.Graph().call_function(exir_ops.edge.aten.convolution.default)
+    node.meta["input_qparams"] = {0: q_x, 1: q_w}
+    node.meta["output_qparams"] = {0: q_out}
+    got = pipeline_form.quantized_conv_semantics(
+        node, (x, w, b, [1, 1], [pad, pad], [1, 1], False, [0, 0], 1), {})
+
+    conv = make_tosa_reference_model_impl(conv2d.CONV2D, _CONV2D_SCHEMA)
+    monkeypatch.setattr(quant_utils, "get_input_qparams",
+                        lambda n: {0: q_x, 1: pipeline_form.quant_args(0.01, w_zp, torch.int8)})
+    scales = [0.05 * s / 0.5 for s in (w_scales if isinstance(w_scales, list) else [w_scales])]
+    with tosa_semantics.lowering_context():
+        acc = conv(x.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous(), b,
+                   [1, 1], [pad] * 4, [1, 1])
+        want = resolve_op("tosa.RESCALE.default")(acc, torch.int8, scales, 0, -3)
+    assert got.dtype == torch.int8 and torch.equal(got, want.permute(0, 3, 1, 2))
+    assert len(set(got.flatten().tolist())) > 8  # (not one clamped value)
+    plain = torch.fx.Graph().call_function(exir_ops.edge.aten.convolution.default)
+    assert pipeline_form.quantized_conv_semantics(plain, (x, w, b), {}) is NotImplemented

@@ -1,6 +1,7 @@
 """What the verifier must be told of a backend: the node metadata its replacements use to
 say what a node computes, the ops whose CPU reference is not what the kernel computes, the
-context its ops run in, and how to make the operands a backend's checks ask for
+context its ops run in, the form its pipeline gives a program where a rule runs and what a
+node means there, and how to make the operands a backend's checks ask for
 (:class:`OperandHint`, drawn jointly when a check relates several captures: a group size
 that tiles a dimension).
 
@@ -16,9 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "FORM_NAMESPACES",
     "KERNEL_REFERENCES",
     "METADATA_SEMANTICS",
     "MODULE_SCOPES",
+    "NODE_SEMANTICS",
     "OPERAND_HINTS",
     "OP_CONTEXTS",
     "PROGRAM_FORMS",
@@ -28,6 +31,7 @@ __all__ = [
     "register_kernel_reference",
     "register_metadata_semantics",
     "register_module_scope",
+    "register_node_semantics",
     "register_op_context",
     "register_operand_hints",
     "register_program_form",
@@ -94,6 +98,22 @@ REFERENCE_IS_NOT_THE_KERNEL: dict[str, str] = {}
 KERNEL_REFERENCES: dict[str, Callable[..., Any]] = {}
 
 
+#: ops (``namespace.name.overload``) whose meaning at a backend's pipeline position depends on
+#: node metadata an earlier pass wrote, not on the op and its operands alone (an ``aten.tanh``
+#: on int8 codes with the qparams ``FoldAndAnnotateQParamsPass`` writes is a requantized tanh,
+#: not ``torch.tanh``): ``fn(node, args, kwargs)`` with the node's evaluated arguments returns
+#: what the node computes, or ``NotImplemented`` where the node carries nothing it reads (the
+#: op then runs as usual)
+NODE_SEMANTICS: dict[str, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {}
+
+
+def register_node_semantics(op: str, fn: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]) -> None:
+    """Tell the verifier what a node of ``op`` computes from its metadata: ``fn(node, args,
+    kwargs)``, consulted before :data:`KERNEL_REFERENCES` and torch's kernel; ``NotImplemented``
+    where it does not apply."""
+    NODE_SEMANTICS[op] = fn
+
+
 #: op namespace (``tosa``) -> a factory of the context its ops run in: a backend whose ops
 #: check operands against a lowering setting (the TOSA dialect's ops read the active TOSA
 #: specification) states it, and the verifier opens it around building, exporting,
@@ -151,10 +171,17 @@ def register_operand_hints(check: str,
 #: None), or returning the program in that form (a pipeline that makes a new one)
 PROGRAM_FORMS: dict[str, Callable[[Any], Any]] = {}
 
+#: checks whose site holds ops of these namespaces beyond the pattern's own (an operand built
+#: from a backend's ops): the verifier opens their contexts (:data:`OP_CONTEXTS`) too
+FORM_NAMESPACES: dict[str, frozenset[str]] = {}
 
-def register_program_form(check: str, form: Callable[[Any], Any]) -> None:
+def register_program_form(check: str, form: Callable[[Any], Any],
+                          namespaces: Sequence[str] = ()) -> None:
     """Tell the verifier that the rule of the check named ``check`` sees programs in the form
     ``form(ep)`` gives an exported program (edited in place, or returned): the verifier
     applies it to the pattern's program after exporting it, before the rule rewrites a
-    copy."""
+    copy. ``namespaces``: the op namespaces the site holds beyond the pattern's (their
+    contexts are opened)."""
     PROGRAM_FORMS[check] = form
+    if namespaces:
+        FORM_NAMESPACES[check] = frozenset(namespaces)

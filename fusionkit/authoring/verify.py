@@ -32,11 +32,14 @@ Backend ops run through the reference implementations registered in torch (the
 ``et_vk`` ops' CPU implementations come with ``executorch.backends.vulkan``) or through
 the functions a backend states its kernels compute (``register_kernel_reference``), inside
 the context a backend states its ops need (``register_op_context``: the TOSA dialect's
-``TosaLoweringContext``); an op with none makes the rule "cannot check" and is named.
+``TosaLoweringContext``); an op with none makes the rule "cannot check" and is named. A
+check that runs inside a backend's pipeline has the exported program put in that
+pipeline's form first (``register_program_form``), and a node whose meaning there is in
+its metadata runs through what the backend states it computes (``register_node_semantics``).
 
 Results are compared per output with the tolerance of its dtype (:data:`TOLERANCES`):
-``|got - expected| <= tol * (1 + |expected|)``, NaN equal to NaN, shapes and dtypes
-exactly.
+``|got - expected| <= tol * (1 + |expected|)`` for floats, NaN equal to NaN; integer codes
+within ``tol``; shapes and dtypes exactly.
 """
 
 from __future__ import annotations
@@ -55,9 +58,11 @@ from typing import Any
 import torch
 
 from fusionkit.authoring.semantics import (
+    FORM_NAMESPACES,
     KERNEL_REFERENCES,
     METADATA_SEMANTICS,
     MODULE_SCOPES,
+    NODE_SEMANTICS,
     OP_CONTEXTS,
     OPERAND_HINTS,
     PROGRAM_FORMS,
@@ -87,7 +92,7 @@ from fusionkit.match.pattern import (
     Through,
     Value,
 )
-from fusionkit.match.targets import op_key, resolve_op
+from fusionkit.match.targets import _overload_of, op_key, resolve_op
 from fusionkit.rule import Rule
 
 __all__ = ["CHECK_HINTS", "TOLERANCES", "Counterexample", "OperandHint", "Verification", "verify",
@@ -899,7 +904,7 @@ def _scope_of(rule: Rule) -> Any:
                  if isinstance(c, Custom) and c.name in MODULE_SCOPES), None)
 
 
-def _forms_of(rule: Rule) -> list[Callable[[Any], None]]:
+def _forms_of(rule: Rule) -> list[Callable[[Any], Any]]:
     """The program forms the checks of ``rule`` see (:data:`PROGRAM_FORMS`), in check order."""
     return [PROGRAM_FORMS[c.name] for c in rule.constraints
             if isinstance(c, Custom) and c.name in PROGRAM_FORMS]
@@ -963,9 +968,11 @@ class _Runner(torch.fx.Interpreter):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         try:
-            reference = (KERNEL_REFERENCES.get(op_key(n.target) or "")
-                         if n.op == "call_function" else None)
-            if reference is not None:
+            key = (op_key(n.target) or "") if n.op == "call_function" else ""
+            out = self._by_metadata(n, key)
+            if out is not NotImplemented:
+                pass
+            elif (reference := KERNEL_REFERENCES.get(key)) is not None:
                 args, kwargs = self.fetch_args_kwargs_from_env(n)
                 out = reference(*args, **kwargs)
             else:
@@ -973,10 +980,19 @@ class _Runner(torch.fx.Interpreter):
         except Exception:
             self.failed_at = n
             raise
-        for key, apply in METADATA_SEMANTICS.items():
-            if n.meta.get(key) is not None:
-                out = apply(n.meta[key], out)
+        for meta_key, apply in METADATA_SEMANTICS.items():
+            if n.meta.get(meta_key) is not None:
+                out = apply(n.meta[meta_key], out)
         return out
+
+    def _by_metadata(self, n: torch.fx.Node, key: str) -> Any:
+        """What ``n`` computes by the semantics a backend registered for its op and metadata
+        (:data:`NODE_SEMANTICS`), or ``NotImplemented``."""
+        semantics = NODE_SEMANTICS.get(key)
+        if semantics is None:
+            return NotImplemented
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        return semantics(n, args, kwargs)
 
 
 def _flat(v: Any) -> list[Any]:
@@ -1019,10 +1035,16 @@ def _difference(want: Any, got: Any) -> tuple[str | None, float]:
         err = torch.where(wf, (gd - wd).abs(), torch.zeros_like(wd))
         err = torch.nan_to_num(err, nan=math.inf, posinf=math.inf)
         worst = max(worst, float(err.max()))
+        name = str(w.dtype).removeprefix("torch.")
+        if not w.dtype.is_floating_point:  # codes: at most ``tol`` steps, whatever their size
+            if bool((err > tol).any()):
+                return (f"output {i} differs by up to {float(err.max()):.4g} "
+                        f"(tolerance for {name}: {tol:g})"), worst
+            continue
         bound = tol * (1 + wd.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0))
         if bool((err > bound).any()):
             return (f"output {i} differs by up to {float(err.max()):.4g} "
-                    f"(tolerance for {str(w.dtype).removeprefix('torch.')}: {tol:g} x (1 + |expected|))"), worst
+                    f"(tolerance for {name}: {tol:g} x (1 + |expected|))"), worst
     return None, worst
 
 
@@ -1045,9 +1067,11 @@ def _no_reference(gm: torch.fx.GraphModule) -> list[str]:
     """Ops in ``gm`` that torch has no implementation to run on the CPU for."""
     missing: list[str] = []
     for n in gm.graph.nodes:
-        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+        # (an edge-dialect op object, as a program form gives it, is the op it wraps)
+        overload = _overload_of(n.target) if n.op == "call_function" else None
+        if overload is None:
             continue
-        name = n.target.name()
+        name = overload.name()
         if op_key(n.target) in KERNEL_REFERENCES:
             continue
         if (op_key(n.target) or "").startswith(UNSAFE_TO_RUN):
@@ -1384,8 +1408,11 @@ def _op_keys(p: Pattern) -> set[str]:
 
 
 def _context_namespaces(rule: Rule) -> frozenset[str]:
-    """The namespaces of ``rule``'s ops whose backend registered a context to run them in."""
-    return frozenset({k.split(".")[0] for k in _op_keys(rule.pattern)} & set(OP_CONTEXTS))
+    """The namespaces of ``rule``'s ops, and of the ops its checks' program forms hold
+    (:data:`FORM_NAMESPACES`), whose backend registered a context to run them in."""
+    held = {ns for c in rule.constraints if isinstance(c, Custom)
+            for ns in FORM_NAMESPACES.get(c.name, ())}
+    return frozenset(({k.split(".")[0] for k in _op_keys(rule.pattern)} | held) & set(OP_CONTEXTS))
 
 
 def _op_contexts(rule: Rule) -> contextlib.ExitStack:

@@ -39,6 +39,9 @@ RULE_MODULES: tuple[str, ...] = (
 for _module in RULE_MODULES:
     importlib.import_module(f"{__name__}.{_module}")
 
+# what fusionkit.verify needs of the DyT folds' sites (their hints and program forms)
+importlib.import_module(f"{__name__}._dyt_sites")
+
 
 def taken_over_passes() -> dict[str, str]:
     """Stock Arm pass class name -> qualified name of the rule factory replacing it."""

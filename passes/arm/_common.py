@@ -21,6 +21,8 @@ from fusionkit.passes.families.conv_batch_norm import fresh_constant as fresh_co
 register_op_library("tosa", "executorch.backends.arm.tosa.dialect")
 
 # what fusionkit.verify needs to run them (their context, the ops with only fake kernels)
+# what the pipeline's quantized nodes compute, and its program form (the DyT folds' sites)
+from . import pipeline_form as pipeline_form  # noqa: E402
 from . import tosa_semantics as tosa_semantics  # noqa: E402
 
 CONV = "aten.convolution.default"

@@ -397,7 +397,7 @@ def _fold_site(rw: Rewriter, conv: Node, x: Node) -> Node:
 def dyt_affine_conv_rule() -> Rule:
     return Rule(
         name="arm_fold_dyt_affine_into_conv",
-        pattern=op(CONV, capture("x"), capture("w"), lit(None) | capture("b"), any_value("stride"),
+        pattern=op(CONV, capture("x"), capture("w"), capture("b") | lit(None), any_value("stride"),
                    any_value("padding"), any_value("dilation"), lit(False),
                    any_value("output_padding"), any_value("groups")).bind("conv"),
         constraints=[constraint("dyt_affine_site")(_applies)],

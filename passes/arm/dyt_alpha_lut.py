@@ -34,7 +34,7 @@ other user (the match's escape check). What stock forgets:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch.fx import Node
@@ -50,7 +50,7 @@ from fusionkit import (
     op,
 )
 from fusionkit.match.targets import op_key
-from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
+from fusionkit.passes.registry import register_rules
 
 from ._common import (
     RESCALE,
@@ -68,7 +68,7 @@ TABLE = "tosa.TABLE.default"
 _CODE_DTYPES = (torch.int8, torch.int16, torch.int32)
 
 
-def _is(n: Any, key: str) -> bool:
+def _is(n: Any, key: str) -> TypeGuard[Node]:
     return isinstance(n, Node) and n.op == "call_function" and op_key(n.target) == key
 
 
@@ -241,35 +241,6 @@ def _table(rw: Rewriter, tanh: Node, out_rescale: Node, mul: Node) -> Node:
     return new
 
 
-def dyt_alpha_operands(pick: Pick) -> dict[str, OperandHint]:
-    """For ``fusionkit.verify``: the int8 DyT site built from ops -- an int8 activation and
-    a one-element int8 alpha constant, each rescaled to int32, their product rescaled to
-    int8. What the check reads beyond that, the int8 qparams ``FoldAndAnnotateQParamsPass``
-    writes into the mul's and the tanh's metadata, and the TOSA ops as the edge dialect's
-    op objects (stock's ``_RescaleParams.from_node`` compares ``node.target`` with
-    ``exir_ops.backend.tosa.RESCALE.default``), a program built from ops and exported with
-    ``torch.export`` does not carry: the rule declines it."""
-    shape = pick(((1, 4), (2, 3)))
-    act_scale, alpha_scale, out_scale = pick((0.5, 0.25)), pick((0.5, 0.125)), pick((0.25,))
-
-    def activation(make: Any) -> Any:
-        x = make.input("x", shape, torch.int8)
-        return make.call(RESCALE, x, torch.int32, [act_scale], 0, 0)
-
-    def alpha(make: Any) -> Any:
-        code = make.input("code", (1,), torch.int8, torch.tensor([pick((3, 5))], dtype=torch.int8),
-                          constant=True)
-        return make.call(RESCALE, code, torch.int32, [alpha_scale], 0, 0)
-
-    return {"lhs": OperandHint(producer=activation), "rhs": OperandHint(producer=alpha),
-            "out_dtype": OperandHint(values=(torch.int8,)),
-            "out_scales": OperandHint(values=([out_scale],)),
-            "out_in_zp": OperandHint(values=(0,)), "out_out_zp": OperandHint(values=(0,))}
-
-
-register_operand_hints("dyt_alpha_site", dyt_alpha_operands)
-
-
 @register_rules("arm", takes_over="FoldDyTAlphaIntoLUTPass")
 def dyt_alpha_lut_rule() -> Rule:
     mul = op(MUL, capture("lhs"), capture("rhs")).bind("mul")
@@ -285,4 +256,4 @@ def dyt_alpha_lut_rule() -> Rule:
     )
 
 
-__all__ = ["Plan", "dyt_alpha_lut_rule", "dyt_alpha_operands", "plan"]
+__all__ = ["Plan", "dyt_alpha_lut_rule", "plan"]

@@ -39,5 +39,8 @@ PREPROCESS_RULE_MODULES: tuple[str, ...] = ("addmm_to_linear", "batch_norm", "co
 for _module in (*RULE_MODULES, *PREPROCESS_RULE_MODULES):
     importlib.import_module(f"{__name__}.{_module}")
 
+# what fusionkit.verify needs of fold_qdq's site (its operand hints)
+importlib.import_module(f"{__name__}._fold_qdq_site")
+
 
 __all__ = ["PREPROCESS_RULE_MODULES", "RULE_MODULES", "vulkan_rms_norm_rule"]

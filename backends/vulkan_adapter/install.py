@@ -29,6 +29,7 @@ patch an ExecuTorch version the adapter was not tested with.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
@@ -39,7 +40,13 @@ from fusionkit.integration.adapter import Adapter
 from fusionkit.integration.hooks import REMOVE, Installation, UnsupportedExecuTorchError
 from fusionkit.passes.registry import taken_over_patterns
 
-from . import boundary_dim_order, constant_serializer, pass_gates, preprocess_rules
+from . import (
+    boundary_dim_order,
+    constant_serializer,
+    fusable_subgraphs,
+    pass_gates,
+    preprocess_rules,
+)
 from .delegation import with_delegation_check
 from .rule_ops import rule_index
 
@@ -66,6 +73,7 @@ TAKEN_OVER_PATTERNS: dict[str, str] = taken_over_patterns("vulkan")
 
 _REGISTRY_MODULE = "executorch.backends.vulkan.patterns.pattern_registry"
 _PATTERNS_MODULE = "executorch.backends.vulkan.patterns"
+_PARTITIONER_MODULE = "executorch.backends.vulkan.partitioner.vulkan_partitioner"
 
 #: matches fusionkit applied through the patched ``replace_all_fusable_subgraphs``, by rule
 FUSED_IN_FUSE_PATTERNS_PASS: dict[str, int] = {}
@@ -123,8 +131,16 @@ def _patches() -> list[tuple[Any, str, Any]]:
             "build does not look like the one the adapter was tested with"
         )
     patterns = importlib.import_module(_PATTERNS_MODULE)
+    partitioner = importlib.import_module(_PARTITIONER_MODULE).VulkanPartitioner
+    # the partitioner delegates the nodes of the matches fusionkit will fuse, as it
+    # delegated the stock detectors' (:mod:`.fusable_subgraphs`)
+    stock_fusable = patterns.get_all_fusable_subgraphs
     return [*((registry, name, REMOVE) for name in TAKEN_OVER_PATTERNS),
-            (patterns, "replace_all_fusable_subgraphs", _replace_all_fusable_subgraphs)]
+            (patterns, "replace_all_fusable_subgraphs", _replace_all_fusable_subgraphs),
+            (patterns, "get_all_fusable_subgraphs",
+             functools.partial(fusable_subgraphs.fusable_subgraphs, stock_fusable)),
+            (partitioner, "partition",
+             fusable_subgraphs.partition_with_program(partitioner.partition))]
 
 
 #: the adapter's patch set: the pattern takeover, the constant serializer, the pass gates,

@@ -381,6 +381,45 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_exec(args: argparse.Namespace) -> int:
+    from fusionkit.app.exec_job import ExecUsageError, parse_backends, run_exec
+
+    try:
+        backends = parse_backends(args.backend)
+        return run_exec(backends, args.module, args.program, report=args.report)
+    except ExecUsageError as e:
+        raise UserError(str(e)) from None
+
+
+def _split_exec_argv(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
+    """``exec``'s own options, then ``-m MODULE ARGS...`` or ``[--] COMMAND ARGS...``: what
+    follows the module or command is the program's, never the launcher's (as ``python -m``)."""
+    own: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return own, None, argv[i + 1:]
+        if a == "-m":
+            if i + 1 >= len(argv):
+                raise UserError("-m: give the module to run (-m MODULE [ARGS...])")
+            return own, argv[i + 1], argv[i + 2:]
+        if a in ("--backend", "--report"):
+            if i + 1 >= len(argv):
+                raise UserError(f"{a}: needs a value")
+            own += [a, argv[i + 1]]
+            i += 2
+            continue
+        if a.startswith(("--backend=", "--report=")) or a in ("-h", "--help"):
+            own.append(a)
+            i += 1
+            continue
+        if a.startswith("-"):
+            raise UserError(f"exec: unknown option {a!r} (the command goes after `--`)")
+        return own, None, argv[i:]
+    return own, None, []
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     _quiet_imports()
     from fusionkit.app.demo_job import run_demo
@@ -486,6 +525,15 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_consent(v)
     v.set_defaults(fn=cmd_specs_validate)
 
+    xc = sub.add_parser("exec", help="run a Python program (a pipeline you do not own) with "
+                        "fusionkit's adapters installed; its exit code passes through",
+                        usage="fusionkit exec [--backend vulkan,xnnpack,arm] [--report FILE.json] "
+                        "(-m MODULE [ARGS...] | [--] COMMAND [ARGS...])")
+    xc.add_argument("--backend", default="vulkan,xnnpack,arm",
+                    help="the adapters to install, comma-separated (default: all three)")
+    xc.add_argument("--report", metavar="FILE.json", help="also write what fusionkit did as JSON")
+    xc.set_defaults(fn=cmd_exec, module=None, program=[])
+
     sc = sub.add_parser("schema", help="print the JSON Schema of spec files")
     sc.set_defaults(fn=cmd_schema)
     return p
@@ -493,7 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: commands that need no ExecuTorch internals (a spec's schema and validation): every other
 #: one first checks that the installed ExecuTorch is a supported release
-_STANDALONE_COMMANDS = frozenset({"specs", "schema"})
+_STANDALONE_COMMANDS = frozenset({"specs", "schema", "exec"})
 
 
 def _require_supported_executorch(command: str) -> None:
@@ -507,7 +555,18 @@ def _require_supported_executorch(command: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    exec_program: tuple[str | None, list[str]] | None = None
+    if raw[:1] == ["exec"]:
+        try:
+            own, module, command = _split_exec_argv(raw[1:])
+        except UserError as e:
+            print(f"fusionkit: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        raw, exec_program = ["exec", *own], (module, command)
+    args = build_parser().parse_args(raw)
+    if exec_program is not None:
+        args.module, args.program = exec_program
     try:
         if args.command not in _STANDALONE_COMMANDS:
             _require_supported_executorch(args.command)

@@ -24,6 +24,7 @@ from fusionkit.apply import meta_cache
 from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.match.targets import (
     OpTarget,
+    dialect_like,
     dialect_target,
     is_edge_target,
     memo_per_target,
@@ -236,8 +237,11 @@ class Rewriter:
 
     def __init__(self, root: Node, rule_name: str, ep: ExportedProgram | None = None, *,
                  insert_before: Node | None = None,
-                 constants: ProgramConstants | None = None, journal: Any = None) -> None:
+                 constants: ProgramConstants | None = None, journal: Any = None,
+                 like: Any = None) -> None:
         self.root = root
+        #: the op whose dialect new nodes take (:func:`~fusionkit.match.targets.dialect_like`)
+        self._like = like if like is not None else dialect_like(root)
         self.graph = root.graph
         self.rule_name = rule_name
         self.ep = ep
@@ -320,7 +324,7 @@ class Rewriter:
 
     def call(self, target: OpTarget, *args: Any, **kwargs: Any) -> Node:
         """Insert ``target(*args, **kwargs)`` at the insertion point and return its node."""
-        op, overload = _dialect(target, self.root.target)
+        op, overload = _dialect(target, self._like)
         meta_args, meta_kwargs = meta_value(tuple(args)), meta_value(dict(kwargs))
         val = propagate_meta(overload, args, kwargs, meta_args, meta_kwargs,
                              _fake_mode([*meta_args, *meta_kwargs.values()], self.root))

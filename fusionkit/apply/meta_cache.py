@@ -13,11 +13,13 @@ or return views, and anything symbolic, are always propagated for real.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Node
 
@@ -222,6 +224,16 @@ def _rebuild(t: Any, fake_mode: Any) -> Any:
     return typ(_rebuild(x, fake_mode) for x in items)
 
 
+def _any_symbolic_shape(values: tuple[Any, ...]) -> bool:
+    """Whether a tensor among ``values`` (one list level deep) has a symbolic size."""
+    for v in values:
+        items = v if isinstance(v, (list, tuple)) else (v,)
+        for t in items:
+            if isinstance(t, torch.Tensor) and not all(isinstance(d, int) for d in t.shape):
+                return True
+    return False
+
+
 def fake_output(overload: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                 meta_args: tuple[Any, ...], meta_kwargs: dict[str, Any],
                 fake_mode: Any) -> Any:
@@ -241,7 +253,11 @@ def fake_output(overload: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             if t is not None:
                 return _rebuild(t, fake_mode)
     if fake_mode is not None:
-        with fake_mode:
+        # a symbolic size reaches C++ kernels that take concrete ints only (the
+        # composite et_vk.rms_norm broadcasting a dynamic sequence length) unless the
+        # Python dispatcher routes it to their SymInt forms, as ExportPass does
+        with fake_mode, (enable_python_dispatcher() if _any_symbolic_shape(meta_args)
+                         else contextlib.nullcontext()):
             out = overload(*meta_args, **meta_kwargs)
     else:
         out = overload(*meta_args, **meta_kwargs)

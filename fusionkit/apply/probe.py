@@ -21,7 +21,7 @@ from torch.fx import Graph, Node
 
 from fusionkit.apply.builder import Rewriter
 from fusionkit.check.folding import evaluate_constant
-from fusionkit.match.targets import op_key
+from fusionkit.match.targets import dialect_like, op_key
 
 if TYPE_CHECKING:
     from fusionkit.check.constraints import CheckContext
@@ -52,7 +52,7 @@ class ProbeRewriter(Rewriter):
         target: Any = ctx.root.target
         anchor = scratch.call_function(target, ())  # where new nodes are inserted
         anchor.meta = dict(ctx.root.meta)
-        super().__init__(anchor, rule_name, ctx.ep)
+        super().__init__(anchor, rule_name, ctx.ep, like=dialect_like(ctx.root))
         self._ctx = ctx
         self._fake = _fake_mode(ctx.root)
         self._probe_standins: dict[Node, Node] = {}

@@ -29,6 +29,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, OutputSpec, TensorArgument
 from torch.fx import Node
 
+from fusionkit import events
 from fusionkit.apply import lazy_code
 from fusionkit.apply.builder import FusionError, ProgramConstants, Rewriter
 from fusionkit.apply.journal import Journal
@@ -37,6 +38,7 @@ from fusionkit.check.folding import evaluate_constant
 from fusionkit.check.program_inputs import ConstantKind
 from fusionkit.match.finder import Match
 from fusionkit.match.pattern import output_names
+from fusionkit.match.shape_guards import guards_suppressed
 from fusionkit.match.targets import is_assertion, resolve_op
 from fusionkit.result import MatchResult
 from fusionkit.strict import strict_mode
@@ -386,7 +388,7 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
     result = ApplyResult()
     if not matches:
         return result
-    with Journal(ep) as journal:
+    with Journal(ep) as journal, guards_suppressed(ep.graph_module.graph):
         state = _Apply(ep, journal)
         for m in matches:
             savepoint = journal.savepoint()
@@ -420,4 +422,5 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
                 raise
             failed = [ApplyFailure(m, step, e) for m in result.applied]
             return ApplyResult([], [], [*result.failed, *failed])
+    events.applied(result.applied)
     return result

@@ -34,6 +34,7 @@ from fusionkit.apply.meta_cache import metadata_key
 from fusionkit.apply.probe import build_in_scratch
 from fusionkit.check.operand_dtypes import operand_dtype_refusal, register_operand_dtypes
 from fusionkit.match.targets import (
+    dialect_like,
     is_assertion,
     is_edge_target,
     load_delegate_descriptions,
@@ -528,7 +529,7 @@ class ReplacementCheck:
                 raise
             return NotRunnable(Step.ERROR, f"the replacement raised {type(e).__name__}: "
                                f"{_first_line(e)}", type(e).__name__, e)
-        edge = is_edge_target(ctx.root.target)
+        edge = is_edge_target(dialect_like(ctx.root))
         trusted = program_exceptions(ctx.ep) if edge else frozenset()
         for n in rw.ops():
             why = self.target.refusal(n, edge, trusted)

@@ -22,6 +22,7 @@ from typing import Any
 
 from torch.fx import Node
 
+from fusionkit import events
 from fusionkit.apply.meta_cache import keys_remembered
 from fusionkit.check.executable import ExecutionTarget, ReplacementCheck
 from fusionkit.check.program_inputs import ProgramInputs
@@ -36,6 +37,7 @@ from fusionkit.match.decide import (
 from fusionkit.match.gates import GATE_DEPTH, Gate, GateLike, gate_of, specialize
 from fusionkit.match.matcher import CompiledPattern, compile_pattern
 from fusionkit.match.required_ops import requires_one_of
+from fusionkit.match.shape_guards import guards_suppressed
 from fusionkit.match.targets import graph_op_keys, op_key
 from fusionkit.program import ProgramLike, as_exported_program
 from fusionkit.rule import Rule
@@ -283,11 +285,13 @@ def find_matches(ep: ProgramLike, rules: Sequence[Rule] | RuleIndex,
     checks = ({r: index.replacement_check(r, target) for r in compiled}
               if check_replacements else None)
     # (each captured value's metadata key, which memoised checks ask for, computed once)
-    with keys_remembered():
-        return decide_in_order(ep, candidates, Settings(
+    with keys_remembered(), guards_suppressed(graph):
+        found = decide_in_order(ep, candidates, Settings(
             ProgramInputs(ep), {r: index.threshold(r) for r in compiled}, checks,
             structural_declines=structural_declines, allow_folding=allow_folding,
             all_near_misses=all_near_misses, strict=strict_mode(strict)))
+    events.decided(found)
+    return found
 
 
 def _gated(index: RuleIndex, rooted: Sequence[tuple[Node, Sequence[Rule]]],

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 if TYPE_CHECKING:
-    from torch.fx import Graph
+    from torch.fx import Graph, Node
 
 __all__ = [
     "ASSERTION_OPS",
@@ -23,6 +23,7 @@ __all__ = [
     "OpTarget",
     "UnknownOpError",
     "delegate_entry_points",
+    "dialect_like",
     "dialect_target",
     "graph_op_keys",
     "is_assertion",
@@ -273,6 +274,20 @@ def is_assertion(node: Any) -> bool:
 
 def is_edge_target(target: Any) -> bool:
     return type(target).__name__ == "EdgeOpOverload"
+
+
+def dialect_like(node: Node) -> Any:
+    """The op whose dialect a replacement of ``node`` takes: ``node``'s own, or, for an op
+    that keeps its ATen form in an edge program (``_local_scalar_dense``, ``operator.*``),
+    that of a neighbouring edge op. ExecuTorch serializes ops by name, and the edge op
+    ``et_vk.select_as_symint`` is ``et_vk.select_as_symint.default`` to the Vulkan runtime
+    while its ATen form is ``select_as_symint.default``, which the runtime lacks."""
+    if is_edge_target(node.target):
+        return node.target
+    for other in (*node.all_input_nodes, *node.users):
+        if other.op == "call_function" and is_edge_target(other.target):
+            return other.target
+    return node.target
 
 
 def dialect_target(key_or_target: OpTarget, like: Any) -> Any:

@@ -1,0 +1,40 @@
+"""Reading a program never specializes its symbolic shapes.
+
+A constraint that compares sizes (``c[0] != q[1]``) on a program exported with a dynamic
+dimension evaluates a ``SymInt`` to a bool, and torch's ``ShapeEnv`` answers from the
+example size *and records the answer*: a guard, and often a replacement ``s0 -> 3`` that
+rewrites every fake tensor of the program (a KV-cache LLM's sequence length became the
+example's 3, and the Vulkan serializer then refused its ``sym_size`` node). fusionkit's
+search and replacement run with the program's guards suppressed, so what they read is
+answered without being written into the program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from torch.fx import Graph
+
+__all__ = ["guards_suppressed", "shape_env_of"]
+
+
+def shape_env_of(graph: Graph) -> Any:
+    """The ``ShapeEnv`` of the graph's fake values (its placeholders'), or None."""
+    for node in graph.find_nodes(op="placeholder"):
+        env = getattr(getattr(node.meta.get("val"), "fake_mode", None), "shape_env", None)
+        if env is not None:
+            return env
+    return None
+
+
+@contextlib.contextmanager
+def guards_suppressed(graph: Graph) -> Iterator[None]:
+    """In this block, no guard or replacement is added to ``graph``'s shape environment."""
+    env = shape_env_of(graph)
+    if env is None:
+        yield
+        return
+    with env.suppress_guards():
+        yield

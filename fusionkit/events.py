@@ -17,36 +17,36 @@ from typing import Any
 
 __all__ = ["applied", "decided", "listen", "unlisten"]
 
-#: (on_decided(match_set), on_applied(matches)) pairs
-_LISTENERS: list[tuple[Callable[[Any], None], Callable[[Sequence[Any]], None]]] = []
+#: (on_decided(match_set, seconds), on_applied(matches, seconds)) pairs
+_LISTENERS: list[tuple[Callable[[Any, float], None], Callable[[Sequence[Any], float], None]]] = []
 _LOCK = threading.Lock()
 
 
-def listen(on_decided: Callable[[Any], None], on_applied: Callable[[Sequence[Any]], None]) -> None:
-    """Call ``on_decided(match_set)`` after every search, ``on_applied(matches)`` after
-    every application, in this process, until :func:`unlisten`."""
+def listen(on_decided: Callable[[Any, float], None],
+           on_applied: Callable[[Sequence[Any], float], None]) -> None:
+    """Call ``on_decided(match_set, seconds)`` after every search, ``on_applied(matches,
+    seconds)`` after every application (the seconds each took), in this process, until
+    :func:`unlisten`."""
     with _LOCK:
         _LISTENERS.append((on_decided, on_applied))
 
 
-def unlisten(on_decided: Callable[[Any], None]) -> None:
+def unlisten(on_decided: Callable[[Any, float], None]) -> None:
     with _LOCK:
         _LISTENERS[:] = [pair for pair in _LISTENERS if pair[0] is not on_decided]
 
 
-def decided(match_set: Any) -> None:
+def decided(match_set: Any, seconds: float) -> None:
     for on_decided, _ in tuple(_LISTENERS):
         try:
-            on_decided(match_set)
+            on_decided(match_set, seconds)
         except Exception:  # a listener never breaks a lowering
             pass
 
 
-def applied(matches: Sequence[Any]) -> None:
-    if not matches:
-        return
+def applied(matches: Sequence[Any], seconds: float) -> None:
     for _, on_applied in tuple(_LISTENERS):
         try:
-            on_applied(matches)
+            on_applied(matches, seconds)
         except Exception:  # a listener never breaks a lowering
             pass

@@ -55,6 +55,8 @@ class _State:
         self.fused: Counter[tuple[str, str]] = Counter()
         self.declined: dict[tuple[str, str], Counter[str]] = {}
         self._owners: dict[str, str] | None = None
+        #: seconds fusionkit's searches and applications took in this process
+        self.seconds = 0.0
         self._seen_declines: set[tuple[str, str, str, str]] = set()
         self.lock = threading.RLock()
 
@@ -106,7 +108,8 @@ class _State:
             self._owners = _rule_owners(self.backends)
         return self._owners.get(rule, "user")
 
-    def on_decided(self, match_set: Any) -> None:
+    def on_decided(self, match_set: Any, seconds: float) -> None:
+        self.seconds += seconds
         for d in match_set.declined:
             key = (d.rule, d.root.name, str(d.step), d.reason)
             with self.lock:
@@ -117,7 +120,8 @@ class _State:
                 per = self.declined.setdefault((self.owner(d.rule), d.rule), Counter())
                 per[reason] += 1
 
-    def on_applied(self, matches: Sequence[Any]) -> None:
+    def on_applied(self, matches: Sequence[Any], seconds: float) -> None:
+        self.seconds += seconds
         with self.lock:
             for m in matches:
                 self.fused[(self.owner(m.rule.name), m.rule.name)] += 1
@@ -138,6 +142,7 @@ class _State:
             "executorch_imported": self.executorch_imported,
             "installed": dict(self.installed),
             "errors": dict(self.errors),
+            "fusionkit_seconds": self.seconds,
             "backends": per,
         }
 

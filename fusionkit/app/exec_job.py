@@ -103,7 +103,9 @@ def child_command(module: str | None, command: Sequence[str]) -> list[str]:
 def summarize(records: Sequence[dict[str, Any]], backends: Sequence[str]) -> dict[str, Any]:
     """The processes' records summed: per backend, fused and declined by rule, the top
     decline reasons, whether it was installed in every process that imported ExecuTorch."""
-    out: dict[str, Any] = {"processes": len(records), "backends": {}}
+    out: dict[str, Any] = {"processes": len(records), "backends": {},
+                           "fusionkit_seconds": sum(r.get("fusionkit_seconds", 0.0)
+                                                    for r in records)}
     for name in [*backends, "user"]:
         fused: Counter[str] = Counter()
         declined: Counter[str] = Counter()

@@ -20,6 +20,7 @@ direct calls) the exception is re-raised after the rollback.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -384,6 +385,7 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
     became unused in place, for callers (graph-module passes) whose pass
     manager owns the signature.
     """
+    begun = time.perf_counter()
     strict = strict_mode(strict)
     result = ApplyResult()
     if not matches:
@@ -422,5 +424,5 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
                 raise
             failed = [ApplyFailure(m, step, e) for m in result.applied]
             return ApplyResult([], [], [*result.failed, *failed])
-    events.applied(result.applied)
+    events.applied(result.applied, time.perf_counter() - begun)
     return result

@@ -15,6 +15,7 @@ stage calls back into this one (``tests/test_architecture.py`` walks a pass and 
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -263,6 +264,7 @@ def find_matches(ep: ProgramLike, rules: Sequence[Rule] | RuleIndex,
     ``executable``. ``check_replacements=False`` skips this (for callers that
     know every node is delegated already).
     """
+    begun = time.perf_counter()
     ep = as_exported_program(ep, who="find_matches()")
     index = rules if isinstance(rules, RuleIndex) else RuleIndex(rules)
     graph = ep.graph_module.graph
@@ -286,12 +288,12 @@ def find_matches(ep: ProgramLike, rules: Sequence[Rule] | RuleIndex,
               if check_replacements else None)
     # (each captured value's metadata key, which memoised checks ask for, computed once)
     with keys_remembered(), guards_suppressed(graph):
-        found = decide_in_order(ep, candidates, Settings(
+        result = decide_in_order(ep, candidates, Settings(
             ProgramInputs(ep), {r: index.threshold(r) for r in compiled}, checks,
             structural_declines=structural_declines, allow_folding=allow_folding,
             all_near_misses=all_near_misses, strict=strict_mode(strict)))
-    events.decided(found)
-    return found
+    events.decided(result, time.perf_counter() - begun)
+    return result
 
 
 def _gated(index: RuleIndex, rooted: Sequence[tuple[Node, Sequence[Rule]]],

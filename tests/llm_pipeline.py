@@ -1,0 +1,168 @@
+"""ExecuTorch's LLM exporter (``export_llm``) as users run it, for tests and benchmarks.
+
+A model is a params file and a seeded random checkpoint (no download); it is exported by
+the unedited exporter in a child process, stock (``python -m ...export_llm``) or under
+``fusionkit exec``; the program runs prefill then decode steps in a child process, on
+the CPU (XNNPACK through ``portable_lib``, the llama custom ops loaded) or on the real
+Vulkan runtime; the eager model is ExecuTorch's own ``Llama2Model`` built from the same
+files. Run as a script, this module is that child: ``python llm_pipeline.py PTE cpu|vulkan
+OUT.pt``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EXPORT_LLM = "executorch.extension.llm.export.export_llm"
+
+#: a 2-layer llama3 with grouped-query heads: every fusion of the Vulkan llama path
+#: (RMSNorm, rope, select_as_symint, the KV-cache sdpa) and XNNPACK's linears occur
+TINY_LLAMA: dict[str, Any] = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+                              "vocab_size": 128, "multiple_of": 32, "norm_eps": 1e-5,
+                              "rope_theta": 500000.0, "use_scaled_rope": True}
+MAX_SEQ = 32
+PROMPT_LEN = 5
+DECODE_STEPS = 3
+
+
+def write_model(directory: Path, params: dict[str, Any] | None = None, seed: int = 0
+                ) -> tuple[Path, Path]:
+    """``params.json`` and a seeded checkpoint (weights ~ N(0, 0.2), norms ~ 1) in
+    ``directory``; the checkpoint's keys are the llama transformer's own."""
+    import torch
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    params = dict(TINY_LLAMA if params is None else params)
+    directory.mkdir(parents=True, exist_ok=True)
+    params_path = directory / "params.json"
+    params_path.write_text(json.dumps(params))
+    torch.manual_seed(seed)
+    model = construct_transformer(ModelArgs(**params))
+    state = {}
+    for k, v in model.state_dict().items():
+        if any(s in k for s in ("cache", "rope", "mask")):
+            continue
+        state[k] = 1 + 0.1 * torch.randn_like(v) if k.endswith("norm.weight") else 0.2 * torch.randn_like(v)
+    checkpoint = directory / "checkpoint.pth"
+    torch.save(state, checkpoint)
+    return params_path, checkpoint
+
+
+def export_args(params: Path, checkpoint: Path, out_dir: Path, backend: Sequence[str],
+                model_class: str = "llama3", extra: Sequence[str] = ()) -> list[str]:
+    """export_llm's own command-line overrides (hydra) for a KV-cache export."""
+    return [f"base.model_class={model_class}", f"base.params={params}",
+            f"base.checkpoint={checkpoint}", "model.use_kv_cache=True",
+            f"export.max_seq_length={MAX_SEQ}", f"export.max_context_length={MAX_SEQ}",
+            f"export.output_dir={out_dir}", *backend, *extra]
+
+
+def export(args: Sequence[str], out_dir: Path, *, fusionkit: str | None = None,
+           report: Path | None = None, timeout: float = 900.0) -> tuple[Path | None, str]:
+    """Run export_llm in a child: stock, or under ``fusionkit exec --backend BACKENDS``.
+    Returns the .pte written (None when the export failed) and the child's stderr."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if fusionkit is None:
+        cmd = [sys.executable, "-m", EXPORT_LLM, *args]
+    else:
+        cmd = [sys.executable, "-m", "fusionkit.app.cli", "exec", "--backend", fusionkit,
+               *(["--report", str(report)] if report else []), "-m", EXPORT_LLM, *args]
+    env = dict(os.environ, HYDRA_FULL_ERROR="1")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=out_dir)
+    ptes = sorted(out_dir.glob("*.pte"))
+    return (ptes[0] if done.returncode == 0 and ptes else None), done.stderr
+
+
+def tokens() -> tuple[Any, list[Any]]:
+    """The prompt and the decode tokens every run uses (fixed, so runs compare)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, TINY_LLAMA["vocab_size"], (1, PROMPT_LEN), generator=g)
+    steps = [torch.randint(0, TINY_LLAMA["vocab_size"], (1, 1), generator=g)
+             for _ in range(DECODE_STEPS)]
+    return prompt, steps
+
+
+def run_program(pte: Path, where: str, timeout: float = 300.0) -> list[Any]:
+    """The logits of prefill then each decode step, from a child process (``where``:
+    ``cpu`` or ``vulkan``). Raises RuntimeError with the child's last lines on failure."""
+    import torch
+
+    out = pte.with_suffix(f".{where}.pt")
+    env = dict(os.environ)
+    if where == "vulkan":
+        from fusionkit.backends.vulkan_adapter import runtime as rt
+
+        env = rt.child_environment()
+    done = subprocess.run([sys.executable, __file__, str(pte), where, str(out)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    if done.returncode != 0 or not out.exists():
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+        raise RuntimeError(f"{pte.name} on {where}: exit {done.returncode}: {tail}")
+    result: list[Any] = torch.load(out)
+    return result
+
+
+def eager_logits(params: Path, checkpoint: Path) -> list[Any]:
+    """ExecuTorch's own eager llama (``Llama2Model``, KV cache) on the same tokens."""
+    import torch
+    from executorch.examples.models.llama.model import Llama2Model
+    from executorch.extension.llm.export.config.llm_config import LlmConfig
+
+    config = LlmConfig()
+    config.base.params, config.base.checkpoint = str(params), str(checkpoint)
+    config.model.use_kv_cache = True
+    config.export.max_seq_length = config.export.max_context_length = MAX_SEQ
+    model = Llama2Model(llm_config=config).get_eager_model().eval()
+    prompt, steps = tokens()
+    outs = []
+    with torch.no_grad():
+        outs.append(model(prompt, {"input_pos": torch.tensor([0])}))
+        for i, t in enumerate(steps):
+            outs.append(model(t, {"input_pos": torch.tensor([PROMPT_LEN + i])}))
+    return [o.detach().clone() for o in outs]
+
+
+def max_abs(a: Sequence[Any], b: Sequence[Any]) -> float:
+    assert len(a) == len(b), (len(a), len(b))
+    return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+def _child(pte: str, where: str, out: str) -> None:
+    import torch
+
+    if where == "vulkan":
+        from fusionkit.backends.vulkan_adapter import runtime as rt
+
+        rt.load()
+    import executorch.extension.llm.custom_ops.custom_ops
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
+    with contextlib_suppress():
+        import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed CPU ops)
+    data = Path(pte).read_bytes()  # kept alive while the module runs
+    module = _load_for_executorch_from_buffer(data)
+    prompt, steps = tokens()
+    outs = [module.forward((prompt, torch.tensor([0])))[0].clone()]
+    for i, t in enumerate(steps):
+        outs.append(module.forward((t, torch.tensor([PROMPT_LEN + i])))[0].clone())
+    torch.save(outs, out)
+
+
+def contextlib_suppress() -> Any:
+    import contextlib
+
+    return contextlib.suppress(Exception)
+
+
+if __name__ == "__main__":
+    _child(*sys.argv[1:4])

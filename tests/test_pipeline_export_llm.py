@@ -1,0 +1,112 @@
+"""ExecuTorch's ``export_llm``, unedited, under ``fusionkit exec``: the pipeline LLM users run.
+
+Each case exports the same tiny llama3 (params file + seeded checkpoint) twice — stock and
+under ``fusionkit exec`` — runs both programs (prefill, then decode steps; the Vulkan ones
+on the real runtime) and holds fusionkit's to stock's and to ExecuTorch's eager model.
+The default run takes the two paths users hit first (XNNPACK float, Vulkan with the
+KV-cache sdpa); ``-m pipeline_full`` adds the rest of the matrix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import llm_pipeline as llm
+import pytest
+import vulkan_runtime_oracle as oracle
+
+from fusionkit.backends.vulkan_adapter import runtime as rt
+
+pytestmark = pytest.mark.slow
+
+XNNPACK = ["backend.xnnpack.enabled=True", "model.use_sdpa_with_kv_cache=True"]
+VULKAN_SDPA = ["backend.vulkan.enabled=True", "model.use_sdpa_with_kv_cache=True"]
+VULKAN_PLAIN = ["backend.vulkan.enabled=True"]
+XNNPACK_8DA4W = [*XNNPACK, "quantization.qmode=8da4w", "quantization.group_size=32"]
+
+#: float programs vs eager (the runtimes' kernels reorder sums)
+EAGER_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[Any]]:
+    d = tmp_path_factory.mktemp("llm")
+    params, checkpoint = llm.write_model(d)
+    return params, checkpoint, llm.eager_logits(params, checkpoint)
+
+
+def _needs_runtime(where: str) -> None:
+    if where == "vulkan" and rt.find_runtime() is None:
+        if oracle.required():
+            pytest.fail("no real Vulkan runtime (FUSIONKIT_REQUIRE_VULKAN_RUNTIME=1 / CI)")
+        pytest.skip("no real Vulkan runtime installed (scripts/vulkan-runtime)")
+
+
+def _both(model: tuple[Path, Path, list[Any]], tmp: Path, backend: list[str], fk: str
+          ) -> tuple[Path, Path, dict[str, Any]]:
+    params, checkpoint, _ = model
+    stock_pte, stock_err = llm.export(llm.export_args(params, checkpoint, tmp / "stock", backend),
+                                      tmp / "stock")
+    assert stock_pte is not None, f"stock export_llm failed:\n{stock_err[-2000:]}"
+    report = tmp / "report.json"
+    fk_pte, fk_err = llm.export(llm.export_args(params, checkpoint, tmp / "fk", backend),
+                                tmp / "fk", fusionkit=fk, report=report)
+    assert fk_pte is not None, f"export_llm under fusionkit exec failed:\n{fk_err[-3000:]}"
+    return stock_pte, fk_pte, json.loads(report.read_text())
+
+
+#: fusions every Vulkan export of the tiny llama must make (all of its norms and ropes;
+#: the position reads inside the delegate)
+VULKAN_FUSED = {"rms_norm": 2 * llm.TINY_LLAMA["n_layers"] + 1,
+                "export_llama_rope": llm.TINY_LLAMA["n_layers"]}
+
+CASES = [
+    pytest.param(XNNPACK, "xnnpack", "cpu", True, {}, id="xnnpack-fp32"),
+    pytest.param(VULKAN_SDPA, "vulkan", "vulkan", True, VULKAN_FUSED, id="vulkan-sdpa"),
+    pytest.param(XNNPACK_8DA4W, "xnnpack", "cpu", False, {}, id="xnnpack-8da4w",
+                 marks=pytest.mark.pipeline_full),
+]
+
+
+@pytest.mark.parametrize(("backend", "fk", "where", "float_program", "must_fuse"), CASES)
+def test_export_llm_under_fusionkit_exec(model: tuple[Path, Path, list[Any]], tmp_path: Path,
+                                         backend: list[str], fk: str, where: str,
+                                         float_program: bool, must_fuse: dict[str, int]
+                                         ) -> None:
+    _needs_runtime(where)
+    stock_pte, fk_pte, report = _both(model, tmp_path, backend, fk)
+    # fusionkit was in the exporter's process and its rules decided there (XNNPACK's
+    # linears arrive as linears: its rules decline them, nothing to fuse)
+    assert report["exit_code"] == 0 and report["processes"] >= 1
+    done = report["backends"][fk]
+    assert done["installed_in"] >= 1 and not done["install_errors"], done
+    assert sum(done["fused"].values()) + sum(done["declined"].values()) > 0, done
+    for rule, n in must_fuse.items():
+        assert done["fused"].get(rule) == n, (rule, done["fused"])
+    stock, ours = llm.run_program(stock_pte, where), llm.run_program(fk_pte, where)
+    assert len(ours) == 1 + llm.DECODE_STEPS
+    # what stock's program computes, on the same runtime
+    assert llm.max_abs(ours, stock) <= (1e-6 if float_program else 1e-5)
+    if float_program:  # and what the eager model computes
+        assert llm.max_abs(ours, model[2]) <= EAGER_TOL
+
+
+@pytest.mark.pipeline_full
+def test_vulkan_without_kv_cache_sdpa_fails_as_stock_does(model: tuple[Path, Path, list[Any]],
+                                                         tmp_path: Path) -> None:
+    """Without ``use_sdpa_with_kv_cache`` ExecuTorch 1.5.1's own memory planning fails
+    after the Vulkan lowering (``graph_output_allocated not set``), stock and fusionkit
+    alike: the failure is ExecuTorch's, and fusionkit adds none of its own."""
+    params, checkpoint, _ = model
+    args = llm.export_args(params, checkpoint, tmp_path / "s", VULKAN_PLAIN)
+    stock_pte, stock_err = llm.export(args, tmp_path / "s")
+    ours_pte, ours_err = llm.export(llm.export_args(params, checkpoint, tmp_path / "f",
+                                                    VULKAN_PLAIN), tmp_path / "f",
+                                    fusionkit="vulkan")
+    if stock_pte is not None:  # an ExecuTorch that fixed it: then fusionkit must export too
+        assert ours_pte is not None, ours_err[-2000:]
+        return
+    assert "graph_output_allocated not set" in stock_err
+    assert ours_pte is None and "graph_output_allocated not set" in ours_err

@@ -110,3 +110,24 @@ def test_vulkan_without_kv_cache_sdpa_fails_as_stock_does(model: tuple[Path, Pat
         return
     assert "graph_output_allocated not set" in stock_err
     assert ours_pte is None and "graph_output_allocated not set" in ours_err
+
+
+@pytest.mark.pipeline_full
+def test_tosa_float_export_is_stocks_byte_for_byte(model: tuple[Path, Path, list[Any]],
+                                                   tmp_path: Path) -> None:
+    """``backend.tosa.enabled`` (TOSA-1.0+FP): fusionkit's rules decide inside the Arm
+    lowering and change nothing this llama needs; the .pte is stock's, byte for byte, so it
+    computes what stock's does (running a whole KV-cache .pte on the TOSA reference model
+    is not done here)."""
+    params, checkpoint, _ = model
+    tosa = ["backend.tosa.enabled=True"]
+    stock_pte, stock_err = llm.export(llm.export_args(params, checkpoint, tmp_path / "s", tosa),
+                                      tmp_path / "s")
+    assert stock_pte is not None, stock_err[-2000:]
+    report = tmp_path / "r.json"
+    ours_pte, ours_err = llm.export(llm.export_args(params, checkpoint, tmp_path / "f", tosa),
+                                    tmp_path / "f", fusionkit="arm", report=report)
+    assert ours_pte is not None, ours_err[-2000:]
+    arm = json.loads(report.read_text())["backends"]["arm"]
+    assert arm["installed_in"] == 1 and sum(arm["fused"].values()) + sum(arm["declined"].values()) > 0
+    assert ours_pte.read_bytes() == stock_pte.read_bytes()

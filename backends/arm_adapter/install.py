@@ -17,7 +17,12 @@ from __future__ import annotations
 from fusionkit.integration.adapter import Adapter
 from fusionkit.integration.hooks import Installation, UnsupportedExecuTorchError
 
-from . import preprocess_rules
+from .. import quantize_step
+from . import preprocess_rules, quantizer
+
+#: installed with the adapter: the quantize step's conv + batch-norm fold as rules, and the
+#: Arm quantizer's conv-scale fold binding new tensors (the user's module is never written)
+_QUANTIZE = (quantize_step.PATCHES, quantizer.PATCHES)
 
 __all__ = ["ADAPTER", "ETHOSU_ADAPTER", "PATCHES", "VGF_ADAPTER", "Installation",
            "UnsupportedExecuTorchError", "install", "is_installed", "uninstall"]
@@ -26,15 +31,15 @@ _COMPONENT = "fusionkit.backends.arm_adapter"
 
 #: the TOSA backend: TOSABackend.preprocess runs under the rules for this adapter's
 #: partitions only
-ADAPTER = Adapter(_COMPONENT, parts=(preprocess_rules.PATCHES,),
+ADAPTER = Adapter(_COMPONENT, parts=(preprocess_rules.PATCHES, *_QUANTIZE),
                   backend=("executorch.backends.arm.tosa.backend", "TOSABackend"),
                   marker=b"arm")
 #: the same rules for the Ethos-U backend's partitions (its preprocess calls TOSA's)
-ETHOSU_ADAPTER = Adapter(f"{_COMPONENT} (Ethos-U)", parts=(preprocess_rules.PATCHES,),
+ETHOSU_ADAPTER = Adapter(f"{_COMPONENT} (Ethos-U)", parts=(preprocess_rules.PATCHES, *_QUANTIZE),
                          backend=("executorch.backends.arm.ethosu.backend", "EthosUBackend"),
                          marker=b"arm-ethos-u")
 #: the same rules for the VGF backend's partitions
-VGF_ADAPTER = Adapter(f"{_COMPONENT} (VGF)", parts=(preprocess_rules.PATCHES,),
+VGF_ADAPTER = Adapter(f"{_COMPONENT} (VGF)", parts=(preprocess_rules.PATCHES, *_QUANTIZE),
                       backend=("executorch.backends.arm.vgf.backend", "VgfBackend"),
                       marker=b"arm-vgf")
 PATCHES = ADAPTER.patches

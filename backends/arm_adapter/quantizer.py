@@ -21,6 +21,7 @@ program's constants.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -87,6 +88,16 @@ def _annotating(cls: Any) -> Any:
     """``cls`` whose ``transform_for_annotation`` runs under :data:`PATCHES`."""
 
     class Quantizer(cls):  # type: ignore[misc,valid-type]
+        #: prepare_pt2e given this quantizer folds conv + batch norm with fusionkit's rules
+        fusionkit_quantize_step = True
+
+        @functools.wraps(cls.__init__)  # type: ignore[misc]  # (the stock signature shown)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            from .. import quantize_step
+
+            quantize_step.ensure_call_site()
+
         def transform_for_annotation(self, model: GraphModule) -> GraphModule:
             with PATCHES.install():
                 return super().transform_for_annotation(model)  # type: ignore[no-any-return]
@@ -94,7 +105,9 @@ def _annotating(cls: Any) -> Any:
     Quantizer.__name__ = Quantizer.__qualname__ = cls.__name__
     Quantizer.__module__ = __name__
     Quantizer.__doc__ = (f"ExecuTorch's ``{cls.__name__}``; its conv-scale fold binds new "
-                         "tensors instead of writing into the model's (:data:`PATCHES`).")
+                         "tensors instead of writing into the model's (:data:`PATCHES`), and "
+                         "``prepare_pt2e`` folds its conv + batch norms with fusionkit's rules "
+                         "(:mod:`fusionkit.backends.quantize_step`).")
     return Quantizer
 
 

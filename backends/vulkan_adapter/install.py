@@ -40,6 +40,7 @@ from fusionkit.integration.adapter import Adapter
 from fusionkit.integration.hooks import REMOVE, Installation, UnsupportedExecuTorchError
 from fusionkit.passes.registry import taken_over_patterns
 
+from .. import quantize_step
 from . import (
     boundary_dim_order,
     constant_serializer,
@@ -144,13 +145,15 @@ def _patches() -> list[tuple[Any, str, Any]]:
 
 
 #: the adapter's patch set: the pattern takeover, the constant serializer, the pass gates,
-#: the preprocess rules and the delegate boundary's dim orders (:mod:`.boundary_dim_order`);
+#: the preprocess rules, the delegate boundary's dim orders (:mod:`.boundary_dim_order`) and
+#: the quantize step's conv + batch-norm fold (:mod:`fusionkit.backends.quantize_step`);
 #: VulkanBackend.preprocess runs under it for this adapter's partitions only
 ADAPTER = Adapter(
     f"fusionkit.backends.vulkan_adapter (takes over {sorted(TAKEN_OVER_PATTERNS)} in "
     f"{_REGISTRY_MODULE}.fusable_patterns)",
     patches=_patches, parts=(constant_serializer.PATCHES, pass_gates.PATCHES,
-                             preprocess_rules.PATCHES, boundary_dim_order.PATCHES),
+                             preprocess_rules.PATCHES, boundary_dim_order.PATCHES,
+                             quantize_step.PATCHES),
     backend=("executorch.backends.vulkan.vulkan_preprocess", "VulkanBackend"), marker=b"vulkan")
 PATCHES = ADAPTER.patches
 

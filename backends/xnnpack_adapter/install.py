@@ -17,6 +17,7 @@ from __future__ import annotations
 from fusionkit.integration.adapter import Adapter
 from fusionkit.integration.hooks import Installation, UnsupportedExecuTorchError
 
+from .. import quantize_step
 from . import pass_gates, preprocess_rules, serializer
 
 __all__ = ["ADAPTER", "PATCHES", "Installation", "UnsupportedExecuTorchError", "install",
@@ -26,7 +27,7 @@ __all__ = ["ADAPTER", "PATCHES", "Installation", "UnsupportedExecuTorchError", "
 #: XnnpackBackend.preprocess runs under them for this adapter's partitions only
 ADAPTER = Adapter("fusionkit.backends.xnnpack_adapter",
                   parts=(serializer.SERIALIZER_PATCHES, preprocess_rules.PATCHES,
-                         pass_gates.PATCHES),
+                         pass_gates.PATCHES, quantize_step.PATCHES),
                   backend=("executorch.backends.xnnpack.xnnpack_preprocess", "XnnpackBackend"),
                   marker=b"xnnpack")
 PATCHES = ADAPTER.patches

@@ -262,6 +262,18 @@ class Rewriter:
         else:
             node.meta[key] = value
 
+    def set_args(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+                 ) -> None:
+        """``node.args = args`` (and its kwargs) for a node the replacement edits in place
+        (one it returns): an argument it did not have yet (a convolution's absent bias),
+        undone with the rest of the match if applying fails."""
+        kw = dict(node.kwargs) if kwargs is None else kwargs
+        if self._journal is not None:
+            self._journal.set_args(node, args, kw)
+        else:
+            node.args = args
+            node.kwargs = kw
+
     def release(self, node: Node) -> None:
         """``node`` (outside the match) may be dead once the replacement is in place: the
         engine erases it then, and its inputs that die with it (constants included)."""

@@ -1,0 +1,178 @@
+"""The quantize step's conv + batch-norm fold as fusionkit rules, for every PT2E quantizer.
+
+torchao's ``prepare_pt2e`` (``torchao/quantization/pt2e/quantize_pt2e.py``), which every
+PT2E quantizer's flow runs (XNNPACK's, Vulkan's, Arm's), first calls ``_fuse_conv_bn_``
+on the graph module it was given, before any quantizer method. That call site is the one
+this module replaces: :func:`fuse_conv_bn_` runs the rules of
+:mod:`fusionkit.passes.families.conv_batch_norm_graph_module` on the graph module
+(lifted into an ``ExportedProgram``, :mod:`fusionkit.integration.graph_module_program`),
+in place as the stock function works, and leaves every declined batch norm as it is for
+the quantizer to annotate. What was folded and what was declined, with the reasons, is in
+the prepared module's ``meta[META_KEY]`` (a :class:`FoldReport`; ``prepare_pt2e`` keeps
+the module's meta) and in :func:`last_report`.
+
+Who gets it:
+
+* :data:`PATCHES` (``install()`` / ``uninstall()``, idempotent, reversible) puts the call
+  site in place process-wide; each backend adapter's ``install()`` includes it;
+* fusionkit's quantizers (``fusionkit.backends.arm_adapter.quantizer``) carry
+  ``fusionkit_quantize_step = True``; constructing one puts the call site in place
+  (:func:`ensure_call_site`), and the call site runs the rules when the ``prepare_pt2e``
+  calling it was given such a quantizer (read from the caller's frame: the fold runs
+  before ``prepare_pt2e`` hands the quantizer anything), stock's fold otherwise.
+
+QAT (``prepare_qat_pt2e``) is not taken over: its ``_fuse_conv_bn_qat`` is no fold; it
+rewrites conv + batch norm into a training subgraph (the weight scaled by the batch norm's
+statistics, the batch norm kept and trained) with the subgraph rewriter, and the fold
+happens at ``convert_pt2e`` on that subgraph (``_fold_conv_bn_qat``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.fx import GraphModule
+
+from fusionkit.integration.hooks import Patch, PatchSet
+
+__all__ = ["META_KEY", "PATCHES", "Decline", "FoldReport", "ensure_call_site",
+           "fuse_conv_bn_", "install", "is_installed", "last_report", "uninstall"]
+
+_MODULE = "torchao.quantization.pt2e.quantize_pt2e"
+_NAME = "_fuse_conv_bn_"
+#: the prepared module's meta key holding the :class:`FoldReport`
+META_KEY = "fusionkit_conv_batch_norm"
+
+
+@dataclass(frozen=True)
+class Decline:
+    """A batch norm left as it is: the rule, the batch norm, the node at fault, why."""
+
+    rule: str
+    batch_norm: str
+    step: str
+    node: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.rule} at `{self.batch_norm}`: {self.step}: `{self.node}`: {self.reason}"
+
+
+@dataclass
+class FoldReport:
+    """One fold: the batch norms folded (into which convolution) and those declined."""
+
+    folded: list[tuple[str, str]] = field(default_factory=list)
+    declined: list[Decline] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"folded {bn} into {conv}" for bn, conv in self.folded]
+        lines += [f"declined {d}" for d in self.declined]
+        return "\n".join(lines) or "no convolution + batch norm"
+
+
+_last = threading.local()
+_rules: list[Any] = []
+
+
+def last_report() -> FoldReport | None:
+    """The report of this thread's last :func:`fuse_conv_bn_`."""
+    return getattr(_last, "report", None)
+
+
+def _the_rules() -> list[Any]:
+    if not _rules:
+        from fusionkit.passes.families.conv_batch_norm_graph_module import rules
+
+        _rules.extend(rules())
+    return _rules
+
+
+def _has_batch_norm(m: GraphModule) -> bool:
+    from torchao.quantization.pt2e.utils import _is_bn_node
+
+    return any(_is_bn_node(n) for n in m.graph.nodes)
+
+
+def fuse_conv_bn_(m: GraphModule) -> None:
+    """torchao's ``_fuse_conv_bn_(m)`` as rules: in place, every operand checked."""
+    from fusionkit.apply.rewrite import apply_matches
+    from fusionkit.integration.graph_module_program import lift, write_back
+    from fusionkit.match.finder import find_matches
+
+    report = FoldReport()
+    _last.report = report
+    m.meta[META_KEY] = report
+    if not _has_batch_norm(m):
+        return
+    lifted = lift(m)
+    found = find_matches(lifted.ep, _the_rules(), check_replacements=False)
+    for d in found.declined:
+        report.declined.append(Decline(d.rule, d.root.name, d.step,
+                                       getattr(d.node, "name", str(d.node)), d.reason))
+    if found.accepted:
+        applied = apply_matches(lifted.ep, found.accepted, drop_dead_constants=True)
+        for f in applied.failed:
+            report.declined.append(Decline(f.match.rule.name, f.match.root.name, "error",
+                                           f.match.root.name, str(f.error)))
+        if applied.applied:
+            write_back(lifted)
+        for match, root in zip(applied.applied, applied.new_roots, strict=True):
+            report.folded.append((match.root.name, root.name))
+    m.graph.eliminate_dead_code()  # as stock: the batch norms' unused constants go
+    m.recompile()
+
+
+def _stock() -> Any:
+    from torchao.quantization.pt2e import utils
+
+    return utils._fuse_conv_bn_
+
+
+def _by_fusionkit_quantizer() -> bool:
+    """Whether the ``prepare_pt2e`` calling the call site was given a fusionkit quantizer."""
+    frame = sys._getframe(2)  # _call_site <- prepare_pt2e
+    quantizer = frame.f_locals.get("quantizer")
+    return bool(getattr(quantizer, "fusionkit_quantize_step", False))
+
+
+def _call_site(m: GraphModule) -> None:
+    """What ``prepare_pt2e`` calls: the rules where fusionkit is asked for, stock otherwise."""
+    if PATCHES.is_installed() or _by_fusionkit_quantizer():
+        fuse_conv_bn_(m)
+    else:
+        _stock()(m)
+
+
+def ensure_call_site() -> None:
+    """Put :func:`_call_site` at ``prepare_pt2e``'s fold call (a fusionkit quantizer was
+    made; a stock quantizer still gets stock's fold)."""
+    import importlib
+
+    module = importlib.import_module(_MODULE)
+    if getattr(module, _NAME, None) is not _call_site:
+        setattr(module, _NAME, _call_site)
+
+
+def _patches() -> list[Patch]:
+    import importlib
+
+    module = importlib.import_module(_MODULE)
+    if not callable(getattr(module, _NAME, None)):
+        from fusionkit.integration.hooks import UnsupportedExecuTorchError
+
+        raise UnsupportedExecuTorchError(
+            f"{_MODULE} has no {_NAME}; this torchao does not look like the one this patch "
+            "was written against")
+    return [(module, _NAME, _call_site)]
+
+
+PATCHES = PatchSet(f"fusionkit.backends.quantize_step ({_MODULE}.{_NAME}: the conv + batch "
+                   "norm fold as rules)", _patches)
+
+install = PATCHES.install
+uninstall = PATCHES.uninstall
+is_installed = PATCHES.is_installed

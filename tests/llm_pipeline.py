@@ -164,5 +164,65 @@ def contextlib_suppress() -> Any:
     return contextlib.suppress(Exception)
 
 
+# ---------------------------------------------------------------- qwen3 and other model classes
+# (export_llm's other ``base.model_class`` values on the Vulkan path; separate from the
+# llama3 helpers above)
+
+#: a 2-layer Qwen3 (examples/models/qwen3's 0.6B config, shrunk): q/k RMSNorms before the
+#: HF-style rope, ``n_heads * head_dim`` (128) != ``dim`` (64) as in the 0.6B model, GQA
+TINY_QWEN3: dict[str, Any] = {"dim": 64, "hidden_dim": 128, "ffn_dim_multiplier": 1,
+                              "n_heads": 4, "head_dim": 32, "n_kv_heads": 2, "n_layers": 2,
+                              "vocab_size": TINY_LLAMA["vocab_size"], "norm_eps": 1e-6,
+                              "rope_theta": 1000000.0, "use_scaled_rope": False,
+                              "use_hf_rope": True, "attention_qkv_bias": False,
+                              "use_qk_norm": True, "qk_norm_before_rope": True}
+
+
+def export_pair(args: Sequence[str], out_dir: Path, fusionkit: str, report: Path,
+                timeout: float = 900.0) -> tuple[tuple[Path | None, str], tuple[Path | None, str]]:
+    """:func:`export`'s two runs (stock, then under ``fusionkit exec``) started together:
+    each is mostly the exporter's own work in its own process, so on two cores the pair
+    takes about as long as one. ``args`` must not name ``export.output_dir``: each run
+    writes into ``out_dir/stock`` or ``out_dir/fk``."""
+    import concurrent.futures
+
+    def one(kind: str) -> tuple[Path | None, str]:
+        d = out_dir / kind
+        own = [*args, f"export.output_dir={d}"]
+        if kind == "stock":
+            return export(own, d, timeout=timeout)
+        return export(own, d, fusionkit=fusionkit, report=report, timeout=timeout)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        stock, ours = pool.submit(one, "stock"), pool.submit(one, "fk")
+        return stock.result(), ours.result()
+
+
+def delegate_arity(pte: Path) -> list[tuple[int, int]]:
+    """Each Vulkan delegate call of a .pte: (arguments the call supplies, inputs + outputs
+    its serialized graph declares). The runtime aborts at execute when they differ
+    (``VulkanBackend::execute``: ``args.size() == num_inputs + num_outputs``)."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    from fusionkit.backends.vulkan_adapter.inspect.payload import decode_payload
+
+    prog = deserialize_pte_binary(pte.read_bytes())
+    prog = getattr(prog, "program", prog)
+    found = []
+    for plan in prog.execution_plan:
+        for chain in plan.chains:
+            for ins in chain.instructions:
+                call = ins.instr_args
+                if type(call).__name__ != "DelegateCall":
+                    continue
+                delegate = plan.delegates[call.delegate_index]
+                if delegate.id != "VulkanBackend":
+                    continue
+                data = prog.backend_delegate_data[delegate.processed.index].data
+                g = decode_payload(data).graph
+                found.append((len(call.args), len(g.input_ids) + len(g.output_ids)))
+    return found
+
+
 if __name__ == "__main__":
     _child(*sys.argv[1:4])

@@ -108,7 +108,14 @@ def fuse_conv_bn_(m: GraphModule) -> None:
     m.meta[META_KEY] = report
     if not _has_batch_norm(m):
         return
-    lifted = lift(m)
+    try:
+        lifted = lift(m)
+    except Exception as e:  # a graph the rules cannot read: the quantize step as stock runs it
+        report.declined.append(Decline("conv_batch_norm", "(graph)", "error", "(graph)",
+                                       f"the graph could not be read ({type(e).__name__}: "
+                                       f"{e}); stock's fold ran instead"))
+        _stock()(m)
+        return
     found = find_matches(lifted.ep, _the_rules(), check_replacements=False)
     for d in found.declined:
         report.declined.append(Decline(d.rule, d.root.name, d.step,

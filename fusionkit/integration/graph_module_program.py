@@ -41,6 +41,9 @@ class Lifted:
     ep: ExportedProgram
     #: the lifted placeholders' names -> the attribute each ``get_attr`` read
     attributes: dict[str, str]
+    #: ``call_module`` nodes whose value nothing reads (export's ``_guards_fn``), left out
+    #: of the lifted program (its verifier refuses call_module) and put back by write_back
+    side_calls: list[Node]
 
 
 def _attribute(gm: GraphModule, target: str) -> tuple[torch.Tensor | None, bool]:
@@ -85,9 +88,14 @@ def lift(gm: GraphModule) -> Lifted:
     for node in gm.graph.find_nodes(op="placeholder"):
         env[node] = graph.node_copy(node, env.__getitem__)
         specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(env[node].name), None))
+    side_calls: list[Node] = []
     for node in gm.graph.nodes:
-        if node not in env:
-            env[node] = graph.node_copy(node, env.__getitem__)
+        if node in env:
+            continue
+        if node.op == "call_module" and not node.users:
+            side_calls.append(node)
+            continue
+        env[node] = graph.node_copy(node, env.__getitem__)
     outputs = []
     for v in torch.utils._pytree.tree_leaves(graph.output_node().args[0]):
         arg = TensorArgument(v.name) if isinstance(v, Node) else ConstantArgument("", v)
@@ -96,7 +104,7 @@ def lift(gm: GraphModule) -> Lifted:
     root = GraphModule(gm, graph)
     # (torch.export's own ATen verifier: the graph is the one export made)
     ep = ExportedProgram(root, graph, sig, state, {}, [])
-    return Lifted(gm, ep, attributes)
+    return Lifted(gm, ep, attributes, side_calls)
 
 
 def _fresh_attribute(gm: GraphModule, name: str) -> str:
@@ -139,6 +147,13 @@ def write_back(lifted: Lifted) -> None:
                 and specs[node.name].kind != InputKind.USER_INPUT:
             continue  # an unused constant
         env[node] = graph.node_copy(node, env.__getitem__)
+    by_name = {n.name: n for n in graph.nodes}
+    first_op = next((n for n in graph.nodes if n.op not in ("placeholder", "get_attr")), None)
+    for call in lifted.side_calls:  # back where export put them: after the inputs
+        if first_op is None:
+            break
+        with graph.inserting_before(first_op):
+            graph.node_copy(call, lambda a: by_name[a.name])
     graph._codegen = gm.graph._codegen
     gm.graph = graph
     gm.recompile()

@@ -454,7 +454,10 @@ def _dq8ca_build(rw: Rewriter, x: Node, in_scale: Node, in_zp: Node, weight: Nod
     g = int(block_size[1])
     sums = rw.constant(f"{weight.name}_fk_group_sums_g{g}", per_group_sums(rw.tensor(weight), g))
     if in_view is not None:  # [B, M, K] quantized per row, then viewed to [B*M, K]: view x alike
-        x = rw.call(VIEW, x, list(in_view.meta["val"].shape))
+        # with the view's own size operand: with a dynamic M its sizes are graph values
+        # (sym_size nodes); the meta shape's SymInts cannot be serialized ("Cannot add
+        # value for list [s11, 64]", export_llm 8da4w on Vulkan)
+        x = rw.call(VIEW, x, in_view.args[1])
     return rw.call(et_vk("linear_dq8ca_q4gsw"), x, in_scale, in_zp, packed, sums, scales_t, g,
                    padded(rw, bias))
 

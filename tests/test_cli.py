@@ -160,7 +160,7 @@ def test_lower_vulkan_reports_fusions_and_passes_check(lowered: dict[str, Path])
     assert rms["fused"] == 4 and rms["folded_constants"] == 2
     r = fusionkit_cmd("check", str(lowered["vulkan"]))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "no problems found" in r.stdout
+    assert "checked 1 Vulkan (VulkanBackend) payload(s): no problems found" in r.stdout
 
 
 def test_check_flags_stock_vulkan_output(tmp_path: Path) -> None:
@@ -178,6 +178,8 @@ def test_check_flags_stock_vulkan_output(tmp_path: Path) -> None:
     path.write_bytes(prog.buffer)
     r = fusionkit_cmd("check", str(path), "--json")
     assert r.returncode == 1
-    problems = json.loads(r.stdout)
+    report = json.loads(r.stdout)
+    assert report["checked"] == {"VulkanBackend": report["delegates"]["VulkanBackend"]}
+    problems = report["problems"]
     weight_problems = [p for p in problems if "et_vk.rms_norm.default argument 1" in p]
     assert len(weight_problems) == 4  # cast, 1.0 + weight, graph input, AdaLN

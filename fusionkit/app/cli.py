@@ -90,7 +90,7 @@ def _spec_consent(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_model(spec: str) -> Any:
-    if spec.endswith(".pt2") and not Path(spec).is_file():
+    if spec.endswith(".pt2") and not Path(spec).exists():
         raise UserError(f"{spec}: no such file")
     _quiet_imports()
     from fusionkit.app.model_loader import ModelError, load_model
@@ -204,39 +204,88 @@ def _write_html(path: str, what: Any, title: str, verifications: Any = None) -> 
     print(f"wrote {path} ({len(items)} drawings)", file=sys.stderr)
 
 
+def _output_file(option: str, path: str) -> None:
+    """An output file the command will write, checked before the work that makes it."""
+    out = Path(path)
+    if out.is_dir():
+        raise UserError(f"{option} {path}: a directory; give the file to write")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"{option} {path}: no such directory {str(parent)!r}")
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"{option} {path}: directory {str(parent)!r} is not writable")
+
+
 def cmd_lower(args: argparse.Namespace) -> int:
+    _output_file("-o", args.output)
     rules = _load_rules(args.spec, args)
     model = _load_model(args.model)
     from fusionkit.app.lowering import lower
-    from fusionkit.app.present import report_text
+    from fusionkit.app.present import lower_text
 
     result = lower(model.exported, args.backend, rules, progress=_progress)
-    Path(args.output).write_bytes(result.pte)
+    try:
+        Path(args.output).write_bytes(result.pte)
+    except OSError as e:
+        raise UserError(f"-o {args.output}: {e.strerror or e}") from None
     if args.json:
         print(json.dumps({"output": args.output, "bytes": len(result.pte),
-                          "seconds": result.seconds, **result.report.to_dict()}, indent=2))
+                          "seconds": result.seconds, **result.report.to_dict(),
+                          "preprocess": result.preprocess}, indent=2))
         return _exit_status(args, result.report)
-    print(report_text(result.report))
+    print(lower_text(result.report, result.preprocess, args.backend))
     print(f"wrote {args.output} ({len(result.pte):,} bytes) in "
           f"{sum(result.seconds.values()):.1f} s")
     return _exit_status(args, result.report)
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    path = Path(args.file)
-    if not path.is_file():
-        raise UserError(f"{args.file}: no such file")
+def _read_pte(path: str) -> Any:
+    """The .pte the user named, or one line saying why it is not one."""
     _quiet_imports()
-    from fusionkit.backends.vulkan_adapter import check
+    from fusionkit.app.pte_file import PteError, read_pte
 
-    problems = check(path.read_bytes())
+    try:
+        return read_pte(path)
+    except PteError as e:
+        raise UserError(str(e)) from None
+
+
+#: the delegates ``check`` reads (Vulkan payloads: what the Vulkan runtime would abort on)
+_CHECKED_BACKENDS = ("VulkanBackend",)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    pte = _read_pte(args.file)
+    from fusionkit.app.pte_file import BACKEND_NAMES
+    from fusionkit.backends.vulkan_adapter import PayloadError, check
+
+    try:
+        problems = check(pte.data)
+    except PayloadError as e:
+        raise UserError(f"{args.file}: a Vulkan payload cannot be read: {e}") from None
+    checked = {b: n for b, n in pte.delegates.items() if b in _CHECKED_BACKENDS}
+    unread = {b: n for b, n in pte.delegates.items() if b not in _CHECKED_BACKENDS}
     if args.json:
-        print(json.dumps([str(p) for p in problems], indent=2))
-    elif problems:
-        for p in problems:
-            print(f"{args.file}: {p}")
+        print(json.dumps({"file": args.file, "delegates": dict(pte.delegates),
+                          "checked": checked, "not_checked": unread,
+                          "problems": [str(p) for p in problems]}, indent=2))
+        return EXIT_PROBLEMS if problems else EXIT_OK
+
+    def say(counts: dict[str, int]) -> str:
+        return ", ".join(f"{n} {BACKEND_NAMES.get(b, b)} ({b})" for b, n in counts.items())
+
+    for p in problems:
+        print(f"{args.file}: {p}")
+    if checked:
+        verdict = (f"{len(problems)} problem(s) the runtime aborts on" if problems
+                   else "no problems found")
+        print(f"{args.file}: checked {say(checked)} payload(s): {verdict}")
     else:
-        print(f"{args.file}: no problems found")
+        print(f"{args.file}: nothing checked: `fusionkit check` reads Vulkan payloads only, "
+              f"and this program has {pte.backends_text()}")
+    if unread and checked:
+        print(f"{args.file}: not checked: {say(unread)} (`fusionkit check` reads Vulkan "
+              "payloads only)")
     return EXIT_PROBLEMS if problems else EXIT_OK
 
 
@@ -277,8 +326,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.model.endswith(".pte") and not Path(args.model).is_file():
-        raise UserError(f"{args.model}: no such file")
+    if args.timeout <= 0:
+        raise UserError(f"--timeout {args.timeout:g}: give a number of seconds above 0")
+    pte = None
+    if args.model.endswith(".pte"):
+        pte = _read_pte(args.model)
+        if args.method not in pte.methods:
+            raise UserError(f"--method {args.method}: {args.model} has no such method "
+                            f"(methods: {', '.join(pte.methods) or 'none'})")
     _quiet_imports()
     if args.backend == "arm":
         return _run_arm(args)
@@ -286,8 +341,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fusionkit.backends.vulkan_adapter.runtime import RuntimeNotFoundError
 
     try:
-        if args.model.endswith(".pte"):
-            report = run_file(Path(args.model).read_bytes(), args.model, method=args.method,
+        if pte is not None:
+            report = run_file(pte.data, args.model, method=args.method,
                               timeout=args.timeout)
         else:
             model = _load_model(args.model)
@@ -309,7 +364,11 @@ def _run_arm(args: argparse.Namespace) -> int:
     if args.spec:
         raise UserError("--spec: the Arm adapter runs its own rule set only")
     if args.model.endswith(".pte"):
-        report = run_arm_file(Path(args.model).read_bytes(), args.model, seed=args.seed)
+        pte = _read_pte(args.model)
+        if "TOSABackend" not in pte.delegates:
+            raise UserError(f"{args.model}: no Arm TOSA delegate to run (this program has "
+                            f"{pte.backends_text()})")
+        report = run_arm_file(pte.data, args.model, seed=args.seed)
     else:
         model = _load_model(args.model)
         report = run_arm_model(model.exported, model.module, model.example_inputs,
@@ -335,6 +394,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     )
 
     logging.getLogger("fusionkit").setLevel(logging.ERROR)
+    if args.cases < 1:
+        raise UserError(f"--cases {args.cases}: give at least 1 case per rule")
     try:
         rules = load_targets(args.targets, lambda paths: _load_rules(paths, args))
     except VerifyTargetError as e:
@@ -386,6 +447,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_exec(args: argparse.Namespace) -> int:
     from fusionkit.app.exec_job import ExecUsageError, parse_backends, run_exec
 
+    if args.report:  # checked before the command runs, not after
+        _output_file("--report", args.report)
     try:
         backends = parse_backends(args.backend)
         return run_exec(backends, args.module, args.program, report=args.report)
@@ -423,10 +486,18 @@ def _split_exec_argv(argv: list[str]) -> tuple[list[str], str | None, list[str]]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UserError(f"--out {args.out}: a file, not a directory")
+    if args.model is not None and args.model.endswith(".pt2") and not Path(args.model).exists():
+        raise UserError(f"{args.model}: no such file")
     _quiet_imports()
     from fusionkit.app.demo_job import run_demo
+    from fusionkit.app.model_loader import ModelError
 
-    return run_demo(args.model, out_dir=Path(args.out) if args.out else None)
+    try:
+        return run_demo(args.model, out_dir=Path(args.out) if args.out else None)
+    except ModelError as e:
+        raise UserError(str(e)) from None
 
 
 # ------------------------------------------------------------------------------ parser
@@ -556,6 +627,23 @@ def _require_supported_executorch(command: str) -> None:
         raise UserError(str(e)) from None
 
 
+#: set by a script that changes directory before it runs the command (``scripts/demo``):
+#: the user's directory, where relative paths and ``module:factory`` are theirs
+CWD_VARIABLE = "FUSIONKIT_CWD"
+
+
+def _enter_user_directory() -> None:
+    """Run in the directory the user ran the script from (the variable is consumed, so the
+    processes this one starts do not inherit it)."""
+    where = os.environ.pop(CWD_VARIABLE, None)
+    if not where:
+        return
+    try:
+        os.chdir(where)
+    except OSError as e:
+        raise UserError(f"{CWD_VARIABLE}={where}: {e.strerror or e}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     exec_program: tuple[str | None, list[str]] | None = None
@@ -570,6 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if exec_program is not None:
         args.module, args.program = exec_program
     try:
+        _enter_user_directory()
         if args.command not in _STANDALONE_COMMANDS:
             _require_supported_executorch(args.command)
         return int(args.fn(args))

@@ -81,11 +81,36 @@ class LoweringResult:
     program: Any  # ExecutorchProgramManager, or None when not serialized
     report: FusionReport
     seconds: dict[str, float] = field(default_factory=dict)
+    #: what the backend's preprocess rewrites (stock passes run as fusionkit rules) did in
+    #: this lowering: stock pass name -> {"runs", "fused", ("declined")}; those with a count
+    preprocess: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def pte(self) -> bytes:
         assert self.program is not None
         return bytes(self.program.buffer)
+
+
+def _preprocess_counts(backend: str) -> dict[str, dict[str, int]]:
+    """The adapter's tally of its preprocess rule passes (process-wide, since its last reset)."""
+    try:
+        mod = importlib.import_module(f"{BACKENDS[backend][0]}.preprocess_rules")
+    except ImportError:
+        return {}
+    counts = getattr(mod, "counts", None)
+    return dict(counts()) if callable(counts) else {}
+
+
+def _counts_since(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
+                  ) -> dict[str, dict[str, int]]:
+    """What changed between two tallies: the passes that rewrote or declined something."""
+    out: dict[str, dict[str, int]] = {}
+    for name, now in after.items():
+        was = before.get(name, {})
+        diff = {k: v - was.get(k, 0) for k, v in now.items()}
+        if diff.get("fused", 0) or diff.get("declined", 0):
+            out[name] = diff
+    return out
 
 
 def lower(program: ProgramLike, backend: str, extra_rules: Sequence[Rule] = (), *,
@@ -108,6 +133,7 @@ def lower(program: ProgramLike, backend: str, extra_rules: Sequence[Rule] = (), 
         passes.insert(0, FusionPass(extra_rules, name="specs"))
     partitioner = getattr(mod, BACKENDS[backend][1])()
     seconds: dict[str, float] = {}
+    before = _preprocess_counts(backend)
     say(f"lowering to {backend} (export → edge → fusion → partition → preprocess)")
     t0 = time.perf_counter()
     if isinstance(program, EdgeProgramManager) or is_edge_dialect(ep):
@@ -116,6 +142,7 @@ def lower(program: ProgramLike, backend: str, extra_rules: Sequence[Rule] = (), 
     else:
         edge = to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[partitioner])
     seconds["lower"] = time.perf_counter() - t0
+    preprocess = _counts_since(before, _preprocess_counts(backend))
     program = None
     if to_executorch:
         say(f"serializing the {backend} program")
@@ -125,4 +152,4 @@ def lower(program: ProgramLike, backend: str, extra_rules: Sequence[Rule] = (), 
     report = FusionReport()
     for p in _fusion_passes(passes):
         report.merge(p.report)
-    return LoweringResult(backend, edge, program, report, seconds)
+    return LoweringResult(backend, edge, program, report, seconds, preprocess)

@@ -13,7 +13,8 @@ from fusionkit.match.finder import MatchSet
 from fusionkit.report import FusionReport, decline_record, match_record, text_table
 from fusionkit.result import MatchResult
 
-__all__ = ["explain_json", "explain_rows", "report_text", "why_not_text"]
+__all__ = ["LEGEND", "PREPROCESS_FOLDS", "explain_json", "explain_rows", "lower_text",
+           "preprocess_lines", "report_text", "why_not_text"]
 
 
 def _graph_order(ms: MatchSet) -> dict[Any, int]:
@@ -45,13 +46,68 @@ def explain_json(ms: MatchSet) -> dict[str, Any]:
 
 
 def report_text(report: FusionReport) -> str:
-    """A pass report as a table of every rule, then one line per decline and rule error."""
-    rows = [(r.rule, r.fused, r.folded, r.declined, len(r.errors)) for r in report.rules.values()]
+    """A pass report as a table of the rules that fused or declined something (or whose
+    code raised), then one line per decline and rule error; an explicit line when no rule
+    found anything."""
+    active = [r for r in report.rules.values() if r.fused or r.declines]
+    idle = len(report.rules) - len(active)
+    if not active:
+        return (f"no fusion rule matched ({len(report.rules)} rule"
+                f"{'' if len(report.rules) == 1 else 's'} tried)")
+    rows = [(r.rule, r.fused, r.folded, r.declined, len(r.errors)) for r in active]
     lines = [text_table(["rule", "fused", "folded consts", "declined", "errors"], rows,
                         right=(1, 2, 3, 4))]
+    if idle:
+        lines.append(f"({idle} more rule{'s' if idle > 1 else ''} matched nothing)")
     for d in report.declined:
         verdict = "ERROR in" if d.step == "error" else "declined"
         lines.append(f"  {verdict} {d.rule} at `{d.root.name}` ({d.step}): {d.reason}")
+    return "\n".join(lines)
+
+
+#: preprocess rewrites that fold one op into another's constants, and what they fold
+PREPROCESS_FOLDS: dict[str, str] = {
+    "FuseBatchNormPass": "conv + batch norm: the norm folded into the conv's weight and bias",
+    "FuseBatchNorm2dPass": "conv + batch norm: the norm folded into the conv's weight and bias",
+    "FoldQDQPass": "quantize/dequantize pairs folded",
+}
+
+#: the one line that says what the words of ``lower``'s report mean
+LEGEND = ("legend: fused = a matched op pattern replaced by one op; folded = a constant "
+          "computed now from parameters (a cast or `1.0 + weight`, a batch norm into its conv); "
+          "declined = a match left as plain ops, with the reason; error = the rule's own code "
+          "raised")
+
+
+def preprocess_lines(preprocess: dict[str, dict[str, int]]) -> list[str]:
+    """What the backend's preprocess rewrites (stock passes run as rules) changed, one line
+    per pass that changed or declined something."""
+    lines = []
+    for name, c in preprocess.items():
+        fused, declined = c.get("fused", 0), c.get("declined", 0)
+        what = PREPROCESS_FOLDS.get(name)
+        done = f"{fused} folded ({what})" if what else f"{fused} rewritten"
+        lines.append(f"  {name}: {done}" + (f", {declined} declined" if declined else ""))
+    return lines
+
+
+def lower_text(report: FusionReport, preprocess: dict[str, dict[str, int]], backend: str) -> str:
+    """``fusionkit lower``: the fusion rules that matched or declined, the folds and rewrites
+    done in the backend's preprocess, a line when nothing changed, and the legend."""
+    if report.rules:
+        lines = [f"fusion rules ({backend}, before partitioning):", report_text(report)]
+    else:
+        lines = [f"fusion rules ({backend}, before partitioning): none (this adapter's rules "
+                 "run in preprocess)"]
+    pre = preprocess_lines(preprocess)
+    if pre:
+        lines.append(f"in {backend} preprocess (ExecuTorch's rewrites, run as fusionkit rules):")
+        lines.extend(pre)
+    else:
+        lines.append(f"in {backend} preprocess: nothing rewritten or folded by fusionkit's rules")
+    if not report.total_fused and not any(c.get("fused", 0) for c in preprocess.values()):
+        lines.append("nothing was fused or folded: the program is lowered as exported")
+    lines.append(LEGEND)
     return "\n".join(lines)
 
 

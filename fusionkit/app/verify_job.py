@@ -8,6 +8,7 @@ rule set (``vulkan``, ``xnnpack``, ``vulkan_preprocess``, ``builtin``).
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,9 +31,17 @@ class VerifyTargetError(ValueError):
     """A target that names no rules (no such file, module, attribute or rule set)."""
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
 def _rules_of(obj: Any, what: str) -> list[Rule]:
     if callable(obj) and not isinstance(obj, Rule):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as e:
+            raise VerifyTargetError(f"{what}: calling it raised {_first_line(e)}") from None
     if isinstance(obj, Rule):
         return [obj]
     if isinstance(obj, (list, tuple)) and all(isinstance(r, Rule) for r in obj):
@@ -51,13 +60,21 @@ def load_targets(targets: Sequence[str], load_specs: Callable[[list[str]], list[
             rules.extend(load_specs([t]))
         elif ":" in t:
             module, _, attr = t.partition(":")
-            try:
-                mod = importlib.import_module(module)
-            except ImportError as e:
-                raise VerifyTargetError(f"{t}: cannot import {module}: {e}") from None
-            if not hasattr(mod, attr):
-                raise VerifyTargetError(f"{t}: module {module} has no {attr!r}")
-            rules.extend(_rules_of(getattr(mod, attr), t))
+            from fusionkit.specs.trust import importable_here
+
+            with importable_here():  # a module next to the user, as the MODEL loader finds it
+                try:
+                    mod = importlib.import_module(module)
+                except ImportError as e:
+                    raise VerifyTargetError(f"{t}: cannot import {module}: {e} (looked in the "
+                                            f"current directory ({os.getcwd()}) and the "
+                                            "installed packages)") from None
+                except Exception as e:  # the module raised while being imported
+                    raise VerifyTargetError(f"{t}: importing {module} raised "
+                                            f"{_first_line(e)}") from None
+                if not hasattr(mod, attr):
+                    raise VerifyTargetError(f"{t}: module {module} has no {attr!r}")
+                rules.extend(_rules_of(getattr(mod, attr), t))
         else:
             from fusionkit.passes.registry import rule_set, rule_set_names
 

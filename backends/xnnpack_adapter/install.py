@@ -18,7 +18,7 @@ from fusionkit.integration.adapter import Adapter
 from fusionkit.integration.hooks import Installation, UnsupportedExecuTorchError
 
 from .. import quantize_step
-from . import pass_gates, preprocess_rules, serializer
+from . import boundary_qdq, pass_gates, preprocess_rules, serializer
 
 __all__ = ["ADAPTER", "PATCHES", "Installation", "UnsupportedExecuTorchError", "install",
            "is_installed", "uninstall"]
@@ -27,7 +27,7 @@ __all__ = ["ADAPTER", "PATCHES", "Installation", "UnsupportedExecuTorchError", "
 #: XnnpackBackend.preprocess runs under them for this adapter's partitions only
 ADAPTER = Adapter("fusionkit.backends.xnnpack_adapter",
                   parts=(serializer.SERIALIZER_PATCHES, preprocess_rules.PATCHES,
-                         pass_gates.PATCHES, quantize_step.PATCHES),
+                         pass_gates.PATCHES, boundary_qdq.PATCHES, quantize_step.PATCHES),
                   backend=("executorch.backends.xnnpack.xnnpack_preprocess", "XnnpackBackend"),
                   marker=b"xnnpack")
 PATCHES = ADAPTER.patches

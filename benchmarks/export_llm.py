@@ -106,6 +106,9 @@ def measure(name: str, backend: str, mode: str, pairs: int, work: Path) -> dict[
                 cmd = [sys.executable, "-m", "fusionkit.app.cli", "exec", "--backend", backend,
                        "--report", str(report), "-m", EXPORT_LLM, *args]
             r = _run(cmd, out)
+            if r["exit"] != 0:  # the reason, kept with the figures (the work dir goes)
+                lines = (out / "log.txt").read_text(errors="replace").strip().splitlines()
+                r["error_tail"] = [ln for ln in lines if not ln.startswith(("W1", "E1"))][-8:]
             r["pte_bytes"] = sum(p.stat().st_size for p in out.glob("*.pte"))
             if report.exists():
                 rep = json.loads(report.read_text())
@@ -129,8 +132,9 @@ def _line(r: dict[str, Any]) -> str:
         return statistics.median(x[k] for x in rows)
 
     if any(x["exit"] != 0 for x in s + f):
+        tails = [" / ".join(x.get("error_tail", [])[-2:]) for x in s + f if x["exit"] != 0]
         return (f"{r['model']:<13} {r['backend']:<8} {r['mode']:<6} exits stock "
-                f"{[x['exit'] for x in s]} fusionkit {[x['exit'] for x in f]}")
+                f"{[x['exit'] for x in s]} fusionkit {[x['exit'] for x in f]}: {tails[0][:300]}")
     m = r["median_ratio"]
     share = med(f, "fusionkit_s") / med(f, "cpu_s") if f and "fusionkit_s" in f[0] else float("nan")
     return (f"{r['model']:<13} {r['backend']:<8} {r['mode']:<6} "

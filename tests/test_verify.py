@@ -175,7 +175,7 @@ def test_a_missing_broadcast_constraint_is_different(held_out: dict[str, Any]) -
 def test_the_correct_twins_verify_in_seconds(held_out: dict[str, Any], name: str) -> None:
     v, seconds = held_out[name]
     assert v.status == EQUAL, v
-    assert v.cases >= 4 and v.counterexample is None
+    assert v.cases == 4 and v.counterexample is None
     if name != "normalize":  # (most of its draws are declined: slower)
         assert seconds < 120, seconds  # seconds on an idle machine; the bound allows a loaded one
 
@@ -183,7 +183,7 @@ def test_the_correct_twins_verify_in_seconds(held_out: dict[str, Any], name: str
 def test_a_verdict_says_its_tolerances_and_what_it_compared(held_out: dict[str, Any]) -> None:
     v, _ = held_out["reciprocal_mul"]
     record = json.loads(json.dumps(v.to_dict()))
-    assert record["status"] == EQUAL and record["cases"] >= 4
+    assert record["status"] == EQUAL and record["cases"] == 4
     assert record["tolerances"]["float32"] == TOLERANCES[torch.float32]
     assert record["shapes"] and record["dtypes"]
     wrong = json.loads(json.dumps(held_out["reciprocal_mul_swapped"][0].to_dict()))
@@ -314,7 +314,7 @@ def test_a_program_form_puts_the_exported_program_in_the_form_the_rule_sees(monk
 
     monkeypatch.setitem(verify_module.PROGRAM_FORMS, "marked", mark)
     v = verify(rule, cases=2, max_examples=15, isolate=False)  # (``seen`` is this process's)
-    assert v.status == EQUAL and seen and all(k in (1, 2) for k in seen), (v, seen)  # (the neg; a clone reading it)
+    assert v.status == EQUAL and seen and all(k == 1 for k in seen), (v, seen)
 
     def broken(ep: Any) -> None:
         raise RuntimeError("no such pass")
@@ -651,7 +651,7 @@ def test_the_kv_cache_fusion_is_judged_in_place_from_zero_caches(monkeypatch: An
     run through the kernel references ``passes/vulkan/sdpa_reference.py`` registers."""
     (rule,) = [r for _, _, r in SHIPPED if r.name == "causal_sdpa"]
     v = verify(rule, cases=6, max_examples=80)
-    assert v.status == EQUAL and v.cases >= 6, str(v)
+    assert v.status == EQUAL and v.cases == 6, str(v)
     seq = [tuple(int(x) for x in re.findall(r"(?:k_proj|k_cache)\((\d+), (\d+)", s)[i])
            for s in v.shapes for i in (0, 1)]
     assert any(c[1] > p[1] for p, c in zip(seq[::2], seq[1::2], strict=True)), v.shapes  # max_S > S

@@ -13,9 +13,9 @@ How a case is made (drawn with hypothesis, so a failure shrinks to the smallest 
   swap; :func:`~fusionkit.match.pattern.through` adds no op;
 * a capture in a tensor argument becomes a tensor: a parameter/buffer when a
   :class:`~fusionkit.check.constraints.PrepackableConstant` asks for one (else drawn:
-  a user input or a constant), of a shape drawn around one base shape of rank 1..5 —
-  dimension-distinct, square/cube or free (:func:`_base_shape`) — (the same shape, a
-  suffix of it, ones in some dims, or any other rank-0..5 shape of sizes 1..6), of a dtype a :class:`~fusionkit.check.constraints.DtypeIn` admits (else mostly
+  a user input or a constant), of a shape drawn around one base shape (the same
+  shape, a suffix of it, ones in some dims, or any other rank-0..4 shape of sizes
+  1..5), of a dtype a :class:`~fusionkit.check.constraints.DtypeIn` admits (else mostly
   float32), with values drawn as small integers or normal samples;
 * a literal (a value matcher, or a capture in a number/int/list argument) is drawn
   from the values its matcher and a :class:`~fusionkit.check.constraints.ScalarRange`

@@ -244,11 +244,10 @@ def test_a_context_a_backend_registers_is_open_while_its_rules_ops_run(monkeypat
         yield
 
     monkeypatch.setitem(verify_module.OP_CONTEXTS, "aten", lambda: recording("aten"))
-    # (in this process: the recording is made where the cases run)
-    assert verify(_reciprocal_mul(False), cases=2, isolate=False).status == EQUAL
+    assert verify(_reciprocal_mul(False), cases=2).status == EQUAL
     assert entered == ["aten"]
     (slices,) = [r for _, _, r in SHIPPED if r.name == "arm_fuse_consecutive_slices"]
-    assert verify(slices, cases=2, max_examples=40, isolate=False).status == EQUAL
+    assert verify(slices, cases=2, max_examples=40).status == EQUAL
     assert entered == ["aten"]  # (its pattern has no aten op)
     monkeypatch.delitem(verify_module.OP_CONTEXTS, "tosa")
     v = verify(slices, cases=2, max_examples=40)
@@ -313,7 +312,7 @@ def test_a_program_form_puts_the_exported_program_in_the_form_the_rule_sees(monk
             n.meta["marked"] = True
 
     monkeypatch.setitem(verify_module.PROGRAM_FORMS, "marked", mark)
-    v = verify(rule, cases=2, max_examples=15, isolate=False)  # (``seen`` is this process's)
+    v = verify(rule, cases=2, max_examples=15)
     assert v.status == EQUAL and seen and all(k == 1 for k in seen), (v, seen)
 
     def broken(ep: Any) -> None:
@@ -342,9 +341,9 @@ def test_a_program_forms_namespaces_open_their_contexts(monkeypatch: Any) -> Non
     rule = Rule("held_neg", op("aten.neg.default", X), replace_with("aten.mul.Tensor", ref("x"), -1.0),
                 [Custom(lambda ctx, x: None, "held"), DtypeIn("x", {torch.float32})])
     monkeypatch.setitem(verify_module.OP_CONTEXTS, "heldns", context)
-    assert verify(rule, cases=2, max_examples=15, isolate=False).status == EQUAL and not entered
+    assert verify(rule, cases=2, max_examples=15).status == EQUAL and not entered
     monkeypatch.setitem(verify_module.FORM_NAMESPACES, "held", frozenset({"heldns"}))
-    assert verify(rule, cases=2, max_examples=15, isolate=False).status == EQUAL and entered
+    assert verify(rule, cases=2, max_examples=15).status == EQUAL and entered
 
 
 def _scaled_neg(node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -674,7 +673,7 @@ def test_the_kv_cache_fusion_is_judged_in_place_from_zero_caches(monkeypatch: An
              **{c: OperandHint(shapes=((1, 6, 2, 4),), dtype=torch.float32) for c in ("k_cache", "v_cache")},
              **{p: OperandHint(values=(3,)) for p in ("start_pos", "k_pos", "v_pos")},
              "scale": OperandHint(values=(None,))}
-    assert verify(rule, cases=4, max_examples=40, hints=later, isolate=False).status == EQUAL
+    assert verify(rule, cases=4, max_examples=40, hints=later).status == EQUAL
     assert len(starts) >= 16 and not any(starts), starts  # 2 caches x 2 programs x 4 cases
 
 

@@ -237,10 +237,10 @@ def test_every_package_folder_is_installed() -> None:
 
 def test_the_core_is_grouped_by_phase() -> None:
     """Only the facade, program-argument handling, the result type, the rule, the pass, its
-    report and strict mode sit on top."""
+    report, strict mode and the listeners of searches and applications sit on top."""
     top = {p.stem for p in (ROOT / "fusionkit").glob("*.py")}
     assert top == {"__init__", "_facade", "program", "result", "rule", "fusion_pass", "report",
-                   "strict"}
+                   "strict", "events"}
 
 
 # ------------------------------------------------------- the match phase is one pipeline
@@ -441,6 +441,9 @@ WHY_NOT_NAME = re.compile(r"(Failure|Decline|Refusal|Blame|WhyNot|NotRunnable|Ne
 #: classes that say why not without being a MatchResult: (converts, why). One that
 #: ``converts`` has a ``result(...)`` method annotated to return a MatchResult (subclass).
 NOT_RESULTS: dict[str, tuple[bool, str]] = {
+    "fusionkit.backends.quantize_step.Decline": (
+        False, "a line of the quantize step's fold report kept in the prepared module's "
+               "meta, plain data (node names, no nodes) so it outlives the lifted program"),
     "fusionkit.apply.rewrite.ApplyFailure": (
         True, "a failed apply: the match and the exception itself (rollback and strict mode "
               "re-raise it); .result() is its MatchResult"),

@@ -14,10 +14,10 @@ an untested ExecuTorch is refused
 
 from __future__ import annotations
 
+from fusionkit.backends import quantize_step
 from fusionkit.integration.adapter import Adapter
 from fusionkit.integration.hooks import Installation, UnsupportedExecuTorchError
 
-from .. import quantize_step
 from . import preprocess_rules, quantizer
 
 #: installed with the adapter: the quantize step's conv + batch-norm fold as rules, and the

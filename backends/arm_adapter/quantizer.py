@@ -94,7 +94,7 @@ def _annotating(cls: Any) -> Any:
         @functools.wraps(cls.__init__)  # type: ignore[misc]  # (the stock signature shown)
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            from .. import quantize_step
+            from fusionkit.backends import quantize_step
 
             quantize_step.ensure_call_site()
 

@@ -35,12 +35,12 @@ from typing import Any
 
 from fusionkit import find_matches
 from fusionkit.apply.rewrite import apply_matches
+from fusionkit.backends import quantize_step
 from fusionkit.integration import hooks
 from fusionkit.integration.adapter import Adapter
 from fusionkit.integration.hooks import REMOVE, Installation, UnsupportedExecuTorchError
 from fusionkit.passes.registry import taken_over_patterns
 
-from .. import quantize_step
 from . import (
     boundary_dim_order,
     constant_serializer,

@@ -14,10 +14,10 @@ The adapter's partitioner installs it around each preprocess of a partition it m
 
 from __future__ import annotations
 
+from fusionkit.backends import quantize_step
 from fusionkit.integration.adapter import Adapter
 from fusionkit.integration.hooks import Installation, UnsupportedExecuTorchError
 
-from .. import quantize_step
 from . import boundary_qdq, pass_gates, preprocess_rules, serializer
 
 __all__ = ["ADAPTER", "PATCHES", "Installation", "UnsupportedExecuTorchError", "install",

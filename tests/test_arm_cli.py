@@ -55,10 +55,11 @@ def test_run_a_pte_runs_its_tosa_delegates(tmp_path, capsys: pytest.CaptureFixtu
     report = json.loads(capsys.readouterr().out)
     assert report["status"] == "ok" and "1 TOSA delegate(s) ran" in report["message"]
     assert report["outputs"][0]["shape"] == [1, 2, 3, 5]
-    # a .pte without a TOSA delegate is reported, not run
+    # a .pte without a TOSA delegate is the user's mistake: one line naming it, exit 2
     plain = tmp_path / "plain.pte"
     from executorch.exir import to_edge
 
     plain.write_bytes(to_edge(torch.export.export(model, inputs)).to_executorch().buffer)
-    assert main(["run", str(plain), "--backend", "arm"]) == 1
-    assert "no TOSA delegate" in capsys.readouterr().out
+    assert main(["run", str(plain), "--backend", "arm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "plain.pte" in err[0] and "TOSA" in err[0], err

@@ -11,6 +11,7 @@ OUT.pt``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -147,7 +148,7 @@ def _child(pte: str, where: str, out: str) -> None:
     import executorch.extension.llm.custom_ops.custom_ops
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
-    with contextlib_suppress():
+    with contextlib.suppress(Exception):  # an install without the quantized kernels
         import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed CPU ops)
     data = Path(pte).read_bytes()  # kept alive while the module runs
     module = _load_for_executorch_from_buffer(data)
@@ -156,12 +157,6 @@ def _child(pte: str, where: str, out: str) -> None:
     for i, t in enumerate(steps):
         outs.append(module.forward((t, torch.tensor([PROMPT_LEN + i])))[0].clone())
     torch.save(outs, out)
-
-
-def contextlib_suppress() -> Any:
-    import contextlib
-
-    return contextlib.suppress(Exception)
 
 
 # ---------------------------------------------------------------- qwen3 and other model classes

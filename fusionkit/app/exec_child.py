@@ -51,6 +51,7 @@ class _State:
         self.installed: dict[str, bool] = dict.fromkeys(self.backends, False)
         self.errors: dict[str, str] = {}
         self.executorch_imported = False
+        self.listening = False  # subscribed to fusionkit.events (once per process)
         #: (backend, rule) -> matches fused; (backend, rule) -> reason -> declines
         self.fused: Counter[tuple[str, str]] = Counter()
         self.declined: dict[tuple[str, str], Counter[str]] = {}
@@ -94,9 +95,9 @@ class _State:
     def _listen(self) -> None:
         from fusionkit import events
 
-        if getattr(self, "_listening", False):
+        if self.listening:
             return
-        self._listening = True
+        self.listening = True
         events.listen(self.on_decided, self.on_applied)
 
     # ------------------------------------------------------------------ the record

@@ -219,6 +219,33 @@ def test_quantized_linear_q4gsw_and_range_near_miss() -> None:
     assert any("outside [-8, 7]" in r for r in declined(ms, "quantized_linear_q4gsw"))
 
 
+def test_rope_tables_shared_by_many_layers_fuse_in_every_layer() -> None:
+    """A deep model's layers all read one pair of tables: every earlier layer's outputs
+    are downstream of them too, and must not use up a later layer's search."""
+    from executorch.backends.vulkan.patterns.rope import RotaryEmbeddingPattern
+
+    class Stack(torch.nn.Module):
+        def __init__(self, layers: int) -> None:
+            super().__init__()
+            self.rope, self.layers = RotaryEmbeddingPattern(), layers
+
+        def forward(self, xq, xk, c, s):  # type: ignore[no-untyped-def]
+            for _ in range(self.layers):
+                q, k = self.rope(xq, xk, c, s)
+                xq, xk = q * 0.5 + xq, k * 0.5 + xk
+            return xq, xk
+
+    layers = 20  # > MAX_BINDINGS_PER_ROOT / 2: two candidate outputs per earlier layer
+    a = (torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8), torch.randn(3, 4), torch.randn(3, 4))
+    m = Stack(layers)
+    ep = edge(m, a)
+    ms = fuse(ep)
+    assert [x.rule.name for x in ms.accepted] == ["export_llama_rope"] * layers
+    assert ops(ep).count("et_vk.apply_rotary_emb.default") == layers
+    for got, want in zip(ep.module()(*a), m(*a), strict=True):
+        assert torch.allclose(got, want, atol=1e-4)
+
+
 def test_rope_multi_output_and_escape_near_miss() -> None:
     from executorch.backends.vulkan.patterns.rope import RotaryEmbeddingPattern
 

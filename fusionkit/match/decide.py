@@ -322,7 +322,7 @@ def decide_in_order(ep: ExportedProgram, candidates: Sequence[Candidate], s: Set
                 during = "matching the pattern"
                 decided = _Decider(rule, node, ep, inputs, claimed_by, s.allow_folding,
                                    positions, strict, any_moved, checker)
-                accepted, failure = pattern.search(node, inputs, decided)
+                accepted, failure = pattern.search(node, inputs, decided, claimed_by)
                 first_decline = decided.first_decline
                 if accepted is _ENOUGH:
                     accepted = None

@@ -17,7 +17,7 @@ is built only if that failure is the one reported.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -116,11 +116,16 @@ class Search:
     """
 
     __slots__ = ("_args", "_message", "claimed", "inputs", "node", "progress", "root",
-                 "swapped")
+                 "swapped", "taken")
 
-    def __init__(self, inputs: ProgramInputs, root: Node) -> None:
+    def __init__(self, inputs: ProgramInputs, root: Node,
+                 taken: Container[Node] = ()) -> None:
         self.inputs = inputs
         self.root = root
+        #: nodes other (accepted) matches own: never a further output's root. A value
+        #: shared by many matches (RoPE's tables, used by every layer) would otherwise
+        #: offer every earlier layer's outputs first and exhaust the binding budget.
+        self.taken = taken
         #: how many op nodes the deepest failed attempt had matched (-1: no failure recorded)
         self.progress = -1
         #: the node at fault there (None when the failure names none)
@@ -425,7 +430,7 @@ def _compile_outputs(p: Outputs) -> _M:
             return None
         found = False
         for cand in _downstream(near, o.max_depth):
-            if cand in b.claimed or cand.op != "call_function":
+            if cand in b.claimed or cand.op != "call_function" or cand in s.taken:
                 continue
             if keys is not None and op_key(cand.target) not in keys:
                 continue
@@ -631,12 +636,13 @@ class CompiledPattern:
         with _headroom(self._frames):
             self._m = _compile(pattern)
 
-    def search(self, root: Node, inputs: ProgramInputs, accept: Accept
-               ) -> tuple[Any, Search]:
+    def search(self, root: Node, inputs: ProgramInputs, accept: Accept,
+               taken: Container[Node] = ()) -> tuple[Any, Search]:
         """Hand each binding rooted at ``root`` to ``accept``, in search order, until it
         returns something other than None; that (or None) and the search, which holds
-        its deepest failure (:meth:`Search.result`)."""
-        s = Search(inputs, root)
+        its deepest failure (:meth:`Search.result`). ``taken``: nodes earlier accepted
+        matches own, skipped as the root of a further output."""
+        s = Search(inputs, root, taken)
         if not self._frames:
             return self._m(root, Binding({}, ()), s, "root", accept), s
         limit = sys.getrecursionlimit()

@@ -85,7 +85,7 @@ class FusionPass(ExportedProgramPassBase):
         ms = find_matches(exported_program, self.index, strict=strict, target=self.target)
         if ms.accepted:
             applied = apply_matches(exported_program, ms.accepted, strict=strict)
-            if applied.failed:
+            if applied.failed or applied.held:  # held back by the match gate: not fused
                 ms = MatchSet(applied.applied,
                               [*ms.declined, *(f.result() for f in applied.failed)])
         self.record_run(ms)

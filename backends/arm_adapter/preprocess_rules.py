@@ -141,7 +141,7 @@ class ArmRulePass:
                           target=ARM_TARGET)
         if ms.accepted:
             applied = apply_matches(ep, ms.accepted, strict=None)
-            if applied.failed:
+            if applied.failed or applied.held:  # held back by the match gate: not fused
                 ms = MatchSet(applied.applied, [*ms.declined, *(
                     MatchResult.from_exception(f.match.rule.name, f.match.root, f.during, f.error)
                     for f in applied.failed)])

@@ -122,7 +122,7 @@ class RulePass(FusionPass):
                           target=XNNPACK_TARGET)
         if ms.accepted:
             applied = apply_matches(ep, ms.accepted, strict=False)
-            if applied.failed:
+            if applied.failed or applied.held:  # held back by the match gate: not fused
                 ms = MatchSet(applied.applied, [*ms.declined, *(
                     MatchResult.from_exception(f.match.rule.name, f.match.root, f.during, f.error)
                     for f in applied.failed)])

@@ -379,6 +379,32 @@ def _run_arm(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
+def cmd_bisect(args: argparse.Namespace) -> int:
+    if args.timeout <= 0:
+        raise UserError(f"--timeout {args.timeout:g}: give a number of seconds above 0")
+    for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
+        if value is not None and not value >= 0:
+            raise UserError(f"{flag} {value:g}: give a tolerance of 0 or more")
+    if args.simulator and args.backend != "vulkan":
+        raise UserError(f"--simulator: the Vulkan payload simulator; --backend is {args.backend}")
+    rules = _load_rules(args.spec, args)
+    model = _load_model(args.model)
+    from fusionkit.app.bisect_job import EQUAL, FOUND, bisect_model, bisect_text
+
+    report = bisect_model(model.exported, model.module, model.example_inputs, args.backend,
+                          name=model.name, rules=rules, seed=args.seed, atol=args.atol,
+                          rtol=args.rtol, simulator=args.simulator, timeout=args.timeout,
+                          progress=None if args.json else _progress)
+    import shlex
+
+    again = [args.model, *(a for s in args.spec for a in ("--spec", s)),
+             *(["--trust"] if args.trust else []),
+             *(a for m in args.allow_module for a in ("--allow-module", m))]
+    print(json.dumps(report.to_dict(), indent=2) if args.json
+          else bisect_text(report, shlex.join(again)))
+    return EXIT_OK if report.outcome in (FOUND, EQUAL) else EXIT_PROBLEMS
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     _quiet_imports()
     import logging
@@ -576,6 +602,23 @@ def build_parser() -> argparse.ArgumentParser:
                     "stopped")
     ru.add_argument("--json", action="store_true")
     ru.set_defaults(fn=cmd_run)
+
+    bi = sub.add_parser("bisect", help="when MODEL lowered for a backend differs from eager "
+                        "on its runtime, find the one applied match whose removal makes it equal")
+    bi.add_argument("model", help=".pt2 file or package.module:factory")
+    bi.add_argument("--backend", choices=["vulkan", "xnnpack", "arm"], required=True)
+    bi.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
+    _spec_consent(bi)
+    bi.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    bi.add_argument("--atol", type=float, help="absolute tolerance of float outputs against "
+                    "eager (default: run's, per dtype)")
+    bi.add_argument("--rtol", type=float, help="relative tolerance of float outputs")
+    bi.add_argument("--simulator", action="store_true", help="(vulkan) run on the payload "
+                    "simulator even when the real runtime is there")
+    bi.add_argument("--timeout", type=float, default=300.0, help="seconds before one run on the "
+                    "real Vulkan runtime is stopped")
+    bi.add_argument("--json", action="store_true")
+    bi.set_defaults(fn=cmd_bisect)
 
     ve = sub.add_parser("verify", help="check that each rule's replacement computes what its "
                         "pattern computes, on generated operands its constraints admit")

@@ -31,7 +31,7 @@ from torch.export.graph_signature import ExportGraphSignature, OutputSpec, Tenso
 from torch.fx import Node
 
 from fusionkit import events
-from fusionkit.apply import lazy_code
+from fusionkit.apply import gate, lazy_code
 from fusionkit.apply.builder import FusionError, ProgramConstants, Rewriter
 from fusionkit.apply.journal import Journal
 from fusionkit.check.executable import replacement_outputs
@@ -69,11 +69,13 @@ class ApplyFailure:
 
 @dataclass
 class ApplyResult:
-    """What :func:`apply_matches` did. ``applied`` and ``new_roots`` are parallel lists."""
+    """What :func:`apply_matches` did. ``applied`` and ``new_roots`` are parallel lists;
+    ``held``: matches the match gate held back (:mod:`fusionkit.apply.gate`), not applied."""
 
     applied: list[Match] = field(default_factory=list)
     new_roots: list[Node] = field(default_factory=list)
     failed: list[ApplyFailure] = field(default_factory=list)
+    held: list[Match] = field(default_factory=list)
 
     @property
     def modified(self) -> bool:
@@ -383,11 +385,14 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
     generation) restores the whole program, then raises (strict) or reports
     every match as failed. ``drop_dead_constants=False`` leaves constants that
     became unused in place, for callers (graph-module passes) whose pass
-    manager owns the signature.
+    manager owns the signature. A match the match gate in force holds back
+    (:mod:`fusionkit.apply.gate`, ``fusionkit bisect``) is not applied and is listed in
+    :attr:`ApplyResult.held`.
     """
     begun = time.perf_counter()
     strict = strict_mode(strict)
-    result = ApplyResult()
+    matches, held = gate.select(matches)
+    result = ApplyResult(held=held)
     if not matches:
         return result
     with Journal(ep) as journal, guards_suppressed(ep.graph_module.graph):
@@ -423,6 +428,6 @@ def apply_matches(ep: ExportedProgram, matches: Sequence[Match], *,
             if strict:
                 raise
             failed = [ApplyFailure(m, step, e) for m in result.applied]
-            return ApplyResult([], [], [*result.failed, *failed])
+            return ApplyResult([], [], [*result.failed, *failed], held)
     events.applied(result.applied, time.perf_counter() - begun)
     return result

@@ -4,11 +4,11 @@ program equal eager, found on the backend's runtime.
 A user's spec plants one wrong rule (``silu_off`` rewrites ``x * sigmoid(x)`` into
 ``sigmoid(x)``) beside a correct one (``reciprocal_mul``: ``x * reciprocal(y)`` into
 ``x / y``, three matches) in a small model; bisect must name the planted rule and its
-match on XNNPACK (``portable_lib``) and on Vulkan (the real runtime when there is one, else
-the payload simulator). A correct program has nothing to bisect; a difference that is
-there with no match applied is not a fusion's; a wrong rule matching twice is no single
-match. The commands run in-process from the user's directory; each scenario runs once
-per module.
+match on XNNPACK (``portable_lib``), on Vulkan (the real runtime when there is one, else
+the payload simulator) and on Arm's TOSA reference model. A correct program has nothing to
+bisect; a difference that is there with no match applied is not a fusion's; a wrong rule
+matching twice is no single match. The commands run in-process from the user's directory;
+each scenario runs once per module.
 """
 
 from __future__ import annotations
@@ -236,6 +236,8 @@ def test_vulkan_names_the_planted_rule_and_match(vulkan_found: dict[str, Any]) -
     assert r["matches"] == len(r["applied"]) > 4
     assert r["lowerings"] == r["runs"] <= _lowerings_bound(r["matches"])
     assert [t["what"] for t in r["trials"]][:2] == ["every match", "no match"]
+    # with every match held back (Vulkan's preprocess ones too) the program runs and is equal
+    assert r["trials"][1]["ran"] and r["trials"][1]["equal"]
     assert r["trials"][-1] == {**r["trials"][-1], "what": "every match but 2", "equal": True}
 
 
@@ -245,6 +247,22 @@ def test_vulkan_simulator_says_nothing_to_bisect_for_a_correct_program(user_dir:
     assert code == 0, out
     assert "run on the Vulkan payload simulator" in out.splitlines()[0]
     assert "nothing to bisect" in out
+
+
+# ------------------------------------------------------------------ Arm (TOSA reference model)
+
+
+def test_arm_names_the_planted_rule_and_match(user_dir: Path) -> None:
+    pytest.importorskip("tosa_reference_model")
+    pytest.importorskip("executorch.backends.arm.tosa.partitioner")
+    code, out = bisect(user_dir, "bisectmodels.tiny:net", "--backend", "arm",
+                       "--spec", "planted.yaml", "--json")
+    assert code == 0, out
+    r = json.loads(out)
+    assert r["runtime"].startswith("the TOSA reference model")
+    assert r["outcome"] == "found" and r["matches"] == 4
+    assert {k: r["culprit"][k] for k in CULPRIT} == CULPRIT
+    assert r["lowerings"] == r["runs"] == 5
 
 
 # ------------------------------------------------------------------ the gate itself

@@ -204,8 +204,8 @@ class _Vulkan(_Target):
         if not res.ok:
             what = {"error": "refused it", "abort": "aborted", "timeout": "did not finish"}
             raise RuntimeError(f"the runtime {what.get(res.status, res.status)}: {res.message}")
-        if res.device and "(" not in self.runtime:
-            self.runtime += f" ({res.device})"
+        if res.device and ", device " not in self.runtime:
+            self.runtime += f", device {res.device}"
         return list(res.outputs or [])
 
     def close(self) -> None:

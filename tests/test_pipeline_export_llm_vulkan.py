@@ -74,3 +74,33 @@ def test_runs_on_the_real_runtime_as_stock_and_eager(qwen3: dict[str, Any]) -> N
     # what stock's program computes on the same runtime, and what the eager model computes
     assert llm.max_abs(ours, stock) <= 1e-6
     assert llm.max_abs(ours, qwen3["eager"]) <= EAGER_TOL
+
+
+#: a llama as deep as SmolLM2-135M's 30 layers, at tiny width: every layer's rope reads the
+#: same two tables, so each layer's search meets every earlier layer's outputs first
+DEEP_LLAMA: dict[str, Any] = {**llm.TINY_LLAMA, "n_layers": 30}
+
+
+@pytest.mark.pipeline_full
+def test_deep_llama_fuses_every_layer_and_runs_as_stock(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    if rt.find_runtime() is None:
+        if oracle.required():
+            pytest.fail("no real Vulkan runtime (FUSIONKIT_REQUIRE_VULKAN_RUNTIME=1 / CI)")
+        pytest.skip("no real Vulkan runtime installed (scripts/vulkan-runtime)")
+    d = tmp_path_factory.mktemp("deep_llama")
+    params, checkpoint = llm.write_model(d, DEEP_LLAMA)
+    args = [a for a in llm.export_args(params, checkpoint, d, VULKAN_SDPA)
+            if not a.startswith("export.output_dir=")]
+    report = d / "report.json"
+    (stock_pte, stock_err), (fk_pte, fk_err) = llm.export_pair(args, d, "vulkan", report,
+                                                               timeout=1800)
+    assert stock_pte is not None, f"stock export_llm failed:\n{stock_err[-2000:]}"
+    assert fk_pte is not None, f"export_llm under fusionkit exec failed:\n{fk_err[-3000:]}"
+    fused = json.loads(report.read_text())["backends"]["vulkan"]["fused"]
+    n = DEEP_LLAMA["n_layers"]
+    assert fused.get("export_llama_rope") == n and fused.get("rms_norm") == 2 * n + 1, fused
+    assert len(llm.delegate_arity(fk_pte)) == 1  # one delegate: no layer left on the CPU
+    ours = llm.run_program(fk_pte, "vulkan", timeout=900)
+    assert llm.max_abs(ours, llm.run_program(stock_pte, "vulkan", timeout=900)) <= 1e-6
+    assert llm.max_abs(ours, llm.eager_logits(params, checkpoint)) <= 1e-3

@@ -59,6 +59,26 @@ class TwoSilu(torch.nn.Module):
         return b * torch.sigmoid(b)
 
 
+class ConvSilu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x, y):
+        a = self.bn(self.conv(x))
+        a = a * torch.sigmoid(a)
+        return a * torch.reciprocal(y)
+
+
+def conv_silu():
+    return ConvSilu().eval(), (torch.randn(1, 3, 8, 8), torch.rand(1, 4, 6, 6) + 0.5)
+
+
 def net():
     return Net().eval(), (torch.randn(2, 16), torch.rand(2, 16) + 0.5)
 
@@ -141,7 +161,7 @@ def test_xnnpack_names_the_planted_rule_and_match(xnnpack_found: tuple[int, str]
     lines = out.splitlines()
     assert "(4 matches applied), run on ExecuTorch's portable_lib (XNNPACK)" in lines[0]
     assert lines[1].startswith("  differs from eager (max |program - eager| ")
-    assert lines[1].endswith("the first 1 match applied: equal, the first 2: differs")
+    assert lines[1].endswith("with match 1: equal, with matches 1-2: differs")
     assert lines[2] == ("culprit: match 2 of 4, rule silu_off at `aten_mul_tensor_1` "
                         "(your spec, before partitioning)")
     # the explanation, as `fusionkit explain --rule R --at NODE` prints it
@@ -190,6 +210,27 @@ def test_a_difference_without_any_match_is_not_a_fusion(user_dir: Path) -> None:
     assert [t["what"] for t in report["trials"]] == ["every match", "no match"]
     assert [t["equal"] for t in report["trials"]] == [False, False]
     assert report["lowerings"] == report["runs"] == 2
+
+
+def test_a_preprocess_rewrite_the_lowering_needs_stays_applied(user_dir: Path) -> None:
+    """XNNPACK's partitioner delegates a batch norm only because preprocess folds it into
+    its conv: without that fold the lowering fails, so bisect keeps it and bisects over the
+    matches before partitioning."""
+    code, out = bisect(user_dir, "bisectmodels.tiny:conv_silu", "--backend", "xnnpack",
+                       "--spec", "planted.yaml", "--json")
+    assert code == 0, out
+    r = json.loads(out)
+    assert [(a["rule"], a["stage"]) for a in r["applied"]] == [
+        ("silu_off", "your spec, before partitioning"),
+        ("reciprocal_mul", "your spec, before partitioning"),
+        ("xnnpack_conv_batch_norm", "xnnpack preprocess, in a delegate's graph")]
+    assert r["kept"] == 1 and "batch_norm" in r["kept_because"]
+    assert [(t["what"], t["equal"], t["ran"]) for t in r["trials"][:3]] == [
+        ("every match", False, True), ("no match", False, False),
+        ("no match but the 1 in preprocess", True, True)]
+    assert r["outcome"] == "found"
+    assert {k: r["culprit"][k] for k in ("rule", "root", "number")} == {
+        "rule": "silu_off", "root": "aten_mul_tensor", "number": 1}
 
 
 def test_a_wrong_rule_matching_twice_is_no_single_match(user_dir: Path) -> None:

@@ -71,6 +71,9 @@ class BisectReport:
     stage: str = ""
     #: every match the full lowering applied, in number order: number, rule, root, stage
     applied: list[dict[str, Any]] = field(default_factory=list)
+    #: preprocess matches always applied, because the lowering fails without them (and how)
+    kept: int = 0
+    kept_because: str = ""
     trials: list[Trial] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -89,7 +92,8 @@ class BisectReport:
                        "stage": self.stage}
         return {"model": self.model, "backend": self.backend, "runtime": self.runtime,
                 "outcome": self.outcome, "matches": self.matches, "culprit": culprit,
-                "applied": self.applied, "lowerings": self.lowerings, "runs": self.runs,
+                "applied": self.applied, "kept": self.kept, "kept_because": self.kept_because,
+                "lowerings": self.lowerings, "runs": self.runs,
                 "trials": [vars(t) for t in self.trials], "seconds": round(self.seconds, 2)}
 
 
@@ -271,6 +275,10 @@ def _trial(target: _Target, gate: MatchGate, what: str, say: Progress) -> Trial:
     return trial
 
 
+#: what the stage of a match applied before partitioning says (spec and adapter fusion rules)
+BEFORE = "before partitioning"
+
+
 def _stages(backend: str, rules: Sequence[Any]) -> Callable[[str], str]:
     """Where a rule's matches are applied, by its name: the user's spec and the adapter's
     fusion rules run before partitioning, every other rule in the backend's preprocess."""
@@ -281,9 +289,9 @@ def _stages(backend: str, rules: Sequence[Any]) -> Callable[[str], str]:
 
     def of(rule: str) -> str:
         if rule in spec:
-            return "your spec, before partitioning"
+            return f"your spec, {BEFORE}"
         if rule in fusion:
-            return f"the {backend} adapter's fusion rules, before partitioning"
+            return f"the {backend} adapter's fusion rules, {BEFORE}"
         return f"{backend} preprocess, in a delegate's graph"
 
     return of
@@ -339,25 +347,54 @@ def _search(target: _Target, report: BisectReport, rules: Sequence[Any], say: Pr
     if full.equal:
         report.outcome = EQUAL
         return
-    if total == 0 or not trial(MatchGate.replaying(numbers, limit=0), "no match").equal:
+    if total == 0:
         report.outcome = NOT_A_FUSION
         return
-    lo, hi = 0, total  # invariant: the first `lo` matches: equal; the first `hi`: differs
-    say(f"bisecting over {total} matches (about {math.ceil(math.log2(total)) if total > 1 else 0} "
-        "more lowerings)")
+    keep: frozenset[int] = frozenset()
+    none = trial(MatchGate.replaying(numbers, limit=0), "no match")
+    if not none.ran:
+        # a backend's preprocess rewrite its partitioner counted on (XNNPACK's conv + batch
+        # norm fold) cannot be left out: keep every preprocess match, bisect over the others
+        keep = frozenset(n for n, m in recorded.seen.items() if BEFORE not in stage(m.rule))
+        report.kept, report.kept_because = len(keep), none.detail
+        if keep and len(keep) < total:
+            none = trial(MatchGate.replaying(numbers, limit=0, keep=keep),
+                         f"no match but the {len(keep)} in preprocess")
+    if not none.equal:
+        report.outcome = NOT_A_FUSION
+        return
+    candidates = sorted(set(range(total)) - keep)
+
+    def first(k: int) -> MatchGate:  # the first k candidates (and what is kept)
+        return MatchGate.replaying(numbers, limit=candidates[k - 1] + 1 if k else 0, keep=keep)
+
+    lo, hi = 0, len(candidates)  # invariant: the first `lo` candidates: equal; `hi`: differs
+    more = math.ceil(math.log2(hi)) if hi > 1 else 0
+    say(f"bisecting over {hi} matches (at most {more} more lowering{'s' if more != 1 else ''}, "
+        "then one to confirm)")
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if trial(MatchGate.replaying(numbers, limit=mid), f"matches 1-{mid} of {total}").equal:
+        if trial(first(mid), f"matches {_numbers(candidates[:mid])} of {total}").equal:
             lo = mid
         else:
             hi = mid
-    report.culprit = culprit = hi - 1
+    report.culprit = culprit = candidates[hi - 1]
     report.culprit_match = recorded.seen.get(culprit)
     if report.culprit_match is not None:
         report.stage = stage(report.culprit_match.rule)
-    confirm = trial(MatchGate.replaying(numbers, skip=culprit),
-                    f"every match but {culprit + 1}")
+    confirm = trial(MatchGate.replaying(numbers, skip=culprit), f"every match but {culprit + 1}")
     report.outcome = FOUND if confirm.equal else NOT_SINGLE
+
+
+def _numbers(ns: Sequence[int]) -> str:
+    """0-based numbers shown 1-based, as ranges: ``1-3, 5``."""
+    runs: list[list[int]] = []
+    for n in ns:
+        if runs and runs[-1][1] == n - 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a + 1) if a == b else f"{a + 1}-{b + 1}" for a, b in runs)
 
 
 # ---------------------------------------------------------------------- the report
@@ -378,25 +415,40 @@ def bisect_text(report: BisectReport, model_args: str) -> str:
         lines.append(f"  equal to eager ({full.detail}): nothing to bisect")
     elif r.outcome == NOT_A_FUSION:
         lines.append(f"  differs from eager ({full.detail})")
+        last = r.trials[-1]
         if r.matches == 0:
             lines.append("  nothing was fused, so no match explains it: not a fusion")
+        elif not last.ran:
+            lines.append(f"  without its matches it cannot be lowered or run ({last.detail}): "
+                         "cannot bisect")
+        elif r.kept:
+            lines.append(f"  it still differs with every match removed but the {r.kept} in "
+                         f"preprocess, which the lowering needs ({last.detail}): no match "
+                         "before partitioning explains it")
         else:
-            lines.append(f"  it still differs with every match removed ({r.trials[1].detail}): "
+            lines.append(f"  it still differs with every match removed ({last.detail}): "
                          "no match explains it, not a fusion")
     else:
         m = r.culprit_match
         assert r.culprit is not None
-        n = r.culprit
-        lines.append(f"  differs from eager ({full.detail}); the first {n} match"
-                     f"{'es' if n != 1 else ''} applied: equal, the first {n + 1}: differs")
+        k = r.culprit
+        lines.append(f"  differs from eager ({full.detail}); " + (
+            "with no match: equal, with match 1: differs" if k == 0 else
+            "with match 1: equal, with matches 1-2: differs" if k == 1 else
+            f"with matches 1-{k}: equal, with 1-{k + 1}: differs"))
         if m is not None:
             lines.append(f"culprit: match {r.culprit + 1} of {r.matches}, rule {m.rule} "
                          f"at `{m.root.name}` ({r.stage})")
             lines.extend("  " + ln for ln in why_not_text(m).splitlines())
             lines.append("    nodes:  " + ", ".join(f"`{n.name}`" for n in m.claimed))
-            if "before partitioning" in r.stage and r.backend != "arm":
+            if BEFORE in r.stage and r.backend != "arm":
                 lines.append(f"  see: fusionkit explain {model_args} --backend {r.backend} "
                              f"--rule {m.rule} --at {m.root.name}")
+        if r.kept:
+            them = "them" if r.kept != 1 else "it"
+            lines.append(f"  kept applied: the {r.kept} match{'es' if r.kept != 1 else ''} in "
+                         f"preprocess, which the lowering needs (without {them}: "
+                         f"{r.kept_because})")
         confirm = r.trials[-1]
         if r.outcome == FOUND:
             lines.append(f"  confirmed: every match but this one is equal to eager "

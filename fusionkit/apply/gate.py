@@ -46,11 +46,13 @@ class MatchKey:
 @dataclass
 class MatchGate:
     """Lets a match through when its number is below ``limit`` (None: no limit) and is not
-    ``skip``. ``numbers``: the numbering of a recorded lowering, kept."""
+    ``skip``, or is in ``keep``. ``numbers``: the numbering of a recorded lowering, kept."""
 
     limit: int | None = None
     skip: int | None = None
     numbers: dict[MatchKey, int] = field(default_factory=dict)
+    #: numbers always let through (rewrites a backend's lowering needs)
+    keep: frozenset[int] = frozenset()
     #: number -> the match as first seen here (rule, root, nodes), for reports
     seen: dict[int, MatchResult] = field(default_factory=dict)
     #: numbers let through / held back, in the order asked (a match asked twice: twice)
@@ -59,8 +61,8 @@ class MatchGate:
 
     @classmethod
     def replaying(cls, numbers: Mapping[MatchKey, int], *, limit: int | None = None,
-                  skip: int | None = None) -> MatchGate:
-        return cls(limit, skip, dict(numbers))
+                  skip: int | None = None, keep: frozenset[int] = frozenset()) -> MatchGate:
+        return cls(limit, skip, dict(numbers), keep)
 
     def number(self, m: Match) -> int:
         key = MatchKey.of(m)
@@ -75,7 +77,7 @@ class MatchGate:
 
     def allows(self, m: Match) -> bool:
         n = self.number(m)
-        ok = (self.limit is None or n < self.limit) and n != self.skip
+        ok = n in self.keep or ((self.limit is None or n < self.limit) and n != self.skip)
         (self.applied if ok else self.held).append(n)
         return ok
 

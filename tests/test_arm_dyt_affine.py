@@ -6,6 +6,9 @@ the fake-quantized model on the reference model, and on ExecuTorch's own hand-bu
 from __future__ import annotations
 
 import inspect
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -186,26 +189,29 @@ def test_stock_bakes_a_mutated_gamma_the_rule_declines() -> None:
 
 # --- fusionkit.verify on the pipeline's program form ------------------------------------------
 
-def _recording_plans(monkeypatch: pytest.MonkeyPatch, change: Any = None) -> dict[str, int]:
-    """The plan kinds the rule computes from here on (each ``change(plan)`` first, if given)."""
+def _recording_plans(monkeypatch: pytest.MonkeyPatch, log: Path, change: Any = None
+                     ) -> Callable[[], Counter[str]]:
+    """The plan kinds the rule computes from here on (each ``change(plan)`` first, if given),
+    as a function that counts them: each is written to ``log`` where it is computed (the
+    verifier's worker process is not this one)."""
     from fusionkit.passes.arm import dyt_affine_conv
 
-    kinds: dict[str, int] = {}
     planned = dyt_affine_conv.plan
 
     def plan(*args: Any) -> Any:
         got = planned(*args)
         if isinstance(got, dyt_affine_conv.Plan):
-            kinds[got.kind] = kinds.get(got.kind, 0) + 1
+            with log.open("a") as f:
+                f.write(got.kind + "\n")
             got = change(got) if change is not None else got
         return got
 
     monkeypatch.setattr(dyt_affine_conv, "plan", plan)
-    return kinds
+    return lambda: Counter(log.read_text().split()) if log.exists() else Counter()
 
 
 def test_verify_judges_every_branch_of_the_affine_fold_bit_exact(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The drawn site (TABLE, rescales, mul by gamma, add of beta, permute, int8 convolution)
     in the pipeline's form: the fold, the identity and the identity gamma are each judged,
     and the rewritten program equals the site's with no int8 tolerance at all."""
@@ -213,15 +219,15 @@ def test_verify_judges_every_branch_of_the_affine_fold_bit_exact(
     from fusionkit.authoring.verify import EQUAL, verify
     from fusionkit.passes.arm.dyt_affine_conv import dyt_affine_conv_rule
 
-    kinds = _recording_plans(monkeypatch)
+    kinds = _recording_plans(monkeypatch, tmp_path / "plans")
     monkeypatch.setitem(verify_module.TOLERANCES, torch.int8, 0)
     v = verify(dyt_affine_conv_rule(), cases=40, max_examples=300)
-    assert v.status == EQUAL and v.cases == 40, v
-    assert set(kinds) == {"fold", "identity", "gamma_identity"}, kinds
+    assert v.status == EQUAL and v.cases >= 40, v
+    assert set(kinds()) == {"fold", "identity", "gamma_identity"}, kinds()
 
 
 def test_verify_finds_a_fold_that_drops_the_folded_bias_different(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The fold keeping the convolution's own bias (beta's and the table zero point's offsets
     dropped): found different on a drawn site, judged bit-exact as the right fold is."""
     import dataclasses
@@ -235,7 +241,7 @@ def test_verify_finds_a_fold_that_drops_the_folded_bias_different(
     def keep_bias(plan: Any) -> Any:
         return dataclasses.replace(plan, bias=None) if plan.kind == "fold" else plan
 
-    _recording_plans(monkeypatch, keep_bias)
+    _recording_plans(monkeypatch, tmp_path / "plans", keep_bias)
     rule = dataclasses.replace(dyt_affine_conv_rule(), name="dyt_affine_keeps_bias")
     v = verify(rule, cases=20, max_examples=200)
     assert v.status == DIFFERENT and v.counterexample is not None, v

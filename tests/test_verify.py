@@ -175,7 +175,7 @@ def test_a_missing_broadcast_constraint_is_different(held_out: dict[str, Any]) -
 def test_the_correct_twins_verify_in_seconds(held_out: dict[str, Any], name: str) -> None:
     v, seconds = held_out[name]
     assert v.status == EQUAL, v
-    assert v.cases == 4 and v.counterexample is None
+    assert v.cases >= 4 and v.counterexample is None
     if name != "normalize":  # (most of its draws are declined: slower)
         assert seconds < 120, seconds  # seconds on an idle machine; the bound allows a loaded one
 
@@ -183,7 +183,7 @@ def test_the_correct_twins_verify_in_seconds(held_out: dict[str, Any], name: str
 def test_a_verdict_says_its_tolerances_and_what_it_compared(held_out: dict[str, Any]) -> None:
     v, _ = held_out["reciprocal_mul"]
     record = json.loads(json.dumps(v.to_dict()))
-    assert record["status"] == EQUAL and record["cases"] == 4
+    assert record["status"] == EQUAL and record["cases"] >= 4
     assert record["tolerances"]["float32"] == TOLERANCES[torch.float32]
     assert record["shapes"] and record["dtypes"]
     wrong = json.loads(json.dumps(held_out["reciprocal_mul_swapped"][0].to_dict()))
@@ -244,10 +244,11 @@ def test_a_context_a_backend_registers_is_open_while_its_rules_ops_run(monkeypat
         yield
 
     monkeypatch.setitem(verify_module.OP_CONTEXTS, "aten", lambda: recording("aten"))
-    assert verify(_reciprocal_mul(False), cases=2).status == EQUAL
+    # (in this process: the recording is made where the cases run)
+    assert verify(_reciprocal_mul(False), cases=2, isolate=False).status == EQUAL
     assert entered == ["aten"]
     (slices,) = [r for _, _, r in SHIPPED if r.name == "arm_fuse_consecutive_slices"]
-    assert verify(slices, cases=2, max_examples=40).status == EQUAL
+    assert verify(slices, cases=2, max_examples=40, isolate=False).status == EQUAL
     assert entered == ["aten"]  # (its pattern has no aten op)
     monkeypatch.delitem(verify_module.OP_CONTEXTS, "tosa")
     v = verify(slices, cases=2, max_examples=40)
@@ -312,8 +313,8 @@ def test_a_program_form_puts_the_exported_program_in_the_form_the_rule_sees(monk
             n.meta["marked"] = True
 
     monkeypatch.setitem(verify_module.PROGRAM_FORMS, "marked", mark)
-    v = verify(rule, cases=2, max_examples=15)
-    assert v.status == EQUAL and seen and all(k == 1 for k in seen), (v, seen)
+    v = verify(rule, cases=2, max_examples=15, isolate=False)  # (``seen`` is this process's)
+    assert v.status == EQUAL and seen and all(k in (1, 2) for k in seen), (v, seen)  # (the neg; a clone reading it)
 
     def broken(ep: Any) -> None:
         raise RuntimeError("no such pass")
@@ -341,9 +342,9 @@ def test_a_program_forms_namespaces_open_their_contexts(monkeypatch: Any) -> Non
     rule = Rule("held_neg", op("aten.neg.default", X), replace_with("aten.mul.Tensor", ref("x"), -1.0),
                 [Custom(lambda ctx, x: None, "held"), DtypeIn("x", {torch.float32})])
     monkeypatch.setitem(verify_module.OP_CONTEXTS, "heldns", context)
-    assert verify(rule, cases=2, max_examples=15).status == EQUAL and not entered
+    assert verify(rule, cases=2, max_examples=15, isolate=False).status == EQUAL and not entered
     monkeypatch.setitem(verify_module.FORM_NAMESPACES, "held", frozenset({"heldns"}))
-    assert verify(rule, cases=2, max_examples=15).status == EQUAL and entered
+    assert verify(rule, cases=2, max_examples=15, isolate=False).status == EQUAL and entered
 
 
 def _scaled_neg(node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -650,7 +651,7 @@ def test_the_kv_cache_fusion_is_judged_in_place_from_zero_caches(monkeypatch: An
     run through the kernel references ``passes/vulkan/sdpa_reference.py`` registers."""
     (rule,) = [r for _, _, r in SHIPPED if r.name == "causal_sdpa"]
     v = verify(rule, cases=6, max_examples=80)
-    assert v.status == EQUAL and v.cases == 6, str(v)
+    assert v.status == EQUAL and v.cases >= 6, str(v)
     seq = [tuple(int(x) for x in re.findall(r"(?:k_proj|k_cache)\((\d+), (\d+)", s)[i])
            for s in v.shapes for i in (0, 1)]
     assert any(c[1] > p[1] for p, c in zip(seq[::2], seq[1::2], strict=True)), v.shapes  # max_S > S
@@ -673,7 +674,7 @@ def test_the_kv_cache_fusion_is_judged_in_place_from_zero_caches(monkeypatch: An
              **{c: OperandHint(shapes=((1, 6, 2, 4),), dtype=torch.float32) for c in ("k_cache", "v_cache")},
              **{p: OperandHint(values=(3,)) for p in ("start_pos", "k_pos", "v_pos")},
              "scale": OperandHint(values=(None,))}
-    assert verify(rule, cases=4, max_examples=40, hints=later).status == EQUAL
+    assert verify(rule, cases=4, max_examples=40, hints=later, isolate=False).status == EQUAL
     assert len(starts) >= 16 and not any(starts), starts  # 2 caches x 2 programs x 4 cases
 
 

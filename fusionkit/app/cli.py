@@ -171,15 +171,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def _verify_matched(rules: Sequence[Any], ms: Any) -> dict[str, Any]:
     """``explain --verify``: the verification of each rule that fused or declined a match."""
-    from fusionkit.authoring.verify import verify
+    from fusionkit.authoring.verify import verify_rules
 
     names = {m.rule.name for m in ms.accepted} | {d.rule for d in ms.declined}
-    out: dict[str, Any] = {}
+    chosen: dict[str, Any] = {}
     for r in rules:
-        if r.name in names and r.name not in out:
-            _progress(f"verifying {r.name}")
-            out[r.name] = verify(r, cases=8)
-    return out
+        if r.name in names and r.name not in chosen:
+            chosen[r.name] = r
+    # one worker process for them all: a case that crashes a kernel is that rule's verdict
+    checked = verify_rules(list(chosen.values()), cases=8,
+                           progress=lambda r: _progress(f"verifying {r.name}"))
+    return {v.rule: v for v in checked}
 
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:

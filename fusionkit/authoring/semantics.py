@@ -22,6 +22,7 @@ __all__ = [
     "METADATA_SEMANTICS",
     "MODULE_SCOPES",
     "NODE_SEMANTICS",
+    "NODE_SEMANTICS_CHECKS",
     "OPERAND_HINTS",
     "OP_CONTEXTS",
     "PROGRAM_FORMS",
@@ -106,12 +107,26 @@ KERNEL_REFERENCES: dict[str, Callable[..., Any]] = {}
 #: op then runs as usual)
 NODE_SEMANTICS: dict[str, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {}
 
+#: the checks (a ``Custom``'s name) whose rules a node semantics of :data:`NODE_SEMANTICS`
+#: is for, by op; an op not here: every rule with a program form. A node means more than
+#: its op only at the pipeline position a program form gives: a rule without one (another
+#: backend's, or one that sees the program ``torch.export`` gives) never runs through it,
+#: so its check never imports that backend's modules
+NODE_SEMANTICS_CHECKS: dict[str, frozenset[str]] = {}
 
-def register_node_semantics(op: str, fn: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]) -> None:
+
+def register_node_semantics(op: str, fn: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any],
+                            checks: Sequence[str] = ()) -> None:
     """Tell the verifier what a node of ``op`` computes from its metadata: ``fn(node, args,
     kwargs)``, consulted before :data:`KERNEL_REFERENCES` and torch's kernel; ``NotImplemented``
-    where it does not apply."""
+    where it does not apply. It applies to the rules of ``checks`` (check names whose program
+    form, :func:`register_program_form`, gives that pipeline position), or without
+    ``checks`` to every rule with a program form; never to a rule without one."""
     NODE_SEMANTICS[op] = fn
+    if checks:
+        NODE_SEMANTICS_CHECKS[op] = frozenset(checks)
+    else:
+        NODE_SEMANTICS_CHECKS.pop(op, None)
 
 
 #: op namespace (``tosa``) -> a factory of the context its ops run in: a backend whose ops

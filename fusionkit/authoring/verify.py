@@ -13,9 +13,9 @@ How a case is made (drawn with hypothesis, so a failure shrinks to the smallest 
   swap; :func:`~fusionkit.match.pattern.through` adds no op;
 * a capture in a tensor argument becomes a tensor: a parameter/buffer when a
   :class:`~fusionkit.check.constraints.PrepackableConstant` asks for one (else drawn:
-  a user input or a constant), of a shape drawn around one base shape (the same
-  shape, a suffix of it, ones in some dims, or any other rank-0..4 shape of sizes
-  1..5), of a dtype a :class:`~fusionkit.check.constraints.DtypeIn` admits (else mostly
+  a user input or a constant), of a shape drawn around one base shape of rank 1..5 —
+  dimension-distinct, square/cube or free (:func:`_base_shape`) — (the same shape, a
+  suffix of it, ones in some dims, or any other rank-0..5 shape of sizes 1..6), of a dtype a :class:`~fusionkit.check.constraints.DtypeIn` admits (else mostly
   float32), with values drawn as small integers or normal samples;
 * a literal (a value matcher, or a capture in a number/int/list argument) is drawn
   from the values its matcher and a :class:`~fusionkit.check.constraints.ScalarRange`
@@ -46,8 +46,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
+import json
 import math
+import mmap
 import operator
+import os
+import pickle
+import signal
+import sys
 import time
 import warnings
 from collections import Counter
@@ -63,6 +70,7 @@ from fusionkit.authoring.semantics import (
     METADATA_SEMANTICS,
     MODULE_SCOPES,
     NODE_SEMANTICS,
+    NODE_SEMANTICS_CHECKS,
     OP_CONTEXTS,
     OPERAND_HINTS,
     PROGRAM_FORMS,
@@ -130,6 +138,16 @@ _BOOKKEEPING_META = frozenset({"val", "tensor_meta", "stack_trace", "nn_module_s
 
 EQUAL, DIFFERENT, CANNOT_CHECK = "equal", "different", "cannot check"
 
+#: why a rule "cannot check" (``Verification.cause``): never the rule's fault, so never
+#: "different". ``crash``: a case crashed the process running it (a native kernel's signal
+#: or abort); ``unavailable``: a backend tool is missing (an import failed); ``no
+#: reference``: an op has no implementation that runs, or one that is not its kernel's;
+#: ``metadata``: the replacement records its meaning where the verifier cannot apply it;
+#: ``no case``: no drawn case was accepted, or none could be built
+CRASH, UNAVAILABLE, NO_REFERENCE, METADATA, NO_CASE = (
+    "crash", "unavailable", "no reference", "metadata", "no case")
+CAUSES = (CRASH, UNAVAILABLE, NO_REFERENCE, METADATA, NO_CASE)
+
 
 #: hints for the shipped rules' checks, by check name, then by the capture (a parameter of
 #: the check) they make; :func:`verify`'s ``hints`` adds to them by capture name
@@ -156,12 +174,21 @@ CHECK_HINTS: dict[str, Mapping[str, OperandHint]] = {
     # Arm's hardtanh(0, hi) folded into a quantize whose qmax hi quantizes to: a bound far
     # enough to saturate at qmax for the drawn scales (0.25, 0.5), and one that does not
     "quantize_clamp": {"lo": OperandHint(values=(0.0,)), "hi": OperandHint(values=(1000.0, 6.0))},
+    # Arm's fused activation: a quantize that keeps nothing below 0 (zero point at qmin), and
+    # one that does (declined)
+    "range_covers_activation": {"zp": OperandHint(values=(-128, 0)), "qmin": OperandHint(values=(-128,))},
+    # ... with a positive scale, and one that is not (declined: real values below 0 would not
+    # quantize below the zero point)
+    "per_tensor": {"scale": OperandHint(values=(0.5, 0.25, -0.5))},
     # a view that only drops size-1 dims needs an input that has some
     "drops_size1_dims": {"x": OperandHint(shapes=((2, 1, 3), (1, 4), (3, 1, 1, 2)))},
     # the Vulkan int8 linears load the input channels in texels of 4
     "in_channels_multiple_of_4": {"x": OperandHint(shapes=((2, 4), (1, 8), (3, 4)))},
     # XNNPACK's quantized pad: the pad reads a per-tensor dequantize
-    "quantized_zero_pad": {"input": OperandHint(producer="dequantize_per_tensor")},
+    # a pixel shuffle by r needs channels divisible by r * r (r = 2, 3), other dims distinct
+    "channels_divisible": {"xq": OperandHint(shapes=((1, 4, 2, 3), (2, 8, 3, 5), (1, 9, 2, 3)))},
+    "quantized_zero_pad": {"input": OperandHint(producer="dequantize_per_tensor"),
+                           "value": OperandHint(values=(0.0,))},
 }
 
 
@@ -238,6 +265,10 @@ class _Case:
     tail: bool = False
     #: the module type the pattern's calls run inside (:data:`MODULE_SCOPES`), or None
     scope: Any = None
+    #: the declared variants this case took: a choice (an option of a hint's ``pick``, a
+    #: hinted value or shape, a branch of an alternative, an op of a multi-target op) ->
+    #: (the index drawn, how many there were); what :meth:`_Checker.cover` counts
+    choices: dict[Any, tuple[int, int]] = field(default_factory=dict)
 
     def key(self) -> str:
         """The structure (not the values of user inputs): what export depends on."""
@@ -305,6 +336,21 @@ def _arg_kind(a: Any) -> str:
     return "other"
 
 
+#: the ranks an op's tensor argument must have (by op name, then argument index): the base
+#: shape is fitted to one (a matmul's operands are matrices, a convolution's input NCL/NCHW)
+_RANKS_OF: dict[str, dict[int, tuple[int, ...]]] = {
+    "mm": {0: (2,), 1: (2,)}, "addmm": {1: (2,), 2: (2,)}, "bmm": {0: (3,), 1: (3,)},
+    "convolution": {0: (3, 4)}, "conv_with_clamp": {0: (3, 4)}, "conv1d": {0: (3,)}, "conv2d": {0: (4,)},
+    "pixel_shuffle": {0: (4,)}, "pixel_unshuffle": {0: (4,)},
+    # (a batch norm over dim 1 of NC, NCL, NCHW: the ranks its folds and decompositions take)
+    "_native_batch_norm_legit_no_training": {0: (2, 3, 4)}, "native_batch_norm": {0: (2, 3, 4)},
+}
+
+#: elementwise binary ops whose second operand is sometimes drawn broadcasting along one dim
+#: of the first (a per-channel scale, a row or column bias)
+_BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "where"})
+
+
 def _shape_hint(key: str, index: int, before: list[Any], draw: Callable[[Any], Any]) -> tuple[int, ...] | None:
     """A shape for argument ``index`` of op ``key`` that fits the arguments ``before`` it
     (the weight of a convolution or a linear, a batch norm's statistics, a matmul's operand)."""
@@ -330,6 +376,9 @@ def _shape_hint(key: str, index: int, before: list[Any], draw: Callable[[Any], A
         return (*x.shape[:-2], x.shape[-1], draw(st.integers(1, 4)))
     if name == "addmm" and index == 2 and prev is not None and prev.dim() == 2:
         return (prev.shape[1], x.shape[-1] if x.dim() >= 1 else 1)
+    if name in _BINARY and index == 1 and x.dim() >= 1 and draw(st.integers(0, 2)) == 0:
+        d = draw(st.integers(0, x.dim() - 1))  # x's sizes along dim d, ones elsewhere
+        return tuple(s if i == d else 1 for i, s in enumerate(x.shape))
     if name == "addmm" and index == 1 and x.dim() >= 1:
         return (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
     if "batch_norm" in name and index >= 1 and x.dim() >= 2:
@@ -437,6 +486,42 @@ def _accepts(v: Value, x: Any) -> bool:
         return False
 
 
+#: sizes a dimension-distinct base shape takes its dims from (no two dims equal)
+_DISTINCT_SIZES = (2, 3, 4, 5, 6)
+
+
+def _base_shape(draw: Callable[[Any], Any]) -> tuple[str, tuple[int, ...]]:
+    """A case's base shape and its style, rank 1-5: ``free`` (sizes 1..5, drawn apart: what a
+    failure shrinks to, ``(1,)``), ``distinct`` (no two dims equal, all > 1: a rule that reads
+    or reduces the wrong one of two dims computes another value or shape) or ``equal`` (a
+    square or cube: a rule whose wrong dim gives the same output shape there is rewritten
+    and compared, not declined): a third of the draws each."""
+    from hypothesis import strategies as st
+
+    style = ("free", "distinct", "equal", "free", "distinct", "equal")[draw(st.integers(0, 5))]
+    rank = draw(st.integers(1, 5))
+    if style == "distinct":
+        sizes = draw(st.permutations(_DISTINCT_SIZES))
+        return style, tuple(sizes[:rank])
+    if style == "equal":
+        size = draw(st.integers(2, 4 if rank <= 3 else 3))
+        return style, (size,) * rank
+    return style, tuple(draw(st.lists(st.integers(1, 5), min_size=rank, max_size=rank)))
+
+
+def _fitted(style: str, base: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """``base`` of ``rank`` dims in the same style: its last ``rank`` dims, or more leading
+    dims (distinct sizes not in it yet; an equal shape's own size; ones for a free one)."""
+    if rank <= len(base):
+        return base[len(base) - rank:]
+    if style == "equal" and base:
+        return (base[0],) * rank
+    if style == "distinct":
+        fresh = [d for d in (*_DISTINCT_SIZES, 7, 8, 9) if d not in base]
+        return (*fresh[: rank - len(base)], *base)
+    return (1,) * (rank - len(base)) + base
+
+
 class _Builder(PatternVisitor[Any]):
     """Walks a rule's pattern, drawing one case; computes eagerly as it goes."""
 
@@ -474,8 +559,7 @@ class _Builder(PatternVisitor[Any]):
                 self.ranks[c.capture] = sorted(c.ranks)
             elif isinstance(c, ScalarRange):
                 self.ranges[c.capture] = [b for b in (c.lo, c.hi) if b is not None]
-        rank = draw(st.integers(1, 4))
-        self.base = tuple(draw(st.lists(st.integers(1, 5), min_size=rank, max_size=rank)))
+        self.style, self.base = _base_shape(draw)
         self.dtype = draw(st.sampled_from(_FREE_DTYPES[:2]))
         self.values_mode = draw(st.sampled_from(("small integers", "normal")))
         self.seed = draw(st.integers(0, 2**16))
@@ -505,24 +589,36 @@ class _Builder(PatternVisitor[Any]):
         return torch.randn(shape, generator=self.gen).to(dtype)
 
     def _shape(self, name: str) -> tuple[int, ...]:
+        """A shape for tensor capture ``name``: mostly the case's base shape (fitted to a rank
+        the capture's ``Rank`` admits), else a broadcast of it (a suffix, ones in some dims)
+        or another shape of rank 0-5."""
         st, draw = self.st, self.draw
         ranks = self.ranks.get(name)
+        if ranks is None and self.context is not None:  # the ranks the op takes there
+            op_name = self.context[0].split(".")[1] if self.context[0].count(".") >= 2 else self.context[0]
+            fixed = _RANKS_OF.get(op_name, {}).get(self.context[1])
+            ranks = list(fixed) if fixed else None
         if self.context is not None:
             key, index, before = self.context
             hint = _shape_hint(key, index, before, draw)
             if hint is not None and (ranks is None or len(hint) in ranks) and draw(st.integers(0, 3)) < 3:
                 return hint
-        mode = draw(st.integers(0, 3))
-        if mode == 0 and (ranks is None or len(self.base) in ranks):
-            return self.base
+        base = self.base
+        if ranks is not None and len(base) not in ranks:  # the base, of a rank the capture takes
+            base = _fitted(self.style, base, draw(st.sampled_from(ranks)))
+        mode = draw(st.integers(0, 5))  # (shrinks to the base shape)
+        if mode in (0, 4, 5):
+            return base
         if mode == 1 and ranks is None:  # a suffix of the base shape (broadcasts)
-            k = draw(st.integers(0, len(self.base)))
-            return self.base[k:]
-        if mode == 2 and (ranks is None or len(self.base) in ranks):  # ones in some dims
-            ones = draw(st.lists(st.booleans(), min_size=len(self.base), max_size=len(self.base)))
-            return tuple(1 if o else d for d, o in zip(self.base, ones, strict=True))
-        rank = draw(st.sampled_from(ranks)) if ranks else draw(st.integers(0, 4))
-        sizes = st.sampled_from(sorted(set(self.base) | {1})) | st.integers(1, 5)
+            k = draw(st.integers(0, len(base)))
+            return base[k:]
+        if mode == 2:  # ones in some dims (broadcasts)
+            ones = draw(st.lists(st.booleans(), min_size=len(base), max_size=len(base)))
+            return tuple(1 if o else d for d, o in zip(base, ones, strict=True))
+        if mode == 1:
+            return base
+        rank = draw(st.sampled_from(ranks)) if ranks else draw(st.integers(0, 5))
+        sizes = st.sampled_from(sorted(set(base) | {1})) | st.integers(1, 6)
         return tuple(draw(st.lists(sizes, min_size=rank, max_size=rank)))
 
     def _hint(self, name: str) -> OperandHint | None:
@@ -538,7 +634,13 @@ class _Builder(PatternVisitor[Any]):
         if name in self.bound:
             return self.bound[name]  # type: ignore[no-any-return]
         hint = self._hint(name) or OperandHint()
-        shape = draw(st.sampled_from(hint.shapes)) if hint.shapes else self._shape(name)
+        if hint.shapes:
+            shape = draw(st.sampled_from(hint.shapes))
+            if len(hint.shapes) > 1:
+                self.case.choices[("shapes", name, repr(hint.shapes))] = (
+                    list(hint.shapes).index(shape), len(hint.shapes))
+        else:
+            shape = self._shape(name)
         if hint.producer is not None:
             return self._produced(name, hint.producer, shape)
         hinted = _dtype_hint(self.context[0], self.context[1]) if self.context is not None else None
@@ -586,6 +688,7 @@ class _Builder(PatternVisitor[Any]):
             self.bound[name] = got
             return got  # type: ignore[no-any-return]
         if producer == "transpose":
+            shape = shape[-2:] if len(shape) > 2 else shape  # (a weight: its last two dims)
             if len(shape) != 2:
                 raise _NotACase(f"{name}: a transposed weight of shape {shape} is not 2-D")
             src = self._input(f"{name}_source", (shape[1], shape[0]), torch.float32, True,
@@ -640,6 +743,7 @@ class _Builder(PatternVisitor[Any]):
             x = before[0] if before and isinstance(before[0], torch.Tensor) else None
             if x is not None:
                 pool.extend([list(x.shape), [*x.shape, 1], [1, *x.shape], [x.numel()],
+                             [*x.shape[:1], 1, *x.shape[1:]],
                              [d for d in x.shape if d != 1], list(x.shape[-1:]),
                              list(range(x.dim()))[::-1]])
         pool.extend(p for p in _POOLS.get(kind if kind in _POOLS else "other", (None,))
@@ -656,11 +760,17 @@ class _Builder(PatternVisitor[Any]):
             raise _NotACase(f"no literal the generator knows satisfies {value!r}")
         hinted = [h for h in (_literal_hint(*self.context) if self.context is not None else [])
                   if any(_same_literal(h, q) for q in pool)]
+        hinted_pool = False
         if hinted_values:
-            pool = [p for p in pool if any(_same_literal(p, h) for h in hinted_values)] or pool
+            narrowed = [h for h in hinted_values if any(_same_literal(p, h) for p in pool)]
+            hinted_pool = bool(narrowed)
+            pool = narrowed or pool
         elif hinted and self.draw(self.st.integers(0, 3)) < 3:
             pool = hinted
         got = self.draw(self.st.sampled_from(pool))
+        if hinted_pool and len(pool) > 1:  # (a hint's values: each one a case the check asks for)
+            self.case.choices[("values", name, repr(pool))] = (
+                next(i for i, p in enumerate(pool) if p is got), len(pool))
         if name is not None:
             self.bound[name] = got
             self.case.literals[name] = got
@@ -708,6 +818,7 @@ class _Builder(PatternVisitor[Any]):
 
     def visit_alt(self, p: Alt) -> Any:
         i = self.draw(self.st.integers(0, len(p.options) - 1))
+        self.case.choices[("alternative", id(p))] = (i, len(p.options))
         return self.build(p.options[i], self.kind)
 
     def visit_through(self, p: Through) -> Any:
@@ -741,7 +852,11 @@ class _Builder(PatternVisitor[Any]):
 
     def _op(self, p: Op) -> _Ref:
         keys = sorted(p.targets, key=lambda k: (not k.startswith("aten."), k))
-        key = keys[self.draw(self.st.integers(0, len(keys) - 1))] if len(keys) > 1 else keys[0]
+        key = keys[0]
+        if len(keys) > 1:
+            i = self.draw(self.st.integers(0, len(keys) - 1))
+            key = keys[i]
+            self.case.choices[("op", id(p))] = (i, len(keys))
         if key.startswith(UNSAFE_TO_RUN) and key not in KERNEL_REFERENCES:
             raise _NotACase(f"{key} is not run on generated operands ({UNSAFE_TO_RUN_WHY})")
         target = resolve_op(key)
@@ -794,6 +909,9 @@ class _Builder(PatternVisitor[Any]):
             else:
                 raise _NotACase(f"{key}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
         reference = KERNEL_REFERENCES.get(key)  # what the backend's kernel computes
+        if _GUARD is not None:  # (in a worker: the caller learns the case if this crashes)
+            _GUARD.enter("building the pattern's subgraph (its ops run eagerly)", key, self.case,
+                         _arguments(real_args, real_kwargs))
         try:
             out = (reference or target)(*real_args, **real_kwargs)
         except Exception as e:  # the drawn operands are not a case for this op
@@ -802,6 +920,20 @@ class _Builder(PatternVisitor[Any]):
         index = len(self.case.calls) - 1
         self.values[index] = out
         return _Ref(index=index)
+
+
+def _arguments(args: Any, kwargs: Any) -> Any:
+    """An op call's arguments, a tensor as its dtype and shape (what a crash record says)."""
+    def one(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return f"{str(v.dtype).removeprefix('torch.')}{tuple(v.shape)}"
+        if isinstance(v, (list, tuple)):
+            return [one(x) for x in v]
+        if isinstance(v, dict):
+            return {k: one(x) for k, x in v.items()}
+        return _jsonable(v)
+
+    return {"args": one(args), "kwargs": one(kwargs)}
 
 
 class _Making:
@@ -962,13 +1094,22 @@ class _Program(torch.nn.Module):
 
 
 class _Runner(torch.fx.Interpreter):
-    """Runs a graph module node by node, remembering the node that raised."""
+    """Runs a graph module node by node, remembering the node that raised; a node of an op
+    in ``semantics`` (the node semantics that apply to the rule: :func:`_node_semantics_of`)
+    runs through it first."""
 
     failed_at: torch.fx.Node | None = None
+
+    def __init__(self, module: torch.fx.GraphModule,
+                 semantics: Mapping[str, Callable[..., Any]] | None = None) -> None:
+        super().__init__(module)
+        self.semantics = semantics or {}
 
     def run_node(self, n: torch.fx.Node) -> Any:
         try:
             key = (op_key(n.target) or "") if n.op == "call_function" else ""
+            if _GUARD is not None and key:
+                _GUARD.at_op(key)
             out = self._by_metadata(n, key)
             if out is not NotImplemented:
                 pass
@@ -988,7 +1129,7 @@ class _Runner(torch.fx.Interpreter):
     def _by_metadata(self, n: torch.fx.Node, key: str) -> Any:
         """What ``n`` computes by the semantics a backend registered for its op and metadata
         (:data:`NODE_SEMANTICS`), or ``NotImplemented``."""
-        semantics = NODE_SEMANTICS.get(key)
+        semantics = self.semantics.get(key)
         if semantics is None:
             return NotImplemented
         args, kwargs = self.fetch_args_kwargs_from_env(n)
@@ -1029,7 +1170,7 @@ def _difference(want: Any, got: Any) -> tuple[str | None, float]:
         # (inf - inf in one order is NaN in another); a finite value must be finite and close
         wf, gf = torch.isfinite(wd), torch.isfinite(gd)
         if bool((wf != gf).any()):
-            at = int((wf != gf).nonzero()[0][0]) if wd.dim() else 0
+            at = int((wf != gf).flatten().nonzero()[0][0]) if wd.dim() else 0
             return (f"output {i}: {float(gd.flatten()[at])} where the pattern computes "
                     f"{float(wd.flatten()[at])}"), math.inf
         err = torch.where(wf, (gd - wd).abs(), torch.zeros_like(wd))
@@ -1128,6 +1269,16 @@ class Verification:
     counterexample: Counterexample | None = None
     no_reference: tuple[str, ...] = ()
     seconds: float = 0.0
+    #: for "cannot check", whose fault it is not the rule's: one of :data:`CAUSES`
+    cause: str = ""
+    #: what the compared cases covered: ``ranks`` (of the tensor operands), ``dims_over_1``
+    #: (per operand, the dims, counted from the last as -1, -2, ..., that were > 1 in some
+    #: case), ``distinct`` / ``square`` / ``broadcast`` (cases with an operand of two or more
+    #: different sizes > 1, with two equal sizes > 1, with operands of different shapes)
+    coverage: Mapping[str, Any] = field(default_factory=dict)
+    #: the cases that crashed the process that ran them (a signal, an abort): the op, the
+    #: signal, the stage and the case, to reproduce it
+    crashes: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -1138,6 +1289,8 @@ class Verification:
                 "shapes": list(self.shapes), "dtypes": list(self.dtypes), "declined": dict(self.declined),
                 "counterexample": self.counterexample.to_dict() if self.counterexample else None,
                 "no_reference": list(self.no_reference), "seconds": round(self.seconds, 2),
+                "cause": self.cause, "coverage": dict(self.coverage),
+                "crashes": [dict(c) for c in self.crashes],
                 "tolerances": {str(k).removeprefix("torch."): v for k, v in TOLERANCES.items()}}
 
     def summary(self) -> str:
@@ -1174,13 +1327,31 @@ def _eager_target(namespaces: frozenset[str] = frozenset()) -> Any:
                                      lambda node: None, frozenset({"aten"}) | namespaces)])
 
 
+#: what :meth:`_Checker.rewritten` says of a case the rule never saw
+_NOT_JUDGED = ("torch.export failed", "the program form failed")
+
+
 class _Checker:
     """Runs drawn cases: export (memoised by structure), rewrite, evaluate, compare."""
 
-    def __init__(self, rule: Rule, cases: int) -> None:
+    def __init__(self, rule: Rule, cases: int, max_examples: int = 300) -> None:
         self.rule = rule
+        #: cases drawn, and compared cases with an operand of two or more dims > 1 (where a
+        #: rule that mixes up dims can show it, values not all one): half the cases must be
+        #: such, unless half the draws gave too few (a rule of vectors)
+        self.drawn = 0
+        self.informative = 0
+        self.patience = max(max_examples // 2, 2 * cases)
+        #: the declared variants (``_Case.choices``) of the cases the rule judged (compared,
+        #: or declined): each one's options drawn, and how many it has. Every option of each
+        #: must have been judged before the verdict is equal (or half the draws were made):
+        #: a rule's registered hints, its pattern's alternatives are its cases, not the
+        #: first options hypothesis tries first
+        self.variants: dict[Any, set[int]] = {}
+        self.variant_options: dict[Any, int] = {}
         self.target = _eager_target(_context_namespaces(rule))
         self.forms = _forms_of(rule)
+        self.semantics = _node_semantics_of(rule)
         self.want = cases
         self.compared = 0
         self.shapes: set[str] = set()
@@ -1188,6 +1359,14 @@ class _Checker:
         self.declined: Counter[str] = Counter()
         self.not_a_case: Counter[str] = Counter()
         self.no_reference: set[str] = set()
+        #: backend tools a case needed and the environment lacks (an import that failed)
+        self.unavailable: set[str] = set()
+        #: cases not run again: they crashed an earlier worker process (:func:`_isolated`)
+        self.crashed = 0
+        #: what the compared cases covered (``Verification.coverage``)
+        self.ranks: set[int] = set()
+        self.over_1: dict[str, set[int]] = {}
+        self.styles: Counter[str] = Counter()
         #: why a rewritten program cannot be judged by running it (semantics in node metadata)
         self.metadata: set[str] = set()
         self.exported: dict[str, Any] = {}
@@ -1205,6 +1384,8 @@ class _Checker:
         from fusionkit.fusion_pass import FusionPass
         from fusionkit.match.finder import find_matches
 
+        if _GUARD is not None:  # (raises _Crashed: this case crashed an earlier worker)
+            _GUARD.enter("exporting and rewriting the pattern's program", "torch.export", case)
         program = _Program(case)
         user = tuple(case.inputs[n].value for n in program.user)
         try:
@@ -1235,7 +1416,9 @@ class _Checker:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             rewritten = copy.deepcopy(ep)
-        ms = find_matches(rewritten, [self.rule], target=self.target)
+        # (never strict: a rule's own error is a decline the verdict counts, not the end of
+        # the search, whatever FUSIONKIT_STRICT says)
+        ms = find_matches(rewritten, [self.rule], target=self.target, strict=False)
         if not any(m.root.name == getattr(root, "name", None) for m in ms.accepted):
             at_root = [d for d in ms.declined if d.root.name == getattr(root, "name", None)]
             why = (f"declined: {at_root[0].step}: {at_root[0].reason}" if at_root
@@ -1246,7 +1429,8 @@ class _Checker:
         before = {k for n in ep.graph.nodes for k in n.meta}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fuse = FusionPass([self.rule], name=f"verify:{self.rule.name}", target=self.target)
+            fuse = FusionPass([self.rule], name=f"verify:{self.rule.name}", target=self.target,
+                              strict=False)
             fuse.call(rewritten)
             got = (ep.module(), rewritten.module())
         for m in got:  # what each run starts from: the buffers an op writes in place reset
@@ -1270,10 +1454,22 @@ class _Checker:
 
     def differs(self, case: _Case) -> bool:
         """Whether this case is a counterexample; counts what it was."""
+        try:
+            return self._differs(case)
+        except _Crashed:
+            self.crashed += 1
+            return False
+
+    def _differs(self, case: _Case) -> bool:
         made = self.rewritten(case)
         if isinstance(made, str):
-            if made not in self.metadata:
+            missing_tool = _unavailable_in(made)
+            if missing_tool is not None:  # the environment's, not the rule's
+                self.unavailable.add(missing_tool)
+            elif made not in self.metadata:
                 self.declined[made] += 1
+                if not made.startswith(_NOT_JUDGED):  # the rule saw it (and declined it)
+                    self._judged(case)
             return False
         pattern_gm, gm = made
         missing = _no_reference(gm)
@@ -1284,13 +1480,28 @@ class _Checker:
         for m in made:  # each run starts from the initial state (caches written in place)
             for n, b in m.named_buffers():
                 b.copy_(self.buffers[id(m)][n])
-        want = _Runner(pattern_gm).run(*user)  # (its backend ops as their kernels compute)
-        runner = _Runner(gm)
+        if _GUARD is not None:
+            _GUARD.enter("running the pattern's program", "", case)
+        try:
+            want = _Runner(pattern_gm, self.semantics).run(*user)  # (its backend ops as their kernels compute)
+        except Exception as e:
+            message = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            if _unavailable_in(message) is not None:
+                self.unavailable.add(message)
+            else:  # it ran eagerly: the exported program is not a case the rule is judged on
+                self.declined[f"the exported pattern's program raised {message}"] += 1
+            return False
+        if _GUARD is not None:
+            _GUARD.enter("running the rewritten program", "", case)
+        runner = _Runner(gm, self.semantics)
         try:
             got = runner.run(*user)
         except Exception as e:
             message = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             key = op_key(runner.failed_at.target) if runner.failed_at is not None else None
+            if _unavailable_in(message) is not None:  # a backend tool missing: not the rule's fault
+                self.unavailable.add(f"{key or 'an op'} needs {message}")
+                return False
             if isinstance(e, NotImplementedError) or (key is not None and not key.startswith("aten.")):
                 # a backend op's reference implementation is not the backend: name it, judge nothing
                 self.no_reference.add(f"{key or 'an op'} (its reference implementation raised {message})")
@@ -1307,16 +1518,70 @@ class _Checker:
         self.compared += 1
         self.shapes.add(", ".join(f"{n}{tuple(i.shape)}" for n, i in case.inputs.items()))
         self.dtypes.update(str(i.dtype).removeprefix("torch.") for i in case.inputs.values())
+        self._cover(case)
+        self._judged(case)
         return False
+
+    def _judged(self, case: _Case) -> None:
+        """Count the declared variants a case the rule judged took."""
+        for key, (i, n) in case.choices.items():
+            self.variants.setdefault(key, set()).add(i)
+            self.variant_options[key] = n
+
+    @property
+    def variants_left(self) -> int:
+        """Options of the declared variants seen so far that no judged case drew yet."""
+        return sum(n - len(self.variants[k]) for k, n in self.variant_options.items())
+
+    def _cover(self, case: _Case) -> None:
+        """Count what a compared case covered: ranks, the dims > 1, its shapes' kinds."""
+        shapes = [i.shape for i in case.inputs.values()]
+        for n, i in case.inputs.items():
+            self.ranks.add(len(i.shape))
+            self.over_1.setdefault(n, set()).update(-k for k, d in enumerate(reversed(i.shape), 1) if d > 1)
+        big = [[d for d in s if d > 1] for s in shapes]
+        if any(len([d for d in i.shape if d > 1]) >= 2 and i.value.numel() > 1
+               and bool((i.value.flatten() != i.value.flatten()[0]).any()) for i in case.inputs.values()):
+            self.informative += 1  # (two dims > 1, and values that are not all one)
+        if any(len(set(b)) >= 2 for b in big):
+            self.styles["distinct"] += 1
+        if any(len(set(b)) < len(b) for b in big):
+            self.styles["square"] += 1
+        if len(set(shapes)) > 1:
+            self.styles["broadcast"] += 1
+
+    def coverage(self) -> dict[str, Any]:
+        total = sum(self.variant_options.values())
+        return {"ranks": sorted(self.ranks),
+                "dims_over_1": {n: sorted(ds, reverse=True) for n, ds in self.over_1.items()},
+                **{k: self.styles[k] for k in ("distinct", "square", "broadcast")},
+                "variants": [total - self.variants_left, total]}
 
     @property
     def done(self) -> bool:
         """Enough cases compared equal (never once a difference was seen: it is being shrunk)."""
-        return self.compared >= self.want and self.first_difference is None
+        return (self.compared >= self.want and self.first_difference is None
+                and ((2 * self.informative >= self.want and not self.variants_left)
+                     or self.drawn >= self.patience))
+
+
+def _picker(draw: Callable[[Any], Any], st: Any, joint: int,
+            picked: dict[Any, tuple[int, int]]) -> Pick:
+    """The ``pick`` a joint hint (:func:`register_operand_hints`) draws with: one option, by
+    hypothesis (a failing case shrinks to the first options), recording which option of
+    which call it was (the ``n``-th pick of the ``joint``-th hint, over these options)."""
+    def pick(options: Sequence[Any]) -> Any:
+        options = list(options)
+        i = draw(st.integers(0, len(options) - 1))
+        if len(options) > 1:
+            picked[("pick", joint, len(picked), repr(options))] = (i, len(options))
+        return options[i]
+
+    return pick
 
 
 def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 0,
-           hints: Mapping[str, OperandHint] | None = None) -> Verification:
+           hints: Mapping[str, OperandHint] | None = None, isolate: bool = True) -> Verification:
     """Whether ``rule``'s replacement computes what its pattern computes.
 
     Draws operands the rule's constraints admit (several shapes and dtypes, the
@@ -1324,12 +1589,26 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
     compares both programs' results, until ``cases`` cases compared equal or
     ``max_examples`` were drawn. A difference is shrunk to the smallest
     counterexample (hypothesis). ``status`` is ``"equal"``, ``"different"`` or
-    ``"cannot check"`` (no drawn case was accepted by the rule, or an op of the
-    replacement has no reference implementation; ``reason`` says which).
+    ``"cannot check"`` (``cause`` says why, never the rule's fault: a case crashed a
+    native kernel, a backend tool is missing, an op has no reference implementation,
+    no drawn case was accepted; ``reason`` names it).
 
     ``hints`` (capture name -> :class:`OperandHint`) tell the generator how to make
     operands a ``Custom`` check asks for; the shipped checks' are in :data:`CHECK_HINTS`.
+
+    ``isolate`` (on Linux): the cases run in a worker process forked for this call, so a
+    case that crashes a native kernel (a signal, an abort) cannot end the caller's
+    process; the worker is restarted without that case (:data:`MAX_CRASHES` times at
+    most) and the crash is reported, "cannot check: OP crashed on CASE". ``False`` runs
+    them in the caller's process (where a hook the caller set must see them).
     """
+    if isolate and _can_isolate():
+        return _isolated([rule.name], [lambda: _verify(rule, cases, max_examples, seed, hints)])[0]
+    return _verify(rule, cases, max_examples, seed, hints)
+
+
+def _verify(rule: Rule, cases: int, max_examples: int, seed: int,
+            hints: Mapping[str, OperandHint] | None) -> Verification:
     try:
         from hypothesis import HealthCheck, Phase, find, settings
         from hypothesis import strategies as st
@@ -1338,26 +1617,33 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
         raise ImportError("fusionkit.verify draws its cases with hypothesis: pip install hypothesis") from e
 
     started = time.monotonic()
-    checker = _Checker(rule, cases)
+    checker = _Checker(rule, cases, max_examples)
     operand_hints, joint_hints = _hints_of(rule, hints)
     scope = _scope_of(rule)
 
     @st.composite
     def case(draw: Any) -> _Case:
         case_hints = dict(operand_hints)
-        for joint in joint_hints:  # drawn first: the sizes the other operands must agree with
-            for capture, hint in joint(lambda options: draw(st.sampled_from(list(options)))).items():
+        picked: dict[Any, tuple[int, int]] = {}
+        for j, joint in enumerate(joint_hints):  # drawn first: the sizes the other operands must agree with
+            for capture, hint in joint(_picker(draw, st, j, picked)).items():
                 case_hints[capture] = _merged(case_hints[capture], hint) if capture in case_hints else hint
         for capture, hint in (hints or {}).items():  # the caller's own win
             case_hints[capture] = _merged(case_hints[capture], hint) if capture in case_hints else hint
         b = _Builder(rule, draw, case_hints)
         b.case.scope = scope
+        b.case.choices.update(picked)
         try:
             first = b.build(rule.pattern)
+        except _Crashed:  # an op crashed an earlier worker on these operands: not run again
+            return _Case(literals={"__crashed__": True})
         except _NotACase as e:
             return _Case(literals={"__not_a_case__": str(e)})
         except Exception as e:  # operands no op was given yet (a negative size): not a case
-            return _Case(literals={"__not_a_case__": f"{type(e).__name__}: {str(e)[:200]}"})
+            message = f"{type(e).__name__}: {str(e)[:200]}"
+            if _unavailable_in(message) is not None:
+                return _Case(literals={"__unavailable__": message})
+            return _Case(literals={"__not_a_case__": message})
         if not b.case.outputs:
             b.case.outputs.append(first)
         for o in b.case.outputs:  # a tuple-valued root: its first tensor is what models use
@@ -1375,6 +1661,13 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
     def condition(c: _Case) -> bool:
         if checker.done:
             return False
+        checker.drawn += 1
+        if "__crashed__" in c.literals:
+            checker.crashed += 1
+            return False
+        if "__unavailable__" in c.literals:
+            checker.unavailable.add(c.literals["__unavailable__"])
+            return False
         if "__not_a_case__" in c.literals:
             if c.literals["__not_a_case__"]:
                 checker.not_a_case[c.literals["__not_a_case__"]] += 1
@@ -1388,7 +1681,16 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
                       phases=[Phase.generate, Phase.shrink],
                       suppress_health_check=list(HealthCheck))
     found: _Case | None = None
-    with _op_contexts(rule):
+    try:
+        contexts = _op_contexts(rule)
+    except Exception as e:  # the backend's context needs a tool this environment lacks
+        message = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        if _unavailable_in(message) is None:
+            raise
+        return Verification(rule.name, CANNOT_CHECK, f"a backend tool is unavailable: the context "
+                            f"its ops run in needs {message}", 0, cause=UNAVAILABLE,
+                            seconds=time.monotonic() - started)
+    with contexts:
         try:
             with _seeded(seed):
                 found = find(case(), condition, settings=config)
@@ -1397,6 +1699,256 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
         except Exception:  # hypothesis could not replay the shrinking (a flaky comparison)
             found = checker.first_difference
         return _verdict(rule, checker, found, time.monotonic() - started)
+
+
+# ------------------------------------------------------------- whose fault it is
+
+
+def _unavailable_in(message: str) -> str | None:
+    """The missing tool a failure's message names (an import that failed: a backend's
+    optional package, ``tosa_serializer`` without ``tosa-tools``), or None."""
+    import re
+
+    found = re.search(r"(ModuleNotFoundError|ImportError): [^;)]*", message)
+    return found.group(0).strip() if found else None
+
+
+def _node_semantics_of(rule: Rule) -> dict[str, Callable[..., Any]]:
+    """The node semantics (:data:`NODE_SEMANTICS`) that apply to ``rule``: only where one of
+    its checks puts the program in a pipeline's form (:data:`PROGRAM_FORMS`), and of those,
+    the ones registered for its checks (:data:`NODE_SEMANTICS_CHECKS`). Another backend's
+    rule never runs through them (nor imports what they import)."""
+    checks = {c.name for c in rule.constraints if isinstance(c, Custom)}
+    if not checks & set(PROGRAM_FORMS):
+        return {}
+    return {op: fn for op, fn in NODE_SEMANTICS.items()
+            if op not in NODE_SEMANTICS_CHECKS or NODE_SEMANTICS_CHECKS[op] & checks}
+
+
+# ------------------------------------------------------------------ isolation
+
+
+#: how many crashing cases one verification survives (a worker restarted after each)
+MAX_CRASHES = 2
+
+#: in a worker process: the record of what it is running, shared with the caller (None in
+#: the caller's process: nothing is recorded)
+_GUARD: _Guard | None = None
+
+
+class _Crashed(Exception):
+    """The case about to run crashed an earlier worker: it is not run again."""
+
+
+class _Guard:
+    """What a worker is running, written where the caller reads it after a crash: the case
+    (its operands, literals, the stage) and the op running. A record the caller names as
+    crashed (by its fingerprint) raises :class:`_Crashed` instead of running again."""
+
+    SIZE = 1 << 21
+    OP_AT = SIZE - 1024
+
+    def __init__(self, shared: mmap.mmap, crashed: frozenset[str]) -> None:
+        self.shared, self.crashed = shared, crashed
+
+    def enter(self, stage: str, op: str, case: _Case, call: Any = None) -> None:
+        record: dict[str, Any] = {"stage": stage, "case": _described(case)}
+        if call is not None:
+            record["arguments"] = call
+        text = json.dumps(record, default=str, sort_keys=True)
+        fingerprint = hashlib.sha1(f"{op}|{text}".encode()).hexdigest()
+        if fingerprint in self.crashed:
+            raise _Crashed(stage)
+        data = json.dumps({"fingerprint": fingerprint, **record}, default=str).encode()
+        if len(data) > self.OP_AT - 8:  # (the values of large operands left out)
+            record["case"] = _described(case, values=False)
+            data = json.dumps({"fingerprint": fingerprint, **record}, default=str).encode()[: self.OP_AT - 8]
+        self.shared[4:4 + len(data)] = data
+        self.shared[0:4] = len(data).to_bytes(4, "little")
+        self.at_op(op)
+
+    def at_op(self, op: str) -> None:
+        b = op.encode()[:1000]
+        self.shared[self.OP_AT + 2:self.OP_AT + 2 + len(b)] = b
+        self.shared[self.OP_AT:self.OP_AT + 2] = len(b).to_bytes(2, "little")
+
+
+def _described(case: _Case, values: bool = True) -> dict[str, Any]:
+    d = case.describe()
+    for i in d["inputs"].values():
+        if not values or len(str(i["values"])) > 20000:
+            i["values"] = "(left out)"
+    return d
+
+
+def _read_record(shared: mmap.mmap) -> dict[str, Any]:
+    n = int.from_bytes(shared[0:4], "little")
+    record: dict[str, Any] = {}
+    if n:
+        try:
+            record = json.loads(shared[4:4 + n].decode())
+        except ValueError:
+            record = {"stage": "(the record was cut short)"}
+    k = int.from_bytes(shared[_Guard.OP_AT:_Guard.OP_AT + 2], "little")
+    record["op"] = shared[_Guard.OP_AT + 2:_Guard.OP_AT + 2 + k].decode(errors="replace") or "an op"
+    return record
+
+
+def _can_isolate() -> bool:
+    """Whether cases can run in a forked worker (Linux: fork keeps the caller's rules,
+    hooks and registered references without pickling them)."""
+    return hasattr(os, "fork") and sys.platform.startswith("linux")
+
+
+def _isolated(names: Sequence[str], runs: Sequence[Callable[[], Verification]],
+              progress: Callable[[int], None] | None = None) -> list[Verification]:
+    """Each ``runs[i]()`` (the verification of rule ``names[i]``) in one forked worker, in
+    order; after a crash, the rest in a fresh worker that does not run the crashing case
+    again (by its fingerprint), at most :data:`MAX_CRASHES` crashes per rule.
+    ``progress(i)`` is called before rule ``i`` starts."""
+    out: list[Verification] = []
+    crashes: dict[str, dict[str, Any]] = {}  # the crashes of rule len(out)
+    started = time.monotonic()
+    while len(out) < len(runs):
+        first = len(out)
+        shared = mmap.mmap(-1, _Guard.SIZE)
+        try:
+            status, got = _in_worker(runs, first, shared, frozenset(crashes), out, progress)
+            record = _read_record(shared) if status == "crashed" else {}
+        finally:
+            shared.close()
+        if len(out) > first:  # rules finished before the end: the crashes were the first's
+            out[first] = _with_crashes(out[first], list(crashes.values()))
+            crashes, started = {}, time.monotonic()
+        if status == "ok":
+            break
+        if status == "error":
+            raise got
+        record["signal"] = got
+        fingerprint = record.pop("fingerprint", None)
+        crashes[fingerprint or f"outside a case {len(crashes)}"] = record
+        if fingerprint is None or len(crashes) > MAX_CRASHES:  # give this rule up
+            out.append(_with_crashes(Verification(names[len(out)], CANNOT_CHECK, "", 0),
+                                     list(crashes.values()), time.monotonic() - started))
+            crashes, started = {}, time.monotonic()
+    return out
+
+
+def _in_worker(runs: Sequence[Callable[[], Verification]], first: int, shared: mmap.mmap,
+               crashed: frozenset[str], out: list[Verification],
+               progress: Callable[[int], None] | None) -> tuple[str, Any]:
+    """Run ``runs[first:]`` in a forked worker, appending each verification to ``out`` as
+    it arrives; then ("ok", None), ("error", the exception a run raised) or ("crashed", the
+    signal or exit status that ended the worker)."""
+    import gc
+
+    read, write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.freeze()  # (the worker's collections leave the caller's objects alone: no page copied for them)
+    pid = -1
+    try:
+        pid = os.fork()
+    finally:
+        if pid != 0:
+            gc.unfreeze()
+    if pid == 0:  # the worker: run, send each result, and leave without the caller's exit hooks
+        os.close(read)
+        try:
+            _work(runs, first, shared, crashed, write)
+        finally:
+            os._exit(0)
+    os.close(write)
+    status: tuple[str, Any] | None = None
+    try:
+        with os.fdopen(read, "rb") as pipe:
+            if progress is not None:
+                progress(first)
+            while status is None:
+                head = pipe.read(8)
+                if len(head) < 8:
+                    break
+                message = pickle.loads(pipe.read(int.from_bytes(head, "little")))
+                if message[0] == "ok":
+                    out.append(message[1])
+                    if progress is not None and len(out) < len(runs):
+                        progress(len(out))
+                else:
+                    status = message
+        _, code = os.waitpid(pid, 0)
+    except BaseException:  # (interrupted: the worker goes too)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        raise
+    if status is not None:
+        return status
+    if len(out) == len(runs):
+        return "ok", None
+    if os.WIFSIGNALED(code):
+        sig = os.WTERMSIG(code)
+        try:
+            return "crashed", signal.Signals(sig).name
+        except ValueError:
+            return "crashed", f"signal {sig}"
+    return "crashed", f"exit status {os.waitstatus_to_exitcode(code)}"
+
+
+def _work(runs: Sequence[Callable[[], Verification]], first: int, shared: mmap.mmap,
+          crashed: frozenset[str], write: int) -> None:
+    global _GUARD
+    _GUARD = _Guard(shared, crashed)
+    torch.set_num_threads(1)  # (the cases are small; no thread pool inherited across fork)
+    with os.fdopen(write, "wb") as pipe:
+        for i in range(first, len(runs)):
+            if i > first:
+                _GUARD = _Guard(shared, frozenset())  # (the crashes were the first rule's)
+            message: tuple[str, Any]
+            try:
+                message = ("ok", runs[i]())
+            except BaseException as e:
+                message = ("error", e)
+            try:
+                data = pickle.dumps(message)
+            except Exception:
+                data = pickle.dumps(("error", RuntimeError(f"fusionkit.verify's worker: {message[1]!r}")))
+            pipe.write(len(data).to_bytes(8, "little") + data)
+            pipe.flush()
+            if message[0] == "error":
+                break
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _crash_text(c: Mapping[str, Any]) -> str:
+    """``OP crashed (SIGNAL) on CASE while STAGE``: the operands and literals to reproduce it."""
+    case = c.get("case") or {}
+    def values(v: Mapping[str, Any]) -> str:  # (all of them in ``Verification.crashes``)
+        return f" = {v['values']}" if len(str(v["values"])) <= 200 else ""
+
+    ins = "; ".join(f"{n}: {v['kind']} {v['dtype']}{tuple(v['shape'])}{values(v)}"
+                    for n, v in (case.get("inputs") or {}).items())
+    lits = ", ".join(f"{k}={v!r}" for k, v in (case.get("literals") or {}).items())
+    on = f"{ins}" + (f"; literals {lits}" if lits else "") if case else "no case (before the first)"
+    stage = f" while {c['stage']}" if c.get("stage") else ""
+    return f"{c.get('op', 'an op')} crashed ({c.get('signal', 'a crash')}) on {on}{stage}"
+
+
+def _with_crashes(v: Verification, crashes: list[dict[str, Any]], seconds: float | None = None
+                  ) -> Verification:
+    """``v`` with the crashes of earlier workers: "cannot check: OP crashed on CASE" unless
+    a difference was found (a counterexample is the rule's, whatever else crashed)."""
+    import dataclasses
+
+    if not crashes:
+        return v
+    more: dict[str, Any] = dict(crashes=tuple(crashes), seconds=seconds if seconds is not None else v.seconds)
+    if v.status == DIFFERENT:
+        return dataclasses.replace(v, **more)  # type: ignore[arg-type]
+    others = f" ({len(crashes) - 1} more crashing case(s))" if len(crashes) > 1 else ""
+    compared = f"; {v.cases} other cases compared equal" if v.cases else ""
+    return dataclasses.replace(v, status=CANNOT_CHECK, cause=CRASH,  # type: ignore[arg-type]
+                               reason=f"{_crash_text(crashes[0])}{others}{compared}", **more)
 
 
 def _op_keys(p: Pattern) -> set[str]:
@@ -1448,7 +2000,7 @@ class _seeded:
 def _verdict(rule: Rule, ch: _Checker, found: _Case | None, seconds: float) -> Verification:
     common = dict(cases=ch.compared, shapes=tuple(sorted(ch.shapes)), dtypes=tuple(sorted(ch.dtypes)),
                   declined=dict(ch.declined.most_common(5)), no_reference=tuple(sorted(ch.no_reference)),
-                  seconds=seconds)
+                  seconds=seconds, coverage=ch.coverage())
     if found is not None:
         ch.last_difference = None
         ch.differs(found)  # recompute the shrunk case's outputs
@@ -1459,27 +2011,64 @@ def _verdict(rule: Rule, ch: _Checker, found: _Case | None, seconds: float) -> V
         return Verification(rule.name, DIFFERENT, f"the replacement computes something else: {reason}",
                             counterexample=cx, **common)  # type: ignore[arg-type]
     if ch.compared:
-        sizes = len(ch.shapes)
         skipped = (f"; cases through {', '.join(sorted(ch.no_reference))} not judged"
                    if ch.no_reference else "")
-        return Verification(rule.name, EQUAL, f"equal on {ch.compared} cases ({sizes} operand shapes; "
-                            f"dtypes {', '.join(sorted(ch.dtypes))}){skipped}",
+        if ch.unavailable:
+            skipped += f"; cases needing {', '.join(sorted(ch.unavailable))} not judged"
+        return Verification(rule.name, EQUAL, f"equal on {ch.compared} cases ({_covered(ch)}){skipped}",
+                            **common)  # type: ignore[arg-type]
+    if ch.unavailable:
+        return Verification(rule.name, CANNOT_CHECK, "a backend tool is unavailable: "
+                            + ", ".join(sorted(ch.unavailable)), cause=UNAVAILABLE,
                             **common)  # type: ignore[arg-type]
     if ch.metadata:
-        return Verification(rule.name, CANNOT_CHECK, sorted(ch.metadata)[0], **common)  # type: ignore[arg-type]
+        return Verification(rule.name, CANNOT_CHECK, sorted(ch.metadata)[0], cause=METADATA,
+                            **common)  # type: ignore[arg-type]
     if ch.no_reference:
         return Verification(rule.name, CANNOT_CHECK, "no reference implementation that runs: "
-                            + ", ".join(sorted(ch.no_reference)), **common)  # type: ignore[arg-type]
+                            + ", ".join(sorted(ch.no_reference)), cause=NO_REFERENCE,
+                            **common)  # type: ignore[arg-type]
     if ch.declined:
         why = ch.declined.most_common(1)[0][0]
         return Verification(rule.name, CANNOT_CHECK, f"the generator could not make a case the rule "
                             f"accepts ({sum(ch.declined.values())} built; most often: {why})",
-                            **common)  # type: ignore[arg-type]
+                            cause=NO_CASE, **common)  # type: ignore[arg-type]
     why = ch.not_a_case.most_common(1)[0][0] if ch.not_a_case else "no case was drawn"
     return Verification(rule.name, CANNOT_CHECK, f"the generator could not build the pattern's "
-                        f"subgraph (most often: {why})", **common)  # type: ignore[arg-type]
+                        f"subgraph (most often: {why})", cause=NO_CASE, **common)  # type: ignore[arg-type]
 
 
-def verify_rules(rules: Sequence[Rule], **options: Any) -> list[Verification]:
-    """:func:`verify` for each rule, in order."""
-    return [verify(r, **options) for r in rules]
+def _covered(ch: _Checker) -> str:
+    """What the compared cases covered, in words: operand shapes, ranks, the dims > 1 of
+    each operand, how many cases had distinct sizes, equal (square) sizes, broadcasting."""
+    ranks = sorted(ch.ranks)
+    span = (f"rank {ranks[0]}" if len(ranks) == 1 else
+            f"ranks {ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1))
+            else "ranks " + ", ".join(map(str, ranks)))
+    over = "; ".join(f"{n} {', '.join(map(str, sorted(ds, reverse=True)))}" if ds else f"{n} none"
+                     for n, ds in ch.over_1.items())
+    kinds = ", ".join(f"{ch.styles[k]} {k}" for k in ("distinct", "square", "broadcast"))
+    judged, total = ch.coverage()["variants"]
+    variants = (f"; {judged} of {total} options of its hints and alternatives judged"
+                if total else "")
+    return (f"{len(ch.shapes)} operand shapes; {span}; dims > 1: {over}; {kinds}; "
+            f"dtypes {', '.join(sorted(ch.dtypes))}{variants}")
+
+
+def verify_rules(rules: Sequence[Rule], *, cases: int = 20, max_examples: int = 300, seed: int = 0,
+                 hints: Mapping[str, OperandHint] | None = None, isolate: bool = True,
+                 progress: Callable[[Rule], None] | None = None) -> list[Verification]:
+    """:func:`verify` for each rule, in order: isolated, in one worker process for them all
+    (restarted after a crash); ``progress(rule)`` before each."""
+    def run(r: Rule) -> Callable[[], Verification]:
+        return lambda: _verify(r, cases, max_examples, seed, hints)
+
+    if isolate and _can_isolate():
+        return _isolated([r.name for r in rules], [run(r) for r in rules],
+                         None if progress is None else lambda i: progress(rules[i]))
+    out = []
+    for r in rules:
+        if progress is not None:
+            progress(r)
+        out.append(run(r)())
+    return out

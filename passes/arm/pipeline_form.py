@@ -149,8 +149,12 @@ def conv2d_accumulation(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
     return acc.to(torch.int32)
 
 
-register_node_semantics("aten.tanh.default", table_op_semantics)
-register_node_semantics("aten.convolution.default", quantized_conv_semantics)
+#: the checks whose program form is the TOSA pipeline's position (``_dyt_sites``): the only
+#: rules these node semantics are for (an XNNPACK or Vulkan convolution is torch's)
+PIPELINE_CHECKS = ("dyt_alpha_site", "dyt_affine_site")
 
-__all__ = ["conv2d_accumulation", "edge_dialect", "edge_op", "quant_args", "quantized_conv_semantics",
+register_node_semantics("aten.tanh.default", table_op_semantics, checks=PIPELINE_CHECKS)
+register_node_semantics("aten.convolution.default", quantized_conv_semantics, checks=PIPELINE_CHECKS)
+
+__all__ = ["PIPELINE_CHECKS", "conv2d_accumulation", "edge_dialect", "edge_op", "quant_args", "quantized_conv_semantics",
            "rescale_args", "table_op_semantics"]

@@ -290,6 +290,19 @@ def test_vulkan_simulator_says_nothing_to_bisect_for_a_correct_program(user_dir:
     assert "nothing to bisect" in out
 
 
+def test_vulkan_without_a_real_runtime_runs_on_the_simulator(
+        user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fusionkit.backends.vulkan_adapter.runtime import RUNTIME_ENV
+
+    monkeypatch.setenv(RUNTIME_ENV, str(user_dir / "no_runtime.so"))
+    code, out = bisect(user_dir, "bisectmodels.tiny:net", "--backend", "vulkan",
+                       "--spec", "right.yaml", "--json")
+    assert code == 0, out
+    r = json.loads(out)
+    assert r["runtime"] == "the Vulkan payload simulator (no real Vulkan runtime found)"
+    assert r["outcome"] == "equal" and r["lowerings"] == 1
+
+
 # ------------------------------------------------------------------ Arm (TOSA reference model)
 
 

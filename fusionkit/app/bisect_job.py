@@ -45,6 +45,7 @@ class Trial:
     """One lowering and run: which matches were let through, and the verdict."""
 
     what: str
+    #: matches 1..limit let through (None: no limit); match ``skip`` held back (1-based)
     limit: int | None
     skip: int | None
     #: matches applied (distinct)
@@ -269,7 +270,8 @@ def _trial(target: _Target, gate: MatchGate, what: str, say: Progress) -> Trial:
             equal, detail = False, f"the run failed: {_first_line(e)}"
         else:
             equal, detail = _compare(got, target.want, target.tolerance)
-    trial = Trial(what, gate.limit, gate.skip, len(set(gate.applied)), equal, detail, ran,
+    skip = None if gate.skip is None else gate.skip + 1  # 1-based, as the report's numbers
+    trial = Trial(what, gate.limit, skip, len(set(gate.applied)), equal, detail, ran,
                   round(time.perf_counter() - t0, 2))
     say(f"{what}: {'equal' if equal else 'differs'} ({detail})")
     return trial

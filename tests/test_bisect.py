@@ -237,7 +237,7 @@ def test_a_wrong_rule_matching_twice_is_no_single_match(user_dir: Path) -> None:
     code, out = bisect(user_dir, "bisectmodels.tiny:two_silu", "--backend", "xnnpack",
                        "--spec", "silu_off.yaml")
     assert code == 1, out
-    assert "culprit: match 1 of 2, rule silu_off" in out
+    assert "first match that makes it differ: match 1 of 2, rule silu_off" in out
     assert "but every match but this one still differs" in out
     assert "no single match explains the difference" in out
 

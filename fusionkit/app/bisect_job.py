@@ -439,7 +439,8 @@ def bisect_text(report: BisectReport, model_args: str) -> str:
             "with match 1: equal, with matches 1-2: differs" if k == 1 else
             f"with matches 1-{k}: equal, with 1-{k + 1}: differs"))
         if m is not None:
-            lines.append(f"culprit: match {r.culprit + 1} of {r.matches}, rule {m.rule} "
+            label = "culprit" if r.outcome == FOUND else "first match that makes it differ"
+            lines.append(f"{label}: match {r.culprit + 1} of {r.matches}, rule {m.rule} "
                          f"at `{m.root.name}` ({r.stage})")
             lines.extend("  " + ln for ln in why_not_text(m).splitlines())
             lines.append("    nodes:  " + ", ".join(f"`{n.name}`" for n in m.claimed))

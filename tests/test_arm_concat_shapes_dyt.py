@@ -288,7 +288,7 @@ def test_verify_judges_the_alpha_fold_bit_exact(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setitem(verify_module.TOLERANCES, torch.int8, 0)
     v = verify(dyt_alpha_lut_rule(), cases=8, max_examples=80)
-    assert v.status == EQUAL and v.cases == 8, v
+    assert v.status == EQUAL and v.cases >= 8, v  # (more once every drawn variant is judged)
 
 
 def test_verify_finds_a_table_that_ignores_the_alpha_different() -> None:

@@ -449,9 +449,12 @@ def test_known_outside_the_rules_vulkan() -> None:
     """Found by this file: a lone ``BatchNorm2d(affine=False)`` (after a mul), which the
     runtime refuses (its weight is None, not a constant tensor ref). The rules change
     nothing there (byte-identical, given the same partitioner). The 1.5.1 registry's
-    partitioner (``runtime=None``, a machine without the runtime) delegates it and
-    ``check()`` predicts the refusal -- :data:`KNOWN_OUTSIDE_THE_RULES`; the adapter's
-    partitioner with the probed runtime keeps it off the delegate, with its reason."""
+    partitioner (stock's) delegates it and ``check()`` predicts the refusal --
+    :data:`KNOWN_OUTSIDE_THE_RULES`; the adapter's partitioner keeps it off the delegate,
+    with its reason, with the probed runtime and without one."""
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
+        VulkanPartitioner as StockVulkanPartitioner,
+    )
     from executorch.exir import to_edge_transform_and_lower
 
     import fusionkit.backends.vulkan_adapter as vk
@@ -460,10 +463,16 @@ def test_known_outside_the_rules_vulkan() -> None:
     spec = Spec(4, 4, 4, (Block("batch_norm", twice=True),), None, False, 0)
     ep = torch.export.export(Generated(spec).eval(), inputs(spec))
     blind = to_edge_transform_and_lower(copy.deepcopy(ep), transform_passes=vk.transform_passes(),
-                                        partitioner=[vk.VulkanPartitioner(runtime=None)])
+                                        partitioner=[StockVulkanPartitioner()])
     problems = vk.check(blind)
     assert any(p.kind == "not_constant" and "batch_norm" in p.op and p.arg_name == "weight"
                for p in problems), problems
+    # without a probe the adapter's partitioner knows it as well (issue 45, item 3)
+    unprobed = vk.VulkanPartitioner(runtime=None)
+    to_edge_transform_and_lower(copy.deepcopy(ep), transform_passes=vk.transform_passes(unprobed),
+                                partitioner=[unprobed])
+    assert any("batch_norm" in k.op and k.fact == "not_constant"
+               for k in unprobed.kept_off_nodes), unprobed.kept_off_nodes
     inventory = cached_inventory()
     if inventory is None:
         return  # no probed runtime here: the registry's partitioner is the adapter's

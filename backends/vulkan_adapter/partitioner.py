@@ -112,10 +112,13 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
     def _keep_off_missing(self, runtime: Any) -> None:
         """Ops the real runtime lacks go to the CPU instead (``operator_blocklist``).
 
-        ``runtime``: a :class:`~.runtime_probe.RuntimeInventory`, None (trust the 1.5.1
-        registry), or "auto": the inventory of the runtime ``scripts/vulkan-runtime``
-        installed, when it was already probed (``python3 -m
-        fusionkit.backends.vulkan_adapter.runtime_probe``). Blocklisted here are the
+        ``runtime``: a :class:`~.runtime_probe.RuntimeInventory`, or "auto": the inventory
+        of the runtime ``scripts/vulkan-runtime`` installed, when it was already probed
+        (``python3 -m fusionkit.backends.vulkan_adapter.runtime_probe``); with none (or
+        ``None``), what the installed wheel implies (:func:`~.wheel_inventory.wheel_inventory`:
+        its shader templates, its registry less the ops whose shaders it lacks), so that
+        every fact known without a probe steers the partition alike with or without a
+        runtime; a probe only adds facts. Blocklisted here are the
         missing ops the CPU runtime can run that no preprocess removes: neither
         ``RemoveRedundantOpsTransform.redundant_ops`` nor an op a preprocess rule's
         pattern consumes (``dequantize_per_channel`` is fused into the weight-only
@@ -123,13 +126,15 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
         other missing op stays, and ``check(program, runtime=...)`` reports it if it
         reaches the payload.
         """
+        from .wheel_inventory import wheel_inventory
+
         if isinstance(runtime, str):
             from .runtime_probe import cached_inventory
 
             runtime = cached_inventory()
+        if runtime is None:  # no probe: what the wheel implies (the probe only adds to it)
+            runtime = wheel_inventory()
         self.runtime = runtime
-        if runtime is None:
-            return
         from executorch.backends.vulkan._passes.remove_redundant_ops import (
             RemoveRedundantOpsTransform,
         )
@@ -143,9 +148,7 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
                     or not cpu_has_kernel(name)):
                 continue
             self.operator_blocklist.add(op)
-            self.kept_off[name] = (f"the Vulkan runtime (probed, library sha256 "
-                                   f"{runtime.library_sha256[:12]}) has no {name}: it runs on "
-                                   "the CPU")
+            self.kept_off[name] = f"{runtime.named()} has no {name}: it runs on the CPU"
 
     def _texture_limits(self) -> Any:
         from executorch.backends.vulkan import utils as vk_utils
@@ -163,9 +166,6 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
         probed runtime (:class:`~.runtime_support.RuntimeSupport`)."""
         self.kept_off_nodes = []
         self._unrunnable = {}
-        if self.runtime is None:
-            yield
-            return
         support = RuntimeSupport(self.runtime, self._texture_limits())
         support.prepare(ep, _preprocess_pattern_ops())
         self._unrunnable = support.unrunnable

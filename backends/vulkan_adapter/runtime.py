@@ -210,11 +210,18 @@ def uninitialized_state(pte: bytes) -> list[str]:
 
 def _uninitialized_state_decoded(pte: bytes) -> list[str]:
     """:func:`uninitialized_state` by decoding every payload (no byte search first)."""
-    from .inspect.payload import decode_payload
-    from .inspect.prepack_check import vulkan_delegates
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import DataLocation
 
-    try:
-        chains = [decode_payload(d.payload).graph.chain for d in vulkan_delegates(bytes(pte))]
+    from .inspect.payload import decode_payload
+
+    try:  # the .pte's inline Vulkan payloads (prepack_check.vulkan_delegates reads the same;
+        # not imported here: check() resolves the installed runtime, which imports this)
+        program = deserialize_pte_binary(bytes(pte)).program
+        payloads = [bytes(program.backend_delegate_data[d.processed.index].data)
+                    for plan in program.execution_plan for d in plan.delegates
+                    if d.id == "VulkanBackend" and d.processed.location == DataLocation.INLINE]
+        chains = [decode_payload(p).graph.chain for p in payloads]
     except Exception:  # not a program the inspector reads: nothing to isolate for
         return []
     return [c.name for chain in chains for c in chain if c.name in UNINITIALIZED_STATE_OPS]

@@ -71,6 +71,10 @@ class RuntimeInventory:
         """How a reason names this runtime."""
         return f"the Vulkan runtime probed (library sha256 {self.library_sha256[:12]})"
 
+    def named(self) -> str:
+        """How the partitioner's kept-off reasons name this runtime."""
+        return f"the Vulkan runtime (probed, library sha256 {self.library_sha256[:12]})"
+
     @functools.cached_property
     def fingerprint(self) -> tuple[str, tuple[str, ...]]:
         """The library and the operators recorded missing: two inventories with the same

@@ -415,7 +415,7 @@ class RuntimeSupport:
                                                                       fused_by_preprocess)
 
     def _runtime(self) -> str:
-        return f"the Vulkan runtime (probed, library sha256 {self.inventory.library_sha256[:12]})"
+        return str(self.inventory.named())
 
     def refusal(self, node: Node) -> KeptOff | None:
         """Why ``node`` must stay on the CPU for the runtime to load and run the program

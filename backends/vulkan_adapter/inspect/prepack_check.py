@@ -526,24 +526,29 @@ def vulkan_delegates(program: Any) -> list[VulkanDelegate]:
     )
 
 
-def check(program: Any, runtime: Any = None) -> list[Problem]:
+def check(program: Any, runtime: Any = "auto") -> list[Problem]:
     """Problems the Vulkan runtime would abort on, in every Vulkan delegate of ``program``.
 
     ``program``: an ``ExecutorchProgramManager``, an ``EdgeProgramManager``, a
     lowered ``ExportedProgram`` (``edge.exported_program()``), the bytes of a .pte
-    (or of one delegate payload) or a path to a .pte file. ``runtime``: a probed
-    :class:`~fusionkit.backends.vulkan_adapter.runtime_probe.RuntimeInventory`: then
-    an operator or a binary-op shader variant it lacks is a problem too
-    (``missing_operator``, ``missing_shader``).
+    (or of one delegate payload) or a path to a .pte file. ``runtime``: the runtime
+    whose operators and shader variants the program needs (an operator or a binary-op
+    shader variant it lacks is a problem: ``missing_operator``, ``missing_shader``): a
+    probed :class:`~fusionkit.backends.vulkan_adapter.runtime_probe.RuntimeInventory`;
+    ``"auto"`` (the default), the installed runtime's probe, else what the wheel implies
+    (:func:`~fusionkit.backends.vulkan_adapter.wheel_inventory.wheel_inventory`: its
+    shader templates and op registry); ``None``: the wheel's, whatever is installed.
     Returns an empty list when there are none.
     """
+    from ..wheel_inventory import effective_inventory
+
+    inventory = effective_inventory(runtime)
     problems: list[Problem] = []
     for d in vulkan_delegates(program):
         problems.extend(check_payload(d.payload, d.index, d.method, d.named_sizes,
                                       d.named_complete, d.boundary, d.named_data,
                                       d.call_arguments))
-        if runtime is not None:
-            problems.extend(_check_available(d, runtime))
+        problems.extend(_check_available(d, inventory))
     return problems
 
 
@@ -556,7 +561,7 @@ def _check_available(d: VulkanDelegate, runtime: Any) -> Iterator[Problem]:
     for ci, call in enumerate(g.chain):
         if not runtime.has_operator(call.name):
             yield Problem("missing_operator", d.index, call.name, None, None, None,
-                          f"the runtime (probed) has no operator {call.name}: it aborts with "
+                          f"{runtime.describe()} has no operator {call.name}: it aborts with "
                           f"'Missing operator: {call.name}'", d.method, ci)
             continue
         if len(call.args) < 2:
@@ -567,5 +572,5 @@ def _check_available(d: VulkanDelegate, runtime: Any) -> Iterator[Problem]:
                                 g.storage_type_override)
         if shader is not None:
             yield Problem("missing_shader", d.index, call.name, 0, "self", call.args[0],
-                          f"{call.name}: the runtime (probed) has no shader {shader}: it aborts "
+                          f"{call.name}: {runtime.describe()} has no shader {shader}: it aborts "
                           f"with 'Could not find ShaderInfo with name {shader}'", d.method, ci)

@@ -705,6 +705,71 @@ _NORM_RANK: tuple[RuntimeCondition, ...] = (
 CONDITIONS = (*CONDITIONS, *_NORM_RANK)
 
 
+def _ints(v: Any) -> list[int]:
+    return [int(i) for i in v] if isinstance(v, (list, tuple)) else [int(v)]
+
+
+def _conv2d_padding_ok(a: Mapping[str, Any]) -> bool:
+    return _dim(a["weight"]) != 4 or len(_ints(a["padding"])) == 2
+
+
+def _generic_depthwise(a: Mapping[str, Any]) -> bool:
+    """Convolution.cpp's ``Conv2dMethod::Depthwise`` with a kernel that has no output-tile
+    shader (``conv2d_dw_output_tile.yaml``: 3x3 and 5x5 only): the generic ``conv2d_dw``."""
+    w = a["weight"]
+    if _dim(w) != 4 or a.get("transposed") or int(a["groups"]) == 1:
+        return False
+    depthwise = _size(w, 0) == int(a["groups"]) and _size(w, 1) == 1
+    kernel = (_size(w, 2), _size(w, 3))
+    return depthwise and kernel not in ((3, 3), (5, 5), (1, 1))
+
+
+def _dw_width_padding_ok(a: Mapping[str, Any]) -> bool:
+    return not _generic_depthwise(a) or _ints(a["padding"])[-1] == 0
+
+
+def _dw_stride_dilation_ok(a: Mapping[str, Any]) -> bool:
+    return not _generic_depthwise(a) or (
+        set(_ints(a["stride"])) == {1} and set(_ints(a["dilation"])) == {1})
+
+
+def _conv_2d_conditions(op: str) -> tuple[RuntimeCondition, ...]:
+    """Found on two vision models (a SigLIP-style patch embedding, ConvNeXt V2's depthwise
+    7x7; ``tests/test_vulkan_static_verdicts.py``), measured on lavapipe."""
+    return (
+        RuntimeCondition(
+            op, "conv2d_padding_2", ("padding", "weight"),
+            "ints.size() == 2", "VecUtils.h: make_ivec2, from Convolution.cpp (a 2-D conv's "
+            "padding)", "abort", _conv2d_padding_ok,
+            "a 2-D conv with padding='valid' (SigLIP's patch embedding) is exported with "
+            "padding [0] (one entry for both dims), which the runtime refuses when it builds "
+            "the graph; an output_padding of one entry is not read (measured: it runs)"),
+        RuntimeCondition(
+            op, "depthwise_width_padding_0", ("padding", "weight", "groups"),
+            "depthwise with a kernel other than 3x3 / 5x5 (the generic conv2d_dw shader): "
+            "padding along the width == 0",
+            "conv2d_dw.glsl (Convolution.cpp: Conv2dMethod::Depthwise, no output-tile "
+            "variant for the kernel)", "garbage", _dw_width_padding_ok,
+            "measured on lavapipe: a depthwise conv with a 2x2, 4x4, 6x6, 7x7 (ConvNeXt), "
+            "9x9 or 3x5 kernel and a padding along the width computes wrong values (fp32 "
+            "1.1-2.6 off eager, fp16 2.1), padding along the height only or none is right, "
+            "3x3 and 5x5 kernels (output-tile shaders) are right with any padding"),
+        RuntimeCondition(
+            op, "depthwise_stride_dilation_1", ("stride", "weight", "groups", "dilation"),
+            "depthwise with a kernel other than 3x3 / 5x5: stride == 1 and dilation == 1",
+            "ShaderRegistry.cpp: get_shader_info (Convolution.cpp composes conv2d_dw_sned_"
+            "<dtype>, which no template generates: 'Could not find ShaderInfo with name "
+            "conv2d_dw_sned_float')", "abort", _dw_stride_dilation_ok,
+            "measured on lavapipe: a 7x7 depthwise conv with stride 2 or dilation 2 is "
+            "refused at load, its shader name missing from the registry (and from the "
+            "wheel's shader templates: conv2d_dw_sned_output_tile has 3x3 and 5x5 only)"),
+    )
+
+
+CONDITIONS = (*CONDITIONS, *_conv_2d_conditions("aten.convolution.default"),
+              *_conv_2d_conditions("et_vk.conv_with_clamp.default"))
+
+
 def _dtype_holds(v: Any, dtypes: frozenset[Any]) -> bool:
     dtype = getattr(v, "dtype", None)
     return dtype is None or dtype in dtypes  # (a payload tensor of unknown dtype: not judged)

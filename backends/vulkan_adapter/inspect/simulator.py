@@ -651,14 +651,14 @@ class _Delegate:
         """What the probed runtime lacks stops here, as it stops the runtime."""
         if not self.runtime.has_operator(name):
             raise UnsupportedOperatorError(
-                f"{self.label}: {who}: the runtime (probed) has no such operator; it aborts "
+                f"{self.label}: {who}: {self.runtime.describe()} has no such operator; it aborts "
                 f"with 'Missing operator: {name}'", name)
         shader = missing_shader(name, self.tensor_meta(out),
                                 self.tensor_meta(ins[0]) if ins else None,
                                 self.runtime.shaders, self.g.storage_type_override)
         if shader is not None:
             raise RuntimeConditionError(
-                f"{self.label}: {who}: the runtime (probed) has no shader {shader!r}; it "
+                f"{self.label}: {who}: {self.runtime.describe()} has no shader {shader!r}; it "
                 f"aborts with 'Could not find ShaderInfo with name {shader}'", name, "self",
                 _SHADER_CONDITION)
 
@@ -1026,7 +1026,7 @@ def unload(program: Any) -> None:
 
 @torch.no_grad()  # a runtime computes no gradients; out= CPU kernels refuse autograd
 def simulate(program: Any, *inputs: Any, method: str = "forward",
-             trace: list[DelegateRun] | None = None, runtime: Any = None) -> Any:
+             trace: list[DelegateRun] | None = None, runtime: Any = "auto") -> Any:
     """Run ``program`` on the CPU, executing its Vulkan delegates from their payloads.
 
     ``program``: the ``EdgeProgramManager`` of ``to_edge_transform_and_lower``, its
@@ -1039,10 +1039,13 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
     operator it cannot execute, :class:`SimulationError` for other malformed
     payloads. See the module docstring for what is and is not modelled.
     ``trace``: a list that receives one :class:`DelegateRun` per delegate call.
-    ``runtime``: a :class:`~fusionkit.backends.vulkan_adapter.runtime_probe.RuntimeInventory`
-    (what a real runtime has, probed): an operator it lacks stops the simulation as
-    the runtime's ``Missing operator`` does, and so does a shader variant it lacks
-    (:func:`missing_shader`). None: the runtime is assumed to have everything.
+    ``runtime``: what the runtime has (an operator it lacks stops the simulation as the
+    runtime's ``Missing operator`` does, and so does a shader variant it lacks:
+    :func:`missing_shader`): a probed
+    :class:`~fusionkit.backends.vulkan_adapter.runtime_probe.RuntimeInventory`; ``"auto"``
+    (the default), the installed runtime's probe, else what the wheel implies
+    (:func:`~fusionkit.backends.vulkan_adapter.wheel_inventory.wheel_inventory`); ``None``:
+    the wheel's, whatever is installed.
 
     Like a loaded ExecuTorch program, ``program`` keeps its delegates' prepacked
     constants between calls (mutable state such as a KV cache carries over);
@@ -1054,7 +1057,10 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
 
     from fusionkit.program import as_exported_program
 
+    from ..wheel_inventory import effective_inventory
+
     ep = as_exported_program(program, method, who="simulate()")  # TypeError for anything else
+    runtime = effective_inventory(runtime)
     if isinstance(program, ExecutorchProgramManager):
         source = _pte_source(bytes(program.buffer), method)
     else:  # an EdgeProgramManager or an ExportedProgram: the lowered modules' own payloads

@@ -45,6 +45,7 @@ from . import (
     boundary_dim_order,
     constant_serializer,
     fusable_subgraphs,
+    mutated_buffers,
     pass_gates,
     preprocess_rules,
 )
@@ -141,7 +142,8 @@ def _patches() -> list[tuple[Any, str, Any]]:
             (patterns, "get_all_fusable_subgraphs",
              functools.partial(fusable_subgraphs.fusable_subgraphs, stock_fusable)),
             (partitioner, "partition",
-             fusable_subgraphs.partition_with_program(partitioner.partition))]
+             fusable_subgraphs.partition_with_program(
+                 mutated_buffers.partition_keeping_buffers(partitioner.partition)))]
 
 
 #: the adapter's patch set: the pattern takeover, the constant serializer, the pass gates,

@@ -173,6 +173,30 @@ TINY_QWEN3: dict[str, Any] = {"dim": 64, "hidden_dim": 128, "ffn_dim_multiplier"
                               "use_qk_norm": True, "qk_norm_before_rope": True}
 
 
+_T: dict[str, Any] = {"dim": 64, "hidden_dim": 128, "n_heads": 4, "n_kv_heads": 2,
+                      "n_layers": 2, "vocab_size": TINY_LLAMA["vocab_size"],
+                      "ffn_dim_multiplier": 1, "use_scaled_rope": False}
+
+#: export_llm's model classes that build offline from a params file, each at tiny width
+#: with what sets it apart (its published config's switches): ``name -> (base.model_class,
+#: params)``. qwen3_5 needs ``flash-linear-attention``-style layers the wheel builds but
+#: its runtime cannot run on either backend path; it is left out.
+MODEL_CLASSES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama3_2": ("llama3_2", {**TINY_LLAMA, "ffn_dim_multiplier": 1.5}),
+    "smollm2": ("smollm2", {**_T, "norm_eps": 1e-5, "rope_theta": 10000.0,
+                            "use_hf_rope": False, "attention_qkv_bias": False}),
+    "qwen2_5": ("qwen2_5_0_5b", {**_T, "norm_eps": 1e-6, "rope_theta": 1e6,
+                                 "use_hf_rope": True, "attention_qkv_bias": True}),
+    "qwen3": ("qwen3_0_6b", TINY_QWEN3),
+    "phi_4_mini": ("phi_4_mini", {**_T, "norm_eps": 1e-5, "rope_theta": 10000.0,
+                                  "use_hf_rope": True, "partial_rotary_factor": 0.75,
+                                  "attention_qkv_bias": False}),
+    "lfm2": ("lfm2_350m", {**_T, "norm_eps": 1e-5, "rope_theta": 1e6, "use_hf_rope": True,
+                           "use_qk_norm": True, "qk_norm_before_rope": True,
+                           "layer_types": ["conv", "full_attention"]}),
+}
+
+
 def export_pair(args: Sequence[str], out_dir: Path, fusionkit: str, report: Path,
                 timeout: float = 900.0) -> tuple[tuple[Path | None, str], tuple[Path | None, str]]:
     """:func:`export`'s two runs (stock, then under ``fusionkit exec``) started together:

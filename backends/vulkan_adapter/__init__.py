@@ -64,6 +64,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+#: ETRecord delegate maps holding node positions, not debug handles: ExecuTorch 1.5.1's
+#: ``VkGraphBuilder.process_node`` overwrites each node's ``debug_handle`` with its position
+#: in the delegate's graph before mapping it (a number that may be an unrelated node's
+#: handle), so :func:`fusionkit.integration.devtools.attribute_fusions` leaves them alone
+POSITIONAL_DELEGATE_MAPS = frozenset({"VulkanBackend"})
+
 if TYPE_CHECKING:
     from .inspect.payload import PayloadError as PayloadError
     from .inspect.payload import VulkanPayload as VulkanPayload
@@ -76,6 +82,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PATCHES",
+    "POSITIONAL_DELEGATE_MAPS",
     "PREPACKED_ARGS",
     "TAKEN_OVER_PATTERNS",
     "TESTED_EXECUTORCH",

@@ -218,24 +218,36 @@ def _output_file(option: str, path: str) -> None:
 
 def cmd_lower(args: argparse.Namespace) -> int:
     _output_file("-o", args.output)
+    if args.etrecord:
+        _output_file("--etrecord", args.etrecord)
     rules = _load_rules(args.spec, args)
     model = _load_model(args.model)
     from fusionkit.app.lowering import lower
     from fusionkit.app.present import lower_text
 
-    result = lower(model.exported, args.backend, rules, progress=_progress)
+    result = lower(model.exported, args.backend, rules, progress=_progress,
+                   etrecord=bool(args.etrecord))
     try:
         Path(args.output).write_bytes(result.pte)
     except OSError as e:
         raise UserError(f"-o {args.output}: {e.strerror or e}") from None
+    if args.etrecord:
+        try:
+            result.etrecord.save(args.etrecord)
+        except OSError as e:
+            raise UserError(f"--etrecord {args.etrecord}: {e.strerror or e}") from None
     if args.json:
         print(json.dumps({"output": args.output, "bytes": len(result.pte),
+                          **({"etrecord": args.etrecord} if args.etrecord else {}),
                           "seconds": result.seconds, **result.report.to_dict(),
                           "preprocess": result.preprocess}, indent=2))
         return _exit_status(args, result.report)
     print(lower_text(result.report, result.preprocess, args.backend))
     print(f"wrote {args.output} ({len(result.pte):,} bytes) in "
           f"{sum(result.seconds.values()):.1f} s")
+    if args.etrecord:
+        print(f"wrote {args.etrecord} (ETRecord: the graphs before and after the rules; "
+              "ExecuTorch's Inspector names a fused op's replaced nodes)")
     return _exit_status(args, result.report)
 
 
@@ -544,6 +556,8 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--spec", action="append", default=[], metavar="FILE", help="extra YAML spec")
     _spec_consent(lo)
     lo.add_argument("-o", "--output", required=True, help="where to write the .pte")
+    lo.add_argument("--etrecord", metavar="FILE",
+                    help="also write an ETRecord for ExecuTorch's devtools (Inspector)")
     lo.add_argument("--json", action="store_true", help="print the report as JSON")
     lo.add_argument("--strict", action="store_true",
                     help="exit 1 when a rule's own code raised (a decline with step error)")

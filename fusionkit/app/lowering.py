@@ -8,6 +8,7 @@ backends, each adapter imported only when asked for.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import time
 from collections.abc import Callable, Sequence
@@ -84,6 +85,9 @@ class LoweringResult:
     #: what the backend's preprocess rewrites (stock passes run as fusionkit rules) did in
     #: this lowering: stock pass name -> {"runs", "fused", ("declined")}; those with a count
     preprocess: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: the ETRecord (``lower(..., etrecord=True)``): the ATen program, the edge program
+    #: before and after fusionkit's rules, the ``.pte``'s handle maps naming what was fused
+    etrecord: Any = None
 
     @property
     def pte(self) -> bytes:
@@ -114,13 +118,18 @@ def _counts_since(before: dict[str, dict[str, int]], after: dict[str, dict[str, 
 
 
 def lower(program: ProgramLike, backend: str, extra_rules: Sequence[Rule] = (), *,
-          to_executorch: bool = True, progress: Progress | None = None) -> LoweringResult:
+          to_executorch: bool = True, progress: Progress | None = None,
+          etrecord: bool = False) -> LoweringResult:
     """Lower ``program`` through the adapter of ``backend`` (plus ``extra_rules``).
 
     ``program``: an ATen ``ExportedProgram`` (``to_edge_transform_and_lower``), or an
     ``EdgeProgramManager`` / edge-dialect ``ExportedProgram`` (the adapter's passes
     and partitioner are applied to it: ``transform``, then ``to_backend``). An
     ``ExecutorchProgramManager`` is lowered already: ``TypeError``.
+    ``etrecord``: also make an ETRecord (:attr:`LoweringResult.etrecord`, with the
+    example inputs as representative inputs): the graphs before and after the rules,
+    its handle maps naming every fused op's replaced nodes
+    (:func:`fusionkit.integration.devtools.attribute_fusions`).
     """
     from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
 
@@ -136,20 +145,56 @@ def lower(program: ProgramLike, backend: str, extra_rules: Sequence[Rule] = (), 
     before = _preprocess_counts(backend)
     say(f"lowering to {backend} (export → edge → fusion → partition → preprocess)")
     t0 = time.perf_counter()
+    record = None
     if isinstance(program, EdgeProgramManager) or is_edge_dialect(ep):
         manager = program if isinstance(program, EdgeProgramManager) else EdgeProgramManager(ep)
-        edge = manager.transform(passes).to_backend(partitioner)
+        if etrecord:
+            record = _record_before(manager)
+        transformed = manager.transform(passes)
+        if record is not None:
+            record.add_extra_export_modules({"edge_after_transform": copy.deepcopy(transformed)})
+        edge = transformed.to_backend(partitioner)
     else:
-        edge = to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[partitioner])
+        edge = to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[partitioner],
+                                           generate_etrecord=etrecord)
     seconds["lower"] = time.perf_counter() - t0
     preprocess = _counts_since(before, _preprocess_counts(backend))
     program = None
-    if to_executorch:
+    if to_executorch or etrecord:
         say(f"serializing the {backend} program")
         t0 = time.perf_counter()
         program = edge.to_executorch()
         seconds["to_executorch"] = time.perf_counter() - t0
+    if etrecord:
+        record = _finish_record(record, program, ep,
+                                getattr(mod, "POSITIONAL_DELEGATE_MAPS", frozenset()))
     report = FusionReport()
     for p in _fusion_passes(passes):
         report.merge(p.report)
-    return LoweringResult(backend, edge, program, report, seconds, preprocess)
+    return LoweringResult(backend, edge, program, report, seconds, preprocess, record)
+
+
+def _record_before(manager: Any) -> Any:
+    """An ETRecord holding the edge program before the transform passes."""
+    from executorch.devtools.etrecord import ETRecord
+
+    record = ETRecord()
+    record.add_edge_dialect_program(copy.deepcopy(manager))
+    return record
+
+
+def _finish_record(record: Any, program: Any, ep: ExportedProgram,
+                   positional_delegates: frozenset[str]) -> Any:
+    """The lowering's ETRecord with the ``.pte``'s maps, naming what the rules fused, and
+    the example inputs as representative inputs (``calculate_numeric_gap`` runs on them)."""
+    from fusionkit.integration.devtools import attribute_fusions
+
+    if record is None:  # generate_etrecord=True recorded the programs
+        record = program.get_etrecord()
+    else:
+        record.add_executorch_program(program)
+    attribute_fusions(record, positional_delegates=positional_delegates)
+    example = getattr(ep, "example_inputs", None)
+    if example is not None and example[0] is not None and not example[1]:
+        record.update_representative_inputs([tuple(example[0])])
+    return record

@@ -3,7 +3,13 @@
 A rule's replacement receives a :class:`Rewriter` positioned at the match (the
 insertion point the finder chose, ``Match.insert_before``); every node it creates gets ``meta['val']`` by fake-tensor propagation and the
 replaced root's provenance (stack trace, module stack, debug handle), so the
-rewritten program reads like one ``torch.export`` produced. :class:`FusionError`
+rewritten program reads like one ``torch.export`` produced. What ExecuTorch's devtools
+read is kept as they read it (:func:`replaced_debug_handles`): ``debug_handle`` stays
+the root's integer (the node whose value the new one computes; ExecuTorch's delegation,
+serializer and ETRecord take only an int there), ``from_node`` names every replaced
+node with the root last (torch's convention; ExecuTorch follows the last entry), and
+``fusionkit_debug_handles`` lists the handles of all the replaced nodes, root last, for
+:mod:`fusionkit.integration.devtools` to put in an ETRecord's debug-handle map. :class:`FusionError`
 is what a replacement raises when it was handed something a constraint should
 have declined (a rule bug, never a user's model at fault).
 """
@@ -31,10 +37,38 @@ from fusionkit.match.targets import (
     resolve_op,
 )
 
-__all__ = ["PROVENANCE_KEYS", "FusionError", "ProgramConstants", "Rewriter", "meta_value"]
+__all__ = ["DEBUG_HANDLES_KEY", "PROVENANCE_KEYS", "FusionError", "ProgramConstants",
+           "Rewriter", "meta_value", "replaced_debug_handles"]
 
 PROVENANCE_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn",
                     "debug_handle", "custom")
+
+#: ``node.meta`` key: the debug handles of every node a fused node replaced (a tuple,
+#: graph order, the root's last); ``meta['debug_handle']`` stays the root's int
+DEBUG_HANDLES_KEY = "fusionkit_debug_handles"
+
+
+def _handles_of(node: Node) -> tuple[int, ...]:
+    """The original handles ``node`` stands for: its own, or those of what it fused."""
+    fused = node.meta.get(DEBUG_HANDLES_KEY)
+    if fused:
+        return tuple(fused)
+    h = node.meta.get("debug_handle")
+    return (h,) if isinstance(h, int) and not isinstance(h, bool) and h > 0 else ()
+
+
+def replaced_debug_handles(replaced: Any, root: Node) -> tuple[int, ...]:
+    """The debug handles of the nodes a replacement stands for, in graph order with the
+    root's last (the Inspector compares a runtime value with the AOT output of the last
+    handle of its tuple); a node fused earlier contributes the handles it stood for."""
+    out: dict[int, None] = {}
+    for n in sorted(n for n in replaced if n is not root and n.graph is root.graph):
+        out.update(dict.fromkeys(_handles_of(n)))
+    last = _handles_of(root)
+    for h in last:
+        out.pop(h, None)
+    out.update(dict.fromkeys(last))
+    return tuple(out)
 
 
 class FusionError(RuntimeError):
@@ -238,8 +272,11 @@ class Rewriter:
     def __init__(self, root: Node, rule_name: str, ep: ExportedProgram | None = None, *,
                  insert_before: Node | None = None,
                  constants: ProgramConstants | None = None, journal: Any = None,
-                 like: Any = None) -> None:
+                 like: Any = None, replaced: Any = ()) -> None:
         self.root = root
+        #: the nodes the replacement stands for (the match's claimed nodes; the root alone
+        #: when not given): their provenance and debug handles go to every new node
+        self.replaced: tuple[Node, ...] = tuple(replaced) or (root,)
         #: the op whose dialect new nodes take (:func:`~fusionkit.match.targets.dialect_like`)
         self._like = like if like is not None else dialect_like(root)
         self.graph = root.graph
@@ -252,7 +289,8 @@ class Rewriter:
         #: nodes the replacement stopped reading outside the match (see :meth:`release`)
         self.released: list[Node] = []
         self._journal = journal
-        self._node_source: Any = None
+        self._node_sources: list[Any] | None = None
+        self._debug_handles: tuple[int, ...] | None = None
 
     def set_meta(self, node: Node, key: str, value: Any) -> None:
         """``node.meta[key] = value`` for a node the replacement edits in place (one it
@@ -300,29 +338,43 @@ class Rewriter:
             raise FusionError(f"rule {self.rule_name!r}: a new constant needs the program")
         return self._constants.add(name, value.detach().contiguous().clone())
 
-    def _source(self) -> Any:
-        """The root as the nodes' ``from_node`` provenance, made once per match.
+    def _sources(self) -> list[Any]:
+        """The replaced nodes as ``from_node`` provenance (graph order, the root last), made
+        once per match.
 
-        ``NodeSource(root)`` deep-copies the root's whole provenance chain for
-        every new node; the root is erased, so its chain is shared instead.
+        Torch's ``GraphTransformObserver`` appends one ``NodeSource`` per replaced node
+        the same way; ExecuTorch's ancestry (``DebugHandleGeneratorPass``, the Inspector's
+        handle propagation) follows the last entry, the root, whose ``debug_handle`` the
+        new nodes carry. ``NodeSource(node)`` deep-copies the node's whole provenance
+        chain for every new node; the replaced nodes are erased, so their chains are
+        shared instead.
         """
-        if self._node_source is None:
+        if self._node_sources is None:
             try:
                 from torch.fx.traceback import NodeSource, NodeSourceAction
             except ImportError:  # pragma: no cover - older torch
-                return None
-            src = NodeSource(None, f"fusionkit:{self.rule_name}", NodeSourceAction.REPLACE)
+                self._node_sources = []
+                return self._node_sources
             root = self.root
-            src.node_info = NodeSource.NodeInfo(
-                root.name, memo_per_target(_TARGET_STRS, root.target, str), id(root.graph))
-            src.from_node = list(root.meta.get("from_node", ()))
-            self._node_source = src
-        return self._node_source
+            others = sorted(n for n in self.replaced if n is not root and n.graph is root.graph)
+            sources = []
+            for n in (*others, root):
+                src = NodeSource(None, f"fusionkit:{self.rule_name}", NodeSourceAction.REPLACE)
+                src.node_info = NodeSource.NodeInfo(
+                    n.name, memo_per_target(_TARGET_STRS, n.target, str), id(n.graph))
+                src.from_node = list(n.meta.get("from_node", ()))
+                sources.append(src)
+            self._node_sources = sources
+        return self._node_sources
 
     def _stamp(self, node: Node) -> None:
         for key in PROVENANCE_KEYS:
             if key in self.root.meta:
                 node.meta[key] = self.root.meta[key]
+        if self._debug_handles is None:
+            self._debug_handles = replaced_debug_handles(self.replaced, self.root)
+        if self._debug_handles:
+            node.meta[DEBUG_HANDLES_KEY] = self._debug_handles
         node.meta["fusionkit_rule"] = self.rule_name
         self.created.append(node)
 
@@ -344,9 +396,9 @@ class Rewriter:
             node = _create_call(self.graph, op, tuple(args), dict(kwargs),
                                 _node_name(self.graph, op))
         node.meta["val"] = val
-        source = self._source()
-        if source is not None:
-            node.meta["from_node"] = [source]
+        sources = self._sources()
+        if sources:
+            node.meta["from_node"] = list(sources)
         self._stamp(node)
         return node
 

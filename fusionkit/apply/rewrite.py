@@ -32,7 +32,13 @@ from torch.fx import Node
 
 from fusionkit import events
 from fusionkit.apply import gate, lazy_code
-from fusionkit.apply.builder import FusionError, ProgramConstants, Rewriter
+from fusionkit.apply.builder import (
+    DEBUG_HANDLES_KEY,
+    FusionError,
+    ProgramConstants,
+    Rewriter,
+    replaced_debug_handles,
+)
 from fusionkit.apply.journal import Journal
 from fusionkit.check.executable import replacement_outputs
 from fusionkit.check.folding import evaluate_constant
@@ -135,7 +141,7 @@ class _Apply:
             folded[source] = captures[name] = self.fold(source)
         insert_before = getattr(m, "insert_before", None) or m.root
         rw = Rewriter(m.root, m.rule.name, self.ep, insert_before=insert_before,
-                      constants=self.constants, journal=self.journal)
+                      constants=self.constants, journal=self.journal, replaced=m.claimed)
         built = m.rule.replacement.build(rw, captures)
         olds = [m.root, *(m.captures[name] for name in output_names(m.rule.pattern))]
         news = replacement_outputs(m.rule.name, m.root, olds, built)
@@ -158,6 +164,13 @@ class _Apply:
         # while anything reads it: a stock pass that edits an op in place keeps its name,
         # and later passes name their nodes after it
         kept = {new for _, new in pairs if new.users and new in m.claimed}
+        if kept:
+            # it now computes what the match did: it stands for all the nodes it replaced
+            # (its ``debug_handle`` stays, as a stock pass editing in place leaves it)
+            handles = replaced_debug_handles(m.claimed, m.root)
+            for n in kept:
+                if handles and n.meta.get(DEBUG_HANDLES_KEY) != handles:
+                    self.journal.set_meta(n, DEBUG_HANDLES_KEY, handles)
         self.erase_claimed(m, kept)
         # success: publish what later matches and the pass-wide steps need
         self.folded.update(folded)

@@ -82,7 +82,8 @@ def _require_runtime() -> Path:
         where = os.environ.get(RUNTIME_ENV) or str(cache_dir())
         raise RuntimeNotFoundError(
             f"no real Vulkan runtime for executorch {version('executorch')} (looked in {where}); "
-            "get one with `bash scripts/vulkan-runtime` (prebuilt or --source DIR). Without it, "
+            "get one with `bash scripts/vulkan-runtime --source DIR` (an ExecuTorch checkout: "
+            "`bash scripts/executorch-source VERSION DIR`) or `--prebuilt DIR`. Without it, "
             "`fusionkit simulate` and `check()` model the runtime on the CPU.")
     return path
 

@@ -51,8 +51,9 @@ def _real_runtime(stock_pte: bytes, ours_pte: bytes, inputs: Any, eager: Any
     from fusionkit.backends.vulkan_adapter.runtime import Job, find_runtime, run_many_in_child
 
     if find_runtime() is None:
-        print("(no real Vulkan runtime here: `bash scripts/vulkan-runtime` gets one; the "
-              "simulator stands in for it)")
+        print("no real Vulkan runtime here: the Vulkan verdict is the simulator's (above), not the "
+              "runtime's; get one with `bash scripts/vulkan-runtime --source DIR` (an ExecuTorch "
+              "checkout) or `--prebuilt DIR` (README: The real Vulkan runtime)")
         return None
     print("… running both on the real Vulkan runtime (child process)", file=sys.stderr, flush=True)
     flat = list(inputs)
@@ -131,12 +132,14 @@ def run_demo(model_spec: str | None = None, out_dir: Path | None = None) -> int:
     print(f"  fusionkit: max |error| vs eager {sim_err:.2e} {mark}")
     ok &= sim_err <= TOLERANCE
     real = _real_runtime(bytes(stock_vk.buffer), ours_vk.pte, inputs, eager)
+    vulkan_judge = "the payload simulator (no real Vulkan runtime)"
     if real is not None:
         device, stock_real, ours_real, real_ok = real
         print(f"on ExecuTorch's real Vulkan runtime ({device}; fusionkit run):")
         print(f"  stock:     {stock_real}")
         print(f"  fusionkit: {ours_real} {st.green('✓') if real_ok else st.red('✗')}")
         ok &= real_ok
+        vulkan_judge = f"the real Vulkan runtime ({device}) and the simulator"
     print("fusion report:")
     print("\n".join("  " + line for line in str(ours_vk.report).splitlines()))
 
@@ -160,5 +163,6 @@ def run_demo(model_spec: str | None = None, out_dir: Path | None = None) -> int:
     _step(st, 5, steps, "summary")
     verdict = st.green("all fusionkit outputs correct") if ok else st.red("fusionkit output WRONG")
     print(f"{verdict}; stock: {len(stock_problems)} Vulkan abort(s), XNNPACK error "
-          f"{stock_err:.2e}; took {time.perf_counter() - t_start:.0f} s")
+          f"{stock_err:.2e}; Vulkan judged by {vulkan_judge}; "
+          f"took {time.perf_counter() - t_start:.0f} s")
     return 0 if ok else 1

@@ -37,5 +37,5 @@ def rules() -> list[Rule]:
     right = Rule("abs_as_abs", op("aten.abs.default", capture("x")), replace_with("aten.abs.default", ref("x")),
                  [DtypeIn("x", {torch.float32})])
     neg = Rule("neg_as_mul", op("aten.neg.default", capture("x")),
-               replace_with("aten.mul.Tensor", ref("x"), -1.0), [DtypeIn("x", {torch.float32})])
+               replace_with("aten.mul.Scalar", ref("x"), -1.0), [DtypeIn("x", {torch.float32})])
     return [right, aborting_rule(), neg]

@@ -40,6 +40,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
 from executorch.backends.vulkan import utils as vk_utils
 from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanSupportedOperators
 from torch.fx import Node
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from .runtime_probe import RuntimeInventory
 
 __all__ = ["AUTO", "NO_CPU_KERNEL_NAMESPACES", "DelegatedByVulkan", "PartitionerSupport",
-           "missing_operator", "preprocess_fusions", "runtime_condition_broken",
+           "missing_operator", "payload_name", "preprocess_fusions", "runtime_condition_broken",
            "runtime_inventory", "use_runtime", "with_delegation_check"]
 
 from .runtime_choice import (  # noqa: F401  (re-exported: the names delegation has had)
@@ -144,15 +145,36 @@ def runtime_condition_broken(node: Node) -> str | None:
             f"{', '.join(c.args)}: {c.message()}")
 
 
-def missing_operator(node: Node, inventory: RuntimeInventory | None) -> str | None:
-    """Why ``inventory``'s runtime cannot run the fused ``node``: it has no operator under
-    the name the Vulkan payload gives it (``VkGraphBuilder``: ``node.target.__name__``,
+def payload_name(node: Node, before_edge: bool = False) -> str | None:
+    """The name the Vulkan payload gives ``node`` (``VkGraphBuilder``: ``node.target.__name__``,
     ``llama.sdpa_with_kv_cache.default`` for the edge op, ``sdpa_with_kv_cache.default``
-    for the ATen one). None: it has it, or nothing is known (no inventory)."""
-    if inventory is None or node.op != "call_function":
+    for the ATen one). ``before_edge``: the node is judged before partitioning, where
+    ``to_edge`` makes every op an edge op before the payload is written, so an ATen
+    ``OpOverload`` (a program ``torch.export`` gave, as ``fusionkit.verify`` builds) is
+    named as its edge op: ``et_vk.rms_norm.default``, the name ``run`` executes, not
+    ``rms_norm.default``."""
+    if node.op != "call_function":
         return None
+    if before_edge and isinstance(node.target, torch._ops.OpOverload):
+        from .rule_ops import payload_names
+
+        try:
+            return payload_names(node.target)[0]
+        except Exception:  # no edge op of that name (a Python callable): as it is
+            pass
     name = getattr(node.target, "__name__", None)
-    if not isinstance(name, str) or inventory.has_operator(name):
+    return name if isinstance(name, str) else None
+
+
+def missing_operator(node: Node, inventory: RuntimeInventory | None,
+                     before_edge: bool = False) -> str | None:
+    """Why ``inventory``'s runtime cannot run the fused ``node``: it has no operator under
+    the name the Vulkan payload gives it (:func:`payload_name`). None: it has it, or
+    nothing is known (no inventory)."""
+    if inventory is None:
+        return None
+    name = payload_name(node, before_edge)
+    if name is None or inventory.has_operator(name):
         return None
     return (f"{inventory.describe()} has no operator {name}, which the fused "
             f"{op_key(node.target)} is serialized as: the program would be refused at load "
@@ -238,7 +260,8 @@ class DelegatedByVulkan(Constraint):
             return ("the fused op could not be built to ask the Vulkan partitioner about it "
                     f"({type(e).__name__}: {e})")
         for n in built.ops():
-            missing = missing_operator(n, inventory)
+            # before partitioning the payload names the op as to_edge makes it
+            missing = missing_operator(n, inventory, before_edge=self.support is not None)
             if missing is not None:
                 return missing
             broken = runtime_condition_broken(n)
@@ -246,13 +269,34 @@ class DelegatedByVulkan(Constraint):
                 return broken
             if self.support is None or not needs_delegation(n):
                 continue
-            why = self.support.refusal(n)
+            why = _refusal_as_edge(self.support, n)
             if why is not None:
                 return (f"the Vulkan partitioner would not delegate the fused {op_key(n.target)} "
                         f"({why}), and it has no CPU kernel; left unfused here, it is fused "
                         "inside VulkanBackend.preprocess if the partitioner delegates the "
                         "unfused ops")
         return None
+
+
+def _refusal_as_edge(support: PartitionerSupport, node: Node) -> str | None:
+    """The partitioner's answer for ``node`` as ``to_edge`` will give it to the partitioner:
+    an ATen ``OpOverload`` (a scratch node of a program ``torch.export`` gave) is asked
+    about as its edge op, which the partitioner's registry is keyed by."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return support.refusal(node)
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    ns, name = target._schema.name.split("::", 1)
+    try:
+        edge = getattr(getattr(getattr(exir_ops.edge, ns), name), target._overloadname)
+    except Exception:  # no edge op of that name: asked as it is
+        return support.refusal(node)
+    node.target = edge
+    try:
+        return support.refusal(node)
+    finally:
+        node.target = target
 
 
 def with_delegation_check(rule: Rule, support: PartitionerSupport | None,

@@ -143,7 +143,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.rule:  # the other rules still run (they may claim nodes first); only R is shown
         ms = MatchSet([m for m in ms.accepted if m.rule.name == args.rule],
                       [d for d in ms.declined if d.rule == args.rule])
-    checked = _verify_matched(all_rules, ms) if args.verify else None
+    checked = _verify_matched(all_rules, ms, args.backend, args.cases) if args.verify else None
     if args.html:
         _write_html(args.html, ms, f"{model.name}: "
                     + (args.rule if args.rule else f"{args.backend} rules"), checked)
@@ -169,18 +169,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return _exit_status(args, ms)
 
 
-def _verify_matched(rules: Sequence[Any], ms: Any) -> dict[str, Any]:
-    """``explain --verify``: the verification of each rule that fused or declined a match."""
-    from fusionkit.authoring.verify import verify_rules
+def _verify_matched(rules: Sequence[Any], ms: Any, backend: str, cases: int) -> dict[str, Any]:
+    """``explain --verify``: the verification of each rule that fused or declined a match,
+    as ``fusionkit verify --backend BACKEND --cases N`` gives it: the registered rule (not
+    the adapter's copy with its checks) and whether it fires on ``backend``."""
+    from fusionkit.app.firing import plain_rule
+    from fusionkit.app.verify_job import verify_targets
 
+    if cases < 1:
+        raise UserError(f"--cases {cases}: give at least 1 case per rule")
     names = {m.rule.name for m in ms.accepted} | {d.rule for d in ms.declined}
     chosen: dict[str, Any] = {}
     for r in rules:
         if r.name in names and r.name not in chosen:
-            chosen[r.name] = r
+            chosen[r.name] = plain_rule(r, backend)
     # one worker process for them all: a case that crashes a kernel is that rule's verdict
-    checked = verify_rules(list(chosen.values()), cases=8,
-                           progress=lambda r: _progress(f"verifying {r.name}"))
+    checked = verify_targets(list(chosen.values()), cases=cases, backend=backend,
+                             progress=_progress)
     return {v.rule: v for v in checked}
 
 
@@ -444,7 +449,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise UserError(f"--rule {args.rule}: no such rule{_did_you_mean(args.rule, names)} "
                             f"(rules: {', '.join(names)})")
         rules = [r for r in rules if r.name == args.rule]
-    results = verify_targets(rules, cases=args.cases, progress=None if args.json else _progress)
+    results = verify_targets(rules, cases=args.cases, backend=args.backend,
+                             progress=None if args.json else _progress)
     if args.json:
         print(json.dumps([v.to_dict() for v in results], indent=2))
     else:
@@ -581,7 +587,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also write a self-contained page drawing each match as a graph")
     ex.add_argument("--verify", action="store_true",
                     help="also verify each rule that fused or declined a match (fusionkit "
-                    "verify): equal, different (with a counterexample) or cannot check")
+                    "verify --backend BACKEND): equal, different (with a counterexample) or "
+                    "cannot check, and whether it fires on the backend")
+    ex.add_argument("--cases", type=int, default=8,
+                    help="with --verify: cases to compare per rule (default 8)")
     ex.set_defaults(fn=cmd_explain)
 
     ch = sub.add_parser("check", help="static checks of a .pte (Vulkan prepacked arguments)")
@@ -644,6 +653,9 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_consent(ve)
     ve.add_argument("--rule", help="only the rule of this name")
     ve.add_argument("--cases", type=int, default=20, help="cases to compare per rule")
+    ve.add_argument("--backend", choices=["vulkan", "xnnpack"],
+                    help="judge whether each rule fires on this backend, as explain does "
+                    "(default: the backends whose rule sets hold it; a spec's rule: any backend)")
     ve.add_argument("--json", action="store_true")
     ve.set_defaults(fn=cmd_verify)
 

@@ -184,13 +184,15 @@ def _verified(v: Verification | None) -> str:
     if v is None:
         return "<td>-</td>"
     return (f'<td class="verify-{v.status.replace(" ", "-")}" title="{html.escape(str(v))}">'
-            f"{html.escape(v.status)}</td>")
+            f"{html.escape(v.verdict)}</td>")
 
 
 def _verification_section(results: Mapping[str, Verification]) -> str:
     esc = html.escape
     rows = "\n".join(f'<tr><td><code>{esc(n)}</code></td>{_verified(v)}<td>{v.cases}</td>'
                      f"<td>{esc(v.reason)}"
+                     + "".join(f"<br><b>never fires on {esc(b)}</b>: {esc(why)}"
+                               for b, why in v.never_fires.items())
                      + (f"<pre>{esc(str(v.counterexample))}</pre>" if v.counterexample else "")
                      + "</td></tr>" for n, v in results.items())
     return ('<h2 id="verification">Verification (<code>fusionkit verify</code>)</h2>\n'

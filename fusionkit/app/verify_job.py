@@ -86,17 +86,23 @@ def load_targets(targets: Sequence[str], load_specs: Callable[[list[str]], list[
     return rules
 
 
-def verify_targets(rules: Sequence[Rule], *, cases: int = 20,
+def verify_targets(rules: Sequence[Rule], *, cases: int = 20, backend: str | None = None,
                    progress: Callable[[str], None] | None = None) -> list[Verification]:
     """Each rule's verification, in one worker process (restarted after a case crashes it:
-    the crash is that rule's "cannot check"), so no case ends this process."""
-    return verify_rules(rules, cases=cases,
+    the crash is that rule's "cannot check"), so no case ends this process; with whether it
+    fires on ``backend`` (else the backends registering it), as ``explain`` decides
+    (:mod:`fusionkit.app.firing`). ``fusionkit verify`` and ``explain --verify`` both call
+    this, so for one rule and one budget they give one verdict."""
+    from fusionkit.app.firing import judges
+
+    return verify_rules(rules, cases=cases, judges=lambda r: judges(r, backend),
                         progress=None if progress is None else lambda r: progress(f"verifying {r.name}"))
 
 
 def status_of(results: Sequence[Verification]) -> int:
-    """Exit status: 1 when a rule computes something else than its pattern, else 0."""
-    return 1 if any(v.status == DIFFERENT for v in results) else 0
+    """Exit status: 1 when a rule computes something else than its pattern, or never fires
+    on a backend it was judged for (a problem found either way), else 0."""
+    return 1 if any(v.status == DIFFERENT or v.never_fires for v in results) else 0
 
 
 _MARK = {EQUAL: "equal", DIFFERENT: "DIFFERENT", CANNOT_CHECK: "cannot check"}
@@ -105,14 +111,23 @@ _MARK = {EQUAL: "equal", DIFFERENT: "DIFFERENT", CANNOT_CHECK: "cannot check"}
 def verification_text(results: Sequence[Verification]) -> str:
     lines = []
     for v in results:
-        lines.append(f"{v.rule}: {_MARK[v.status]} ({v.seconds:.1f} s): {v.reason}")
+        never = v.never_fires
+        mark = _MARK[v.status] + (f", but NEVER FIRES on {', '.join(never)}" if never else "")
+        lines.append(f"{v.rule}: {mark} ({v.seconds:.1f} s): {v.reason}")
+        for b, why in never.items():
+            lines.append(f"  never fires on {b} (declined on all {v.firing[b]['cases']} cases "
+                         f"judged, as explain decides): {why}")
+        fires = [b for b, f in v.firing.items() if f.get("fires")]
+        if fires:
+            lines.append(f"  fires on {', '.join(fires)}")
         if v.counterexample is not None:
             lines.append(f"  smallest counterexample: {v.counterexample}")
     counts = {s: sum(v.status == s for v in results) for s in (EQUAL, DIFFERENT, CANNOT_CHECK)}
     tol = ", ".join(f"{str(d).removeprefix('torch.')} {t:g}" for d, t in TOLERANCES.items()
                     if d.is_floating_point)
     lines.append(f"{len(results)} rule(s): {counts[EQUAL]} equal, {counts[DIFFERENT]} different, "
-                 f"{counts[CANNOT_CHECK]} cannot check (tolerance x (1 + |expected|): {tol}; "
+                 f"{counts[CANNOT_CHECK]} cannot check, "
+                 f"{sum(bool(v.never_fires) for v in results)} never fire (tolerance x (1 + |expected|): {tol}; "
                  "8-bit outputs within 1 step, other integers exact)")
     return "\n".join(lines)
 

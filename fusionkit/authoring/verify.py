@@ -103,8 +103,8 @@ from fusionkit.match.pattern import (
 from fusionkit.match.targets import _overload_of, op_key, resolve_op
 from fusionkit.rule import Rule
 
-__all__ = ["CHECK_HINTS", "TOLERANCES", "Counterexample", "OperandHint", "Verification", "verify",
-           "verify_rules"]
+__all__ = ["CHECK_HINTS", "FIRING_CASES", "TOLERANCES", "Counterexample", "Judge", "OperandHint",
+           "Verification", "verify", "verify_rules"]
 
 #: absolute/relative tolerance per output dtype: ``|got - want| <= tol * (1 + |want|)``;
 #: an integer output may differ by at most ``tol`` (one quantization step for 8-bit)
@@ -126,6 +126,12 @@ TOLERANCES: dict[torch.dtype, float] = {
 #: reference a backend registered for one (``register_kernel_reference``)
 UNSAFE_TO_RUN: tuple[str, ...] = ("llama.",)
 UNSAFE_TO_RUN_WHY = "its C++ kernel aborts the process on operands it refuses"
+
+#: ``judge(ep)`` (:func:`verify`'s ``judges``): the exported program of a case the rule
+#: accepted -> None when the rule fires in it as a backend applies it, else why not
+Judge = Callable[[Any], "str | None"]
+#: cases a judge is asked about at most while the rule has not fired (once it fires, no more)
+FIRING_CASES = 8
 
 #: node metadata that says where a node came from, not what it computes
 _BOOKKEEPING_META = frozenset({"val", "tensor_meta", "stack_trace", "nn_module_stack", "source_fn_stack",
@@ -1279,10 +1285,29 @@ class Verification:
     #: the cases that crashed the process that ran them (a signal, an abort): the op, the
     #: signal, the stage and the case, to reproduce it
     crashes: tuple[Mapping[str, Any], ...] = ()
+    #: backend -> whether the rule fires there on the compared cases, as ``explain`` decides
+    #: (``verify``'s ``judges``): ``fires`` (True, False, or None: no case judged),
+    #: ``cases`` (judged), ``reason`` (when it never fired: the most frequent decline, the
+    #: ``executable`` step's or the partitioner's), ``not_judged`` (a judge that raised)
+    firing: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.status == EQUAL
+
+    @property
+    def never_fires(self) -> dict[str, str]:
+        """Backend -> why the rule never fired there on any case judged (its replacement
+        declined at ``executable`` or by the partitioner, on every case)."""
+        return {b: str(f.get("reason", "")) for b, f in self.firing.items() if f.get("fires") is False}
+
+    @property
+    def verdict(self) -> str:
+        """The status, and where the rule never fires: ``equal, but never fires on vulkan``."""
+        never = self.never_fires
+        if not never:
+            return self.status
+        return f"{self.status}, but never fires on {', '.join(never)}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": self.rule, "status": self.status, "reason": self.reason, "cases": self.cases,
@@ -1291,11 +1316,14 @@ class Verification:
                 "no_reference": list(self.no_reference), "seconds": round(self.seconds, 2),
                 "cause": self.cause, "coverage": dict(self.coverage),
                 "crashes": [dict(c) for c in self.crashes],
+                "firing": {b: dict(f) for b, f in self.firing.items()},
+                "never_fires": self.never_fires, "verdict": self.verdict,
                 "tolerances": {str(k).removeprefix("torch."): v for k, v in TOLERANCES.items()}}
 
     def summary(self) -> str:
-        """One line: the rule, the verdict and why."""
-        return f"{self.rule}: {self.status} - {self.reason}"
+        """One line: the rule, the verdict and why (and why it never fires where it does not)."""
+        never = "".join(f"; never fires on {b}: {why}" for b, why in self.never_fires.items())
+        return f"{self.rule}: {self.verdict} - {self.reason}{never}"
 
     def __str__(self) -> str:
         out = self.summary()
@@ -1334,8 +1362,15 @@ _NOT_JUDGED = ("torch.export failed", "the program form failed")
 class _Checker:
     """Runs drawn cases: export (memoised by structure), rewrite, evaluate, compare."""
 
-    def __init__(self, rule: Rule, cases: int, max_examples: int = 300) -> None:
+    def __init__(self, rule: Rule, cases: int, max_examples: int = 300,
+                 judges: Mapping[str, Judge] | None = None) -> None:
         self.rule = rule
+        #: backend -> its judge of whether the rule fires there; what each said
+        self.judges = dict(judges or {})
+        self.fired: dict[str, bool] = {}
+        self.judged: Counter[str] = Counter()
+        self.not_fired: dict[str, Counter[str]] = {b: Counter() for b in self.judges}
+        self.not_judged: dict[str, str] = {}
         #: cases drawn, and compared cases with an operand of two or more dims > 1 (where a
         #: rule that mixes up dims can show it, values not all one): half the cases must be
         #: such, unless half the draws gave too few (a rule of vectors)
@@ -1450,7 +1485,42 @@ class _Checker:
                    "the backend to apply; the graph alone does not compute the result")
             self.metadata.add(got)
         self.exported[key] = got
+        self._judge_firing(ep)
         return got
+
+    def _judge_firing(self, ep: Any) -> None:
+        """Ask each backend's judge whether the rule fires in this accepted case's program,
+        until it fired once (or :data:`FIRING_CASES` were judged)."""
+        for backend, judge in self.judges.items():
+            if self.fired.get(backend) or self.judged[backend] >= FIRING_CASES:
+                continue
+            if _GUARD is not None:
+                _GUARD.at_op(f"judging whether {self.rule.name} fires on {backend}")
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    why = judge(ep)
+            except Exception as e:  # (to_edge of the case failed): not a judgement
+                self.not_judged[backend] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                continue
+            self.judged[backend] += 1
+            if why is None:
+                self.fired[backend] = True
+            else:
+                self.not_fired[backend][why] += 1
+
+    def firing(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for b in self.judges:
+            n = self.judged[b]
+            f: dict[str, Any] = {"fires": True if self.fired.get(b) else (False if n else None),
+                                 "cases": n}
+            if f["fires"] is False:
+                f["reason"] = self.not_fired[b].most_common(1)[0][0]
+            if b in self.not_judged:
+                f["not_judged"] = self.not_judged[b]
+            out[b] = f
+        return out
 
     def differs(self, case: _Case) -> bool:
         """Whether this case is a counterexample; counts what it was."""
@@ -1581,7 +1651,8 @@ def _picker(draw: Callable[[Any], Any], st: Any, joint: int,
 
 
 def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 0,
-           hints: Mapping[str, OperandHint] | None = None, isolate: bool = True) -> Verification:
+           hints: Mapping[str, OperandHint] | None = None, isolate: bool = True,
+           judges: Mapping[str, Judge] | None = None) -> Verification:
     """Whether ``rule``'s replacement computes what its pattern computes.
 
     Draws operands the rule's constraints admit (several shapes and dtypes, the
@@ -1601,14 +1672,21 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
     process; the worker is restarted without that case (:data:`MAX_CRASHES` times at
     most) and the crash is reported, "cannot check: OP crashed on CASE". ``False`` runs
     them in the caller's process (where a hook the caller set must see them).
+
+    ``judges`` (backend -> :data:`Judge`): whether the rule fires there, asked about the
+    cases the rule accepted (:data:`FIRING_CASES` at most until it fires), as ``explain``
+    decides (:func:`fusionkit.app.firing.judges`, what ``fusionkit verify`` passes):
+    :attr:`Verification.firing`; an ``equal`` rule declined on every case judged is
+    ``equal, but never fires on BACKEND`` (:attr:`Verification.verdict`).
     """
     if isolate and _can_isolate():
-        return _isolated([rule.name], [lambda: _verify(rule, cases, max_examples, seed, hints)])[0]
-    return _verify(rule, cases, max_examples, seed, hints)
+        return _isolated([rule.name], [lambda: _verify(rule, cases, max_examples, seed, hints, judges)])[0]
+    return _verify(rule, cases, max_examples, seed, hints, judges)
 
 
 def _verify(rule: Rule, cases: int, max_examples: int, seed: int,
-            hints: Mapping[str, OperandHint] | None) -> Verification:
+            hints: Mapping[str, OperandHint] | None,
+            judges: Mapping[str, Judge] | None = None) -> Verification:
     try:
         from hypothesis import HealthCheck, Phase, find, settings
         from hypothesis import strategies as st
@@ -1617,7 +1695,7 @@ def _verify(rule: Rule, cases: int, max_examples: int, seed: int,
         raise ImportError("fusionkit.verify draws its cases with hypothesis: pip install hypothesis") from e
 
     started = time.monotonic()
-    checker = _Checker(rule, cases, max_examples)
+    checker = _Checker(rule, cases, max_examples, judges)
     operand_hints, joint_hints = _hints_of(rule, hints)
     scope = _scope_of(rule)
 
@@ -2000,7 +2078,7 @@ class _seeded:
 def _verdict(rule: Rule, ch: _Checker, found: _Case | None, seconds: float) -> Verification:
     common = dict(cases=ch.compared, shapes=tuple(sorted(ch.shapes)), dtypes=tuple(sorted(ch.dtypes)),
                   declined=dict(ch.declined.most_common(5)), no_reference=tuple(sorted(ch.no_reference)),
-                  seconds=seconds, coverage=ch.coverage())
+                  seconds=seconds, coverage=ch.coverage(), firing=ch.firing())
     if found is not None:
         ch.last_difference = None
         ch.differs(found)  # recompute the shrunk case's outputs
@@ -2057,11 +2135,14 @@ def _covered(ch: _Checker) -> str:
 
 def verify_rules(rules: Sequence[Rule], *, cases: int = 20, max_examples: int = 300, seed: int = 0,
                  hints: Mapping[str, OperandHint] | None = None, isolate: bool = True,
-                 progress: Callable[[Rule], None] | None = None) -> list[Verification]:
+                 progress: Callable[[Rule], None] | None = None,
+                 judges: Callable[[Rule], Mapping[str, Judge]] | None = None) -> list[Verification]:
     """:func:`verify` for each rule, in order: isolated, in one worker process for them all
-    (restarted after a crash); ``progress(rule)`` before each."""
+    (restarted after a crash); ``progress(rule)`` before each; ``judges(rule)``: that rule's
+    (:func:`verify`'s ``judges``), made in the worker."""
     def run(r: Rule) -> Callable[[], Verification]:
-        return lambda: _verify(r, cases, max_examples, seed, hints)
+        return lambda: _verify(r, cases, max_examples, seed, hints,
+                               None if judges is None else judges(r))
 
     if isolate and _can_isolate():
         return _isolated([r.name for r in rules], [run(r) for r in rules],

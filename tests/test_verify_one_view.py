@@ -138,6 +138,22 @@ def test_shipped_rules_are_judged_where_they_are_registered() -> None:
     assert dict(judges(xnn)) == {}
 
 
+def test_judging_an_xnnpack_rule_imports_no_vulkan_adapter() -> None:
+    """Where a rule is registered is read from the registry: an XNNPACK rule's verification
+    does not import another backend's adapter."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from fusionkit.passes import rule_set\n"
+            "from fusionkit.app.firing import judges\n"
+            "assert dict(judges(rule_set('xnnpack')[0])) == {}\n"
+            "print(sorted(m for m in sys.modules if m.startswith('fusionkit.backends.vulkan_adapter')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
 def _json_of(capsys: Any) -> Any:
     return json.loads(capsys.readouterr().out)
 

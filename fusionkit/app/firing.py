@@ -45,6 +45,11 @@ Judge = Callable[[Any], "str | None"]
 #: backend -> the rule sets it runs in preprocess (after partitioning), beside its adapter's
 #: transform passes (:func:`~fusionkit.app.lowering.adapter_rules`)
 _PREPROCESS_SETS: dict[str, tuple[str, ...]] = {"vulkan": ("vulkan", "vulkan_preprocess")}
+#: backend -> the rule sets whose rules are judged there: its adapter's transform passes
+#: (``vulkan``) and its preprocess rules judged as its preprocess judges them. XNNPACK's
+#: adapter has no transform-pass rules (its ``xnnpack`` set runs inside its preprocess, with
+#: its own target), and ``explain`` applies none of them: not judged
+_JUDGED_SETS: dict[str, tuple[str, ...]] = {"vulkan": ("vulkan", "vulkan_preprocess")}
 
 
 def _same(a: Rule, b: Rule) -> bool:
@@ -78,10 +83,8 @@ def registered_backends(rule: Rule) -> list[str]:
     """The backends whose rule sets hold ``rule`` (a shipped rule; none for a spec's)."""
     if not rule.shipped:
         return []
-    from fusionkit.app.lowering import BACKENDS, adapter_rules
-
-    return [b for b in BACKENDS if any(_same(r, rule) for r in adapter_rules(b))
-            or _in_sets(rule, _PREPROCESS_SETS.get(b, ()))]
+    # (read from the registry: no other backend's adapter is imported for a rule)
+    return [b for b, sets in _JUDGED_SETS.items() if _in_sets(rule, sets)]
 
 
 def plain_rule(rule: Rule, backend: str) -> Rule:

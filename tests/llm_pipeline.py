@@ -217,15 +217,16 @@ def export_pair(args: Sequence[str], out_dir: Path, fusionkit: str, report: Path
         return stock.result(), ours.result()
 
 
-def delegate_arity(pte: Path) -> list[tuple[int, int]]:
-    """Each Vulkan delegate call of a .pte: (arguments the call supplies, inputs + outputs
-    its serialized graph declares). The runtime aborts at execute when they differ
-    (``VulkanBackend::execute``: ``args.size() == num_inputs + num_outputs``)."""
+def delegate_arity(pte: Path | bytes) -> list[tuple[int, int]]:
+    """Each Vulkan delegate call of a .pte (a file or its bytes): (arguments the call
+    supplies, inputs + outputs its serialized graph declares). The runtime aborts at
+    execute when they differ (``VulkanBackend::execute``: ``args.size() == num_inputs +
+    num_outputs``)."""
     from executorch.exir._serialize._program import deserialize_pte_binary
 
     from fusionkit.backends.vulkan_adapter.inspect.payload import decode_payload
 
-    prog = deserialize_pte_binary(pte.read_bytes())
+    prog = deserialize_pte_binary(pte if isinstance(pte, bytes) else pte.read_bytes())
     prog = getattr(prog, "program", prog)
     found = []
     for plan in prog.execution_plan:

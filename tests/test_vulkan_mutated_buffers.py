@@ -14,17 +14,16 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
+import llm_pipeline as llm
 import pytest
 import torch
 from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
 from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
-from executorch.exir._serialize._program import deserialize_pte_binary
 from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 from vulkan_runtime_oracle import adapter_state_restored, assert_real, pte_of, session
 
 import fusionkit.backends.vulkan_adapter as vk
 from fusionkit.backends.vulkan_adapter import mutated_buffers
-from fusionkit.backends.vulkan_adapter.inspect.payload import decode_payload
 
 real_vulkan = session()
 
@@ -41,23 +40,6 @@ class ConvState(torch.nn.Module):
         y = torch.cat([self.state, x], -1)
         self.state.copy_(y[..., -2:])
         return self.conv(y) * 2.0
-
-
-def _arity(pte: bytes) -> list[tuple[int, int]]:
-    """Each Vulkan delegate call: (arguments supplied, inputs + outputs its graph declares)."""
-    prog = deserialize_pte_binary(pte)
-    prog = getattr(prog, "program", prog)
-    found = []
-    for plan in prog.execution_plan:
-        for chain in plan.chains:
-            for ins in chain.instructions:
-                call = ins.instr_args
-                if type(call).__name__ != "DelegateCall":
-                    continue
-                delegate = plan.delegates[call.delegate_index]
-                g = decode_payload(prog.backend_delegate_data[delegate.processed.index].data).graph
-                found.append((len(call.args), len(g.input_ids) + len(g.output_ids)))
-    return found
 
 
 def _lower(model: torch.nn.Module, x: torch.Tensor) -> bytes:
@@ -84,11 +66,11 @@ def programs() -> Iterator[dict[str, Any]]:
 
 
 def test_stock_declares_an_output_its_call_does_not_supply(programs: dict[str, Any]) -> None:
-    assert any(supplied != declared for supplied, declared in _arity(programs["stock"]))
+    assert any(supplied != declared for supplied, declared in llm.delegate_arity(programs["stock"]))
 
 
 def test_the_buffer_stays_on_the_cpu_and_every_call_matches(programs: dict[str, Any]) -> None:
-    arity = _arity(programs["ours"])
+    arity = llm.delegate_arity(programs["ours"])
     assert arity and all(supplied == declared for supplied, declared in arity), arity
     assert [k.buffer for k in programs["kept"]] == ["state"]
     assert "written back from" in programs["kept"][0].reason

@@ -62,6 +62,24 @@ _QP = "executorch.backends.xnnpack.operators.quant_params"
 
 # ----------------------------------------------------------------------------- constants
 
+class _WeaklyHeldInputs(ProgramInputs):
+    """:class:`ProgramInputs` holding its program weakly. The cache below is keyed weakly
+    by the program; a value holding the program itself would keep its key, and with it
+    every preprocessed program and each constant it delegated, alive until the process
+    ends (+1.7 GB at the end of a Qwen3-0.6B ``export_llm`` on XNNPACK)."""
+
+    @property  # type: ignore[override]
+    def _ep(self) -> ExportedProgram:
+        ep = self._program()
+        if ep is None:
+            raise ReferenceError("the program these inputs index no longer exists")
+        return ep
+
+    @_ep.setter
+    def _ep(self, ep: ExportedProgram) -> None:
+        self._program = weakref.ref(ep)
+
+
 _inputs_cache: weakref.WeakKeyDictionary[ExportedProgram, tuple[Any, int, ProgramInputs]] = (
     weakref.WeakKeyDictionary()
 )
@@ -73,7 +91,7 @@ def _program_inputs(ep: ExportedProgram) -> ProgramInputs:
     hit = _inputs_cache.get(ep)
     if hit is not None and hit[0] is key[0] and hit[1] == key[1]:
         return hit[2]
-    inputs = ProgramInputs(ep)
+    inputs = _WeaklyHeldInputs(ep)
     _inputs_cache[ep] = (sig, len(sig.input_specs), inputs)
     return inputs
 

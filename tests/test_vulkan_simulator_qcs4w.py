@@ -143,10 +143,32 @@ def broken() -> dict[str, tuple[Any, tuple[torch.Tensor, ...], Lowered]]:
         torch.manual_seed(40)
         x = (torch.randn(*shape),)
         model = _int4(Linear(shape[-1], n), x)
-        # the stock passes in preprocess, and a partitioner that does not know the runtime
-        # (the adapter's, with the probe, keeps these linears off the delegate)
-        out[name] = (model, x, lower(model, x, False, runtime=None))
+        # stock ExecuTorch 1.5.1: its passes in preprocess and its partitioner, which knows
+        # no runtime condition (the adapter's keeps these linears off the delegate, with a
+        # probe or with what the wheel implies)
+        out[name] = (model, x, _stock_lowered(model, x))
     return out
+
+
+def _stock_lowered(model: nn.Module, x: tuple[torch.Tensor, ...]) -> Lowered:
+    import copy
+
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
+        VulkanPartitioner as StockVulkanPartitioner,
+    )
+    from executorch.exir import to_edge_transform_and_lower
+    from vulkan_runtime_oracle import adapter_state_restored
+
+    import fusionkit.backends.vulkan_adapter as vk
+    from fusionkit.backends.vulkan_adapter import constant_serializer
+
+    with adapter_state_restored():
+        vk.uninstall()
+        constant_serializer.uninstall()
+        prog = to_edge_transform_and_lower(torch.export.export(copy.deepcopy(model), x),
+                                           partitioner=[StockVulkanPartitioner()])
+        pte = bytes(prog.to_executorch().buffer)
+    return Lowered(pte, prog, {}, {})
 
 
 def test_the_simulator_predicts_the_broken_conditions(broken: Any) -> None:

@@ -118,7 +118,8 @@ def test_xnnpack_equals_eager(name: str) -> None:
     with torch.no_grad():
         want = m(*args)
     et = _lower(m, args, "xnnpack")
-    got = _load_for_executorch_from_buffer(bytes(et.buffer)).forward(args)
+    pte = bytes(et.buffer)  # held while it runs: the runtime does not copy it
+    got = _load_for_executorch_from_buffer(pte).forward(args)
     torch.testing.assert_close(list(got), pytree.tree_leaves(want), atol=ATOL, rtol=1e-5)
 
 

@@ -85,7 +85,9 @@ def _run(converted: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...],
 
     ep = torch.export.export(converted, inputs)
     lowered = to_edge_transform_and_lower(ep, partitioner=[partitioner] if partitioner else None)
-    (out,) = _load_for_executorch_from_buffer(lowered.to_executorch().buffer).forward(inputs)
+    # the runtime does not copy the buffer (pytorch/executorch#10725): hold it while it runs
+    pte = lowered.to_executorch().buffer
+    (out,) = _load_for_executorch_from_buffer(pte).forward(inputs)
     return out  # type: ignore[no-any-return]
 
 

@@ -429,7 +429,8 @@ def _run(program: Any, inputs: tuple[torch.Tensor, ...], backend: str, result: L
     else:
         from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
-        out = _load_for_executorch_from_buffer(bytes(program.buffer)).forward(inputs)
+        pte = bytes(program.buffer)  # held while it runs: the runtime does not copy it
+        out = _load_for_executorch_from_buffer(pte).forward(inputs)
     if isinstance(out, (list, tuple)):
         out = out[0]
     assert isinstance(out, torch.Tensor)

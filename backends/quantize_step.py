@@ -100,8 +100,8 @@ def _has_batch_norm(m: GraphModule) -> bool:
 def fuse_conv_bn_(m: GraphModule) -> None:
     """torchao's ``_fuse_conv_bn_(m)`` as rules: in place, every operand checked."""
     from fusionkit.apply.rewrite import apply_matches
+    from fusionkit.find.finder import find_matches
     from fusionkit.integration.graph_module_program import lift, write_back
-    from fusionkit.match.finder import find_matches
 
     report = FoldReport()
     _last.report = report

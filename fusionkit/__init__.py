@@ -57,19 +57,19 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "Ref": ("fusionkit.rule", "a reference to a capture inside replacement arguments"),
     "ref": ("fusionkit.rule", "make a :class:`Ref`"),
     "replace_with": ("fusionkit.rule", "make a :class:`CallOp` replacement"),
-    "Rewriter": ("fusionkit.apply.builder", "creates replacement nodes with metadata (the replacement author's API)"),
-    "FusionError": ("fusionkit.apply.builder", "a rule produced something inconsistent (a rule bug)"),
-    "op_key": ("fusionkit.match.targets", "the one string key of an op target (ATen, edge or custom)"),
-    "register_delegate": ("fusionkit.check.executable", "tell fusionkit which ops a backend's delegate takes (its own namespaces, its registry)"),
-    "find_matches": ("fusionkit.match.finder", "decide every match of a rule set in one phase (changes nothing)"),
-    "Match": ("fusionkit.match.finder", "an accepted match: rule, root, captures, claimed nodes, folds"),
-    "MatchSet": ("fusionkit.match.finder", "the accepted matches and the declined ones (MatchResults) of one search"),
-    "RuleIndex": ("fusionkit.match.finder", "rules indexed by root op (build once, search many graphs)"),
+    "Rewriter": ("fusionkit.edit.builder", "creates replacement nodes with metadata (the replacement author's API)"),
+    "FusionError": ("fusionkit.edit.builder", "a rule produced something inconsistent (a rule bug)"),
+    "op_key": ("fusionkit.targets", "the one string key of an op target (ATen, edge or custom)"),
+    "register_delegate": ("fusionkit.find.executable", "tell fusionkit which ops a backend's delegate takes (its own namespaces, its registry)"),
+    "find_matches": ("fusionkit.find.finder", "decide every match of a rule set in one phase (changes nothing)"),
+    "Match": ("fusionkit.find.finder", "an accepted match: rule, root, captures, claimed nodes, folds"),
+    "MatchSet": ("fusionkit.find.finder", "the accepted matches and the declined ones (MatchResults) of one search"),
+    "RuleIndex": ("fusionkit.find.finder", "rules indexed by root op (build once, search many graphs)"),
     "FusionPass": ("fusionkit.fusion_pass", "ExportedProgram pass applying a rule set (drop-in transform pass)"),
     "FusionReport": ("fusionkit.report", "per-rule outcome of a pass run: fused, folded, declined"),
-    "ProgramInputs": ("fusionkit.check.program_inputs", "classifies placeholders: parameters, buffers, constants, user inputs"),
-    "ConstantRef": ("fusionkit.check.program_inputs", "a constant placeholder's kind, name and tensor"),
-    "ConstantKind": ("fusionkit.check.program_inputs", "parameter, buffer or lifted tensor constant"),
+    "ProgramInputs": ("fusionkit.program_inputs", "classifies placeholders: parameters, buffers, constants, user inputs"),
+    "ConstantRef": ("fusionkit.program_inputs", "a constant placeholder's kind, name and tensor"),
+    "ConstantKind": ("fusionkit.program_inputs", "parameter, buffer or lifted tensor constant"),
     "rule_from_functions": ("fusionkit.authoring.from_example", "a rule traced from the PyTorch code it fuses (and its replacement)"),
     "pattern_from_function": ("fusionkit.authoring.from_example", "the pattern traced from one example function"),
     "TraceOptions": ("fusionkit.authoring.from_example", "how an example is traced (wildcards, dialect, casts, ...), as one value"),
@@ -101,19 +101,19 @@ def __dir__() -> list[str]:
 
 # --- generated from EXPORTS by `python -m fusionkit._facade`; do not edit by hand ---
 if TYPE_CHECKING:
-    from fusionkit.apply.builder import FusionError, Rewriter
     from fusionkit.authoring.from_example import ExampleError, TraceOptions, pattern_from_function, rule_from_functions
     from fusionkit.authoring.near_miss import why_not
     from fusionkit.authoring.python_source import NotPrintable, to_python
     from fusionkit.authoring.verify import verify
     from fusionkit.check.constraints import CheckContext, Constraint, Custom, DtypeIn, GraphLeaf, PrepackableConstant, Rank, ReducesLastDim, SameDtype, ScalarRange, ShapeRelation, StaticShape, UserInput, broadcasts_over_last_dim, named_shape_relation
-    from fusionkit.check.executable import register_delegate
-    from fusionkit.check.program_inputs import ConstantKind, ConstantRef, ProgramInputs
+    from fusionkit.edit.builder import FusionError, Rewriter
+    from fusionkit.find.executable import register_delegate
+    from fusionkit.find.finder import Match, MatchSet, RuleIndex, find_matches
     from fusionkit.fusion_pass import FusionPass
-    from fusionkit.match.finder import Match, MatchSet, RuleIndex, find_matches
     from fusionkit.match.pattern import CASTS, Pattern, also, any_float, any_value, capture, int_list, integer, lit, one_of, op, optional_dtype, outputs, per_row_block, positive, scalar, seq, through, where
-    from fusionkit.match.targets import op_key
+    from fusionkit.program_inputs import ConstantKind, ConstantRef, ProgramInputs
     from fusionkit.report import FusionReport
     from fusionkit.result import MatchResult, Status, Step
     from fusionkit.rule import CallOp, PythonReplacement, Ref, Replacement, Rule, RuleError, ref, replace_with
+    from fusionkit.targets import op_key
 # --- end of generated imports ---

@@ -3,8 +3,8 @@
 Why: a launcher (``fusionkit exec``) puts fusionkit into a pipeline it does not own and
 must say, at the end, what fusionkit did there; the passes run deep inside ExecuTorch's
 own lowering, where no report object is handed back. A listener is called after
-:func:`~fusionkit.match.finder.find_matches` decides (with its
-:class:`~fusionkit.match.decide.MatchSet`) and after
+:func:`~fusionkit.find.finder.find_matches` decides (with its
+:class:`~fusionkit.find.decide.MatchSet`) and after
 :func:`~fusionkit.apply.rewrite.apply_matches` applies (with the applied matches). A
 listener that raises is dropped from that call's notice, never from the lowering.
 """

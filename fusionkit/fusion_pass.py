@@ -4,7 +4,7 @@
 matching and every constraint run in one phase before anything changes,
 ``modified`` is True exactly when a replacement was applied; a run that fuses
 nothing leaves the graph untouched (no recompile, no retrace). Every replacement is built first, in a scratch graph, while the matches are
-decided (:mod:`fusionkit.check.executable`): one that raises is declined with
+decided (:mod:`fusionkit.find.executable`): one that raises is declined with
 step ``error``, one creating an op that could not run where the program runs
 (``target``) with step ``executable`` — before the program changes. Applying is
 all or nothing (:mod:`fusionkit.apply.rewrite`): a replacement that still raises
@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 
 from fusionkit.apply.rewrite import apply_matches
-from fusionkit.check.executable import ExecutionTarget
-from fusionkit.match.finder import MatchSet, RuleIndex, find_matches
+from fusionkit.find.executable import ExecutionTarget
+from fusionkit.find.finder import MatchSet, RuleIndex, find_matches
 from fusionkit.program import ProgramLike, as_exported_program
 from fusionkit.report import FusionReport, RuleReport
 from fusionkit.rule import Rule
@@ -40,7 +40,7 @@ class FusionPass(ExportedProgramPassBase):
     def __init__(self, rules: Iterable[Rule] | RuleIndex, name: str = "fusionkit", *,
                  strict: bool | None = None, target: ExecutionTarget | None = None) -> None:
         # validates names, indexes by root op, once (a RuleIndex may defer rule groups
-        # until a program holds their root ops: :class:`~fusionkit.match.finder.DeferredRules`)
+        # until a program holds their root ops: :class:`~fusionkit.find.finder.DeferredRules`)
         self.index = rules if isinstance(rules, RuleIndex) else RuleIndex(rules)
         self.name = name
         #: where the program will run (None: ExecuTorch's CPU runtime and the ops

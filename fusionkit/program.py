@@ -89,7 +89,7 @@ def is_edge_dialect(ep: ExportedProgram) -> bool:
     dialect = getattr(ep, "dialect", None)
     if isinstance(dialect, str):
         return dialect.upper() == "EDGE"
-    from fusionkit.match.targets import is_edge_target
+    from fusionkit.targets import is_edge_target
 
     return any(n.op == "call_function" and is_edge_target(n.target)
                for n in ep.graph_module.graph.nodes)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fusionkit.match.finder import Match, MatchSet
+from fusionkit.find.finder import Match, MatchSet
 from fusionkit.result import MatchResult
 
 __all__ = ["FusionReport", "RuleReport", "decline_record", "match_record", "text_table"]

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 from fusionkit.check.capture_parameters import CaptureParameters
 from fusionkit.check.constraints import Constraint
 from fusionkit.match.pattern import Pattern
-from fusionkit.match.targets import OpTarget, op_key, resolve_op
+from fusionkit.targets import OpTarget, op_key, resolve_op
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from fusionkit.apply.builder import Rewriter
+    from fusionkit.edit.builder import Rewriter
 
 __all__ = ["CallOp", "PythonReplacement", "Ref", "Replacement", "Rule", "RuleError", "ref"]
 
@@ -123,7 +123,7 @@ class PythonReplacement(Replacement):
     """A replacement that cannot be data: ``fn(rw, x, weight, bias=None) -> Node``.
 
     ``PythonReplacement(fn)``: the captures it reads are ``fn``'s parameters
-    after the :class:`~fusionkit.apply.builder.Rewriter` (a default makes one
+    after the :class:`~fusionkit.edit.builder.Rewriter` (a default makes one
     optional), and ``reads`` is derived from them. ``PythonReplacement(fn, reads)``
     is the older form: ``fn(rw, captures)`` gets the mapping, ``reads`` listed by hand.
     """

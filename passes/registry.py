@@ -57,7 +57,7 @@ class RuleFactory:
     make: Callable[[], Rule | list[Rule]]
     #: the op keys its rules are rooted at, when the factory states them: a pass list can
     #: then build its rules only for programs that hold one of these ops
-    #: (:class:`fusionkit.match.finder.DeferredRules`; a test checks the statement)
+    #: (:class:`fusionkit.find.finder.DeferredRules`; a test checks the statement)
     roots: frozenset[str] | None = None
     #: op keys of which every match of its rules holds a node (a quantized linear's
     #: quantize / dequantize): a program holding none of them never builds its rules

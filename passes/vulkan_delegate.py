@@ -1,7 +1,7 @@
 """What fusionkit's core must know of ExecuTorch's Vulkan delegate, told it on import.
 
 The core judges every op a replacement creates before the program changes
-(:mod:`fusionkit.check.executable`); without a partitioner at hand it cannot know that
+(:mod:`fusionkit.find.executable`); without a partitioner at hand it cannot know that
 ``et_vk.*`` exists only inside the Vulkan delegate (no CPU kernel by design), which module
 registers those ops, or which other ops Vulkan's operator registry takes. That is Vulkan's
 knowledge, so it lives here, not in the core: the Vulkan rules and the Vulkan adapter

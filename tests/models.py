@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.export import ExportedProgram
 
-from fusionkit.match.targets import op_key
+from fusionkit.targets import op_key
 
 __all__ = [
     "AddMM",

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.match.pattern import (
     CASTS,
     Also,
@@ -28,7 +27,8 @@ from fusionkit.match.pattern import (
     Value,
     widens,
 )
-from fusionkit.match.targets import op_key, schema_of
+from fusionkit.program_inputs import ProgramInputs
+from fusionkit.targets import op_key, schema_of
 
 __all__ = ["Binding", "PredicateError", "StructuralFailure", "match_pattern"]
 

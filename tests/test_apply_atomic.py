@@ -38,12 +38,12 @@ from models import (
 )
 from torch import nn
 
-import fusionkit.apply.builder as builder_mod
 import fusionkit.apply.rewrite as rewrite_mod
+import fusionkit.edit.builder as builder_mod
 import fusionkit.fusion_pass as fusion_pass_mod
 from fusionkit import FusionPass, Rule, capture, find_matches, op
 from fusionkit.apply.rewrite import apply_matches
-from fusionkit.match.finder import Match
+from fusionkit.find.finder import Match
 from fusionkit.rule import PythonReplacement
 
 
@@ -401,7 +401,7 @@ def test_memoised_output_meta_equals_real_propagation(rows: int, cols: int, inne
                                                       transpose: bool) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fusionkit.apply import meta_cache
+    from fusionkit.edit import meta_cache
 
     mode = FakeTensorMode()
     with mode:
@@ -433,7 +433,7 @@ def test_memoised_output_meta_equals_real_propagation(rows: int, cols: int, inne
 
 
 def test_views_and_mutations_are_propagated_for_real() -> None:
-    from fusionkit.apply import meta_cache
+    from fusionkit.edit import meta_cache
 
     assert meta_cache._is_functional(torch.ops.aten.addmm.default)
     assert not meta_cache._is_functional(torch.ops.aten.view.default)

@@ -25,10 +25,10 @@ from torch import nn
 
 import fusionkit.apply.rewrite as rewrite_mod
 from fusionkit import Rule, capture, find_matches, op
-from fusionkit.apply.builder import FusionError
 from fusionkit.apply.rewrite import apply_matches
-from fusionkit.match.targets import dialect_target
+from fusionkit.edit.builder import FusionError
 from fusionkit.rule import PythonReplacement
+from fusionkit.targets import dialect_target
 
 
 class Chain(nn.Module):
@@ -172,7 +172,7 @@ def test_a_node_rewired_by_a_failing_replacement_is_restored(base: Any) -> None:
 def test_a_fresh_fake_tensor_equals_the_constructors() -> None:
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from fusionkit.apply import meta_cache
+    from fusionkit.edit import meta_cache
 
     mode = FakeTensorMode()
     cpu = torch.device("cpu")
@@ -212,7 +212,7 @@ def test_an_unknown_fake_tensor_state_keeps_the_constructor(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from fusionkit.apply import meta_cache
+    from fusionkit.edit import meta_cache
 
     meta_cache.clear()
     real = FakeTensor.__new__
@@ -237,7 +237,7 @@ def test_a_call_node_is_created_as_create_node_creates_it() -> None:
     """``_create_call`` skips FX's pytree walk; the node is the same, symbolic args warn."""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from fusionkit.apply.builder import _create_call
+    from fusionkit.edit.builder import _create_call
 
     g = torch.fx.Graph()
     a, b = g.placeholder("a"), g.placeholder("b")
@@ -270,8 +270,8 @@ def test_many_new_constants_keep_signature_graph_and_index_in_step() -> None:
     """Adding constants reuses what it learnt (no rescan per add) and stays exact."""
     from torch.export.graph_signature import InputKind
 
-    from fusionkit.apply.builder import ProgramConstants
-    from fusionkit.check.program_inputs import ProgramInputs
+    from fusionkit.edit.builder import ProgramConstants
+    from fusionkit.program_inputs import ProgramInputs
 
     ep = export_edge(Chain(), (X,))
     pc = ProgramConstants(ep)
@@ -326,7 +326,7 @@ def test_a_constant_added_by_an_undone_replacement_can_be_added_again() -> None:
 def test_a_new_constants_fake_value_equals_from_tensor() -> None:
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from fusionkit.apply import meta_cache
+    from fusionkit.edit import meta_cache
 
     mode = FakeTensorMode()
     for v in (torch.ones(3, 4), torch.arange(6, dtype=torch.int8).reshape(2, 3),
@@ -343,7 +343,7 @@ def test_a_search_computes_each_tensors_metadata_key_once() -> None:
     """Inside ``keys_remembered`` (what ``find_matches`` decides in) a tensor's key is
     computed once and is the key computed outside; a new tensor is never given the key
     of an earlier one whose id it took, and the memo ends with the outermost scope."""
-    from fusionkit.apply import meta_cache
+    from fusionkit.edit import meta_cache
 
     a = torch.empty(2, 3)
     outside = meta_cache.metadata_key(a)

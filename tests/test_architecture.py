@@ -236,34 +236,96 @@ def test_every_package_folder_is_installed() -> None:
 
 
 def test_the_core_is_grouped_by_phase() -> None:
-    """Only the facade, program-argument handling, the result type, the rule, the pass, its
-    report, strict mode and the listeners of searches and applications sit on top."""
+    """Only the facade, the ground modules (program arguments, what a placeholder is, op
+    keys, the result type, the check vocabulary, strict mode, the listeners), the rule,
+    the pass and its report sit on top."""
     top = {p.stem for p in (ROOT / "fusionkit").glob("*.py")}
-    assert top == {"__init__", "_facade", "program", "result", "rule", "fusion_pass", "report",
-                   "strict", "events"}
+    assert top == {"__init__", "_facade", "program", "program_inputs", "targets", "result",
+                   "vocabulary", "rule", "fusion_pass", "report", "strict", "events"}
+
+
+#: the core's layers, bottom-up: a module imports only from its own layer or below
+#: (``fusionkit.X`` is a top-level module or a folder)
+CORE_LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"events", "program", "program_inputs", "result", "strict", "targets",
+               "vocabulary"}),                              # ground: no rule, no graph edit
+    frozenset({"match"}),                                   # structural matching
+    frozenset({"check"}),                                   # operand checks
+    frozenset({"edit"}),                                    # graph editing (the Rewriter)
+    frozenset({"rule"}),                                    # a rule: pattern, checks, rewrite
+    frozenset({"find"}),                                    # the one phase: find and decide
+    frozenset({"apply", "report"}),                         # apply accepted matches; report
+    frozenset({"fusion_pass", "integration"}),              # the pass; ExecuTorch plumbing
+    frozenset({"authoring"}),                               # rules from code; verify
+    frozenset({"specs"}),                                   # YAML
+    frozenset({"app", "_facade"}),                          # the command line
+)
+
+
+def _core_layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[0] != "fusionkit" or len(parts) < 2:
+        return None
+    for i, layer in enumerate(CORE_LAYERS):
+        if parts[1] in layer:
+            return i
+    return None
+
+
+def test_every_core_module_has_a_layer() -> None:
+    core = [m for m in MODULES if m.startswith("fusionkit.") and m.split(".")[1]
+            not in ("passes", "backends")]
+    assert [m for m in core if _core_layer(m) is None] == []
+
+
+def test_no_core_import_runs_back_up_a_layer() -> None:
+    """Lazy and ``TYPE_CHECKING`` imports count: a concept that needs a higher one is in
+    the wrong layer, whenever the import runs."""
+    up = sorted(f"{a} -> {t}" for a, targets in import_graph().items()
+                for t in targets if (la := _core_layer(a)) is not None
+                and (lt := _core_layer(t)) is not None and lt > la)
+    assert up == []
+
+
+def test_no_private_name_crosses_a_package() -> None:
+    """``from fusionkit.x.y import _name`` only inside the package that defines it: what
+    another package needs is public (named without ``_``) or a verb of the Rewriter."""
+    crossing: list[str] = []
+    for name, path in MODULES.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                    and node.module.startswith("fusionkit") \
+                    and not node.module.startswith(package + ".") and node.module != package:
+                crossing += [f"{name}: {node.module}.{a.name}" for a in node.names
+                             if a.name.startswith("_") and not a.name.startswith("__")]
+    assert crossing == []
 
 
 # ------------------------------------------------------- the match phase is one pipeline
 
-#: the stages of the match phase, in the order ``fusionkit.match.finder.find_matches`` (the
-#: pipeline) calls them; ``pattern`` and ``memo`` are what the stages share
-MATCH_STAGES = ("targets", "gates", "matcher", "decide")
+#: the stages of the match phase, in the order ``fusionkit.find.finder.find_matches`` (the
+#: pipeline) calls them (``executable``: what the target can run, prepared once before the
+#: candidates are decided); ``pattern`` and ``memo`` are what the stages share
+MATCH_STAGES = ("targets", "gates", "matcher", "executable", "decide")
 MATCH_SHARED = frozenset({"pattern", "memo"})
 
 
 def match_phase_calls(run: Any) -> list[tuple[str, str]]:
     """``(caller, callee)``: the module names (``finder``, ``gates``, ...) of every Python
-    call from one ``fusionkit/match/`` file into another while ``run()`` runs."""
+    call from one file of the phase (``fusionkit/find/``, ``fusionkit/match/``,
+    ``fusionkit/targets.py``) into another while ``run()`` runs."""
     import sys
 
-    folder = str(ROOT / "fusionkit" / "match") + "/"
+    places = (str(ROOT / "fusionkit" / "match") + "/", str(ROOT / "fusionkit" / "find") + "/",
+              str(ROOT / "fusionkit" / "targets.py"))
     calls: list[tuple[str, str]] = []
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event != "call" or frame.f_back is None:
             return
         callee, caller = frame.f_code.co_filename, frame.f_back.f_code.co_filename
-        if callee.startswith(folder) and caller.startswith(folder) and callee != caller:
+        if callee.startswith(places) and caller.startswith(places) and callee != caller:
             calls.append((Path(caller).stem, Path(callee).stem))
 
     sys.setprofile(profile)
@@ -320,9 +382,11 @@ def test_following_a_pass_the_match_phase_reads_top_to_bottom() -> None:
     assert pipeline_order(calls) == list(MATCH_STAGES)
     assert {caller for caller, callee in calls if callee == "finder"} == set()
     graph = import_graph()
-    match_modules = {m for m in MODULES if m.startswith("fusionkit.match.")}
-    assert {f"fusionkit.match.{s}" for s in (*MATCH_STAGES, *MATCH_SHARED)} <= match_modules
-    assert [m for m in match_modules if "fusionkit.match.finder" in graph[m]] == []
+    stage_modules = {"targets": "fusionkit.targets", "decide": "fusionkit.find.decide",
+                     "executable": "fusionkit.find.executable",
+                     **{s: f"fusionkit.match.{s}" for s in ("gates", "matcher", *MATCH_SHARED)}}
+    assert set(stage_modules.values()) <= set(MODULES)
+    assert [m for m in stage_modules.values() if "fusionkit.find.finder" in graph[m]] == []
 
 
 def test_benchmarks_have_no_import_circle_and_use_no_private_names() -> None:
@@ -447,7 +511,7 @@ NOT_RESULTS: dict[str, tuple[bool, str]] = {
     "fusionkit.apply.rewrite.ApplyFailure": (
         True, "a failed apply: the match and the exception itself (rollback and strict mode "
               "re-raise it); .result() is its MatchResult"),
-    "fusionkit.check.executable.NotRunnable": (
+    "fusionkit.find.executable.NotRunnable": (
         True, "the verdict ReplacementCheck memoises by metadata, shared by matches alike, so "
               "it names no rule, root or node; .result(rule, root) is one match's"),
     "fusionkit.backends.vulkan_adapter.runtime_support.KeptOff": (
@@ -560,8 +624,8 @@ def backend_names() -> frozenset[str]:
     """Every backend name, lower case: fusionkit's adapters (``backends/<name>_adapter``),
     the delegates their modules describe to the core and the op namespaces those delegates
     own (``et_vk``), and :data:`OTHER_BACKENDS`."""
-    from fusionkit.check.executable import DELEGATE_ONLY_NAMESPACES
-    from fusionkit.match.targets import load_delegate_descriptions
+    from fusionkit.find.executable import DELEGATE_ONLY_NAMESPACES
+    from fusionkit.targets import load_delegate_descriptions
 
     load_delegate_descriptions()
     adapters = {p.name.removesuffix("_adapter") for p in (ROOT / "backends").iterdir()
@@ -656,7 +720,7 @@ def test_a_delegates_ops_are_judged_with_nothing_but_fusionkit_imported() -> Non
         "import sys, torch\n"
         "from executorch.exir import to_edge\n"
         "from fusionkit import Rule, capture, find_matches, op, ref, replace_with\n"
-        "from fusionkit.match.targets import delegate_entry_points as points\n"
+        "from fusionkit.targets import delegate_entry_points as points\n"
         "print(sorted({(e.name, e.value) for e in points()}))\n"
         "class M(torch.nn.Module):\n"
         "    def forward(self, x): return torch.relu(x) + 1\n"

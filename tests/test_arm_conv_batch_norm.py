@@ -274,7 +274,7 @@ def test_a_shared_weight_folds_into_unique_stock_names() -> None:
     constant, never the first one's (the reference model shows the program equal to eager:
     ``shared_weight`` above)."""
     from fusionkit.apply.rewrite import apply_matches
-    from fusionkit.match.finder import find_matches
+    from fusionkit.find.finder import find_matches
 
     model = Pair(Variant({}, seed=2, shared=True), Variant({}, seed=3, shared=True, op="mul"))
     inputs = model.eval().inputs()

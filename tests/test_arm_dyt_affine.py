@@ -275,8 +275,8 @@ def test_the_program_form_writes_the_qparams_the_pipeline_writes(
     import copy
     import math
 
-    from fusionkit.match.targets import op_key
     from fusionkit.passes.arm import _dyt_sites
+    from fusionkit.targets import op_key
 
     sites: list[Any] = []
     call = preprocess_rules.ArmRulePass.__call__

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from fusionkit.backends.arm_adapter import reference_model as rm
 from fusionkit.backends.arm_adapter.constant_operands import non_constant_operand
-from fusionkit.check.program_inputs import ProgramInputs
+from fusionkit.program_inputs import ProgramInputs
 
 
 class WeightInput(torch.nn.Module):

@@ -7,7 +7,7 @@ aborts at execute ("Vulkan graph declares 1 inputs and 1 outputs, but the delega
 supplied 3 arguments") and XNNPACK refuses the lowering ("Output node ... is already in
 the inputs"); stock 1.5.1 fails both ways, and fusionkit's rules did too, having copied
 stock's rewrite. The core now declines a match that would not rewire a returned value
-exactly (:mod:`fusionkit.check.returned_values`), for every rule.
+exactly (:mod:`fusionkit.find.returned_values`), for every rule.
 
 Generated programs (hypothesis) hand every shipped rule set values that are returned,
 some of them also through a copy, and the rewritten program must still return one value

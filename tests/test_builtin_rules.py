@@ -14,7 +14,7 @@ def test_builtin_rules_have_unique_names_and_index() -> None:
     names = [r.name for r in rules]
     assert len(set(names)) == len(names) and "rms_norm" in names
     index = RuleIndex(rules)  # raises on duplicate names
-    from fusionkit.match.targets import resolve_op
+    from fusionkit.targets import resolve_op
 
     for r in rules:  # every rule is found under each op its root can be
         for key in r.root_keys:

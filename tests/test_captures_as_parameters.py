@@ -30,11 +30,11 @@ from fusionkit import (
     ref,
     replace_with,
 )
-from fusionkit.authoring.vocabulary import constraint_term
 from fusionkit.check.capture_parameters import UndeclaredCapture
 from fusionkit.check.constraints import Constraint
 from fusionkit.rule import RuleError
 from fusionkit.specs import load_spec_text, rules_equal, rules_to_yaml
+from fusionkit.vocabulary import constraint_term
 
 # ----------------------------------------------------------------------- a model
 

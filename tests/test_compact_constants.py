@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.integration.compact_constants import CompactConstantsPass, compact_tensor, is_compact
 from fusionkit.integration.tensor_bytes import owns_storage_exactly, tensor_bytes
+from fusionkit.program_inputs import ProgramInputs
 
 
 class Views(torch.nn.Module):

@@ -41,8 +41,8 @@ from fusionkit import (
     ref,
     replace_with,
 )
-from fusionkit.match.targets import op_key
 from fusionkit.rule import RuleError
+from fusionkit.targets import op_key
 
 X2 = rand_inputs((2, 8))
 

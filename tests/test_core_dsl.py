@@ -37,8 +37,8 @@ from fusionkit import (
     where,
 )
 from fusionkit.match.pattern import Alt
-from fusionkit.match.targets import UnknownOpError, op_key
 from fusionkit.rule import RuleError
+from fusionkit.targets import UnknownOpError, op_key
 
 DIALECTS = ["aten", "edge"]
 

@@ -73,7 +73,7 @@ def test_outputs_may_drop_an_unused_output_but_not_a_used_one() -> None:
         frozenset({"x"})))
     ep = torch.export.export(Two(), (torch.randn(4),))
     ms = find_matches(ep, [rule])
-    # the cos output is returned: declined in the one phase (fusionkit.check.returned_values)
+    # the cos output is returned: declined in the one phase (fusionkit.find.returned_values)
     assert not ms.accepted
     assert [d.step for d in ms.declined] == ["escape"] and "drops it" in ms.declined[0].reason
     # applied anyway (a match made by hand), the rewrite refuses it

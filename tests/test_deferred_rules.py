@@ -1,6 +1,6 @@
 """Rules built only for programs that hold their root ops (issue: a light first call).
 
-A :class:`~fusionkit.match.finder.DeferredRules` group is built the first time a searched
+A :class:`~fusionkit.find.finder.DeferredRules` group is built the first time a searched
 program holds one of the op keys it states; until then the program pays nothing for its
 patterns. The index must find exactly what an index of the same rules built at once
 finds, a statement of roots that leaves out a rule's root is an error, and every
@@ -14,7 +14,7 @@ import torch
 from models import AddMM, ReluChain, addmm_rule, export_edge, rand_inputs, relu_relu_rule
 
 from fusionkit import FusionPass, find_matches
-from fusionkit.match.finder import DeferredRules, RuleIndex
+from fusionkit.find.finder import DeferredRules, RuleIndex
 from fusionkit.passes.registry import registered
 
 
@@ -94,7 +94,7 @@ def test_every_shipped_factory_that_states_its_roots_states_them_all() -> None:
 def test_the_vulkan_pass_list_builds_only_the_rules_its_program_can_match() -> None:
     from benchmarks import graphs
     from fusionkit.backends.vulkan_adapter import transform_passes
-    from fusionkit.match.targets import op_key
+    from fusionkit.targets import op_key
 
     *folds, fusion = transform_passes()
     ep = graphs.build("norms", 2)
@@ -115,7 +115,7 @@ def test_the_vulkan_pass_list_builds_only_the_rules_its_program_can_match() -> N
 
 
 def test_torch_ops_resolve_for_the_stated_roots() -> None:
-    from fusionkit.match.targets import resolve_op
+    from fusionkit.targets import resolve_op
 
     for f in registered("vulkan"):
         for key in f.roots or ():

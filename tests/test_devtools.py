@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fusionkit import FusionPass, Rule, capture, op, ref, replace_with
-from fusionkit.apply.builder import DEBUG_HANDLES_KEY
+from fusionkit.edit.builder import DEBUG_HANDLES_KEY
 from fusionkit.integration.devtools import attribute_fusions, expand_handles, fused_debug_handles
 
 REPO = Path(__file__).resolve().parent.parent

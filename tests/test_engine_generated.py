@@ -24,9 +24,9 @@ from torch import nn
 from torch.fx import Node
 
 from fusionkit import CASTS, FusionPass, PythonReplacement, Rewriter, Rule, capture, op, through
-from fusionkit.match.finder import DECLINE_STEPS
+from fusionkit.find.finder import DECLINE_STEPS
 from fusionkit.match.pattern import Outputs, Pattern, also, outputs
-from fusionkit.match.targets import op_key
+from fusionkit.targets import op_key
 
 UNARY = {"sin": torch.sin, "cos": torch.cos, "neg": torch.neg, "relu": torch.relu,
          "tanh": torch.tanh, "sigmoid": torch.sigmoid, "abs": torch.abs}

@@ -35,11 +35,11 @@ from fusionkit import (
 )
 from fusionkit.check.constraints import constant_fold_sources
 from fusionkit.check.folding import FoldError, evaluate_constant
-from fusionkit.check.program_inputs import ProgramInputs
-from fusionkit.match.finder import DECLINE_STEPS
+from fusionkit.find.finder import DECLINE_STEPS
 from fusionkit.match.pattern import also, outputs
-from fusionkit.match.targets import is_assertion, is_edge_target, op_key, schema_of, target_name
 from fusionkit.passes import rule_set
+from fusionkit.program_inputs import ProgramInputs
+from fusionkit.targets import is_assertion, is_edge_target, op_key, schema_of, target_name
 
 
 class Cond(nn.Module):

@@ -19,8 +19,8 @@ from executorch.exir import EdgeProgramManager, ExecutorchProgramManager, to_edg
 from fusionkit import FusionPass, Rule, capture, find_matches, op, ref, replace_with, why_not
 from fusionkit.app.lowering import edge_program, explain, lower
 from fusionkit.app.runtime import run_pte
-from fusionkit.match.targets import op_key
 from fusionkit.program import as_exported_program
+from fusionkit.targets import op_key
 
 
 class Silu(torch.nn.Module):

@@ -7,7 +7,7 @@ import torch
 from models import export_edge
 from rmsnorm_models import ROWS, D, HFLlamaRMSNorm, QwenAttention, TwoUsers
 
-import fusionkit.match.finder as finder
+import fusionkit.find.finder as finder
 from fusionkit import RuleIndex, find_matches
 from fusionkit.passes import rule_set
 

@@ -24,7 +24,7 @@ from torch.export import ExportedProgram
 
 from fusionkit import RuleIndex
 from fusionkit.match.gates import Gate, gate_of, graph_op_keys, specialize
-from fusionkit.match.targets import op_key
+from fusionkit.targets import op_key
 
 
 @pytest.fixture(scope="module")

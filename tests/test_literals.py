@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fusionkit import FusionPass, Rule, capture, find_matches, lit, one_of, op, ref, replace_with
-from fusionkit.match.targets import op_key
+from fusionkit.targets import op_key
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -23,11 +23,11 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from fusionkit import CASTS, capture, lit, op, through
-from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.match.matcher import match_pattern
 from fusionkit.match.pattern import Alt, Pattern
-from fusionkit.match.targets import op_key
+from fusionkit.program_inputs import ProgramInputs
 from fusionkit.result import MatchResult, Status, Step
+from fusionkit.targets import op_key
 
 
 class CastBlock(torch.nn.Module):

@@ -138,8 +138,8 @@ def _adds(ep: Any) -> list[Any]:
 
 
 def test_the_matchers_near_miss_is_the_finders_structural_decline(edge: Any) -> None:
-    from fusionkit.check.program_inputs import ProgramInputs
     from fusionkit.match.matcher import compile_pattern
+    from fusionkit.program_inputs import ProgramInputs
 
     inputs = ProgramInputs(edge)
     declined = {d.root: d for d in find_matches(edge, [bmm_rule()], all_near_misses=True).declined}
@@ -229,7 +229,7 @@ def _constraint_cases(edge: Any) -> list[tuple[Any, dict[str, Any], str]]:
 
 def test_every_constraints_refusal_is_a_result_naming_its_capture(edge: Any) -> None:
     from fusionkit import CheckContext
-    from fusionkit.check.program_inputs import ProgramInputs
+    from fusionkit.program_inputs import ProgramInputs
 
     root = _adds(edge)[0]
     cases = _constraint_cases(edge)
@@ -352,8 +352,8 @@ def test_a_memoised_executable_verdict_is_each_matchs_own_result() -> None:
     (``NotRunnable``); each decline made of it names its own root as the node at fault."""
     from executorch.exir import to_edge
 
-    from fusionkit.check.executable import NotRunnable
-    from fusionkit.match.finder import RuleIndex
+    from fusionkit.find.executable import NotRunnable
+    from fusionkit.find.finder import RuleIndex
 
     ep = to_edge(torch.export.export(TwoAlike().eval(), (torch.randn(4, 8), torch.randn(4, 8)))
                  ).exported_program()

@@ -3,7 +3,7 @@
 "Equal" is structural equality of the rule's fields (patterns, constraints and
 replacements compare as data, a named value matcher by its arguments), not a
 comparison of two dumps. The schema, the compiler and the dumper are derived
-from the registry in :mod:`fusionkit.authoring.vocabulary`, so the tests below check the
+from the registry in :mod:`fusionkit.vocabulary`, so the tests below check the
 registry's contract once for every term instead of listing terms by hand.
 """
 
@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from models import AddMM, export_aten, rand_inputs
 
 import fusionkit as fk
-from fusionkit.authoring.vocabulary import CONSTRAINTS, VALUE_MATCHERS, arguments_of
 from fusionkit.passes.registry import registered
 from fusionkit.specs import (
     DumpError,
@@ -33,6 +32,7 @@ from fusionkit.specs import (
     rules_to_yaml,
 )
 from fusionkit.specs.equality import rule_differences
+from fusionkit.vocabulary import CONSTRAINTS, VALUE_MATCHERS, arguments_of
 
 
 def _shipped_rules() -> list[fk.Rule]:

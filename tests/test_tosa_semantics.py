@@ -146,7 +146,7 @@ def test_the_rescale_reference_is_the_reference_models_rescale() -> None:
     """``rescale_reference`` on 22 drawn cases equals tosa.RESCALE's own eager kernel, which
     serializes the op (ExecuTorch's RescaleVisitor: multiplier, shift, SINGLE_ROUND) and
     runs it on the TOSA reference model."""
-    from fusionkit.match.targets import resolve_op
+    from fusionkit.targets import resolve_op
 
     kernel = resolve_op("tosa.RESCALE.default")
     clamped = 0
@@ -212,8 +212,8 @@ def test_a_quantized_convolution_is_tosa_conv2d_then_its_output_rescale(
     from executorch.backends.arm.tosa.dialect.real_impl import make_tosa_reference_model_impl
     from executorch.exir.dialects._ops import ops as exir_ops
 
-    from fusionkit.match.targets import resolve_op
     from fusionkit.passes.arm import pipeline_form
+    from fusionkit.targets import resolve_op
 
     g = torch.Generator().manual_seed(x_zp + 8 * pad)
     x = torch.randint(-128, 128, (1, 3, 4, 5), generator=g).to(torch.int8)

@@ -155,7 +155,7 @@ def test_a_delegate_only_op_is_judged_by_the_named_delegate(edge: Any, vulkan_op
     """``et_vk.*`` has no CPU kernel by design: by default it is assumed delegated (the
     Vulkan adapter checks its partitioner for real); a target naming a delegate that
     refuses it declines it with that delegate's reason."""
-    from fusionkit.check.executable import Delegate, ExecutionTarget
+    from fusionkit.find.executable import Delegate, ExecutionTarget
 
     rule = Rule("relu_to_vk", op("aten.relu.default", capture("x")),
                 replace_with("et_vk.rms_norm.default", ref("x"), ref("x"), 1e-6))

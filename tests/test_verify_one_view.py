@@ -20,7 +20,7 @@ from fusionkit.app.firing import ANY_BACKEND, judges
 from fusionkit.app.lowering import edge_program
 from fusionkit.app.verify_job import status_of, verification_text, verify_targets
 from fusionkit.authoring.verify import EQUAL
-from fusionkit.match.finder import find_matches
+from fusionkit.find.finder import find_matches
 from fusionkit.specs import load_specs
 
 SILU = """\

@@ -28,7 +28,7 @@ import executorch.exir  # noqa: F401
 from benchmarks import graphs
 from fusionkit.backends.vulkan_adapter import runtime_probe as rp, transform_passes
 
-from fusionkit.match import targets
+from fusionkit import targets
 
 stale_checks, entry_point_scans = [], []
 original = rp._stale
@@ -87,8 +87,8 @@ def test_the_runtime_directory_versions_are_the_distributions_own() -> None:
 def test_the_sdpa_pattern_names_its_ops_by_their_keys() -> None:
     pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
     from fusionkit import any_value, capture, op
-    from fusionkit.match.targets import op_key, resolve_op
     from fusionkit.passes.vulkan import sdpa
+    from fusionkit.targets import op_key, resolve_op
 
     for key in (sdpa.SDPA, sdpa.UPDATE):
         assert op_key(resolve_op(key)) == key

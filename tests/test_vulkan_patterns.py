@@ -13,7 +13,7 @@ pytest.importorskip("torchao")
 
 from vulkan_pattern_helpers import I8, declined, edge, fuse, ops, qd
 
-from fusionkit.match.targets import op_key
+from fusionkit.targets import op_key
 
 
 class Unary(torch.nn.Module):

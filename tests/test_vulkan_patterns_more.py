@@ -21,7 +21,7 @@ from vulkan_pattern_helpers import I8, declined, edge, fuse, ops, qd
 from vulkan_real_programs import Program, lower
 from vulkan_runtime_oracle import assert_real, session
 
-from fusionkit.match.targets import op_key
+from fusionkit.targets import op_key
 
 # the hf_rope programs and the two drop-in lowerings below also run on the real runtime
 real_vulkan = session()
@@ -312,7 +312,7 @@ def test_quantized_convolution_im2col_and_transposed_layout(cfg: dict[str, Any],
     node = _conv_node(ep)
     assert op_key(node.target) == target
     assert node.args[-1] == ("relu" if cfg.get("relu") else "none") and node.args[9] == [3, 3]
-    from fusionkit.check.program_inputs import ProgramInputs
+    from fusionkit.program_inputs import ProgramInputs
 
     packed = ProgramInputs(ep).constant(node.args[3]).tensor
     w = m.w if not cfg.get("transposed") else m.w.permute(1, 0, 2, 3)  # -> [OC, IC, H, W]

@@ -28,8 +28,8 @@ from fusionkit.backends.vulkan_adapter.delegation import (
 )
 from fusionkit.backends.vulkan_adapter.rule_ops import created_operators
 from fusionkit.backends.vulkan_adapter.runtime_probe import RuntimeInventory, candidate_operators
-from fusionkit.match.targets import op_key
 from fusionkit.passes import rule_set
+from fusionkit.targets import op_key
 
 # the unfused KV-cache program also runs on the real runtime (one child for the module)
 real_vulkan = session()

@@ -9,8 +9,8 @@ from executorch.exir import EdgeCompileConfig, to_edge
 
 from fusionkit import find_matches
 from fusionkit.apply.rewrite import apply_matches
-from fusionkit.match.targets import op_key
 from fusionkit.passes import rule_set
+from fusionkit.targets import op_key
 
 qd = torch.ops.quantized_decomposed
 I8 = torch.int8

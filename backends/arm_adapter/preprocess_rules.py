@@ -33,13 +33,13 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from fusionkit import MatchResult, Rule
 from fusionkit.apply.rewrite import apply_matches
-from fusionkit.check.executable import Delegate, ExecutionTarget
+from fusionkit.find.executable import Delegate, ExecutionTarget
+from fusionkit.find.finder import MatchSet, find_matches
 from fusionkit.integration.hooks import PatchSet, UnsupportedExecuTorchError
 from fusionkit.integration.preprocess_takeover import Takeover
-from fusionkit.match.finder import MatchSet, find_matches
-from fusionkit.match.targets import op_key
 from fusionkit.passes.arm import RULE_SET, rules_for, taken_over_passes
 from fusionkit.report import FusionReport
+from fusionkit.targets import op_key
 
 __all__ = ["ARM_TARGET", "MAX_ROUNDS", "PATCHES", "RETRACES", "RULE_PASSES", "RULE_SET",
            "TAKEN_OVER_PASSES", "ArmRulePass",

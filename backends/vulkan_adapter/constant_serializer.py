@@ -5,7 +5,7 @@ ExecuTorch 1.5.1's ``VkGraphBuilder.maybe_add_constant_tensor``
 as ``untyped_storage()`` from byte 0 – the whole parent of a view, starting at
 the parent's first element. The same bug sits in the legacy raw-tensor branch of
 ``vulkan_graph_serialize.serialize_constant_tensors``. Both are re-implemented
-here on :mod:`fusionkit.check.program_inputs` and :mod:`fusionkit.integration.tensor_bytes`: the
+here on :mod:`fusionkit.program_inputs` and :mod:`fusionkit.integration.tensor_bytes`: the
 constant's own bytes in logical C order (after the builder's dtype conversion),
 keyed by the sha256 of exactly those bytes, 16-byte aligned as before.
 
@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.integration.hooks import (
     PatchSet,
     UnsupportedExecuTorchError,
@@ -42,6 +41,7 @@ from fusionkit.integration.tensor_bytes import (
     release_named_data_fix,
     tensor_bytes,
 )
+from fusionkit.program_inputs import ProgramInputs
 
 __all__ = [
     "PATCHES",

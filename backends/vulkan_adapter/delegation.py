@@ -46,7 +46,7 @@ from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanSupp
 from torch.fx import Node
 
 from fusionkit import CheckContext, Constraint, MatchResult, Replacement, Rule, op_key
-from fusionkit.apply.meta_cache import metadata_key
+from fusionkit.edit.meta_cache import metadata_key
 
 from .probe import probe
 

@@ -1,14 +1,14 @@
-"""Build a match's replacement in a scratch graph (the core's :mod:`fusionkit.apply.probe`).
+"""Build a match's replacement in a scratch graph (the core's :mod:`fusionkit.edit.probe`).
 
 The Vulkan delegation check (:mod:`.delegation`) asks the partitioner about the
 fused nodes before they exist; the scratch build is the core's, which the
-finder also uses to judge every replacement (:mod:`fusionkit.check.executable`).
+finder also uses to judge every replacement (:mod:`fusionkit.find.executable`).
 """
 
 from __future__ import annotations
 
 from fusionkit import CheckContext, Replacement
-from fusionkit.apply.probe import ProbeRewriter, build_in_scratch, schema_arguments
+from fusionkit.edit.probe import ProbeRewriter, build_in_scratch, schema_arguments
 
 __all__ = ["ProbeRewriter", "probe", "schema_arguments"]
 

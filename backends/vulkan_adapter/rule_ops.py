@@ -34,9 +34,9 @@ from types import CodeType, FunctionType
 from typing import Any
 
 from fusionkit import CallOp, PythonReplacement, Replacement, Rule
-from fusionkit.match.finder import DeferredRules, RuleIndex
-from fusionkit.match.targets import _import_op_libraries, resolve_op
+from fusionkit.find.finder import DeferredRules, RuleIndex
 from fusionkit.passes.registry import RuleFactory, registered
+from fusionkit.targets import import_op_libraries, resolve_op
 
 __all__ = ["RULE_SETS", "built_rules", "created_operators", "factory_rules", "payload_names",
            "replacement_ops", "rule_index"]
@@ -144,7 +144,7 @@ def _as_op(value: Any) -> Any:
 @cache
 def _libraries_loaded(namespace: str) -> None:
     """The op libraries of ``namespace`` imported (once per namespace, not per name)."""
-    _import_op_libraries(namespace)
+    import_op_libraries(namespace)
 
 
 def _registered(name: str) -> bool:

@@ -31,10 +31,10 @@ from torch.fx import Node
 
 from fusionkit import FusionPass, MatchResult, Rule
 from fusionkit.apply.rewrite import apply_matches
-from fusionkit.check.executable import Delegate, ExecutionTarget
+from fusionkit.find.executable import Delegate, ExecutionTarget
+from fusionkit.find.finder import MatchSet, find_matches
 from fusionkit.integration.hooks import PatchSet, UnsupportedExecuTorchError
 from fusionkit.integration.preprocess_takeover import Takeover
-from fusionkit.match.finder import MatchSet, find_matches
 from fusionkit.passes.registry import rules_taking_over, taken_over_patterns
 
 __all__ = ["MAX_ROUNDS", "PATCHES", "RULE_PASSES", "SWEEPS_DEAD_CODE", "TAKEN_OVER_PASSES",

@@ -7,7 +7,7 @@ produce constant bytes – ``NodeVisitor.get_serialized_buffer_index`` (weights,
 biases, every other constant, including those XNNPACK's own preprocess passes
 create), ``NodeVisitor.get_quant_params`` (per-channel and per-channel-group
 scales) and ``NodeVisitor.convert_to_qc4w`` (int4 packing) – on
-:mod:`fusionkit.check.program_inputs` (what a placeholder is bound to) and
+:mod:`fusionkit.program_inputs` (what a placeholder is bound to) and
 :mod:`fusionkit.integration.tensor_bytes` (the tensor's own bytes). Keys stay content
 hashes (``sha256`` / ``"scale_" + sha256``) of the *exact* bytes, so the
 NamedDataStore de-duplicates identical constants and nothing else.
@@ -31,7 +31,6 @@ from typing import Any, cast
 import torch
 from torch.export import ExportedProgram
 
-from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.integration.hooks import (
     Installation,
     PatchSet,
@@ -44,6 +43,7 @@ from fusionkit.integration.tensor_bytes import (
     tensor_bytes,
 )
 from fusionkit.integration.versions import features
+from fusionkit.program_inputs import ProgramInputs
 
 __all__ = [
     "SERIALIZER_PATCHES",

@@ -120,7 +120,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from fusionkit.app.present import explain_json, explain_rows, why_not_text
     from fusionkit.app.term import Style, table
     from fusionkit.authoring.near_miss import why_not
-    from fusionkit.match.finder import MatchSet, find_matches
+    from fusionkit.find.finder import MatchSet, find_matches
 
     edge = edge_program(model.exported)
     all_rules = [*adapter_rules(args.backend), *rules]

@@ -15,7 +15,7 @@ the adapter adds (the partitioner's refusal); a case whose edge program does not
 question (``to_edge`` changed the structure the generator built; another constraint declined
 it) raises :class:`NotJudged` and is not counted. It decides by the functions ``explain`` calls:
 :func:`~fusionkit.app.lowering.edge_program`, :func:`~fusionkit.app.lowering.adapter_rules`
-and :func:`~fusionkit.match.finder.find_matches` (whose replacement check is the
+and :func:`~fusionkit.find.finder.find_matches` (whose replacement check is the
 ``executable`` step); for the Vulkan rules that also run inside ``VulkanBackend.preprocess``,
 :func:`~fusionkit.backends.vulkan_adapter.delegation.preprocess_fusions` as the adapter's
 preprocess judges them. :func:`fusionkit.verify` calls the judges on the cases it compares
@@ -31,8 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fusionkit.match.targets import op_key
 from fusionkit.rule import Rule
+from fusionkit.targets import op_key
 
 __all__ = ["ANY_BACKEND", "Judge", "NotJudged", "judges", "plain_rule", "registered_backends"]
 
@@ -144,7 +144,7 @@ def _before_partitioning(applied: Rule, rule: Rule) -> Judge:
 
     def judge(ep: Any) -> str | None:
         from fusionkit.app.lowering import edge_program
-        from fusionkit.match.finder import find_matches
+        from fusionkit.find.finder import find_matches
 
         edge = edge_program(ep)
         return _deciding(find_matches(edge, [applied], strict=False), edge,

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from torch.fx import Node
 
 from fusionkit.authoring.verify import Verification
-from fusionkit.match.finder import Match, MatchSet
-from fusionkit.match.targets import op_key
+from fusionkit.find.finder import Match, MatchSet
 from fusionkit.result import MatchResult, Status
+from fusionkit.targets import op_key
 
 __all__ = ["GraphvizMissing", "Item", "render_html", "render_svg", "write_html"]
 

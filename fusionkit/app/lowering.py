@@ -18,8 +18,8 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
+from fusionkit.find.finder import MatchSet, find_matches
 from fusionkit.fusion_pass import FusionPass
-from fusionkit.match.finder import MatchSet, find_matches
 from fusionkit.program import ProgramLike, as_exported_program, is_edge_dialect
 from fusionkit.report import FusionReport
 from fusionkit.rule import Rule

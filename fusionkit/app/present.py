@@ -1,6 +1,6 @@
 """How the command line and the demo show matches and reports: rows, JSON, text.
 
-One place for the presentation of :class:`~fusionkit.match.finder.MatchSet` and
+One place for the presentation of :class:`~fusionkit.find.finder.MatchSet` and
 :class:`~fusionkit.report.FusionReport`, so ``explain``, ``lower`` and the demo
 print the same thing; the JSON records are the core's (:mod:`fusionkit.report`).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusionkit.match.finder import MatchSet
+from fusionkit.find.finder import MatchSet
 from fusionkit.report import FusionReport, decline_record, match_record, text_table
 from fusionkit.result import MatchResult
 

@@ -1,7 +1,6 @@
-"""Phase 3, apply: accepted matches become replacements, all or nothing.
+"""Apply: accepted matches become replacements, all or nothing.
 
-``builder`` (:class:`~fusionkit.apply.builder.Rewriter`, the replacement author's
-API), ``rewrite`` (the apply step), ``journal`` (the undo log behind per-match
-rollback), ``meta_cache`` (fake-tensor metadata of new nodes), ``lazy_code``
-(regenerate a graph's code on first use).
+``rewrite`` (the apply step: each accepted match built with the graph-editing layer,
+``fusionkit.edit``, rolled back on failure) and ``gate`` (which matches may apply:
+``fusionkit bisect`` narrows them). Above the phase that finds matches.
 """

@@ -24,7 +24,7 @@ import contextvars
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fusionkit.match.decide import Match
+from fusionkit.find.decide import Match
 from fusionkit.result import MatchResult, Status, Step
 
 __all__ = ["MatchGate", "MatchKey", "current", "gated", "select"]

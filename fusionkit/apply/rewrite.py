@@ -11,7 +11,7 @@ returned as an output, while it is read: it stays, with its name). Then, once fo
 became dead (graph nodes and the constants nothing uses, in one batch), rename
 program outputs, lint what changed, and mark the code for regeneration (:mod:`.lazy_code`).
 
-Every change goes through a :class:`~fusionkit.apply.journal.Journal`. A match whose
+Every change goes through a :class:`~fusionkit.edit.journal.Journal`. A match whose
 replacement raises is undone alone and reported as failed; if a pass-wide step
 raises, the whole program is restored — graph, signature, state dict,
 constants, node ``meta`` — exactly as it was. In strict mode (the default for
@@ -31,24 +31,25 @@ from torch.export.graph_signature import ExportGraphSignature, OutputSpec, Tenso
 from torch.fx import Node
 
 from fusionkit import events
-from fusionkit.apply import gate, lazy_code
-from fusionkit.apply.builder import (
+from fusionkit.apply import gate
+from fusionkit.check.folding import evaluate_constant
+from fusionkit.edit import lazy_code
+from fusionkit.edit.builder import (
     DEBUG_HANDLES_KEY,
     FusionError,
     ProgramConstants,
     Rewriter,
     replaced_debug_handles,
 )
-from fusionkit.apply.journal import Journal
-from fusionkit.check.executable import replacement_outputs
-from fusionkit.check.folding import evaluate_constant
-from fusionkit.check.program_inputs import ConstantKind
-from fusionkit.match.finder import Match
+from fusionkit.edit.journal import Journal
+from fusionkit.find.executable import replacement_outputs
+from fusionkit.find.finder import Match
 from fusionkit.match.pattern import output_names
 from fusionkit.match.shape_guards import guards_suppressed
-from fusionkit.match.targets import is_assertion, resolve_op
+from fusionkit.program_inputs import ConstantKind
 from fusionkit.result import MatchResult
 from fusionkit.strict import strict_mode
+from fusionkit.targets import is_assertion, resolve_op
 
 __all__ = ["ApplyFailure", "ApplyResult", "apply_matches"]
 
@@ -275,7 +276,7 @@ def lint(ep: ExportedProgram, journal: Journal) -> None:
 
     ``Graph.lint`` walks the whole graph (tens of µs per fusion in a large one);
     a rewrite can only make the nodes it created or rerouted inconsistent, and
-    the journal knows exactly those (:meth:`~fusionkit.apply.journal.Journal.changed`).
+    the journal knows exactly those (:meth:`~fusionkit.edit.journal.Journal.changed`).
     The checks a rewrite can violate are made there: every such node is in the
     graph with a legal op and target and its own name; each argument node is in
     this graph, not erased, and comes before it; each user of a new node comes
@@ -337,7 +338,7 @@ def _check_target(gm: torch.fx.GraphModule, n: Node, fail: Any) -> None:
 
 
 def recompile(ep: ExportedProgram) -> None:
-    """Regenerate the graph module's code, lazily (:func:`fusionkit.apply.lazy_code.mark_stale`)."""
+    """Regenerate the graph module's code, lazily (:func:`fusionkit.edit.lazy_code.mark_stale`)."""
     lazy_code.mark_stale(ep.graph_module)
 
 

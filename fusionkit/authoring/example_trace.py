@@ -23,7 +23,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Node
 
-from fusionkit.match.targets import is_assertion, schema_of
+from fusionkit.targets import is_assertion, schema_of
 
 __all__ = ["Dialect", "ExampleError", "ExampleModule", "ExampleTrace", "TraceDialect",
            "bind_inputs", "calls", "capture_name", "get_attr_path", "has_attr",

@@ -48,7 +48,7 @@ from fusionkit.match.pattern import (
     seq,
     through,
 )
-from fusionkit.match.targets import op_key, resolve_op
+from fusionkit.targets import op_key, resolve_op
 
 __all__ = ["TracedPattern", "pattern_of"]
 

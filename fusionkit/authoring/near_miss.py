@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from fusionkit.match.finder import MatchSet, find_matches
-from fusionkit.match.targets import op_key
+from fusionkit.find.finder import MatchSet, find_matches
 from fusionkit.program import ProgramLike, as_exported_program
 from fusionkit.result import MatchResult, Status, Step
 from fusionkit.rule import Rule
+from fusionkit.targets import op_key
 
 __all__ = ["why_not"]
 

@@ -29,8 +29,8 @@ from fusionkit.match.pattern import (
     Through,
     Value,
 )
-from fusionkit.match.targets import op_key, resolve_op
 from fusionkit.rule import CallOp, PythonReplacement, Ref, Replacement, Rule
+from fusionkit.targets import op_key, resolve_op
 
 __all__ = ["NotPrintable", "to_python"]
 
@@ -286,7 +286,7 @@ def _constraint(c: Any, needs: set[str]) -> str:
 
     exported = _fusionkit_exports()
     try:  # the one vocabulary: the builder and the arguments that rebuild ``c``
-        vocabulary = importlib.import_module("fusionkit.authoring.vocabulary")
+        vocabulary = importlib.import_module("fusionkit.vocabulary")
         term, args = vocabulary.arguments_of(c)
         builder = getattr(term.build, "__name__", "")
         if builder in exported and getattr(fusionkit, builder) is term.build:

@@ -31,8 +31,8 @@ from fusionkit.authoring.example_trace import (
     signature_of,
 )
 from fusionkit.authoring.wildcards import trace_with_wildcards
-from fusionkit.match.targets import op_key
 from fusionkit.rule import CallOp, PythonReplacement, Ref, Replacement
+from fusionkit.targets import op_key
 
 __all__ = ["ShapeSpecializedWarning", "Steps", "replacement_from_function"]
 

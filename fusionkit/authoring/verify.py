@@ -100,8 +100,8 @@ from fusionkit.match.pattern import (
     Through,
     Value,
 )
-from fusionkit.match.targets import _overload_of, op_key, resolve_op
 from fusionkit.rule import Rule
+from fusionkit.targets import op_key, overload_of, resolve_op
 
 __all__ = ["CHECK_HINTS", "FIRING_CASES", "TOLERANCES", "Counterexample", "Judge", "OperandHint",
            "Verification", "verify", "verify_rules"]
@@ -1215,7 +1215,7 @@ def _no_reference(gm: torch.fx.GraphModule) -> list[str]:
     missing: list[str] = []
     for n in gm.graph.nodes:
         # (an edge-dialect op object, as a program form gives it, is the op it wraps)
-        overload = _overload_of(n.target) if n.op == "call_function" else None
+        overload = overload_of(n.target) if n.op == "call_function" else None
         if overload is None:
             continue
         name = overload.name()
@@ -1349,7 +1349,7 @@ def _eager_target(namespaces: frozenset[str] = frozenset()) -> Any:
     (one outside the core opset too: whether a lowering could take it is the executability
     check's question, not whether the replacement computes what the pattern computes), and
     so do the ops of ``namespaces``, run in the context their backend registered."""
-    from fusionkit.check.executable import Delegate, ExecutionTarget
+    from fusionkit.find.executable import Delegate, ExecutionTarget
 
     return ExecutionTarget([Delegate("torch (fusionkit.verify runs the program eagerly)",
                                      lambda node: None, frozenset({"aten"}) | namespaces)])
@@ -1416,8 +1416,8 @@ class _Checker:
         key = case.key()
         if key in self.exported:
             return self.exported[key]  # type: ignore[no-any-return]
+        from fusionkit.find.finder import find_matches
         from fusionkit.fusion_pass import FusionPass
-        from fusionkit.match.finder import find_matches
 
         if _GUARD is not None:  # (raises _Crashed: this case crashed an earlier worker)
             _GUARD.enter("exporting and rewriting the pattern's program", "torch.export", case)

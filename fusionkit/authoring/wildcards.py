@@ -31,7 +31,7 @@ from fusionkit.authoring.example_trace import (
     trace,
 )
 from fusionkit.match.pattern import Value, any_float, any_value, integer
-from fusionkit.match.targets import op_key, schema_of
+from fusionkit.targets import op_key, schema_of
 
 __all__ = ["Position", "is_selector", "selector_matches", "trace_with_wildcards",
            "wildcard_names", "wildcard_value"]

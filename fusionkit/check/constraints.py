@@ -20,11 +20,11 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from fusionkit.authoring.vocabulary import constraint_term
 from fusionkit.check.capture_parameters import CaptureParameters, DeclaredCaptures
 from fusionkit.check.folding import FoldError, constant_fold_sources, evaluate_constant
-from fusionkit.check.program_inputs import ProgramInputs
+from fusionkit.program_inputs import ProgramInputs
 from fusionkit.result import MatchResult, Status
+from fusionkit.vocabulary import constraint_term
 
 __all__ = [
     "SHAPE_RELATIONS",
@@ -106,7 +106,7 @@ def _label(name: str, v: Any) -> str:
 class Constraint(ABC):
     """One requirement on the captures of a match.
 
-    A registered constraint (:func:`~fusionkit.authoring.vocabulary.constraint_term`)
+    A registered constraint (:func:`~fusionkit.vocabulary.constraint_term`)
     gets its ``kind`` (its YAML key) and the fields naming the captures it reads
     (``capture_fields``) from its registration: each is stated once.
     """

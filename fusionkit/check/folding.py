@@ -17,8 +17,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Node
 
-from fusionkit.check.program_inputs import ProgramInputs
-from fusionkit.match.targets import memo_per_target, resolve_op, schema_of, target_name
+from fusionkit.program_inputs import ProgramInputs
+from fusionkit.targets import memo_per_target, resolve_op, schema_of, target_name
 
 __all__ = [
     "FoldError",

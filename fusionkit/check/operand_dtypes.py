@@ -8,7 +8,7 @@ lowers and serializes, then the runtime aborts at load on a shader it does not h
 them (:func:`fusionkit.register_delegate`'s ``operand_dtypes``, as ExecuTorch's own
 ``to_edge`` verifier has a dtype table per ATen op), and the core judges every op a
 replacement creates by them before the program changes
-(:class:`~fusionkit.check.executable.ReplacementCheck`, step ``executable``): a rule
+(:class:`~fusionkit.find.executable.ReplacementCheck`, step ``executable``): a rule
 never has to repeat the check, and a rule that forgets it cannot make the op anyway.
 
 The same table serves the backend's static tools (a ``check()`` of a payload, a
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit.match.targets import op_key
+from fusionkit.targets import op_key
 
 __all__ = ["OPERAND_DTYPES", "OperandDtypes", "dtype_names", "operand_dtype_refusal",
            "register_operand_dtypes", "violations"]

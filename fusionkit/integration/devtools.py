@@ -12,7 +12,7 @@ handles this way.
 A node fusionkit's rules created carries the int handle of the node whose value it
 computes (the match's root) -- the only form ExecuTorch's delegation, serializer and
 ETRecord accept in ``node.meta`` -- and ``meta['fusionkit_debug_handles']``, the handles of
-every node it replaced, the root's last (:func:`fusionkit.apply.builder.replaced_debug_handles`).
+every node it replaced, the root's last (:func:`fusionkit.edit.builder.replaced_debug_handles`).
 :func:`attribute_fusions` writes those tuples into an ETRecord's debug-handle map and
 delegate maps, where ExecuTorch itself puts a list for a delegate, so the Inspector
 attributes the fused op's runtime value to all the nodes it replaced and compares it
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from fusionkit.apply.builder import DEBUG_HANDLES_KEY
+from fusionkit.edit.builder import DEBUG_HANDLES_KEY
 
 __all__ = ["FUSED_GRAPH_KEY", "attribute_fusions", "expand_handles", "fused_debug_handles"]
 

@@ -38,8 +38,8 @@ from fusionkit.check.folding import (
     evaluate_constant,
     new_constant_placeholder,
 )
-from fusionkit.check.program_inputs import ProgramInputs
-from fusionkit.match.targets import op_key
+from fusionkit.program_inputs import ProgramInputs
+from fusionkit.targets import op_key
 
 __all__ = ["DeclinedFold", "FoldParameterSubgraphsPass", "FoldedWeight"]
 

@@ -5,7 +5,7 @@ candidate RMSNorm). A gate looks at a node's operands – a few levels down, thr
 pass-through ops and into list operands – and says "the structural search cannot
 match here". The finder skips a search on a failed gate only when the search would
 also have failed before claiming as many nodes as the rule's near-miss threshold, so
-gating never changes what :func:`~fusionkit.match.finder.find_matches` returns, accepted
+gating never changes what :func:`~fusionkit.find.finder.find_matches` returns, accepted
 or declined (``tests/test_finder_gate.py`` compares gated and ungated results).
 
 :func:`specialize` narrows a gate to the op keys one graph contains
@@ -38,7 +38,7 @@ from fusionkit.match.pattern import (
     Through,
     Value,
 )
-from fusionkit.match.targets import OP_KEY_MEMO, graph_op_keys, op_key
+from fusionkit.targets import OP_KEY_MEMO, graph_op_keys, op_key
 
 __all__ = [
     "GATE_DEPTH",

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit.check.program_inputs import ProgramInputs
 from fusionkit.match.memo import PerObject
 from fusionkit.match.pattern import (
     CASTS,
@@ -41,8 +40,9 @@ from fusionkit.match.pattern import (
     Value,
     widens,
 )
-from fusionkit.match.targets import OP_KEY_MEMO, op_key, schema_of
+from fusionkit.program_inputs import ProgramInputs
 from fusionkit.result import MatchResult, Step
+from fusionkit.targets import OP_KEY_MEMO, op_key, schema_of
 
 __all__ = ["Binding", "CompiledPattern", "PredicateError", "Search", "compile_pattern",
            "match_pattern"]

@@ -1,6 +1,6 @@
 """Per-object memos: things derived from a pattern or a gate, kept for the last few hundred.
 
-An adapter builds its rules once but a new :class:`~fusionkit.match.finder.RuleIndex` per
+An adapter builds its rules once but a new :class:`~fusionkit.find.finder.RuleIndex` per
 pass; compiling a pattern or a gate costs more than a search, so the compiled form is
 remembered by the identity of its source object. The entry holds the object itself,
 so an id reused after the object died is never mistaken for it.

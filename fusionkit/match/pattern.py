@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from fusionkit.authoring.vocabulary import value_matcher
-from fusionkit.match.targets import OpTarget, op_key, resolve_op
+from fusionkit.targets import OpTarget, op_key, resolve_op
+from fusionkit.vocabulary import value_matcher
 
 __all__ = [
     "CASTS",
@@ -280,7 +280,7 @@ class Value(Pattern):
     tensor_ok: bool = False
     name: str | None = None
     #: the named matcher and the arguments it was built with, e.g.
-    #: ("scalar", (("lo", 0.0), ("hi", None))) (set by :func:`~fusionkit.authoring.vocabulary.value_matcher`);
+    #: ("scalar", (("lo", 0.0), ("hi", None))) (set by :func:`~fusionkit.vocabulary.value_matcher`);
     #: None for an arbitrary Python predicate (such a pattern cannot be written as YAML)
     spec: tuple[Any, ...] | None = None
     in_dtype: Callable[[Any, Any], bool] | None = None

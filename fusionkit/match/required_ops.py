@@ -1,7 +1,7 @@
 """Whether every match of a pattern holds a node of one of some ops.
 
 A rule group that cannot match without, say, a dequantize states so
-(:class:`~fusionkit.match.finder.DeferredRules` ``needs``), and a program without one never
+(:class:`~fusionkit.find.finder.DeferredRules` ``needs``), and a program without one never
 pays for building its patterns; whether the patterns require it is read from them, so a
 statement a pattern does not back is an error, not a lost match.
 """

@@ -1,6 +1,6 @@
 """Fusion specs in YAML: schema (pydantic v2), loader/compiler, and dumper.
 
-All three are derived from one vocabulary (:mod:`fusionkit.authoring.vocabulary`): YAML
+All three are derived from one vocabulary (:mod:`fusionkit.vocabulary`): YAML
 uses the Python names. A spec never runs code without consent: Python it names
 is imported only with ``trust=True`` / ``allow_modules=[...]``.
 """

@@ -7,7 +7,7 @@ naming the file, the line and the field path (``rules[0].pattern.args[1].op``),
 and no rule from any of the files is returned.
 
 Value matchers and constraints are compiled through the vocabulary registry
-(:mod:`fusionkit.authoring.vocabulary`): a YAML entry is its term's Python builder called
+(:mod:`fusionkit.vocabulary`): a YAML entry is its term's Python builder called
 with the entry's fields. A Python reference (a ``custom`` check's ``fn``, a
 Python replacement) is imported only when the caller consented
 (:class:`~fusionkit.specs.trust.ImportPolicy`); otherwise it is an error, and
@@ -25,14 +25,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fusionkit.authoring.vocabulary import CONSTRAINTS, VALUE_MATCHERS, Term
 from fusionkit.check import constraints as C
 from fusionkit.match import pattern as P
-from fusionkit.match.targets import UnknownOpError, op_key, resolve_op
 from fusionkit.rule import CallOp, PythonReplacement, Ref, Replacement, Rule, RuleError
 from fusionkit.specs import schema as S
 from fusionkit.specs.codec import DTYPES, CodecError, decode_literal, from_yaml, is_python_ref
 from fusionkit.specs.trust import ImportPolicy, import_ref
+from fusionkit.targets import UnknownOpError, op_key, resolve_op
+from fusionkit.vocabulary import CONSTRAINTS, VALUE_MATCHERS, Term
 
 __all__ = ["PythonRef", "SpecError", "SpecSummary", "load_spec_file", "load_spec_text",
            "load_specs", "validate_specs"]

@@ -16,13 +16,13 @@ from typing import Any
 import torch
 import yaml
 
-from fusionkit.authoring.vocabulary import Term, arguments_of, term_of
 from fusionkit.check import constraints as C
 from fusionkit.match import pattern as P
 from fusionkit.rule import CallOp, PythonReplacement, Ref, Rule
 from fusionkit.specs.codec import CodecError, dtype_name, encode_literal, has_mapping, to_yaml
 from fusionkit.specs.schema import SPEC_VERSION, shorthand
 from fusionkit.specs.trust import import_ref
+from fusionkit.vocabulary import Term, arguments_of, term_of
 
 __all__ = ["DumpError", "constraint_to_data", "python_ref", "rule_to_data", "rules_to_yaml"]
 
@@ -198,7 +198,7 @@ def value_to_data(v: P.Value) -> Any:
 
 
 def _value_keys() -> list[str]:
-    from fusionkit.authoring.vocabulary import VALUE_MATCHERS
+    from fusionkit.vocabulary import VALUE_MATCHERS
 
     return list(VALUE_MATCHERS)
 
@@ -207,7 +207,7 @@ def constraint_to_data(c: C.Constraint) -> dict[str, Any]:
     term = term_of(c)
     if term is None:
         raise DumpError(f"constraint {type(c).__name__} is not in the vocabulary "
-                        "(register it with fusionkit.authoring.vocabulary.constraint_term)")
+                        "(register it with fusionkit.vocabulary.constraint_term)")
     try:
         _, args = arguments_of(c)
     except LookupError as e:

@@ -14,7 +14,7 @@ The structure of a pattern (``op``, ``capture``, ``any_of``, ``through``,
 per DSL construct with the builder's parameter names. Value matchers
 (``{scalar: {name: eps, lo: 0.0}}``) and constraints (``{dtype: {capture: x,
 dtypes: [float32]}}``) are *generated* from the vocabulary registry
-(:mod:`fusionkit.authoring.vocabulary`): each term's fields are its Python parameters.
+(:mod:`fusionkit.vocabulary`): each term's fields are its Python parameters.
 Any other YAML value inside ``args`` is an exact literal (a dtype inside it is
 ``{dtype: int8}``); a list of patterns is ``{seq: [...]}``.
 """
@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_mo
 # the DSL modules register their terms on import
 import fusionkit.check.constraints
 import fusionkit.match.pattern  # noqa: F401
-from fusionkit.authoring.vocabulary import CONSTRAINTS, VALUE_FIELDS, VALUE_MATCHERS, Term
 from fusionkit.specs.codec import CaptureName, DtypeName, PyRef, yaml_type
+from fusionkit.vocabulary import CONSTRAINTS, VALUE_FIELDS, VALUE_MATCHERS, Term
 
 __all__ = ["SPEC_VERSION", "SpecFile", "constraint_tag", "pattern_tag"]
 

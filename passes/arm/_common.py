@@ -8,14 +8,14 @@ from typing import Any
 
 from torch.fx import Node
 
-from fusionkit.match.targets import register_op_library
 from fusionkit.passes._constraint import constraint as constraint  # (shared)
 from fusionkit.passes._provenance import keep_provenance as keep_provenance  # (shared)
+from fusionkit.passes.families.conv_batch_norm import fresh_constant as fresh_constant
 
 # a new constant never found by name, and a placeholder moved with its signature entry:
 # generic helpers the conv + batch-norm family defined (no part of that fusion)
-from fusionkit.passes.families.conv_batch_norm import _move_before
-from fusionkit.passes.families.conv_batch_norm import fresh_constant as fresh_constant
+from fusionkit.passes.families.conv_batch_norm import move_placeholder_before_anchor
+from fusionkit.targets import register_op_library
 
 # the TOSA dialect's ops (tosa.RESCALE, tosa.SLICE, ...) register when it is imported
 register_op_library("tosa", "executorch.backends.arm.tosa.dialect")
@@ -48,7 +48,7 @@ def keep_node_meta(new: Node, old: Node) -> None:
 
 def move_placeholder_before(rw: Any, new: Node, anchor: Node) -> None:
     """Placeholder ``new`` (and its graph-signature entry) moved right before ``anchor``."""
-    _move_before(rw, new, anchor)
+    move_placeholder_before_anchor(rw, new, anchor)
 
 
 def is_number(v: Any) -> bool:

@@ -23,8 +23,8 @@ import torch
 from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
-from fusionkit.match.targets import op_key
 from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
+from fusionkit.targets import op_key
 
 from ._common import CONST_SHAPE, SLICE, constraint, keep_node_meta
 

@@ -62,8 +62,8 @@ from fusionkit import (
     lit,
     op,
 )
-from fusionkit.match.targets import op_key
 from fusionkit.passes.registry import register_rules
+from fusionkit.targets import op_key
 
 from ._common import CONV, RESCALE, constraint, fresh_constant, move_placeholder_before
 from .dyt_alpha_lut import TABLE, _single_qargs

@@ -49,8 +49,8 @@ from fusionkit import (
     capture,
     op,
 )
-from fusionkit.match.targets import op_key
 from fusionkit.passes.registry import register_rules
+from fusionkit.targets import op_key
 
 from ._common import (
     RESCALE,

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit.match.targets import op_key
 from fusionkit.passes.registry import register_node_semantics
+from fusionkit.targets import op_key
 
 from .tosa_semantics import rescale_reference
 

@@ -33,8 +33,8 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
-from fusionkit.match.targets import op_key
 from fusionkit.passes.registry import register_rules
+from fusionkit.targets import op_key
 
 from ._common import (
     CONV,

@@ -65,6 +65,7 @@ from fusionkit.passes._provenance import keep_provenance
 
 __all__ = ["BN", "BN_NO_TRAINING", "CONV", "FOLD_ROLE", "LINEAR", "Needs", "fold_conv",
            "fold_conv_bn", "fold_linear", "fold_standalone", "folded_names", "fresh_constant",
+           "move_placeholder_before_anchor",
            "rules"]
 
 CONV = "aten.convolution.default"
@@ -155,7 +156,7 @@ def _first_placeholder(rw: Rewriter) -> Node | None:
     return next(iter(graph.find_nodes(op="placeholder")), None)
 
 
-def _move_before(rw: Rewriter, new: Node, anchor: Node) -> None:
+def move_placeholder_before_anchor(rw: Rewriter, new: Node, anchor: Node) -> None:
     """Put placeholder ``new`` (and its signature entry) right before ``anchor``."""
     assert rw.ep is not None
     specs = rw.ep.graph_signature.input_specs  # the list itself: node and spec move together
@@ -262,8 +263,8 @@ def _fold(rw: Rewriter, op: Node, x: Node, w_node: Node, b: Node | None,
     b_new = fresh_constant(rw, b_name, fused_b.detach())
     # where the source weight was, graph and signature, as the stock passes place them
     # (the Vulkan serializer numbers values in placeholder order)
-    _move_before(rw, w_new, w_node)
-    _move_before(rw, b_new, w_node)
+    move_placeholder_before_anchor(rw, w_new, w_node)
+    move_placeholder_before_anchor(rw, b_new, w_node)
     if op.graph is rw.graph:  # (a probe builds into a scratch graph)
         rw.insert_before = op  # where the stock passes leave the rewritten conv / linear
     if conv_args is not None:
@@ -290,8 +291,8 @@ def fold_standalone(rw: Rewriter, x: Node, bn_w: Any, bn_b: Any, mean: Node, var
     b_new = fresh_constant(rw, b_name, fused_b.detach())
     anchor = bn_w if isinstance(bn_w, Node) else _first_placeholder(rw)
     if anchor is not None:
-        _move_before(rw, w_new, anchor)
-        _move_before(rw, b_new, anchor)
+        move_placeholder_before_anchor(rw, w_new, anchor)
+        move_placeholder_before_anchor(rw, b_new, anchor)
     d = rank - 2
     new = rw.call(CONV, x, w_new, b_new, [1] * d, [0] * d, [1] * d, False, [0] * d,
                   int(fused_w.shape[0]))

@@ -58,12 +58,12 @@ from .conv_batch_norm import (
     FOLD_ROLE,
     _affine_constant,
     _bias_constant,
-    _move_before,
     _output_only,
     _statistics_per_channel,
     fold_conv_bn,
     folded_names,
     fresh_constant,
+    move_placeholder_before_anchor,
 )
 
 __all__ = ["BATCH_NORM", "CONVOLUTIONS", "TRANSPOSED", "rules"]
@@ -135,8 +135,8 @@ def fold(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Any, bn_b: Any, mean: N
     w_name, b_name = folded_names(w.name, None if b is None else b.name)
     w_new = fresh_constant(rw, w_name, fused_w.detach())
     b_new = fresh_constant(rw, b_name, fused_b.detach())
-    _move_before(rw, w_new, w)
-    _move_before(rw, b_new, w)
+    move_placeholder_before_anchor(rw, w_new, w)
+    move_placeholder_before_anchor(rw, b_new, w)
     if op.graph is rw.graph and x is not w and x is not b and w is not b:
         args = list(op.args) + [None] * (3 - len(op.args))
         args[1], args[2] = w_new, b_new

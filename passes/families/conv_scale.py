@@ -42,7 +42,11 @@ from fusionkit import (
 )
 from fusionkit.passes._constraint import constraint
 from fusionkit.passes._provenance import keep_provenance
-from fusionkit.passes.families.conv_batch_norm import CONV, _move_before, fresh_constant
+from fusionkit.passes.families.conv_batch_norm import (
+    CONV,
+    fresh_constant,
+    move_placeholder_before_anchor,
+)
 
 __all__ = ["MUL_SCALAR", "MUL_TENSOR", "ROLE", "channel_scale", "rules", "scale_conv"]
 
@@ -121,11 +125,11 @@ def scale_conv(rw: Rewriter, conv: Node, x: Node, w: Node, scale: Any, stride: A
     per_channel = per_channel.to(weight.dtype)
     w_new = fresh_constant(rw, f"{w.name}_folded_mul",
                            weight * per_channel.reshape((-1,) + (1,) * (weight.dim() - 1)))
-    _move_before(rw, w_new, w)
+    move_placeholder_before_anchor(rw, w_new, w)
     b_new = None
     if b is not None:
         b_new = fresh_constant(rw, f"{b.name}_folded_mul", rw.tensor(b) * per_channel)
-        _move_before(rw, b_new, b)
+        move_placeholder_before_anchor(rw, b_new, b)
     if conv.graph is rw.graph and len({x, w, b}) == 3:
         # in place, as the stock pass does (the journal records each replaced input; the
         # engine keeps a node of the match the replacement returns)

@@ -80,7 +80,7 @@ def _load_quantized_ops() -> None:
 
 
 def _known(names: tuple[str, ...]) -> tuple[str, ...]:
-    from fusionkit.match.targets import resolve_op
+    from fusionkit.targets import resolve_op
 
     out = []
     for n in names:

@@ -13,7 +13,7 @@ What the stock pass forgets: a copy the program returns, whose source is a graph
 a value the program returns already. Rerouted to its source, the delegate returns one
 value for two outputs ('Vulkan graph declares 1 inputs and 1 outputs, but the delegate call
 supplied 3 arguments' at execute) or its own input; the core declines that rewiring
-(``fusionkit.check.returned_values``), and ``redundant_copy_returned`` makes such a copy an
+(``fusionkit.find.returned_values``), and ``redundant_copy_returned`` makes such a copy an
 ``aten.clone`` (the runtime lacks ``_clone_dim_order``, the edge program's clone).
 """
 

@@ -61,7 +61,6 @@ from fusionkit import (
     outputs,
 )
 from fusionkit.match.pattern import Op, Pattern
-from fusionkit.match.targets import resolve_op
 from fusionkit.passes.registry import (
     OperandHint,
     Pick,
@@ -69,6 +68,7 @@ from fusionkit.passes.registry import (
     register_program_form,
     register_rules,
 )
+from fusionkit.targets import resolve_op
 
 from . import sdpa_reference  # noqa: F401  (what the llama kernels compute, for fusionkit verify)
 from ._common import FP_T, constraint, shape

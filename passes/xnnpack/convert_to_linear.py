@@ -67,7 +67,7 @@ from fusionkit import (
     op,
     op_key,
 )
-from fusionkit.apply.builder import PROVENANCE_KEYS
+from fusionkit.edit.builder import PROVENANCE_KEYS
 from fusionkit.passes.registry import (
     OperandHint,
     Pick,

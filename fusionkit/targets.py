@@ -26,11 +26,13 @@ __all__ = [
     "dialect_like",
     "dialect_target",
     "graph_op_keys",
+    "import_op_libraries",
     "is_assertion",
     "is_edge_target",
     "load_delegate_descriptions",
     "memo_per_target",
     "op_key",
+    "overload_of",
     "register_op_library",
     "resolve_op",
     "schema_of",
@@ -44,7 +46,7 @@ class UnknownOpError(ValueError):
     """A qualified op name that does not resolve to a registered operator."""
 
 
-def _overload_of(target: Any) -> torch._ops.OpOverload | None:
+def overload_of(target: Any) -> torch._ops.OpOverload | None:
     """The ``OpOverload`` behind a target, or None for every other kind of target.
 
     Node targets are not only operators: ``operator.getitem`` and other Python
@@ -95,7 +97,7 @@ def op_key(target: Any) -> str | None:
         pass
     except TypeError:  # unhashable target
         return None
-    overload = _overload_of(target)
+    overload = overload_of(target)
     key: str | None = None
     if overload is not None:
         ns, name = overload._schema.name.split("::", 1)
@@ -161,7 +163,7 @@ def delegate_entry_points() -> list[Any]:
     return sorted(points.values(), key=lambda p: (p.name, p.value))
 
 
-def _import_op_libraries(namespace: str) -> None:
+def import_op_libraries(namespace: str) -> None:
     """Custom op namespaces register on import; import the ones we know of."""
     import importlib
 
@@ -191,7 +193,7 @@ def _resolve_name(name: str) -> torch._ops.OpOverload:
             return getattr(packet, overload)  # type: ignore[no-any-return]
         except (AttributeError, RuntimeError):
             if attempt == 0:
-                _import_op_libraries(ns)
+                import_op_libraries(ns)
     raise UnknownOpError(f"op {name!r} does not resolve to a registered operator"
                          + _closest_ops(ns, op, overload))
 
@@ -221,7 +223,7 @@ def resolve_op(target: OpTarget) -> torch._ops.OpOverload:
     """The ATen-level ``OpOverload`` for a name, OpOverload or EdgeOpOverload."""
     if isinstance(target, str):
         return _resolve_name(target)
-    overload = _overload_of(target)
+    overload = overload_of(target)
     if overload is None:
         raise UnknownOpError(f"{target!r} is not an operator overload")
     return overload
@@ -250,7 +252,7 @@ def target_name(target: Any) -> str:
 
 
 def schema_of(target: Any) -> torch._C.FunctionSchema | None:
-    overload = _overload_of(target)
+    overload = overload_of(target)
     return overload._schema if overload is not None else None
 
 

@@ -93,7 +93,7 @@ class ProgramInputs:
 
     def describe(self, node: torch.fx.Node) -> str:
         """Short phrase for messages: 'a parameter', 'a user input', 'computed by aten.add.Tensor'."""
-        from fusionkit.match.targets import op_key
+        from fusionkit.targets import op_key
 
         if node.op == "placeholder":
             ref = self.constant(node)

@@ -26,9 +26,9 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 from torch.fx import Node
 
-from fusionkit.apply import meta_cache
-from fusionkit.check.program_inputs import ProgramInputs
-from fusionkit.match.targets import (
+from fusionkit.edit import meta_cache
+from fusionkit.program_inputs import ProgramInputs
+from fusionkit.targets import (
     OpTarget,
     dialect_like,
     dialect_target,
@@ -277,7 +277,7 @@ class Rewriter:
         #: the nodes the replacement stands for (the match's claimed nodes; the root alone
         #: when not given): their provenance and debug handles go to every new node
         self.replaced: tuple[Node, ...] = tuple(replaced) or (root,)
-        #: the op whose dialect new nodes take (:func:`~fusionkit.match.targets.dialect_like`)
+        #: the op whose dialect new nodes take (:func:`~fusionkit.targets.dialect_like`)
         self._like = like if like is not None else dialect_like(root)
         self.graph = root.graph
         self.rule_name = rule_name

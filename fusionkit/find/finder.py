@@ -4,12 +4,12 @@ ExportedProgram at hand. Nothing here modifies the program.
 :func:`find_matches` runs four stages, each in its own module, in this order, and no
 stage calls back into this one (``tests/test_architecture.py`` walks a pass and checks):
 
-1. **targets** (:mod:`fusionkit.match.targets`): each call node's op key, and the rules
+1. **targets** (:mod:`fusionkit.targets`): each call node's op key, and the rules
    rooted at that op, by priority (:meth:`RuleIndex.for_target`);
 2. **gates** (:mod:`fusionkit.match.gates`): a rule is not searched at a node where its
    gate proves the search would fail before any reportable progress;
 3. **matcher** (:mod:`fusionkit.match.matcher`): each rule's pattern compiled for searching;
-4. **decide** (:mod:`fusionkit.match.decide`): in graph order, each candidate searched and
+4. **decide** (:mod:`fusionkit.find.decide`): in graph order, each candidate searched and
    each binding decided: accepted (a :class:`Match`) or declined with a reason.
 """
 
@@ -24,10 +24,8 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import events
-from fusionkit.apply.meta_cache import keys_remembered
-from fusionkit.check.executable import ExecutionTarget, ReplacementCheck
-from fusionkit.check.program_inputs import ProgramInputs
-from fusionkit.match.decide import (
+from fusionkit.edit.meta_cache import keys_remembered
+from fusionkit.find.decide import (
     DECLINE_STEPS,
     Candidate,
     Match,
@@ -35,14 +33,16 @@ from fusionkit.match.decide import (
     Settings,
     decide_in_order,
 )
+from fusionkit.find.executable import ExecutionTarget, ReplacementCheck
 from fusionkit.match.gates import GATE_DEPTH, Gate, GateLike, gate_of, specialize
 from fusionkit.match.matcher import CompiledPattern, compile_pattern
 from fusionkit.match.required_ops import requires_one_of
 from fusionkit.match.shape_guards import guards_suppressed
-from fusionkit.match.targets import graph_op_keys, op_key
 from fusionkit.program import ProgramLike, as_exported_program
+from fusionkit.program_inputs import ProgramInputs
 from fusionkit.rule import Rule
 from fusionkit.strict import strict_mode
+from fusionkit.targets import graph_op_keys, op_key
 
 __all__ = ["DECLINE_STEPS", "DeferredRules", "Match", "MatchSet", "RuleIndex", "find_matches"]
 
@@ -256,11 +256,11 @@ def find_matches(ep: ProgramLike, rules: Sequence[Rule] | RuleIndex,
     environment variable) the exception propagates instead.
 
     Once its constraints hold, a match's replacement is built in a scratch graph
-    (:class:`~fusionkit.check.executable.ReplacementCheck`, memoised by the
+    (:class:`~fusionkit.find.executable.ReplacementCheck`, memoised by the
     captures' metadata): one that raises or returns the wrong thing is declined
     with step ``error``, one creating an op that could not run on ``target``
     (default: ExecuTorch's CPU runtime, see
-    :class:`~fusionkit.check.executable.ExecutionTarget`) with step
+    :class:`~fusionkit.find.executable.ExecutionTarget`) with step
     ``executable``. ``check_replacements=False`` skips this (for callers that
     know every node is delegated already).
     """

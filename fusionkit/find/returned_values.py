@@ -101,8 +101,8 @@ class _Accepted:
 
 
 def _build(ctx: CheckContext, rule: Rule, olds: Sequence[Node]) -> tuple[Any, list[Any]]:
-    from fusionkit.apply.probe import build_in_scratch
-    from fusionkit.check.executable import replacement_outputs
+    from fusionkit.edit.probe import build_in_scratch
+    from fusionkit.find.executable import replacement_outputs
 
     rw, built = build_in_scratch(rule.replacement, ctx, rule.name)
     return rw, replacement_outputs(rule.name, ctx.root, list(olds), built)

@@ -11,7 +11,7 @@ delegates needs none of this: the backend's partitioner takes it.
 :class:`ExecutionTarget` says whether one node will run where the program runs
 (the CPU runtime's kernel libraries, plus the delegates that take ops off it).
 :class:`ReplacementCheck` builds a match's replacement in a scratch graph
-(:mod:`fusionkit.apply.probe`) and asks that about every op it made; having
+(:mod:`fusionkit.edit.probe`) and asks that about every op it made; having
 built it, it also knows when the replacement raises or returns the wrong thing
 (step ``error``). The finder runs it after a match's constraints, so a match
 whose replacement could not run or could not be built is declined with the
@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.fx import Node
 
-from fusionkit.apply.builder import FusionError
-from fusionkit.apply.meta_cache import metadata_key
-from fusionkit.apply.probe import build_in_scratch
 from fusionkit.check.operand_dtypes import operand_dtype_refusal, register_operand_dtypes
-from fusionkit.match.targets import (
+from fusionkit.edit.builder import FusionError
+from fusionkit.edit.meta_cache import metadata_key
+from fusionkit.edit.probe import build_in_scratch
+from fusionkit.result import MatchResult, Status, Step
+from fusionkit.targets import (
     dialect_like,
     is_assertion,
     is_edge_target,
@@ -42,7 +43,6 @@ from fusionkit.match.targets import (
     register_op_library,
     resolve_op,
 )
-from fusionkit.result import MatchResult, Status, Step
 
 if TYPE_CHECKING:
     from fusionkit.check.constraints import CheckContext

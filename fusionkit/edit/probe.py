@@ -12,20 +12,19 @@ The program, its graph and its state dict are never touched.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx import Graph, Node
 
-from fusionkit.apply.builder import Rewriter
 from fusionkit.check.folding import evaluate_constant
-from fusionkit.match.targets import dialect_like, op_key
+from fusionkit.edit.builder import Rewriter
+from fusionkit.targets import dialect_like, op_key
 
 if TYPE_CHECKING:
     from fusionkit.check.constraints import CheckContext
-    from fusionkit.rule import Replacement
 
 __all__ = ["ProbeRewriter", "build_in_scratch", "schema_arguments"]
 
@@ -106,7 +105,14 @@ class ProbeRewriter(Rewriter):
         return (n for n in self.created if n.op == "call_function" and op_key(n.target))
 
 
-def build_in_scratch(replacement: Replacement, ctx: CheckContext, rule_name: str = ""
+class Buildable(Protocol):
+    """What the probe runs: a rule's replacement (``fusionkit.rule.Replacement``), named
+    structurally so graph editing does not import the rule layer above it."""
+
+    def build(self, rw: Any, captures: Any) -> Any: ...
+
+
+def build_in_scratch(replacement: Buildable, ctx: CheckContext, rule_name: str = ""
                      ) -> tuple[ProbeRewriter, Any]:
     """Run ``replacement`` for the match in ``ctx`` into a scratch graph.
 

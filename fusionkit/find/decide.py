@@ -1,6 +1,6 @@
 """Stage 4 of the match phase: search each candidate in graph order and decide it.
 
-The finder (:mod:`fusionkit.match.finder`) hands this stage the candidates its earlier
+The finder (:mod:`fusionkit.find.finder`) hands this stage the candidates its earlier
 stages left: each call node with, by priority, the rules rooted at its op whose gate lets
 it by, their compiled patterns. Here, node by node in graph order, each rule's pattern is
 searched (:mod:`fusionkit.match.matcher`); every structural binding is checked against
@@ -21,14 +21,14 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from fusionkit.check.constraints import CheckContext
-from fusionkit.check.executable import ReplacementCheck
-from fusionkit.check.program_inputs import ProgramInputs
-from fusionkit.check.returned_values import returned_value_refusal
+from fusionkit.find.executable import ReplacementCheck
+from fusionkit.find.returned_values import returned_value_refusal
 from fusionkit.match.matcher import Binding, CompiledPattern, PredicateError
 from fusionkit.match.pattern import output_names
-from fusionkit.match.targets import is_assertion, schema_of
+from fusionkit.program_inputs import ProgramInputs
 from fusionkit.result import MatchResult
 from fusionkit.rule import Rule
+from fusionkit.targets import is_assertion, schema_of
 
 __all__ = ["DECLINE_STEPS", "Candidate", "Match", "MatchSet", "Settings",
            "decide_in_order"]
@@ -66,7 +66,7 @@ class Match:
 #: for a :class:`~fusionkit.check.constraints.Custom`): ``error`` is a rule's own code
 #: raising (counted apart from the other declines), ``placement`` a multi-output
 #: match with no single point for its replacement, ``executable`` a replacement
-#: creating an op the program could not run (:mod:`fusionkit.check.executable`)
+#: creating an op the program could not run (:mod:`fusionkit.find.executable`)
 DECLINE_STEPS: tuple[str, ...] = ("structure", "overlap", "escape", "placement", "executable",
                                   "error")
 
@@ -281,7 +281,7 @@ Candidate = tuple[Node, tuple[tuple[Rule, CompiledPattern, Exception | None], ..
 @dataclass(frozen=True)
 class Settings:
     """What :func:`decide_in_order` needs besides the candidates (see
-    :func:`~fusionkit.match.finder.find_matches` for the options)."""
+    :func:`~fusionkit.find.finder.find_matches` for the options)."""
 
     inputs: ProgramInputs
     #: each rule's near-miss threshold (structural progress that makes a failure reportable)

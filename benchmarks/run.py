@@ -52,7 +52,7 @@ def bench_matching(sizes: Sequence[int], runs: int, big_runs: int, shipped_runs:
     from benchmarks import graphs
     from benchmarks.harness import StockVulkan, builtin_rules, median_time
     from fusionkit import FusionPass
-    from fusionkit.match.finder import RuleIndex, find_matches
+    from fusionkit.find.finder import RuleIndex, find_matches
 
     rules, source = builtin_rules()
     index = RuleIndex(rules)
@@ -186,13 +186,13 @@ def bench_apply(counts: Sequence[int], runs: int, stock_shipped: bool,
     One graph per count: ``count`` chained norm blocks (one fusable RMSNorm and
     one declined AdaLN norm each). Matches are found outside the timed region;
     each timed run applies them to a freshly built graph. The code generation
-    the pass leaves for first use (``fusionkit.apply.lazy_code``) is timed apart.
+    the pass leaves for first use (``fusionkit.edit.lazy_code``) is timed apart.
     """
     from benchmarks import graphs
     from benchmarks.harness import CPU_CLOCK, StockVulkan, count_recompiles_and_retraces
     from fusionkit.apply.rewrite import apply_matches
     from fusionkit.backends.vulkan_adapter import transform_passes
-    from fusionkit.match.finder import RuleIndex, find_matches
+    from fusionkit.find.finder import RuleIndex, find_matches
 
     rules = [r for p in transform_passes() for r in getattr(p, "rules", ())]
     index = RuleIndex(rules)

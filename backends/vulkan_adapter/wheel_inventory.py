@@ -24,12 +24,15 @@ What is inferred, and from what:
   linears a preprocess rule declines leave it), ``torchao.dequantize_affine.default``.
   Every probed answer for these ops agrees (``tests/test_vulkan_static_verdicts.py``).
 
-Not inferable from the wheel (the probe finds them; without it they count as present):
-an op registered in Python that the runtime's C++ does not register under that name --
-``aten.logical_not.default``, ``aten.t_copy.default``, the ATen names the preprocess's
-in-place form produces (``linear.default``) -- and any shader whose name the runtime
-composes differently from the templates (a template expanded but the C++ asking for
-another name).
+* **registered names** -- the wheel ships no C++; the names the runtime's
+  ``VK_REGISTER_OP`` calls register for this ExecuTorch version are kept with fusionkit
+  (:mod:`.registered_operators`, read from the runtime's sources). A partitioner op that
+  none registers is missing: ``aten.logical_not.default``, ``aten.t_copy.default``,
+  ``dim_order_ops._clone_dim_order.default``, the ATen names the preprocess's in-place form
+  produces (``linear.default``). For a version with no list kept, these count as present.
+
+Not inferable (the probe finds it): a shader whose name the runtime composes differently
+from the templates (a template expanded but the C++ asking for another name).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import os
 from .runtime_probe import RuntimeInventory
 
 __all__ = ["OP_SHADER_STEMS", "InferredInventory", "effective_inventory", "inferred_operators",
-           "wheel_inventory", "wheel_shader_names"]
+           "registered_verdicts", "wheel_inventory", "wheel_shader_names"]
 
 #: op (payload name) -> the stems its runtime implementation composes shader names from
 #: (``<stem>_<storage>_<dtypes>``); present iff a shader of the wheel starts with one.
@@ -122,13 +125,27 @@ def _version() -> str:
         return "?"
 
 
+def registered_verdicts(registered: frozenset[str]) -> dict[str, bool]:
+    """Every candidate operator (:func:`~.runtime_probe.candidate_operators`) -> whether
+    the runtime registers that name."""
+    from .runtime_probe import candidate_operators
+
+    return {op: op in registered for op in candidate_operators()}
+
+
 @functools.cache
 def wheel_inventory() -> InferredInventory:
     """The runtime the installed ExecuTorch wheel implies (see the module): computed once
-    per process (the templates parsed: ~0.1 s)."""
+    per process (the templates parsed and the candidates listed: ~0.2 s)."""
+    from .registered_operators import registered_operators
+
     shaders = wheel_shader_names()
-    operators = inferred_operators(shaders) if shaders else {}
     ver = _version()
+    registered = registered_operators(ver)
+    operators = registered_verdicts(registered) if registered is not None else {}
+    if shaders:  # an op registered whose shaders the wheel lacks is missing as well
+        for op, present in inferred_operators(shaders).items():
+            operators[op] = operators.get(op, True) and present
     return InferredInventory(f"wheel-executorch-{ver}", operators, shaders, executorch=ver)
 
 

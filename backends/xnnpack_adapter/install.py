@@ -1,8 +1,8 @@
 """The XNNPACK adapter's patch set: everything its preprocess changes, as one.
 
 :data:`PATCHES` is the constant serializer (:mod:`.serializer`), fusionkit rules in place
-of XNNPACK's pattern-rewrite passes (:mod:`.preprocess_rules`) and the gates of the passes
-left (:mod:`.pass_gates`), each a reversible :class:`~fusionkit.integration.hooks.PatchSet`.
+of XNNPACK's pattern-rewrite passes (:mod:`.preprocess_rules`), the gates of the passes
+left (:mod:`.pass_gates`) and the partition conditions (:mod:`.batch_norm_partition`), each a reversible :class:`~fusionkit.integration.hooks.PatchSet`.
 The adapter's partitioner installs it around each preprocess of a partition it made;
 :func:`install` puts it in place process-wide (for stock partitioners too) until
 :func:`uninstall`. As in every adapter (one skeleton,
@@ -18,7 +18,7 @@ from fusionkit.backends import quantize_step
 from fusionkit.integration.adapter import Adapter
 from fusionkit.integration.hooks import Installation, UnsupportedExecuTorchError
 
-from . import boundary_qdq, pass_gates, preprocess_rules, serializer
+from . import batch_norm_partition, boundary_qdq, pass_gates, preprocess_rules, serializer
 
 __all__ = ["ADAPTER", "PATCHES", "Installation", "UnsupportedExecuTorchError", "install",
            "is_installed", "uninstall"]
@@ -27,7 +27,8 @@ __all__ = ["ADAPTER", "PATCHES", "Installation", "UnsupportedExecuTorchError", "
 #: XnnpackBackend.preprocess runs under them for this adapter's partitions only
 ADAPTER = Adapter("fusionkit.backends.xnnpack_adapter",
                   parts=(serializer.SERIALIZER_PATCHES, preprocess_rules.PATCHES,
-                         pass_gates.PATCHES, boundary_qdq.PATCHES, quantize_step.PATCHES),
+                         pass_gates.PATCHES, boundary_qdq.PATCHES, quantize_step.PATCHES,
+                         batch_norm_partition.PATCHES),
                   backend=("executorch.backends.xnnpack.xnnpack_preprocess", "XnnpackBackend"),
                   marker=b"xnnpack")
 PATCHES = ADAPTER.patches

@@ -67,7 +67,18 @@ def _decomposable_input(ctx: CheckContext, x: Any, mean: Any) -> str | None:
     if isinstance(stats, torch.Tensor) and stats.dtype != val.dtype:
         return (f"input is {val.dtype}, statistics {stats.dtype}: the convolution's weight "
                 "would not have its input's dtype")
+    if dequantized(x):
+        return (f"input `{x.name}` is dequantized: XNNPACK would convolve its int8 tensor "
+                "with a float weight (a lowering error, or a wrong result with none)")
     return None
+
+
+def dequantized(x: Any) -> bool:
+    """Whether ``x`` is a dequantize: XNNPACK reads the int8 tensor before it (the dq is
+    implicit), so a float depthwise convolution after it is a mixed-precision one that
+    XNNPACK's convolution cannot compute."""
+    return (isinstance(x, Node) and x.op == "call_function"
+            and "dequantize" in str(getattr(x.target, "__name__", x.target)))
 
 
 def _output_only(ctx: CheckContext, bn: Node) -> Any:
@@ -162,4 +173,4 @@ def decompose_batch_norm_rule() -> Rule:
     )
 
 
-__all__ = ["decompose_batch_norm_rule", "weight_and_bias"]
+__all__ = ["decompose_batch_norm_rule", "dequantized", "weight_and_bias"]

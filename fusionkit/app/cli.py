@@ -225,13 +225,15 @@ def cmd_lower(args: argparse.Namespace) -> int:
     _output_file("-o", args.output)
     if args.etrecord:
         _output_file("--etrecord", args.etrecord)
+    if args.model_explorer:
+        _model_explorer_check(args.model_explorer)
     rules = _load_rules(args.spec, args)
     model = _load_model(args.model)
     from fusionkit.app.lowering import lower
     from fusionkit.app.present import lower_text
 
     result = lower(model.exported, args.backend, rules, progress=_progress,
-                   etrecord=bool(args.etrecord))
+                   etrecord=bool(args.etrecord or args.model_explorer))
     try:
         Path(args.output).write_bytes(result.pte)
     except OSError as e:
@@ -241,9 +243,12 @@ def cmd_lower(args: argparse.Namespace) -> int:
             result.etrecord.save(args.etrecord)
         except OSError as e:
             raise UserError(f"--etrecord {args.etrecord}: {e.strerror or e}") from None
+    viewer = _model_explorer_write(args, result) if args.model_explorer else None
     if args.json:
         print(json.dumps({"output": args.output, "bytes": len(result.pte),
                           **({"etrecord": args.etrecord} if args.etrecord else {}),
+                          **({"model_explorer": {"directory": args.model_explorer,
+                                                 "command": viewer.command}} if viewer else {}),
                           "seconds": result.seconds, **result.report.to_dict(),
                           "preprocess": result.preprocess}, indent=2))
         return _exit_status(args, result.report)
@@ -253,7 +258,33 @@ def cmd_lower(args: argparse.Namespace) -> int:
     if args.etrecord:
         print(f"wrote {args.etrecord} (ETRecord: the graphs before and after the rules; "
               "ExecuTorch's Inspector names a fused op's replaced nodes)")
+    if viewer:
+        marked = sum(len(v) for v in viewer.verdicts.values())
+        print(f"wrote {viewer.directory}/ for Model Explorer (the graphs before and after the "
+              f"rules, {marked} nodes marked fused or declined); open it with\n  {viewer.command}")
     return _exit_status(args, result.report)
+
+
+def _model_explorer_check(directory: str) -> None:
+    """``--model-explorer DIR``: Model Explorer installed, DIR a directory or makeable."""
+    from fusionkit.integration.model_explorer import INSTALL, missing
+
+    lacking = missing()
+    if lacking:
+        raise UserError(f"--model-explorer needs Model Explorer ({lacking} is not installed): "
+                        f"{INSTALL}")
+    if Path(directory).exists() and not Path(directory).is_dir():
+        raise UserError(f"--model-explorer {directory}: not a directory")
+
+
+def _model_explorer_write(args: argparse.Namespace, result: Any) -> Any:
+    from fusionkit.integration.model_explorer import write
+
+    try:
+        return write(args.model_explorer, result.etrecord, result.report,
+                     name=Path(args.output).stem or "model")
+    except OSError as e:
+        raise UserError(f"--model-explorer {args.model_explorer}: {e.strerror or e}") from None
 
 
 def _read_pte(path: str) -> Any:
@@ -564,6 +595,10 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("-o", "--output", required=True, help="where to write the .pte")
     lo.add_argument("--etrecord", metavar="FILE",
                     help="also write an ETRecord for ExecuTorch's devtools (Inspector)")
+    lo.add_argument("--model-explorer", metavar="DIR",
+                    help="also write Model Explorer's inputs to DIR: the graphs before and after "
+                         "the rules, overlays marking what fused and what declined and why "
+                         "(needs ai-edge-model-explorer)")
     lo.add_argument("--json", action="store_true", help="print the report as JSON")
     lo.add_argument("--strict", action="store_true",
                     help="exit 1 when a rule's own code raised (a decline with step error)")

@@ -18,8 +18,9 @@ Who gets it:
 * fusionkit's quantizers (``fusionkit.backends.arm_adapter.quantizer``) carry
   ``fusionkit_quantize_step = True``; constructing one puts the call site in place
   (:func:`ensure_call_site`), and the call site runs the rules when the ``prepare_pt2e``
-  calling it was given such a quantizer (read from the caller's frame: the fold runs
-  before ``prepare_pt2e`` hands the quantizer anything), stock's fold otherwise.
+  calling it was given such a quantizer (``prepare_pt2e`` names its quantizer in a context
+  variable, :func:`prepare_with`: the fold runs before it hands the quantizer anything),
+  stock's fold otherwise.
 
 QAT (``prepare_qat_pt2e``) is not taken over: its ``_fuse_conv_bn_qat`` is no fold; it
 rewrites conv + batch norm into a training subgraph (the weight scaled by the batch norm's
@@ -29,8 +30,10 @@ happens at ``convert_pt2e`` on that subgraph (``_fold_conv_bn_qat``).
 
 from __future__ import annotations
 
-import sys
+import importlib
 import threading
+import types
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +42,8 @@ from torch.fx import GraphModule
 from fusionkit.integration.hooks import Patch, PatchSet
 
 __all__ = ["META_KEY", "PATCHES", "Decline", "FoldReport", "ensure_call_site",
-           "fuse_conv_bn_", "install", "is_installed", "last_report", "uninstall"]
+           "fuse_conv_bn_", "install", "is_installed", "last_report", "prepare_with",
+           "uninstall"]
 
 _MODULE = "torchao.quantization.pt2e.quantize_pt2e"
 _NAME = "_fuse_conv_bn_"
@@ -75,6 +79,7 @@ class FoldReport:
 
 
 _last = threading.local()
+_LOCK = threading.Lock()
 _rules: list[Any] = []
 
 
@@ -99,8 +104,7 @@ def _has_batch_norm(m: GraphModule) -> bool:
 
 def fuse_conv_bn_(m: GraphModule) -> None:
     """torchao's ``_fuse_conv_bn_(m)`` as rules: in place, every operand checked."""
-    from fusionkit.apply.rewrite import apply_matches
-    from fusionkit.find.finder import find_matches
+    from fusionkit import run_rules
     from fusionkit.integration.graph_module_program import lift, write_back
 
     report = FoldReport()
@@ -116,19 +120,15 @@ def fuse_conv_bn_(m: GraphModule) -> None:
                                        f"{e}); stock's fold ran instead"))
         _stock()(m)
         return
-    found = find_matches(lifted.ep, _the_rules(), check_replacements=False)
-    for d in found.declined:
+    # one round, every operand checked (the graph is the quantizer's: nothing is delegated)
+    run = run_rules(lifted.ep, _the_rules(), check_replacements=False, drop_dead_constants=True)
+    for d in run.matches.declined:  # declined, then the replacements that failed (error)
         report.declined.append(Decline(d.rule, d.root.name, d.step,
                                        getattr(d.node, "name", str(d.node)), d.reason))
-    if found.accepted:
-        applied = apply_matches(lifted.ep, found.accepted, drop_dead_constants=True)
-        for f in applied.failed:
-            report.declined.append(Decline(f.match.rule.name, f.match.root.name, "error",
-                                           f.match.root.name, str(f.error)))
-        if applied.applied:
-            write_back(lifted)
-        for match, root in zip(applied.applied, applied.new_roots, strict=True):
-            report.folded.append((match.root.name, root.name))
+    if run.applied:
+        write_back(lifted)
+    for match, root in zip(run.applied, run.new_roots, strict=True):
+        report.folded.append((match.root.name, root.name))
     m.graph.eliminate_dead_code()  # as stock: the batch norms' unused constants go
     m.recompile()
 
@@ -139,11 +139,14 @@ def _stock() -> Any:
     return utils._fuse_conv_bn_
 
 
+#: the quantizer of the ``prepare_pt2e`` under way in this context (set by
+#: :func:`prepare_with`, read by the call site)
+_QUANTIZER: ContextVar[Any] = ContextVar("fusionkit_quantize_step_quantizer", default=None)
+
+
 def _by_fusionkit_quantizer() -> bool:
-    """Whether the ``prepare_pt2e`` calling the call site was given a fusionkit quantizer."""
-    frame = sys._getframe(2)  # _call_site <- prepare_pt2e
-    quantizer = frame.f_locals.get("quantizer")
-    return bool(getattr(quantizer, "fusionkit_quantize_step", False))
+    """Whether the ``prepare_pt2e`` under way was given a fusionkit quantizer."""
+    return bool(getattr(_QUANTIZER.get(), "fusionkit_quantize_step", False))
 
 
 def _call_site(m: GraphModule) -> None:
@@ -154,19 +157,47 @@ def _call_site(m: GraphModule) -> None:
         _stock()(m)
 
 
-def ensure_call_site() -> None:
-    """Put :func:`_call_site` at ``prepare_pt2e``'s fold call (a fusionkit quantizer was
-    made; a stock quantizer still gets stock's fold)."""
-    import importlib
+def prepare_with(model: Any, quantizer: Any) -> Any:
+    """torchao's ``prepare_pt2e(model, quantizer)``, its quantizer named to the call site
+    (what ``prepare_pt2e`` runs once :func:`ensure_call_site` put it in place)."""
+    token = _QUANTIZER.set(quantizer)
+    try:
+        return _STOCK_PREPARE[0](model, quantizer)
+    finally:
+        _QUANTIZER.reset(token)
 
+
+def _prepare_pt2e(model: Any, quantizer: Any) -> Any:  # pragma: no cover - its code is lent
+    """The code ``prepare_pt2e``'s function object runs in stock's place: it has stock's
+    arguments and no closure, and finds :func:`prepare_with` from torchao's module."""
+    return __import__("fusionkit.backends.quantize_step",
+                      fromlist=["prepare_with"]).prepare_with(model, quantizer)
+
+
+#: a copy of stock ``prepare_pt2e`` (its own code, its module's globals), once replaced
+_STOCK_PREPARE: list[Any] = []
+
+
+def ensure_call_site() -> None:
+    """Put :func:`_call_site` at ``prepare_pt2e``'s fold call, and :func:`prepare_with` in
+    ``prepare_pt2e`` (a fusionkit quantizer was made; a stock quantizer still gets stock's
+    fold). The function object itself runs :func:`prepare_with` (its ``__code__``), so a
+    reference bound before -- ``from ... import prepare_pt2e`` in a module or a function --
+    names its quantizer too; stock's code runs unchanged inside."""
     module = importlib.import_module(_MODULE)
     if getattr(module, _NAME, None) is not _call_site:
         setattr(module, _NAME, _call_site)
+    stock = module.prepare_pt2e
+    with _LOCK:
+        if _STOCK_PREPARE or stock.__code__.co_varnames[:2] != ("model", "quantizer") \
+                or stock.__code__.co_freevars or stock.__code__.co_argcount != 2:
+            return  # in place already, or not the function this was written against
+        _STOCK_PREPARE.append(types.FunctionType(stock.__code__, stock.__globals__,
+                                                 stock.__name__, stock.__defaults__))
+        stock.__code__ = _prepare_pt2e.__code__
 
 
 def _patches() -> list[Patch]:
-    import importlib
-
     module = importlib.import_module(_MODULE)
     if not callable(getattr(module, _NAME, None)):
         from fusionkit.integration.hooks import UnsupportedExecuTorchError

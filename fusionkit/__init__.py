@@ -1,9 +1,5 @@
-"""fusionkit: declarative, constraint-checked fusion passes for ExecuTorch lowering.
-
-The one public face: a :class:`Rule` (what to find, what its operands must be, what replaces
-it), :func:`find_matches` (every match decided in one phase), :class:`FusionPass` (the accepted
-ones applied). :data:`EXPORTS` is its one table: ``__all__``, lazy loading and the
-``TYPE_CHECKING`` imports (generated: ``python -m fusionkit._facade``) follow from it."""
+"""fusionkit: declarative, constraint-checked fusion passes for ExecuTorch lowering: a :class:`Rule`, :func:`find_matches`, :class:`FusionPass`, :func:`run_rules`,
+a :class:`BackendAdapter`. :data:`EXPORTS` is the one table: ``__all__``, lazy loading and the ``TYPE_CHECKING`` imports (``python -m fusionkit._facade``) follow from it."""
 # ruff: noqa: F401, I001  (the generated imports below re-export every name of EXPORTS)
 
 from __future__ import annotations
@@ -66,6 +62,9 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "MatchSet": ("fusionkit.find.finder", "the accepted matches and the declined ones (MatchResults) of one search"),
     "RuleIndex": ("fusionkit.find.finder", "rules indexed by root op (build once, search many graphs)"),
     "FusionPass": ("fusionkit.fusion_pass", "ExportedProgram pass applying a rule set (drop-in transform pass)"),
+    "run_rules": ("fusionkit.engine", "the one engine: find, decide, apply a rule set on a program (rounds, target, sweep)"), "RuleRun": ("fusionkit.engine", "what run_rules did: its rounds, the matches applied and declined, modified"),
+    "ExecutionTarget": ("fusionkit.find.executable", "where a program runs: what a replacement may create (the CPU runtime, delegates)"), "Delegate": ("fusionkit.find.executable", "a backend taking ops off the CPU runtime: its refusal(node) says why not"),
+    "BackendAdapter": ("fusionkit.integration.adapter", "what a backend provides: rule sets, target, oracle, takeover points, install trio"), "PatchSet": ("fusionkit.integration.adapter", "named, reversible replacements of stock functions: an adapter's install trio"),
     "FusionReport": ("fusionkit.report", "per-rule outcome of a pass run: fused, folded, declined"),
     "ProgramInputs": ("fusionkit.program_inputs", "classifies placeholders: parameters, buffers, constants, user inputs"),
     "ConstantRef": ("fusionkit.program_inputs", "a constant placeholder's kind, name and tensor"),
@@ -107,9 +106,11 @@ if TYPE_CHECKING:
     from fusionkit.authoring.verify import verify
     from fusionkit.check.constraints import CheckContext, Constraint, Custom, DtypeIn, GraphLeaf, PrepackableConstant, Rank, ReducesLastDim, SameDtype, ScalarRange, ShapeRelation, StaticShape, UserInput, broadcasts_over_last_dim, named_shape_relation
     from fusionkit.edit.builder import FusionError, Rewriter
-    from fusionkit.find.executable import register_delegate
+    from fusionkit.engine import RuleRun, run_rules
+    from fusionkit.find.executable import Delegate, ExecutionTarget, register_delegate
     from fusionkit.find.finder import Match, MatchSet, RuleIndex, find_matches
     from fusionkit.fusion_pass import FusionPass
+    from fusionkit.integration.adapter import BackendAdapter, PatchSet
     from fusionkit.match.pattern import CASTS, Pattern, also, any_float, any_value, capture, int_list, integer, lit, one_of, op, optional_dtype, outputs, per_row_block, positive, scalar, seq, through, where
     from fusionkit.program_inputs import ConstantKind, ConstantRef, ProgramInputs
     from fusionkit.report import FusionReport

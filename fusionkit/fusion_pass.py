@@ -11,7 +11,8 @@ all or nothing (:mod:`fusionkit.apply.rewrite`): a replacement that still raises
 is undone and reported as a decline with step ``error`` — or re-raised in
 strict mode (``strict=True`` or ``FUSIONKIT_STRICT=1``), with the program
 unchanged. Errors are logged (``logging.getLogger("fusionkit")``, warning) as
-well as reported in :attr:`FusionPass.report`.
+well as reported in :attr:`FusionPass.report`. The loop itself is
+:func:`fusionkit.engine.run_rules`, one round.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ from collections.abc import Iterable
 
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 
-from fusionkit.apply.rewrite import apply_matches
+from fusionkit.engine import run_rules
 from fusionkit.find.executable import ExecutionTarget
-from fusionkit.find.finder import MatchSet, RuleIndex, find_matches
+from fusionkit.find.finder import MatchSet, RuleIndex
 from fusionkit.program import ProgramLike, as_exported_program
 from fusionkit.report import FusionReport, RuleReport
 from fusionkit.rule import Rule
-from fusionkit.strict import strict_mode
 
 __all__ = ["FusionPass"]
 
@@ -79,22 +79,20 @@ class FusionPass(ExportedProgramPassBase):
 
     def call(self, exported_program: ProgramLike) -> ExportedProgramPassResult:
         """Apply the rules to ``exported_program`` in place (an ``ExportedProgram``, or the
-        program of an ``EdgeProgramManager``)."""
+        program of an ``EdgeProgramManager``): one round of :func:`~fusionkit.engine.run_rules`."""
         exported_program = as_exported_program(exported_program, who="FusionPass", rewrite=True)
-        strict = strict_mode(self.strict)
-        ms = find_matches(exported_program, self.index, strict=strict, target=self.target)
-        if ms.accepted:
-            applied = apply_matches(exported_program, ms.accepted, strict=strict)
-            if applied.failed or applied.held:  # held back by the match gate: not fused
-                ms = MatchSet(applied.applied,
-                              [*ms.declined, *(f.result() for f in applied.failed)])
-        self.record_run(ms)
+        run = run_rules(exported_program, self.index, strict=self.strict, target=self.target)
+        self.record_run(run.matches)
+        self.log_declines(run.matches)
+        return ExportedProgramPassResult(exported_program, run.modified)
+
+    def log_declines(self, ms: MatchSet) -> None:
+        """A rule's error as a warning, a replacement the target cannot run as info."""
         for d in ms.declined:
             if d.step == "error":
                 log.warning("%s: %s", self.name, d)
             elif d.step == "executable":
                 log.info("%s: %s", self.name, d)
-        return ExportedProgramPassResult(exported_program, bool(ms.accepted))
 
     def __repr__(self) -> str:
         return f"FusionPass({self.name!r}, rules={[r.name for r in self.rules]})"

@@ -241,7 +241,7 @@ def test_the_core_is_grouped_by_phase() -> None:
     the pass and its report sit on top."""
     top = {p.stem for p in (ROOT / "fusionkit").glob("*.py")}
     assert top == {"__init__", "_facade", "program", "program_inputs", "targets", "result",
-                   "vocabulary", "rule", "fusion_pass", "report", "strict", "events"}
+                   "vocabulary", "rule", "engine", "fusion_pass", "report", "strict", "events"}
 
 
 #: the core's layers, bottom-up: a module imports only from its own layer or below
@@ -255,7 +255,7 @@ CORE_LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"rule"}),                                    # a rule: pattern, checks, rewrite
     frozenset({"find"}),                                    # the one phase: find and decide
     frozenset({"apply", "report"}),                         # apply accepted matches; report
-    frozenset({"fusion_pass", "integration"}),              # the pass; ExecuTorch plumbing
+    frozenset({"engine", "fusion_pass", "integration"}),    # the engine, the pass; plumbing
     frozenset({"authoring"}),                               # rules from code; verify
     frozenset({"specs"}),                                   # YAML
     frozenset({"app", "_facade"}),                          # the command line

@@ -31,15 +31,10 @@ from typing import Any
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassResult
 
-from fusionkit import MatchResult, Rule
-from fusionkit.apply.rewrite import apply_matches
-from fusionkit.find.executable import Delegate, ExecutionTarget
-from fusionkit.find.finder import MatchSet, find_matches
+from fusionkit import Delegate, ExecutionTarget, FusionReport, Rule, op_key, run_rules
 from fusionkit.integration.hooks import PatchSet, UnsupportedExecuTorchError
 from fusionkit.integration.preprocess_takeover import Takeover
 from fusionkit.passes.arm import RULE_SET, rules_for, taken_over_passes
-from fusionkit.report import FusionReport
-from fusionkit.targets import op_key
 
 __all__ = ["ARM_TARGET", "MAX_ROUNDS", "PATCHES", "RETRACES", "RULE_PASSES", "RULE_SET",
            "TAKEN_OVER_PASSES", "ArmRulePass",
@@ -95,7 +90,8 @@ class ArmRulePass:
 
     ``ArmPassManager._transform`` wraps each pass so that one with an
     ``exported_program`` attribute gets the program being transformed; the rules are
-    found and applied on it (:data:`MAX_ROUNDS` at most). Never raises for a rule (unless
+    found and applied on it (:func:`fusionkit.run_rules`, :data:`MAX_ROUNDS` rounds at most,
+dead code swept when a rule applied). Never raises for a rule (unless
     ``FUSIONKIT_STRICT=1``, as the tests run): a replacement that fails is undone and
     reported, and the program goes on as the stock pass would have left it without that
     rewrite.
@@ -117,37 +113,19 @@ class ArmRulePass:
         if ep is None or ep.graph_module is not graph_module:
             raise RuntimeError(f"{self.__name__} runs only on the program ArmPassManager "
                                "transforms")
-        fused = 0
-        for _ in range(MAX_ROUNDS):
-            if not self.rules:
-                break
-            n = self._round(ep)
-            if not n:
-                break
-            fused += n
+        run = run_rules(ep, self.rules, strict=None, target=ARM_TARGET, rounds=MAX_ROUNDS,
+                        structural_declines=False, sweep_dead_code="if_fused")
+        names = [r.name for r in self.rules]
+        for r in run.rounds:  # a report per round, the last one :attr:`report`
+            self.report = FusionReport.from_matches(names, r.outcome)
+            self.history.append(self.report)
         gm = ep.graph_module
-        if fused:
-            gm.graph.eliminate_dead_code()
-            gm.recompile()
-            if self.stock_pass in RETRACES:  # the stock pass's own re-trace (ArmPass.call)
-                retrace: Any = super(type(self.stock), self.stock)
-                gm = retrace.call(gm).graph_module
+        if run.fused and self.stock_pass in RETRACES:  # the stock pass's own re-trace
+            retrace: Any = super(type(self.stock), self.stock)  # (ArmPass.call)
+            gm = retrace.call(gm).graph_module
         RULE_PASSES.count(self.stock_pass, "runs")
-        RULE_PASSES.count(self.stock_pass, "fused", fused)
-        return PassResult(gm, fused > 0)
-
-    def _round(self, ep: Any) -> int:
-        ms = find_matches(ep, list(self.rules), strict=None, structural_declines=False,
-                          target=ARM_TARGET)
-        if ms.accepted:
-            applied = apply_matches(ep, ms.accepted, strict=None)
-            if applied.failed or applied.held:  # held back by the match gate: not fused
-                ms = MatchSet(applied.applied, [*ms.declined, *(
-                    MatchResult.from_exception(f.match.rule.name, f.match.root, f.during, f.error)
-                    for f in applied.failed)])
-        self.report = FusionReport.from_matches([r.name for r in self.rules], ms)
-        self.history.append(self.report)
-        return len(ms.accepted)
+        RULE_PASSES.count(self.stock_pass, "fused", run.fused)
+        return PassResult(gm, run.fused > 0)
 
 
 def _stock_classes() -> dict[type, str]:

@@ -12,6 +12,8 @@ The adapter itself is thin:
   (``fusionkit.passes.rule_set("vulkan")``);
 * :mod:`.partitioner` — :class:`VulkanPartitioner`, ExecuTorch's (same arguments),
   which verifies that every fused node it is given is delegated;
+* :func:`rule_sets`, :func:`execution_target`, :func:`oracle`, :func:`takeover_points`
+  and the install trio make the module a :class:`fusionkit.BackendAdapter`;
 * :mod:`.install` — :data:`PATCHES`, the adapter's one patch set (the reversible takeover
   of the stock patterns fusionkit reimplements, :mod:`.constant_serializer`, the
   preprocess rules and pass gates); :func:`install` / :func:`uninstall` /
@@ -27,6 +29,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from fusionkit import Delegate, ExecutionTarget, Rule
+from fusionkit.integration.adapter import Oracle
 from fusionkit.integration.hooks import TESTED_EXECUTORCH
 from fusionkit.passes import vulkan_delegate  # noqa: F401  (tells the core of et_vk, on import)
 
@@ -70,6 +74,40 @@ def __getattr__(name: str) -> Any:
 #: handle), so :func:`fusionkit.integration.devtools.attribute_fusions` leaves them alone
 POSITIONAL_DELEGATE_MAPS = frozenset({"VulkanBackend"})
 
+def rule_sets() -> dict[str, list[Rule]]:
+    """The adapter's rules (:class:`fusionkit.BackendAdapter`): the transform passes' and
+    the ``FusePatternsPass`` stand-in's, and those run in place of preprocess passes."""
+    from fusionkit.passes import rule_set
+
+    return {name: rule_set(name) for name in ("vulkan", "vulkan_preprocess")}
+
+
+def execution_target() -> ExecutionTarget:
+    """What the Vulkan runtime cannot execute: a fused node that breaks one of its
+    conditions (the simulator's own, read from the runtime's sources)."""
+    from .delegation import runtime_condition_broken
+
+    return ExecutionTarget([Delegate("Vulkan", runtime_condition_broken,
+                                     frozenset({"et_vk"}))])
+
+
+def oracle() -> Oracle:
+    """The Vulkan payloads run on the CPU (:func:`simulate`), outputs flattened."""
+    def run(program: Any, inputs: tuple[Any, ...]) -> list[Any]:
+        import torch
+
+        return list(torch.utils._pytree.tree_leaves(simulate(program, *inputs)))
+
+    return run
+
+
+def takeover_points() -> dict[str, str]:
+    """Stock patterns and preprocess passes replaced while installed -> the rules' factory."""
+    from .preprocess_rules import TAKEN_OVER_PASSES
+
+    return {**TAKEN_OVER_PATTERNS, **TAKEN_OVER_PASSES}
+
+
 if TYPE_CHECKING:
     from .inspect.payload import PayloadError as PayloadError
     from .inspect.payload import VulkanPayload as VulkanPayload
@@ -97,9 +135,13 @@ __all__ = [
     "VulkanPayload",
     "check",
     "decode_payload",
+    "execution_target",
     "install",
     "is_installed",
+    "oracle",
+    "rule_sets",
     "simulate",
+    "takeover_points",
     "transform_passes",
     "uninstall",
 ]

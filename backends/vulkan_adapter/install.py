@@ -33,8 +33,7 @@ import functools
 import importlib
 from typing import Any
 
-from fusionkit import find_matches
-from fusionkit.apply.rewrite import apply_matches
+from fusionkit import run_rules
 from fusionkit.backends import quantize_step
 from fusionkit.integration import hooks
 from fusionkit.integration.adapter import Adapter
@@ -100,9 +99,8 @@ def _replace_all_fusable_subgraphs(ep: Any, graph_module: Any) -> int:
     # is never made, before or inside preprocess
     # (each rule built the first time a delegated graph holds its root op)
     rules = rule_index(lambda r: with_delegation_check(r, None))
-    ms = find_matches(ep, rules, structural_declines=False, allow_folding=False)
-    applied = (apply_matches(ep, ms.accepted, drop_dead_constants=False).applied
-               if ms.accepted else [])
+    applied = run_rules(ep, rules, structural_declines=False, allow_folding=False,
+                        drop_dead_constants=False).applied
     for m in applied:  # a replacement that failed (non-strict) is not a fusion
         FUSED_IN_FUSE_PATTERNS_PASS[m.rule.name] = FUSED_IN_FUSE_PATTERNS_PASS.get(m.rule.name, 0) + 1
     stock = PATCHES.original(importlib.import_module(_PATTERNS_MODULE),

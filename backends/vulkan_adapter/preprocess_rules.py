@@ -12,7 +12,9 @@ A :class:`RulePass` is a plain callable, which ``apply_passes`` calls with the p
 (``program = p(program)``): every match is decided first (constraints, and the Vulkan
 runtime's conditions on any ``et_vk`` node it would create), then the accepted ones are
 applied in place, all or nothing, and constants left unused are removed (as the stock
-passes delete theirs). No retrace: each new node's metadata comes from fake-tensor
+passes delete theirs): :func:`fusionkit.run_rules`, until a round fuses nothing or a
+replacement fails (:data:`MAX_ROUNDS` at most), each stock pass's dead-code sweep as a
+parameter (:class:`StockPass`). No retrace: each new node's metadata comes from fake-tensor
 propagation.
 
 :data:`PATCHES` is the reversible patch of ``apply_passes``; the takeover includes it,
@@ -26,14 +28,13 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from fusionkit import Rule, op_key
-from fusionkit.apply.rewrite import apply_matches
+from fusionkit import Rule, op_key, run_rules
 from fusionkit.integration.hooks import PatchSet
 from fusionkit.integration.preprocess_takeover import Takeover
 from fusionkit.passes.registry import rules_taking_over, taken_over_patterns
 from fusionkit.passes.vulkan.addmm_to_linear import FALLBACK_OPS as ADDMM_FALLBACK_OPS
 
-from .delegation import preprocess_fusions, with_delegation_check
+from .delegation import with_delegation_check
 
 __all__ = ["MAX_ROUNDS", "PATCHES", "RULE_PASSES", "STOCK_PASSES", "TAKEN_OVER_PASSES", "RulePass",
            "StockPass", "counts", "disabled", "is_enabled", "reset_counts", "rules_for"]
@@ -145,25 +146,17 @@ class RulePass:
             module = importlib.import_module(_PREPROCESS_MODULE)
             self._count("stock_runs", 1)
             return module._transform(program, self.stock, override_verifiers=[module._any_op])
-        rules = list(rules_for(self.stock_pass))
-        fused = declined = 0
-        for _ in range(MAX_ROUNDS):
-            ms = preprocess_fusions(program, rules=rules)
-            declined += len(ms.declined)
-            if not ms.accepted:
-                break
-            applied = apply_matches(program, ms.accepted,
-                                    drop_dead_constants=self.spec.drop_dead_constants).applied
-            fused += len(applied)
-            if len(applied) < len(ms.accepted):
-                break  # a replacement failed (undone alone): do not try it again
-        if self.spec.dead_code_elimination or (self.spec.dead_code_elimination_if_changed
-                                               and fused):
-            program.graph_module.graph.eliminate_dead_code()
-            program.graph_module.recompile()
+        spec = self.spec
+        # every node is delegated already (preprocess runs on a partition): no folding, no
+        # CPU check; the rules carry the runtime's conditions (:func:`_rules`)
+        run = run_rules(program, rules_for(self.stock_pass), rounds=MAX_ROUNDS,
+                        stop_on_failure=True, structural_declines=False, allow_folding=False,
+                        check_replacements=False, drop_dead_constants=spec.drop_dead_constants,
+                        sweep_dead_code="always" if spec.dead_code_elimination else
+                        "if_fused" if spec.dead_code_elimination_if_changed else "never")
         self._count("runs", 1)
-        self._count("fused", fused)
-        self._count("declined", declined)
+        self._count("fused", run.fused)
+        self._count("declined", sum(len(r.found.declined) for r in run.rounds))
         return program
 
     def _count(self, key: str, n: int) -> None:

@@ -327,13 +327,18 @@ class _Preprocessed:
     undecided: set[str]
 
 
+def _node_name(n: Any) -> str:
+    return str(n.name)
+
+
 def _preprocessed(ep: Any) -> _Preprocessed | None:
     """Run the preprocess rules on a copy of ``ep`` the way ``RulePass`` runs them (one
     pass after the other, each up to ``MAX_ROUNDS``): one pass's fusion may make the next
     one's (``mm`` -> ``linear``, then the weight-only linear). None if that fails."""
     import copy
+    import functools
 
-    from fusionkit.apply.rewrite import apply_matches
+    from fusionkit import run_rules
 
     from .preprocess_rules import MAX_ROUNDS
 
@@ -345,19 +350,17 @@ def _preprocessed(ep: Any) -> _Preprocessed | None:
     declined: dict[str, tuple[list[str], list[str]]] = {}
     undecided: set[str] = set()
     for _, rules in _rule_passes():
-        for _ in range(MAX_ROUNDS if rules else 0):
-            try:
-                ms = _find(work, rules)
-                _note_declines(ms, rules, declined, lambda n: n.name, undecided)
-                if not ms.accepted:
-                    break
-                done = apply_matches(work, ms.accepted, drop_dead_constants=False, strict=False)
-            except Exception:  # a user's lowering never dies here
-                return None
-            for m, root in zip(done.applied, done.new_roots, strict=False):
-                origin[root.name] = set().union(*(origin.get(n.name, {n.name}) for n in m.claimed))
-            if len(done.applied) < len(ms.accepted):
-                break
+        try:  # as RulePass runs them inside preprocess (every node is delegated there)
+            run = run_rules(work, rules, strict=False, rounds=MAX_ROUNDS, stop_on_failure=True,
+                            structural_declines=False, allow_folding=False,
+                            check_replacements=False, drop_dead_constants=False,
+                            on_found=functools.partial(_note_declines, rules=rules,
+                                                       declined=declined, key=_node_name,
+                                                       errors=undecided))
+        except Exception:  # a user's lowering never dies here
+            return None
+        for m, root in zip(run.applied, run.new_roots, strict=True):
+            origin[root.name] = set().union(*(origin.get(n.name, {n.name}) for n in m.claimed))
     return _Preprocessed(work, origin, declined, undecided)
 
 

@@ -25,8 +25,12 @@ any backend; not needed for correctness with this adapter).
 
 from __future__ import annotations
 
+from typing import Any
+
 from executorch.exir.pass_base import ExportedProgramPassBase
 
+from fusionkit import ExecutionTarget, Rule
+from fusionkit.integration.adapter import Oracle
 from fusionkit.integration.compact_constants import CompactConstantsPass
 from fusionkit.integration.hooks import TESTED_EXECUTORCH
 from fusionkit.integration.parameter_subgraphs import FoldParameterSubgraphsPass
@@ -50,8 +54,12 @@ __all__ = [
     "Installation",
     "UnsupportedExecuTorchError",
     "XnnpackPartitioner",
+    "execution_target",
     "install",
     "is_installed",
+    "oracle",
+    "rule_sets",
+    "takeover_points",
     "transform_passes",
     "uninstall",
 ]
@@ -83,3 +91,40 @@ def transform_passes(compact_constants: bool = True,
     if compact_constants:
         passes.append(CompactConstantsPass())
     return passes
+
+
+# --- what makes this module a fusionkit.BackendAdapter
+
+
+def rule_sets() -> dict[str, list[Rule]]:
+    """The rules run in place of XNNPACK's pattern-rewrite passes."""
+    from fusionkit.passes import rule_set
+
+    return {"xnnpack": rule_set("xnnpack")}
+
+
+def execution_target() -> ExecutionTarget:
+    """Inside preprocess: what a rule creates must be an op XNNPACK's serializer writes."""
+    from .preprocess_rules import XNNPACK_TARGET
+
+    return XNNPACK_TARGET
+
+
+def oracle() -> Oracle:
+    """The program's ``.pte`` run by ExecuTorch's runtime (XNNPACK's delegate in it)."""
+    def run(program: Any, inputs: tuple[Any, ...]) -> list[Any]:
+        from executorch.extension.pybindings.portable_lib import (
+            _load_for_executorch_from_buffer,
+        )
+
+        pte = program.to_executorch().buffer  # held while the runtime runs it
+        return list(_load_for_executorch_from_buffer(pte).forward(list(inputs)))
+
+    return run
+
+
+def takeover_points() -> dict[str, str]:
+    """XNNPACK's stock preprocess passes replaced while installed -> the rules' factory."""
+    from .preprocess_rules import TAKEN_OVER_PASSES
+
+    return dict(TAKEN_OVER_PASSES)

@@ -7,7 +7,8 @@ passes whose rewrites are fusionkit rules (:mod:`fusionkit.passes.xnnpack`, the
 with each of those classes replaced, at its place in the list, by a
 :class:`RulePass` running its rules (until nothing more matches: a rewrite can
 make the next one possible, as the stock loops do when they visit nodes they
-created). Every other pass (layout, constant propagation, the rest) runs as
+created; :func:`fusionkit.run_rules` with ``rounds=MAX_ROUNDS``). Every other pass
+(layout, constant propagation, the rest) runs as
 ExecuTorch wrote it, through the module's ``_transform`` (so gated by
 :mod:`.pass_gates` when that is installed too).
 
@@ -29,10 +30,7 @@ from executorch.exir.pass_base import ExportedProgramPassResult
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from fusionkit import FusionPass, MatchResult, Rule
-from fusionkit.apply.rewrite import apply_matches
-from fusionkit.find.executable import Delegate, ExecutionTarget
-from fusionkit.find.finder import MatchSet, find_matches
+from fusionkit import Delegate, ExecutionTarget, FusionPass, Rule, run_rules
 from fusionkit.integration.hooks import PatchSet, UnsupportedExecuTorchError
 from fusionkit.integration.preprocess_takeover import Takeover
 from fusionkit.passes.registry import rules_taking_over, taken_over_patterns
@@ -99,35 +97,15 @@ class RulePass(FusionPass):
         self.stock_pass = stock_pass
 
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
-        modified, fused = False, 0
-        rounds = 0
-        for rounds in range(1, MAX_ROUNDS + 1):  # noqa: B007
-            if not self.rules or not self._round(exported_program):
-                break
-            modified = True
-            fused += sum(r.fused for r in self.report.rules.values())
-        if self.stock_pass in SWEEPS_DEAD_CODE:
-            gm = exported_program.graph_module
-            if gm.graph.eliminate_dead_code():
-                gm.recompile()
-                modified = True
+        run = run_rules(exported_program, self.index, strict=False, target=XNNPACK_TARGET,
+                        rounds=MAX_ROUNDS if self.rules else 0, structural_declines=False,
+                        sweep_dead_code="always" if self.stock_pass in SWEEPS_DEAD_CODE
+                        else "never")
+        for r in run.rounds:  # a report per round (``history``), as the stock loop's visits
+            self.record_run(r.outcome)
         RULE_PASSES.count(self.stock_pass, "runs")
-        RULE_PASSES.count(self.stock_pass, "fused", fused)
-        return ExportedProgramPassResult(exported_program, modified)
-
-
-    def _round(self, ep: ExportedProgram) -> bool:
-        """One find-and-apply over the program; whether anything was applied."""
-        ms = find_matches(ep, self.index, strict=False, structural_declines=False,
-                          target=XNNPACK_TARGET)
-        if ms.accepted:
-            applied = apply_matches(ep, ms.accepted, strict=False)
-            if applied.failed or applied.held:  # held back by the match gate: not fused
-                ms = MatchSet(applied.applied, [*ms.declined, *(
-                    MatchResult.from_exception(f.match.rule.name, f.match.root, f.during, f.error)
-                    for f in applied.failed)])
-        self.record_run(ms)
-        return bool(ms.accepted)
+        RULE_PASSES.count(self.stock_pass, "fused", run.fused)
+        return ExportedProgramPassResult(exported_program, run.modified)
 
 
 def _stock_classes() -> dict[type, str]:

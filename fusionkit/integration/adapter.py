@@ -1,4 +1,14 @@
-"""One adapter skeleton: the install story and the partitioner scoping every backend shares.
+"""What a backend adapter is (:class:`BackendAdapter`), and the skeleton every one shares.
+
+:class:`BackendAdapter` is the interface: what a backend provides to fusionkit -- its rule
+sets, what its runtime cannot execute (an :class:`~fusionkit.find.executable.ExecutionTarget`),
+how to run a lowered program to compare with eager (its oracle, optional), which stock
+passes or partitioner functions it takes over, and the install trio. It is structural: an
+adapter module (``fusionkit.backends.vulkan_adapter``) or any object with these functions is
+one (``isinstance(x, BackendAdapter)``). Everything it needs is in ``fusionkit``'s facade
+(``from fusionkit import BackendAdapter, PatchSet, run_rules, ExecutionTarget, ...``).
+
+The rest of this module is the skeleton of an adapter that patches ExecuTorch:
 
 A backend adapter changes ExecuTorch in two ways, and both are the same for every backend:
 
@@ -71,17 +81,60 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from fusionkit.integration.hooks import Installation, Patch, PatchSet
 from fusionkit.integration.scoped import PreprocessScope
 
 if TYPE_CHECKING:
+    import torch
     from executorch.exir.backend.partitioner import PartitionResult
     from torch.export import ExportedProgram
 
-__all__ = ["Adapter", "ScopedPartitioner"]
+    from fusionkit.find.executable import ExecutionTarget
+    from fusionkit.rule import Rule
+
+__all__ = ["Adapter", "BackendAdapter", "Oracle", "PatchSet", "ScopedPartitioner"]
+
+#: runs a lowered program (the ``EdgeProgramManager`` of ``to_edge_transform_and_lower``) on
+#: user inputs where the backend runs it (its runtime, a reference model, a simulator) and
+#: returns the outputs, flattened: what is compared with eager
+Oracle = Callable[[Any, tuple[Any, ...]], "Sequence[torch.Tensor]"]
+
+
+@runtime_checkable
+class BackendAdapter(Protocol):
+    """What a backend adapter provides; a module or an object with these functions.
+
+    * :meth:`rule_sets`: its rules, by set name (what ``fusionkit verify`` and ``explain``
+      run, what its transform passes and preprocess passes apply);
+    * :meth:`execution_target`: its runtime's conditions -- what a replacement may create
+      where its rules run (None: ExecuTorch's CPU runtime and the registered delegates);
+    * :meth:`oracle`: how to run a program it lowered, to compare with eager (None: no way
+      to run one here);
+    * :meth:`takeover_points`: what of stock ExecuTorch it replaces while installed (a
+      stock pass, pattern or partitioner function -> what replaces it; empty: nothing,
+      its rules run as transform passes only);
+    * :meth:`install` / :meth:`uninstall` / :meth:`is_installed`: the takeover put in
+      place process-wide and taken out again; idempotent, ``with install():`` undoes
+      only what that call installed (a :class:`~fusionkit.integration.hooks.PatchSet`'s
+      own methods are these three).
+    """
+
+    def rule_sets(self) -> Mapping[str, Sequence[Rule]]: ...
+
+    def execution_target(self) -> ExecutionTarget | None: ...
+
+    def oracle(self) -> Oracle | None: ...
+
+    def takeover_points(self) -> Mapping[str, str]: ...
+
+    def install(self) -> Installation: ...
+
+    def uninstall(self) -> None: ...
+
+    def is_installed(self) -> bool: ...
 
 
 def _no_patches() -> list[Patch]:

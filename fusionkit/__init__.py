@@ -60,7 +60,7 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "find_matches": ("fusionkit.find.finder", "decide every match of a rule set in one phase (changes nothing)"),
     "Match": ("fusionkit.find.finder", "an accepted match: rule, root, captures, claimed nodes, folds"),
     "MatchSet": ("fusionkit.find.finder", "the accepted matches and the declined ones (MatchResults) of one search"),
-    "RuleIndex": ("fusionkit.find.finder", "rules indexed by root op (build once, search many graphs)"),
+    "RuleIndex": ("fusionkit.find.finder", "rules indexed by root op (build once, search many graphs)"), "DeferredRules": ("fusionkit.find.finder", "a group of rules built the first time a program holds one of their root ops"),
     "FusionPass": ("fusionkit.fusion_pass", "ExportedProgram pass applying a rule set (drop-in transform pass)"),
     "run_rules": ("fusionkit.engine", "the one engine: find, decide, apply a rule set on a program (rounds, target, sweep)"), "RuleRun": ("fusionkit.engine", "what run_rules did: its rounds, the matches applied and declined, modified"),
     "ExecutionTarget": ("fusionkit.find.executable", "where a program runs: what a replacement may create (the CPU runtime, delegates)"), "Delegate": ("fusionkit.find.executable", "a backend taking ops off the CPU runtime: its refusal(node) says why not"),
@@ -108,7 +108,7 @@ if TYPE_CHECKING:
     from fusionkit.edit.builder import FusionError, Rewriter
     from fusionkit.engine import RuleRun, run_rules
     from fusionkit.find.executable import Delegate, ExecutionTarget, register_delegate
-    from fusionkit.find.finder import Match, MatchSet, RuleIndex, find_matches
+    from fusionkit.find.finder import DeferredRules, Match, MatchSet, RuleIndex, find_matches
     from fusionkit.fusion_pass import FusionPass
     from fusionkit.integration.adapter import BackendAdapter, PatchSet
     from fusionkit.match.pattern import CASTS, Pattern, also, any_float, any_value, capture, int_list, integer, lit, one_of, op, optional_dtype, outputs, per_row_block, positive, scalar, seq, through, where

@@ -33,8 +33,7 @@ from functools import cache
 from types import CodeType, FunctionType
 from typing import Any
 
-from fusionkit import CallOp, PythonReplacement, Replacement, Rule
-from fusionkit.find.finder import DeferredRules, RuleIndex
+from fusionkit import CallOp, DeferredRules, PythonReplacement, Replacement, Rule, RuleIndex
 from fusionkit.passes.registry import RuleFactory, registered
 from fusionkit.targets import import_op_libraries, resolve_op
 

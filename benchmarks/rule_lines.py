@@ -1,9 +1,9 @@
 """Stock preprocess passes beside the fusionkit rules that take them over, in code lines.
 
-Why: the README's table of what each backend's taken-over stock pass became (issue 25)
+Why: the table of what each backend's taken-over stock pass became (docs/preprocess-rules.md)
 must not drift from the code. It is computed here, from the adapters' takeover tables,
 the rule registry, the installed ExecuTorch and this tree; ``tests/test_rules_table.py``
-compares it with the README.
+compares it with that page.
 
     python -m benchmarks.rule_lines              # the markdown table
     python -m benchmarks.rule_lines families     # each rule family: shared and per-backend lines
@@ -147,7 +147,7 @@ def _short(module: str) -> str:
 
 
 def markdown(table: list[TakeoverRow] | None = None) -> str:
-    """The README table: backend, stock pass, rule module(s) and rules, lines each side."""
+    """The table (docs/preprocess-rules.md): backend, stock pass, rule module(s) and rules, lines each side."""
     table = rows() if table is None else table
     lines = ["| backend | stock pass | fusionkit rules (`passes/`) | stock lines | rule lines |",
              "|---|---|---|---:|---:|"]
@@ -205,7 +205,7 @@ def family_rows() -> list[FamilyRow]:
 
 
 def families_markdown(table: list[FamilyRow] | None = None) -> str:
-    """The README table of rule families: shared lines, and each backend's own."""
+    """The table of rule families: shared lines, and each backend's own."""
     table = family_rows() if table is None else table
     backends = [b for b, _ in FAMILY_SETS]
     lines = ["| family (`passes/`) | shared lines | " + " | ".join(backends) + " |",

@@ -44,7 +44,7 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "broadcasts_over_last_dim": ("fusionkit.check.constraints", "a weight that is a vector over x's last dim"),
     "ReducesLastDim": ("fusionkit.check.constraints", "a captured dim list names exactly the last dim"),
     "ScalarRange": ("fusionkit.check.constraints", "a captured scalar lies within bounds"),
-    "Custom": ("fusionkit.check.constraints", "a constraint written as a Python function returning a reason or None"),
+    "Custom": ("fusionkit.check.constraints", "a constraint written as a Python function returning a reason or None"), "OperandHint": ("fusionkit.check.constraints", "how fusionkit.verify makes an operand a check asks for (a check's hints)"),
     "Rule": ("fusionkit.rule", "a fusion: name, pattern, constraints, replacement"),
     "RuleError": ("fusionkit.rule", "a rule that cannot be correct as written (raised when built)"),
     "Replacement": ("fusionkit.rule", "base class of replacements (build the fused node(s))"),
@@ -52,7 +52,7 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "PythonReplacement": ("fusionkit.rule", "a replacement written as a Python function over a Rewriter"),
     "Ref": ("fusionkit.rule", "a reference to a capture inside replacement arguments"),
     "ref": ("fusionkit.rule", "make a :class:`Ref`"),
-    "replace_with": ("fusionkit.rule", "make a :class:`CallOp` replacement"),
+    "replace_with": ("fusionkit.rule", "make a :class:`CallOp` replacement"), "OpSemantics": ("fusionkit.rule", "what a backend states its ops compute, carried by its rules (for verify)"), "ProgramForm": ("fusionkit.rule", "where a backend's pipeline runs a rule: the program's form there (for verify)"),
     "Rewriter": ("fusionkit.edit.builder", "creates replacement nodes with metadata (the replacement author's API)"),
     "FusionError": ("fusionkit.edit.builder", "a rule produced something inconsistent (a rule bug)"),
     "op_key": ("fusionkit.targets", "the one string key of an op target (ATen, edge or custom)"),
@@ -104,7 +104,7 @@ if TYPE_CHECKING:
     from fusionkit.authoring.near_miss import why_not
     from fusionkit.authoring.python_source import NotPrintable, to_python
     from fusionkit.authoring.verify import verify
-    from fusionkit.check.constraints import CheckContext, Constraint, Custom, DtypeIn, GraphLeaf, PrepackableConstant, Rank, ReducesLastDim, SameDtype, ScalarRange, ShapeRelation, StaticShape, UserInput, broadcasts_over_last_dim, named_shape_relation
+    from fusionkit.check.constraints import CheckContext, Constraint, Custom, DtypeIn, GraphLeaf, OperandHint, PrepackableConstant, Rank, ReducesLastDim, SameDtype, ScalarRange, ShapeRelation, StaticShape, UserInput, broadcasts_over_last_dim, named_shape_relation
     from fusionkit.edit.builder import FusionError, Rewriter
     from fusionkit.engine import RuleRun, run_rules
     from fusionkit.find.executable import Delegate, ExecutionTarget, register_delegate
@@ -115,6 +115,6 @@ if TYPE_CHECKING:
     from fusionkit.program_inputs import ConstantKind, ConstantRef, ProgramInputs
     from fusionkit.report import FusionReport
     from fusionkit.result import MatchResult, Status, Step
-    from fusionkit.rule import CallOp, PythonReplacement, Ref, Replacement, Rule, RuleError, ref, replace_with
+    from fusionkit.rule import CallOp, OpSemantics, ProgramForm, PythonReplacement, Ref, Replacement, Rule, RuleError, ref, replace_with
     from fusionkit.targets import op_key
 # --- end of generated imports ---

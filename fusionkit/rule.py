@@ -6,10 +6,11 @@ no way (and no reason) to decline: a counted replacement is a real one.
 
 from __future__ import annotations
 
-import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from fusionkit.check.capture_parameters import CaptureParameters
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
 
     from fusionkit.edit.builder import Rewriter
 
-__all__ = ["CallOp", "PythonReplacement", "Ref", "Replacement", "Rule", "RuleError", "ref"]
+__all__ = ["CallOp", "OpSemantics", "ProgramForm", "PythonReplacement", "Ref", "Replacement", "Rule",
+           "RuleError", "ref"]
 
 
 class RuleError(ValueError):
@@ -157,17 +159,73 @@ def _parameters_of(part: Any) -> CaptureParameters | None:
     return params if isinstance(params, CaptureParameters) else None
 
 
-#: the packages whose rules fusionkit ships (their Rule(...) calls make ``shipped`` rules)
-SHIPPED_RULE_PACKAGES: tuple[str, ...] = ("fusionkit.passes.", "fusionkit.backends.")
+def _frozen(m: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(m))
 
 
-def _built_by_fusionkit_rules() -> bool:
-    """Whether the code calling ``Rule(...)`` is in one of :data:`SHIPPED_RULE_PACKAGES`."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__") in (__name__, "dataclasses"):
-        frame = frame.f_back  # type: ignore[assignment]
-    module = frame.f_globals.get("__name__", "") if frame is not None else ""
-    return isinstance(module, str) and module.startswith(SHIPPED_RULE_PACKAGES)
+@dataclass(frozen=True)
+class OpSemantics:
+    """What a backend states about the ops its rules create or match, for ``fusionkit.verify``
+    (which runs both programs of a rule on the CPU). Handed over by the backend on its rules
+    (:attr:`Rule.semantics`), never looked up by a name.
+
+    ``kernel_references``: op key (``ns.name.overload``) -> a function computing what the
+    backend's kernel computes, ``fn(*args, **kwargs)`` (tested against the kernel by the
+    backend), run in place of torch's registered CPU implementation; ``reference_caveats``:
+    op key -> why its registered CPU reference is not what the kernel computes (a rule is
+    never judged through it); ``metadata``: node metadata key -> ``apply(recorded value,
+    result)``, what that metadata does to a node's result; ``op_contexts``: op namespace ->
+    a factory of the context its ops run in (the TOSA dialect's ops read the active
+    specification); ``operands_like``: op key -> the op (``aten.convolution.default``) whose
+    operands it takes, leading arguments alike (the verifier draws them as that op's);
+    ``unsafe_kernels``: op namespace -> why its CPU kernels are never run on drawn operands
+    (they abort the process on operands they refuse), only its kernel references.
+    """
+
+    kernel_references: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    reference_caveats: Mapping[str, str] = field(default_factory=dict)
+    metadata: Mapping[str, Callable[[Any, Any], Any]] = field(default_factory=dict)
+    op_contexts: Mapping[str, Callable[[], AbstractContextManager[Any]]] = field(default_factory=dict)
+    operands_like: Mapping[str, str] = field(default_factory=dict)
+    unsafe_kernels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for f in ("kernel_references", "reference_caveats", "metadata", "op_contexts", "operands_like",
+                  "unsafe_kernels"):
+            object.__setattr__(self, f, _frozen(getattr(self, f)))
+
+    def __or__(self, other: OpSemantics) -> OpSemantics:
+        """Both backends' statements (``other`` wins where both state one op)."""
+        return OpSemantics({**self.kernel_references, **other.kernel_references},
+                           {**self.reference_caveats, **other.reference_caveats},
+                           {**self.metadata, **other.metadata},
+                           {**self.op_contexts, **other.op_contexts},
+                           {**self.operands_like, **other.operands_like},
+                           {**self.unsafe_kernels, **other.unsafe_kernels})
+
+
+@dataclass(frozen=True)
+class ProgramForm:
+    """Where a rule runs when its program is not the one ``torch.export`` gives: a backend's
+    pass pipeline before it (in-place ops where export writes functional ones, edge-dialect
+    op objects, metadata earlier passes wrote).
+
+    ``form(ep)`` puts an exported program in that form (in place, returning None, or
+    returning the program in that form); ``namespaces``: op namespaces the site holds beyond
+    the pattern's own (their contexts, :attr:`OpSemantics.op_contexts`, are opened);
+    ``node_semantics``: op key -> ``fn(node, args, kwargs)``, what a node of that op computes
+    at this pipeline position from the metadata an earlier pass wrote (``NotImplemented``
+    where the node carries nothing it reads: the op then runs as usual).
+    """
+
+    form: Callable[[Any], Any]
+    namespaces: Collection[str] = frozenset()
+    node_semantics: Mapping[str, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = \
+        field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "namespaces", frozenset(self.namespaces))
+        object.__setattr__(self, "node_semantics", _frozen(self.node_semantics))
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,11 +235,17 @@ class Rule:
     ``priority``: at the same root, higher-priority rules are tried first.
     ``allow_escape``: by default a match whose inner nodes are used outside it
     is declined (fusing would compute them twice); set to keep such matches.
-    ``shipped``: a rule fusionkit ships; by default (None) decided by where it is
-    built: in fusionkit's rule packages (``fusionkit.passes``, ``fusionkit.backends``).
-    A rule of your own (built anywhere else: your code, a spec, ``rule_from_functions``)
-    has its structural near misses reported once its pattern matched its root op and
-    one more op — below the threshold that keeps the shipped rules' reports short.
+    ``shipped``: a rule fusionkit ships (its rule sets mark theirs,
+    :func:`fusionkit.passes.registry.register_rules`). A rule of your own (your code, a
+    spec, ``rule_from_functions``) has its structural near misses reported once its
+    pattern matched its root op and one more op — below the threshold that keeps the
+    shipped rules' reports short.
+
+    What ``fusionkit.verify`` needs to know to run the rule, stated on the rule:
+    ``program_form`` (:class:`ProgramForm`: where a backend's pipeline runs it);
+    ``module_scope``: the module type its checks ask the pattern's ops to run inside (a
+    check reading the source partition, ``nn.Linear``); ``semantics``
+    (:class:`OpSemantics`: what the backend states its ops compute).
     """
 
     name: str
@@ -191,13 +255,14 @@ class Rule:
     priority: int = 0
     allow_escape: bool = False
     description: str = ""
-    shipped: bool | None = None
+    shipped: bool = False
+    program_form: ProgramForm | None = None
+    module_scope: type | None = None
+    semantics: OpSemantics = field(default_factory=OpSemantics)
 
     def __post_init__(self) -> None:
         if not self.name:
             raise RuleError("a rule needs a name")
-        if self.shipped is None:
-            object.__setattr__(self, "shipped", _built_by_fusionkit_rules())
         object.__setattr__(self, "constraints", tuple(self.constraints))
         if self.pattern.root_keys() is None:
             raise RuleError(f"rule {self.name!r}: the pattern's root must be an op, "

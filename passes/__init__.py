@@ -6,7 +6,7 @@
 * :mod:`fusionkit.passes.xnnpack` — rules replacing XNNPACK's preprocess rewrites;
 * :mod:`fusionkit.passes.registry` — where every rule set is discoverable.
 
-One way to get a rule set: ``rule_set(name)`` (names: ``rule_set_names()``; ``"builtin"`` is
+One way to get a rule set: ``rule_set(name)`` (names: ``rule_set_names()``; ``"shipped"`` is
 every rule fusionkit ships). Each call returns fresh rule objects.
 """
 

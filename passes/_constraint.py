@@ -10,22 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fusionkit.check.constraints import Custom
+from fusionkit.check.constraints import Custom, Hints
 from fusionkit.result import MatchResult
 
 __all__ = ["constraint"]
 
 
-def constraint(name: str) -> Callable[[Callable[..., str | MatchResult | None]], Custom]:
+def constraint(name: str, hints: Hints | None = None
+               ) -> Callable[[Callable[..., str | MatchResult | None]], Custom]:
     """Decorator: a :class:`~fusionkit.Custom` check ``fn(ctx, *captures) -> reason | None``.
 
     The captures it reads are its parameters after ``ctx``
     (``constraint("bias_is_constant")(fn)``): the signature is the only list of them.
     ``fn`` returns None, a sentence, or ``ctx.fail(reason, at=...)`` (a
-    :class:`~fusionkit.MatchResult`) naming the capture at fault.
+    :class:`~fusionkit.MatchResult`) naming the capture at fault. ``hints``: how
+    ``fusionkit.verify`` makes the operands it asks for (:attr:`Custom.hints
+    <fusionkit.Custom>`).
     """
 
     def wrap(fn: Callable[..., str | MatchResult | None]) -> Custom:
-        return Custom(fn, name)
+        return Custom(fn, name, hints=hints)
 
     return wrap

@@ -40,7 +40,7 @@ RMS_NORM_TARGET = "et_vk.rms_norm.default"
 VULKAN_DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.float16})
 
 
-@register_rules("builtin")
+@register_rules("vulkan_patterns")
 def rms_norm_rule(name: str = "rms_norm", fold: bool = True,
                   dtypes: Iterable[torch.dtype] | None = None) -> Rule:
     """The RMSNorm fusion rule.

@@ -275,7 +275,7 @@ def test_the_program_form_writes_the_qparams_the_pipeline_writes(
     import copy
     import math
 
-    from fusionkit.passes.arm import _dyt_sites
+    from fusionkit.passes.arm import _dyt_sites, dyt_affine_conv
     from fusionkit.targets import op_key
 
     sites: list[Any] = []
@@ -296,7 +296,7 @@ def test_the_program_form_writes_the_qparams_the_pipeline_writes(
     s = _site(conv)
     written = {"table": ("output_qparams",), "mul": _QPARAMS, "add": _QPARAMS, "conv": _QPARAMS}
     real = {role: {k: s[role].meta.pop(k) for k in keys} for role, keys in written.items()}
-    _dyt_sites._annotate_affine_site(conv)
+    _dyt_sites._annotate_affine_site(conv, dyt_affine_conv._layout_source)
     for role, keys in written.items():
         for key in keys:
             want, got = real[role][key], s[role].meta[key]

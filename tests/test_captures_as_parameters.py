@@ -375,42 +375,6 @@ def test_a_bad_quantized_linear_bias_is_blamed_on_the_bias_not_the_weight() -> N
     assert d.node is not None and d.node.op == "placeholder" and d.node.name == "b"
 
 
-# ------------------------------------------------------------------ a rule class
-
-
-def test_a_rule_class_builds_a_rule_whose_reads_are_its_method_signatures(ep: Any) -> None:
-    from fusionkit.authoring.rule_class import RuleClass
-
-    class MatmulConstantBias(RuleClass):
-        """mm + a constant bias into addmm."""
-
-        pattern = PATTERN
-        constraints = (DtypeIn("x", frozenset({torch.float32})),)
-
-        def check(self, ctx: CheckContext, bias: Any) -> Any:
-            return None if ctx.inputs.constant(bias) else ctx.fail("bias not constant", at="bias")
-
-        def rewrite(self, rw: Any, x: Any, w: Any, bias: Any) -> Any:
-            return rw.call("aten.addmm.default", bias, x, w)
-
-    rule = MatmulConstantBias.rule()
-    assert rule.name == "matmul_constant_bias"
-    assert rule.description == "mm + a constant bias into addmm."
-    assert rule.constraints[-1].captures() == {"bias"}
-    assert rule.replacement.captures() == {"x", "w", "bias"}
-    ms = find_matches(ep, [rule])
-    assert [m.root.name for m in ms.accepted] == ["add"]
-    (d,) = ms.declined
-    assert d.node is node_named(ep, "y") and d.reason == "bias not constant"
-
-    class Unbound(MatmulConstantBias):
-        def rewrite(self, rw: Any, x: Any, scale: Any) -> Any:
-            raise AssertionError
-
-    with pytest.raises(RuleError, match=r"'unbound'.*the replacement.*'scale'"):
-        Unbound.rule()
-
-
 def test_a_spec_whose_check_names_an_unbound_capture_is_refused_with_its_location() -> None:
     from fusionkit.specs import SpecError
 

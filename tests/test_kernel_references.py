@@ -1,5 +1,5 @@
-"""The kernel references the backends register for ``fusionkit verify``
-(``register_kernel_reference``), each against the kernel it states: the real Vulkan runtime
+"""The kernel references the Vulkan rules carry for ``fusionkit verify``
+(``Rule.semantics``, an ``OpSemantics``), each against the kernel it states: the real Vulkan runtime
 (lavapipe, one child process) where present, ExecuTorch's own CPU reference or C++ kernel on
 the operands where those compute the same.
 """
@@ -14,9 +14,15 @@ import torch
 from test_vulkan_preprocess_rules import lower
 from torch import nn
 
-from fusionkit.authoring.semantics import KERNEL_REFERENCES
 from fusionkit.backends.vulkan_adapter import decode_payload, runtime
 from fusionkit.backends.vulkan_adapter.inspect.prepack_check import vulkan_delegates
+from fusionkit.passes.vulkan import conv_clamp, sdpa_reference, select_as_symint, weight_only_linear
+
+#: the kernel references the Vulkan rule modules hand their rules, by op
+KERNEL_REFERENCES = {**conv_clamp.SEMANTICS.kernel_references,
+                     **weight_only_linear.SEMANTICS.kernel_references,
+                     **select_as_symint.SEMANTICS.kernel_references,
+                     **sdpa_reference.SEMANTICS.kernel_references}
 
 pytestmark = pytest.mark.usefixtures("vulkan_ops")
 
@@ -130,15 +136,17 @@ def test_the_select_as_symint_reference_is_the_int_the_graph_read(
 
 def test_verify_compares_the_int_select_as_symint_gives(monkeypatch: Any) -> None:
     """The rule is judged on the int: a kernel off by one is different."""
-    from fusionkit.authoring import verify as verify_module
+    import dataclasses
+
     from fusionkit.authoring.verify import DIFFERENT, EQUAL, verify
     from fusionkit.passes.vulkan.select_as_symint import select_as_symint_rule
+    from fusionkit.rule import OpSemantics
 
     rule = select_as_symint_rule()
     assert verify(rule, cases=2, max_examples=40).status == EQUAL
-    monkeypatch.setitem(verify_module.KERNEL_REFERENCES, SELECT,
-                        lambda x, dim, index: int(x.select(dim, index).item()) + 1)
-    assert verify(rule, cases=2, max_examples=40).status == DIFFERENT
+    off_by_one = OpSemantics(kernel_references={
+        SELECT: lambda x, dim, index: int(x.select(dim, index).item()) + 1})
+    assert verify(dataclasses.replace(rule, semantics=off_by_one), cases=2, max_examples=40).status == DIFFERENT
 
 
 UPDATE, SDPA, SDPA_KV = ("llama.update_cache.default", "llama.custom_sdpa.default",

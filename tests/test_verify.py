@@ -44,6 +44,7 @@ from fusionkit.authoring.verify import (
 from fusionkit.passes.registry import registered
 from fusionkit.passes.registry import rule_set as rules_of
 from fusionkit.passes.rms_norm import rms_norm_rule
+from fusionkit.rule import OpSemantics, ProgramForm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,40 +202,34 @@ def test_a_literal_in_the_replacement_is_checked_against_the_pattern(a: float, b
 def test_a_reference_implementation_that_raises_is_cannot_check_naming_the_op(monkeypatch: Any
                                                                                ) -> None:
     """conv_with_clamp(..., 0, sys.float_info.max), the bound the stock pass gives a relu:
-    without the kernel reference the Vulkan rules register, ExecuTorch's CPU reference clamps
-    a float32 tensor with a bound float32 cannot hold, and raises; with it, the rule is equal."""
-    from fusionkit.authoring import verify as verify_module
-
+    without the kernel reference the Vulkan rule carries (``Rule.semantics``), ExecuTorch's
+    CPU reference clamps a float32 tensor with a bound float32 cannot hold, and raises; with
+    it, the rule is equal."""
     (relu,) = [r for r in rules_of("vulkan_preprocess") if r.name == "conv_relu_clamp"]
+    assert "et_vk.conv_with_clamp.default" in relu.semantics.kernel_references
     assert verify(relu, cases=2, max_examples=60).status == EQUAL
-    monkeypatch.delitem(verify_module.KERNEL_REFERENCES, "et_vk.conv_with_clamp.default")
-    v = verify(relu, cases=2, max_examples=60)
+    v = verify(dataclasses.replace(relu, semantics=OpSemantics()), cases=2, max_examples=60)
     assert v.status == CANNOT_CHECK and "et_vk.conv_with_clamp" in v.reason, v
 
 
 def test_a_kernel_reference_a_backend_registers_is_what_the_replacement_runs(monkeypatch: Any
                                                                              ) -> None:
-    """A backend states what its kernel computes (``register_kernel_reference``): the verifier
-    runs the replacement's op through it, so a kernel that computes something else than
-    torch's op is judged as the kernel, not as torch's op."""
-    from fusionkit.authoring import verify as verify_module
-
+    """A backend states what its kernel computes (``OpSemantics.kernel_references``, on the
+    rule): the verifier runs the replacement's op through it, so a kernel that computes
+    something else than torch's op is judged as the kernel, not as torch's op."""
     rule = Rule("neg_as_mul", op("aten.neg.default", X),
                 replace_with("aten.mul.Tensor", ref("x"), -1.0), [DtypeIn("x", {torch.float32})])
     assert verify(rule, cases=2, max_examples=30).status == EQUAL
-    monkeypatch.setitem(verify_module.KERNEL_REFERENCES, "aten.mul.Tensor",
-                        lambda a, b: a * b + 1.0)
-    v = verify(rule, cases=2, max_examples=30)
+    kernel = OpSemantics(kernel_references={"aten.mul.Tensor": lambda a, b: a * b + 1.0})
+    v = verify(dataclasses.replace(rule, semantics=kernel), cases=2, max_examples=30)
     assert v.status == DIFFERENT and v.counterexample is not None, v
 
 
 def test_a_context_a_backend_registers_is_open_while_its_rules_ops_run(monkeypatch: Any) -> None:
-    """``register_op_context``: the context is entered around a rule whose pattern has an op
-    of its namespace (and not around others); without the TOSA context the Arm slice rule's
-    ops refuse to run, with it the rule verifies."""
+    """``OpSemantics.op_contexts``: the context is entered around a rule whose pattern has an
+    op of its namespace (and not around others); without the TOSA context the Arm slice
+    rule's ops refuse to run, with it the rule verifies."""
     import contextlib
-
-    from fusionkit.authoring import verify as verify_module
 
     entered: list[str] = []
 
@@ -243,15 +238,15 @@ def test_a_context_a_backend_registers_is_open_while_its_rules_ops_run(monkeypat
         entered.append(name)
         yield
 
-    monkeypatch.setitem(verify_module.OP_CONTEXTS, "aten", lambda: recording("aten"))
+    recorded = dataclasses.replace(_reciprocal_mul(False),
+                                   semantics=OpSemantics(op_contexts={"aten": lambda: recording("aten")}))
     # (in this process: the recording is made where the cases run)
-    assert verify(_reciprocal_mul(False), cases=2, isolate=False).status == EQUAL
+    assert verify(recorded, cases=2, isolate=False).status == EQUAL
     assert entered == ["aten"]
     (slices,) = [r for _, _, r in SHIPPED if r.name == "arm_fuse_consecutive_slices"]
     assert verify(slices, cases=2, max_examples=40, isolate=False).status == EQUAL
     assert entered == ["aten"]  # (its pattern has no aten op)
-    monkeypatch.delitem(verify_module.OP_CONTEXTS, "tosa")
-    v = verify(slices, cases=2, max_examples=40)
+    v = verify(dataclasses.replace(slices, semantics=OpSemantics()), cases=2, max_examples=40)
     assert v.status == CANNOT_CHECK and "TosaLoweringContext" in v.reason, v
 
 
@@ -295,10 +290,8 @@ def _marked(ctx: Any, x: Any) -> str | None:
 
 def test_a_program_form_puts_the_exported_program_in_the_form_the_rule_sees(monkeypatch: Any) -> None:
     """A rule that runs after a backend's passes reads what they wrote (here node metadata):
-    the program form a backend registers for the check gives the exported pattern that form,
-    and the rule is judged; without it the rule declines every case."""
-    from fusionkit.authoring import verify as verify_module
-
+    the program form the rule carries (``Rule.program_form``) gives the exported pattern that
+    form, and the rule is judged; without it the rule declines every case."""
     rule = Rule("marked_neg", op("aten.neg.default", X),
                 replace_with("aten.mul.Tensor", ref("x"), -1.0),
                 [Custom(_marked, "marked"), DtypeIn("x", {torch.float32})])
@@ -312,15 +305,14 @@ def test_a_program_form_puts_the_exported_program_in_the_form_the_rule_sees(monk
         for n in negs:
             n.meta["marked"] = True
 
-    monkeypatch.setitem(verify_module.PROGRAM_FORMS, "marked", mark)
-    v = verify(rule, cases=2, max_examples=15, isolate=False)  # (``seen`` is this process's)
+    v = verify(dataclasses.replace(rule, program_form=ProgramForm(mark)), cases=2, max_examples=15,
+               isolate=False)  # (``seen`` is this process's)
     assert v.status == EQUAL and seen and all(k in (1, 2) for k in seen), (v, seen)  # (the neg; a clone reading it)
 
     def broken(ep: Any) -> None:
         raise RuntimeError("no such pass")
 
-    monkeypatch.setitem(verify_module.PROGRAM_FORMS, "marked", broken)
-    v = verify(rule, cases=2, max_examples=15)
+    v = verify(dataclasses.replace(rule, program_form=ProgramForm(broken)), cases=2, max_examples=15)
     assert v.status == CANNOT_CHECK and "program form failed: RuntimeError: no such pass" in v.reason, v
 
 
@@ -330,8 +322,6 @@ def test_a_program_forms_namespaces_open_their_contexts(monkeypatch: Any) -> Non
     pattern names none of its ops: the form's namespaces open it."""
     import contextlib
 
-    from fusionkit.authoring import verify as verify_module
-
     entered: list[str] = []
 
     @contextlib.contextmanager
@@ -340,11 +330,11 @@ def test_a_program_forms_namespaces_open_their_contexts(monkeypatch: Any) -> Non
         yield
 
     rule = Rule("held_neg", op("aten.neg.default", X), replace_with("aten.mul.Tensor", ref("x"), -1.0),
-                [Custom(lambda ctx, x: None, "held"), DtypeIn("x", {torch.float32})])
-    monkeypatch.setitem(verify_module.OP_CONTEXTS, "heldns", context)
+                [Custom(lambda ctx, x: None, "held"), DtypeIn("x", {torch.float32})],
+                semantics=OpSemantics(op_contexts={"heldns": context}))
     assert verify(rule, cases=2, max_examples=15, isolate=False).status == EQUAL and not entered
-    monkeypatch.setitem(verify_module.FORM_NAMESPACES, "held", frozenset({"heldns"}))
-    assert verify(rule, cases=2, max_examples=15, isolate=False).status == EQUAL and entered
+    held = dataclasses.replace(rule, program_form=ProgramForm(lambda ep: None, namespaces={"heldns"}))
+    assert verify(held, cases=2, max_examples=15, isolate=False).status == EQUAL and entered
 
 
 def _scaled_neg(node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -355,12 +345,10 @@ def _scaled_neg(node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
 
 def test_node_semantics_say_what_a_node_computes_from_its_metadata(monkeypatch: Any) -> None:
     """A node whose meaning at its pipeline position is in metadata an earlier pass wrote (a
-    requantized tanh on int8 codes): the node semantics a backend registers run it in both
+    requantized tanh on int8 codes): the node semantics its program form states run it in both
     programs. Here ``neg`` marked with ``gain=2`` computes ``-2x``: folded into ``mul(x, -2)``
     it verifies equal with the semantics and is different without them (the plain neg); a
     node without the metadata runs as torch runs it (``NotImplemented``)."""
-    from fusionkit.authoring import verify as verify_module
-
     def gain_two(ep: Any) -> None:
         for n in ep.graph.nodes:
             if n.op == "call_function":
@@ -369,11 +357,10 @@ def test_node_semantics_say_what_a_node_computes_from_its_metadata(monkeypatch: 
     rule = Rule("gained_neg", op("aten.neg.default", X),
                 replace_with("aten.mul.Tensor", ref("x"), -2.0),
                 [Custom(lambda ctx, x: None, "gained"), DtypeIn("x", {torch.float32})])
-    monkeypatch.setitem(verify_module.PROGRAM_FORMS, "gained", gain_two)
-    blind = verify(rule, cases=4, max_examples=40)
+    blind = verify(dataclasses.replace(rule, program_form=ProgramForm(gain_two)), cases=4, max_examples=40)
     assert blind.status == DIFFERENT, blind
-    monkeypatch.setitem(verify_module.NODE_SEMANTICS, "aten.neg.default", _scaled_neg)
-    assert verify(rule, cases=4, max_examples=40).status == EQUAL
+    form = ProgramForm(gain_two, node_semantics={"aten.neg.default": _scaled_neg})
+    assert verify(dataclasses.replace(rule, program_form=form), cases=4, max_examples=40).status == EQUAL
     plain = Rule("neg_as_mul", op("aten.neg.default", X),
                  replace_with("aten.mul.Tensor", ref("x"), -1.0), [DtypeIn("x", {torch.float32})])
     assert verify(plain, cases=4, max_examples=40).status == EQUAL  # (no gain: torch's neg)
@@ -399,13 +386,10 @@ def test_an_integer_output_may_differ_by_its_tolerance_only() -> None:
 def test_a_fused_activation_recorded_in_metadata_is_applied(monkeypatch: Any) -> None:
     """XNNPACK's fused relu lives in XNN_FUSED_ACTIVATION: the verifier clamps the node's
     result as XNNPACK does; without that the rule would be the dropped relu."""
-    from fusionkit.authoring import verify as verify_module
-
     (relu,) = [r for r in rules_of("xnnpack") if r.name == "xnnpack_fuse_relu"]
     assert verify(relu, cases=2, max_examples=40).status == EQUAL
-    monkeypatch.setitem(verify_module.METADATA_SEMANTICS, "XNN_FUSED_ACTIVATION",
-                        lambda recorded, out: out)
-    v = verify(relu, cases=8, max_examples=60)  # (stops at the first negative sum)
+    ignored = OpSemantics(metadata={"XNN_FUSED_ACTIVATION": lambda recorded, out: out})
+    v = verify(dataclasses.replace(relu, semantics=ignored), cases=8, max_examples=60)  # (stops at the first negative sum)
     assert v.status == DIFFERENT and v.counterexample is not None, v
 
 
@@ -573,11 +557,9 @@ def test_fold_qdq_is_judged_on_every_kind_of_pair_and_a_weaker_check_is_found_di
 
 def test_a_check_reading_the_module_runs_the_pattern_inside_one(monkeypatch: Any) -> None:
     """xnnpack_linear_module reads the nn.Linear source partition its mm ran in: XNNPACK
-    registers the module scope (``register_module_scope``), the verifier runs the pattern's
-    ops inside an nn.Linear, and the rule is judged; without it no case is accepted. A
-    replacement that drops the bias of an addmm is different."""
-    from fusionkit.authoring import verify as verify_module
-
+    states the module scope on the rule (``Rule.module_scope``), the verifier runs the
+    pattern's ops inside an nn.Linear, and the rule is judged; without it no case is
+    accepted. A replacement that drops the bias of an addmm is different."""
     (module_rule,) = [r for r in rules_of("xnnpack") if r.name == "xnnpack_linear_module"]
     assert verify(module_rule, cases=2, max_examples=40).status == EQUAL
 
@@ -592,8 +574,7 @@ def test_a_check_reading_the_module_runs_the_pattern_inside_one(monkeypatch: Any
                                 replacement=PythonReplacement(drops_bias))
     v = verify(wrong, cases=8, max_examples=80)
     assert v.status == DIFFERENT, v
-    monkeypatch.delitem(verify_module.MODULE_SCOPES, "linear_source_partition")
-    v = verify(module_rule, cases=2, max_examples=40)
+    v = verify(dataclasses.replace(module_rule, module_scope=None), cases=2, max_examples=40)
     assert v.status == CANNOT_CHECK and "no nn.Linear source partition" in v.reason, v
 
 

@@ -36,6 +36,7 @@ from fusionkit.authoring.verify import (
     verify,
     verify_rules,
 )
+from fusionkit.rule import OpSemantics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,9 +45,11 @@ pytestmark = pytest.mark.skipif(not verify_module._can_isolate(), reason="cases 
 X = capture("x")
 
 
-def _neg_as_mul() -> Rule:
+def _neg_as_mul(mul: Any = None) -> Rule:
+    """-x as x * -1; ``mul``: the kernel its backend states ``aten.mul.Tensor`` computes."""
+    kernels = OpSemantics(kernel_references={} if mul is None else {"aten.mul.Tensor": mul})
     return Rule("neg_as_mul", op("aten.neg.default", X), replace_with("aten.mul.Tensor", ref("x"), -1.0),
-                [DtypeIn("x", {torch.float32})])
+                [DtypeIn("x", {torch.float32})], semantics=kernels)
 
 
 def _segfault_on_matrices(a: Any, b: Any) -> Any:
@@ -62,8 +65,7 @@ def _segfault_on_matrices(a: Any, b: Any) -> Any:
 def test_a_kernel_that_segfaults_is_cannot_check_naming_the_op_and_the_case(monkeypatch: Any) -> None:
     """The replacement's op crashes (SIGSEGV) on a matrix: this process lives on, the verdict
     names the op, the signal and a case on which it crashes (a rank >= 2 operand)."""
-    monkeypatch.setitem(verify_module.KERNEL_REFERENCES, "aten.mul.Tensor", _segfault_on_matrices)
-    v = verify(_neg_as_mul(), cases=4, max_examples=60)
+    v = verify(_neg_as_mul(_segfault_on_matrices), cases=4, max_examples=60)
     assert v.status == CANNOT_CHECK and v.cause == CRASH, v
     assert v.reason.startswith("aten.mul.Tensor crashed (SIGSEGV) on x: user input float32"), v.reason
     assert "while running the rewritten program" in v.reason, v.reason
@@ -116,9 +118,8 @@ def test_the_command_survives_a_crashing_rule(aborting: Any, capsys: Any) -> Non
 def test_in_process_verification_stays_available(monkeypatch: Any) -> None:
     """``isolate=False`` runs the cases here (a hook set in this process sees them)."""
     seen: list[int] = []
-    monkeypatch.setitem(verify_module.KERNEL_REFERENCES, "aten.mul.Tensor",
-                        lambda a, b: seen.append(1) or a * b)
-    assert verify(_neg_as_mul(), cases=2, max_examples=30, isolate=False).status == EQUAL
+    rule = _neg_as_mul(lambda a, b: seen.append(1) or a * b)
+    assert verify(rule, cases=2, max_examples=30, isolate=False).status == EQUAL
     assert seen
 
 
@@ -132,8 +133,7 @@ def _raises_import_error(a: Any, b: Any) -> Any:
 def test_a_missing_tool_is_cannot_check_not_different(monkeypatch: Any) -> None:
     """An op of the replacement whose implementation imports a module this environment lacks:
     the environment's failure, "cannot check" naming the module, never "different"."""
-    monkeypatch.setitem(verify_module.KERNEL_REFERENCES, "aten.mul.Tensor", _raises_import_error)
-    v = verify(_neg_as_mul(), cases=2, max_examples=30)
+    v = verify(_neg_as_mul(_raises_import_error), cases=2, max_examples=30)
     assert v.status == CANNOT_CHECK and v.cause == UNAVAILABLE, v
     assert "No module named 'some_backend_tool'" in v.reason, v.reason
 

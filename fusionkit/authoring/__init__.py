@@ -5,5 +5,5 @@
 ``traced_replacement``), ``python_source`` (a rule printed as the DSL code that
 builds it), ``near_miss`` (``why_not``: what one rule made of one node),
 ``vocabulary`` (the one table of value matchers and constraints shared by Python
-and YAML), ``rule_class`` (a rule written as a class).
+and YAML).
 """

@@ -30,12 +30,15 @@ How a case is made (drawn with hypothesis, so a failure shrinks to the smallest 
 
 Backend ops run through the reference implementations registered in torch (the
 ``et_vk`` ops' CPU implementations come with ``executorch.backends.vulkan``) or through
-the functions a backend states its kernels compute (``register_kernel_reference``), inside
-the context a backend states its ops need (``register_op_context``: the TOSA dialect's
+the functions a backend states its kernels compute (:attr:`Rule.semantics
+<fusionkit.rule.OpSemantics>`' ``kernel_references``), inside the context it states its ops
+need (``op_contexts``: the TOSA dialect's
 ``TosaLoweringContext``); an op with none makes the rule "cannot check" and is named. A
 check that runs inside a backend's pipeline has the exported program put in that
-pipeline's form first (``register_program_form``), and a node whose meaning there is in
-its metadata runs through what the backend states it computes (``register_node_semantics``).
+pipeline's form first (:attr:`Rule.program_form <fusionkit.rule.ProgramForm>`), and a node
+whose meaning there is in its metadata runs through what the form states it computes
+(``node_semantics``). A check says how to make the operands it asks for itself
+(:meth:`Constraint.operand_hints <fusionkit.Constraint.operand_hints>`).
 
 Results are compared per output with the tolerance of its dtype (:data:`TOLERANCES`):
 ``|got - expected| <= tol * (1 + |expected|)`` for floats, NaN equal to NaN; integer codes
@@ -64,29 +67,7 @@ from typing import Any
 
 import torch
 
-from fusionkit.authoring.semantics import (
-    FORM_NAMESPACES,
-    KERNEL_REFERENCES,
-    METADATA_SEMANTICS,
-    MODULE_SCOPES,
-    NODE_SEMANTICS,
-    NODE_SEMANTICS_CHECKS,
-    OP_CONTEXTS,
-    OPERAND_HINTS,
-    PROGRAM_FORMS,
-    REFERENCE_IS_NOT_THE_KERNEL,
-    OperandHint,
-    Pick,
-)
-from fusionkit.check.constraints import (
-    Custom,
-    DtypeIn,
-    GraphLeaf,
-    PrepackableConstant,
-    Rank,
-    ScalarRange,
-    UserInput,
-)
+from fusionkit.check.operand_hints import OperandHint, Pick, merged
 from fusionkit.match.pattern import (
     Also,
     Alt,
@@ -100,10 +81,10 @@ from fusionkit.match.pattern import (
     Through,
     Value,
 )
-from fusionkit.rule import Rule
+from fusionkit.rule import OpSemantics, Rule
 from fusionkit.targets import op_key, overload_of, resolve_op
 
-__all__ = ["CHECK_HINTS", "FIRING_CASES", "TOLERANCES", "Counterexample", "Judge", "OperandHint",
+__all__ = ["FIRING_CASES", "TOLERANCES", "Counterexample", "Judge", "OperandHint",
            "Verification", "verify", "verify_rules"]
 
 #: absolute/relative tolerance per output dtype: ``|got - want| <= tol * (1 + |want|)``;
@@ -121,11 +102,13 @@ TOLERANCES: dict[torch.dtype, float] = {
     torch.bool: 0,
 }
 
-#: op namespaces whose CPU kernels (ExecuTorch's C++ custom ops) abort the process on
-#: operands they refuse, instead of raising: the verifier never runs them, only the kernel
-#: reference a backend registered for one (``register_kernel_reference``)
-UNSAFE_TO_RUN: tuple[str, ...] = ("llama.",)
-UNSAFE_TO_RUN_WHY = "its C++ kernel aborts the process on operands it refuses"
+def _unsafe(key: str, ops: OpSemantics) -> str | None:
+    """Why the CPU kernel of op ``key`` is never run on drawn operands (its backend says it
+    aborts the process on operands it refuses: ``OpSemantics.unsafe_kernels``, by op
+    namespace), unless the backend states a kernel reference for it; None: it runs."""
+    if key in ops.kernel_references:
+        return None
+    return ops.unsafe_kernels.get(key.split(".")[0])
 
 #: ``judge(ep)`` (:func:`verify`'s ``judges``): the exported program of a case the rule
 #: accepted -> None when the rule fires in it as a backend applies it, else why not
@@ -155,77 +138,23 @@ CRASH, UNAVAILABLE, NO_REFERENCE, METADATA, NO_CASE = (
 CAUSES = (CRASH, UNAVAILABLE, NO_REFERENCE, METADATA, NO_CASE)
 
 
-#: hints for the shipped rules' checks, by check name, then by the capture (a parameter of
-#: the check) they make; :func:`verify`'s ``hints`` adds to them by capture name
-CHECK_HINTS: dict[str, Mapping[str, OperandHint]] = {
-    # a matmul whose weight is a transpose of a 2-D weight is a linear (addmm/mm -> linear)
-    "transposed_weight": {"wt": OperandHint(producer="transpose")},
-    # symmetric quantization: an all-zero constant zero point
-    "weight_zero_points_zero": {"w_zp": OperandHint(constant=True, fill="zeros")},
-    "symmetric_weight": {"zeros": OperandHint(constant=True, fill="zeros")},
-    "zero_point_is_zero": {"zero_point": OperandHint(constant=True, fill="zeros")},
-    # Arm's quantized activation: the relu / hardtanh reads a conv or a linear
-    "fusable_input": {"pre": OperandHint(producer="linear")},
-    # folded or prepacked at lowering time: constants
-    "optional_affine_is_constant": {"bn_w": OperandHint(constant=True),
-                                    "bn_b": OperandHint(constant=True)},
-    "conv1d_with_constant_weight": {"w": OperandHint(constant=True)},
-    "scale_is_a_constant_channel_scale": {"scale": OperandHint(constant=True)},
-    # the weight-only linears' weight is [N, K], one scale per output channel
-    "per_output_channel": {"weight": OperandHint(shapes=((2, 4), (3, 4), (1, 4)))},
-    # _weight_int8pack_mm takes a 2-D input (K as the weights above)
-    "int8pack_mm_input": {"x": OperandHint(shapes=((2, 4), (1, 4), (3, 4)))},
-    # the 8-bit weight-only kernel takes weights whose values do not fit in 4 bits
-    "values_beyond_4_bits": {"weight": OperandHint(fill="int8")},
-    # Arm's hardtanh(0, hi) folded into a quantize whose qmax hi quantizes to: a bound far
-    # enough to saturate at qmax for the drawn scales (0.25, 0.5), and one that does not
-    "quantize_clamp": {"lo": OperandHint(values=(0.0,)), "hi": OperandHint(values=(1000.0, 6.0))},
-    # Arm's fused activation: a quantize that keeps nothing below 0 (zero point at qmin), and
-    # one that does (declined)
-    "range_covers_activation": {"zp": OperandHint(values=(-128, 0)), "qmin": OperandHint(values=(-128,))},
-    # ... with a positive scale, and one that is not (declined: real values below 0 would not
-    # quantize below the zero point)
-    "per_tensor": {"scale": OperandHint(values=(0.5, 0.25, -0.5))},
-    # a view that only drops size-1 dims needs an input that has some
-    "drops_size1_dims": {"x": OperandHint(shapes=((2, 1, 3), (1, 4), (3, 1, 1, 2)))},
-    # the Vulkan int8 linears load the input channels in texels of 4
-    "in_channels_multiple_of_4": {"x": OperandHint(shapes=((2, 4), (1, 8), (3, 4)))},
-    # XNNPACK's quantized pad: the pad reads a per-tensor dequantize
-    # a pixel shuffle by r needs channels divisible by r * r (r = 2, 3), other dims distinct
-    "channels_divisible": {"xq": OperandHint(shapes=((1, 4, 2, 3), (2, 8, 3, 5), (1, 9, 2, 3)))},
-    "quantized_zero_pad": {"input": OperandHint(producer="dequantize_per_tensor"),
-                           "value": OperandHint(values=(0.0,))},
-}
-
-
 def _hints_of(rule: Rule, extra: Mapping[str, OperandHint] | None
               ) -> tuple[dict[str, OperandHint], list[Callable[[Pick], Mapping[str, OperandHint]]]]:
-    """The hints for ``rule``'s checks (:data:`CHECK_HINTS`, then those backends registered,
-    then ``extra``), and the functions that draw a check's hints jointly, once per case."""
+    """The hints ``rule``'s constraints state (:meth:`~fusionkit.Constraint.operand_hints`, in
+    constraint order; two for one capture both apply, the later winning where both set a
+    field), then ``extra``; and the functions that draw a check's hints jointly, once per case."""
     out: dict[str, OperandHint] = {}
     joint: list[Callable[[Pick], Mapping[str, OperandHint]]] = []
     for c in rule.constraints:
-        if isinstance(c, Custom):
-            for table in (CHECK_HINTS, OPERAND_HINTS):
-                hints = table.get(c.name, {})
-                if callable(hints):
-                    joint.append(hints)
-                    continue
-                for capture, hint in hints.items():
-                    if capture in c.reads:  # two checks' hints for one capture: both apply
-                        out[capture] = _merged(out[capture], hint) if capture in out else hint
+        hints = c.operand_hints()
+        if callable(hints):
+            joint.append(hints)
+            continue
+        for capture, hint in hints.items():
+            out[capture] = merged(out[capture], hint) if capture in out else hint
     for capture, hint in (extra or {}).items():
-        out[capture] = _merged(out[capture], hint) if capture in out else hint
+        out[capture] = merged(out[capture], hint) if capture in out else hint
     return out, joint
-
-
-def _merged(a: OperandHint, b: OperandHint) -> OperandHint:
-    """``a`` with the fields ``b`` sets (``b`` wins where both do)."""
-    import dataclasses
-
-    unset = OperandHint()
-    return dataclasses.replace(a, **{f.name: getattr(b, f.name) for f in dataclasses.fields(b)
-                                     if getattr(b, f.name) != getattr(unset, f.name)})
 
 
 class _NotACase(Exception):
@@ -269,7 +198,7 @@ class _Case:
     literals: dict[str, Any] = field(default_factory=dict)
     #: whether the pattern's root is read by a clone (the last call) rather than returned
     tail: bool = False
-    #: the module type the pattern's calls run inside (:data:`MODULE_SCOPES`), or None
+    #: the module type the pattern's calls run inside (:attr:`Rule.module_scope`), or None
     scope: Any = None
     #: the declared variants this case took: a choice (an option of a hint's ``pick``, a
     #: hinted value or shape, a branch of an alternative, an op of a multi-target op) ->
@@ -346,7 +275,7 @@ def _arg_kind(a: Any) -> str:
 #: shape is fitted to one (a matmul's operands are matrices, a convolution's input NCL/NCHW)
 _RANKS_OF: dict[str, dict[int, tuple[int, ...]]] = {
     "mm": {0: (2,), 1: (2,)}, "addmm": {1: (2,), 2: (2,)}, "bmm": {0: (3,), 1: (3,)},
-    "convolution": {0: (3, 4)}, "conv_with_clamp": {0: (3, 4)}, "conv1d": {0: (3,)}, "conv2d": {0: (4,)},
+    "convolution": {0: (3, 4)}, "conv1d": {0: (3,)}, "conv2d": {0: (4,)},
     "pixel_shuffle": {0: (4,)}, "pixel_unshuffle": {0: (4,)},
     # (a batch norm over dim 1 of NC, NCL, NCHW: the ranks its folds and decompositions take)
     "_native_batch_norm_legit_no_training": {0: (2, 3, 4)}, "native_batch_norm": {0: (2, 3, 4)},
@@ -367,7 +296,7 @@ def _shape_hint(key: str, index: int, before: list[Any], draw: Callable[[Any], A
     name = key.split(".")[1] if key.count(".") >= 2 else key
     if x is None:
         return None
-    if name in ("convolution", "conv2d", "conv1d", "conv_with_clamp") and x.dim() in (3, 4):
+    if name in ("convolution", "conv2d", "conv1d") and x.dim() in (3, 4):
         if index == 1:
             k = draw(st.integers(1, max(1, min(3, *x.shape[2:]))))
             return (draw(st.integers(1, 4)), x.shape[1], *([k] * (x.dim() - 2)))
@@ -404,7 +333,7 @@ def _literal_hint(key: str, index: int, before: list[Any]) -> list[Any]:
     if x is None:
         return []
     spatial = max(x.dim() - 2, 1)
-    if name in ("convolution", "conv_with_clamp"):
+    if name == "convolution":
         conv: dict[int, list[Any]] = {3: [[1] * spatial, [2] * spatial], 4: [[0] * spatial, [1] * spatial],
                                       5: [[1] * spatial], 6: [False], 7: [[0] * spatial], 8: [1]}
         return conv.get(index, [])
@@ -553,18 +482,8 @@ class _Builder(PatternVisitor[Any]):
         self.kind = "tensor"  # what the argument being built takes (see _arg_kind)
         #: (op key, argument index, the eager arguments before it) while an op's argument is built
         self.context: tuple[str, int, list[Any]] | None = None
-        self.constant = {c.capture for c in rule.constraints if isinstance(c, PrepackableConstant)}
-        self.leaf = {c.capture for c in rule.constraints if isinstance(c, (GraphLeaf, UserInput))}
-        self.dtypes: dict[str, list[torch.dtype]] = {}
-        self.ranks: dict[str, list[int]] = {}
-        self.ranges: dict[str, list[float]] = {}
-        for c in rule.constraints:
-            if isinstance(c, DtypeIn):
-                self.dtypes[c.capture] = sorted(c.dtypes, key=lambda d: (d != torch.float32, str(d)))
-            elif isinstance(c, Rank):
-                self.ranks[c.capture] = sorted(c.ranks)
-            elif isinstance(c, ScalarRange):
-                self.ranges[c.capture] = [b for b in (c.lo, c.hi) if b is not None]
+        #: what the backend states its ops compute (the kernels a rule's ops run through)
+        self.kernels = rule.semantics.kernel_references
         self.style, self.base = _base_shape(draw)
         self.dtype = draw(st.sampled_from(_FREE_DTYPES[:2]))
         self.values_mode = draw(st.sampled_from(("small integers", "normal")))
@@ -599,13 +518,15 @@ class _Builder(PatternVisitor[Any]):
         the capture's ``Rank`` admits), else a broadcast of it (a suffix, ones in some dims)
         or another shape of rank 0-5."""
         st, draw = self.st, self.draw
-        ranks = self.ranks.get(name)
-        if ranks is None and self.context is not None:  # the ranks the op takes there
-            op_name = self.context[0].split(".")[1] if self.context[0].count(".") >= 2 else self.context[0]
-            fixed = _RANKS_OF.get(op_name, {}).get(self.context[1])
+        hinted_ranks = self.hints[name].ranks if name in self.hints else ()
+        ranks = list(hinted_ranks) if hinted_ranks else None
+        layout = self._layout()
+        if ranks is None and layout is not None:  # the ranks the op takes there
+            op_name = layout[0].split(".")[1] if layout[0].count(".") >= 2 else layout[0]
+            fixed = _RANKS_OF.get(op_name, {}).get(layout[1])
             ranks = list(fixed) if fixed else None
-        if self.context is not None:
-            key, index, before = self.context
+        if layout is not None:
+            key, index, before = layout
             hint = _shape_hint(key, index, before, draw)
             if hint is not None and (ranks is None or len(hint) in ranks) and draw(st.integers(0, 3)) < 3:
                 return hint
@@ -626,6 +547,15 @@ class _Builder(PatternVisitor[Any]):
         rank = draw(st.sampled_from(ranks)) if ranks else draw(st.integers(0, 5))
         sizes = st.sampled_from(sorted(set(base) | {1})) | st.integers(1, 6)
         return tuple(draw(st.lists(sizes, min_size=rank, max_size=rank)))
+
+    def _layout(self) -> tuple[str, int, list[Any]] | None:
+        """The op argument being built, the op named as the one whose operands its backend
+        says it takes (``OpSemantics.operands_like``: a fused convolution's are a
+        convolution's): what the operand layouts below are keyed by."""
+        if self.context is None:
+            return None
+        key, index, before = self.context
+        return self.rule.semantics.operands_like.get(key, key), index, before
 
     def _hint(self, name: str) -> OperandHint | None:
         """The hint for capture ``name``: its own, else (a wildcard argument) the one keyed
@@ -649,21 +579,18 @@ class _Builder(PatternVisitor[Any]):
             shape = self._shape(name)
         if hint.producer is not None:
             return self._produced(name, hint.producer, shape)
-        hinted = _dtype_hint(self.context[0], self.context[1]) if self.context is not None else None
+        layout = self._layout()
+        hinted = _dtype_hint(layout[0], layout[1]) if layout is not None else None
         if hint.dtype is not None:
             dtype = hint.dtype
-        elif name in self.dtypes:
-            dtype = draw(st.sampled_from(self.dtypes[name]))
+        elif hint.dtypes:
+            dtype = draw(st.sampled_from(hint.dtypes))
         elif hinted is not None and draw(st.integers(0, 3)) < 3:
             dtype = hinted
         else:
             dtype = self.dtype if draw(st.integers(0, 5)) < 5 else draw(st.sampled_from(_FREE_DTYPES))
         if hint.constant is not None:
             constant = hint.constant
-        elif name in self.constant:
-            constant = True
-        elif name in self.leaf:
-            constant = False
         else:
             constant = draw(st.booleans())
         filled = draw(st.integers(0, 5))  # mostly drawn values; sometimes all zeros (a zero
@@ -740,10 +667,11 @@ class _Builder(PatternVisitor[Any]):
             pool.extend(hinted_values)
         if value is not None:
             pool.extend(_spec_candidates(value))
-        if self.context is not None:
-            pool.extend(_literal_hint(*self.context))
-        if name is not None:
-            pool.extend(self.ranges.get(name, ()))
+        layout = self._layout()
+        if layout is not None:
+            pool.extend(_literal_hint(*layout))
+        if hint is not None:
+            pool.extend(hint.bounds)
         if kind == "ints" and self.context is not None:  # shapes and dims of the operand before
             before = self.context[2]
             x = before[0] if before and isinstance(before[0], torch.Tensor) else None
@@ -764,7 +692,7 @@ class _Builder(PatternVisitor[Any]):
             pool = seen
         if not pool:
             raise _NotACase(f"no literal the generator knows satisfies {value!r}")
-        hinted = [h for h in (_literal_hint(*self.context) if self.context is not None else [])
+        hinted = [h for h in (_literal_hint(*layout) if layout is not None else [])
                   if any(_same_literal(h, q) for q in pool)]
         hinted_pool = False
         if hinted_values:
@@ -863,8 +791,8 @@ class _Builder(PatternVisitor[Any]):
             i = self.draw(self.st.integers(0, len(keys) - 1))
             key = keys[i]
             self.case.choices[("op", id(p))] = (i, len(keys))
-        if key.startswith(UNSAFE_TO_RUN) and key not in KERNEL_REFERENCES:
-            raise _NotACase(f"{key} is not run on generated operands ({UNSAFE_TO_RUN_WHY})")
+        if (unsafe := _unsafe(key, self.rule.semantics)) is not None:
+            raise _NotACase(f"{key} is not run on generated operands ({unsafe})")
         target = resolve_op(key)
         schema = target._schema
         args: list[Any] = []
@@ -914,7 +842,7 @@ class _Builder(PatternVisitor[Any]):
                 pass  # an ATen op that cannot run on meta tensors (.item()): ATen raises instead
             else:
                 raise _NotACase(f"{key}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-        reference = KERNEL_REFERENCES.get(key)  # what the backend's kernel computes
+        reference = self.kernels.get(key)  # what the backend's kernel computes
         if _GUARD is not None:  # (in a worker: the caller learns the case if this crashes)
             _GUARD.enter("building the pattern's subgraph (its ops run eagerly)", key, self.case,
                          _arguments(real_args, real_kwargs))
@@ -1036,16 +964,9 @@ def _bare(module_type: type[torch.nn.Module]) -> torch.nn.Module:
     return scope
 
 
-def _scope_of(rule: Rule) -> Any:
-    """The module type a check of ``rule`` asks the pattern's ops to run in, or None."""
-    return next((MODULE_SCOPES[c.name] for c in rule.constraints
-                 if isinstance(c, Custom) and c.name in MODULE_SCOPES), None)
-
-
 def _forms_of(rule: Rule) -> list[Callable[[Any], Any]]:
-    """The program forms the checks of ``rule`` see (:data:`PROGRAM_FORMS`), in check order."""
-    return [PROGRAM_FORMS[c.name] for c in rule.constraints
-            if isinstance(c, Custom) and c.name in PROGRAM_FORMS]
+    """The program form ``rule`` runs in (:attr:`Rule.program_form`), if it has one."""
+    return [rule.program_form.form] if rule.program_form is not None else []
 
 
 class _Program(torch.nn.Module):
@@ -1102,14 +1023,17 @@ class _Program(torch.nn.Module):
 class _Runner(torch.fx.Interpreter):
     """Runs a graph module node by node, remembering the node that raised; a node of an op
     in ``semantics`` (the node semantics that apply to the rule: :func:`_node_semantics_of`)
-    runs through it first."""
+    runs through it first, then one of an op the backend states a kernel reference for
+    (``ops``: :class:`~fusionkit.rule.OpSemantics`), whose node metadata it states applies."""
 
     failed_at: torch.fx.Node | None = None
 
     def __init__(self, module: torch.fx.GraphModule,
-                 semantics: Mapping[str, Callable[..., Any]] | None = None) -> None:
+                 semantics: Mapping[str, Callable[..., Any]] | None = None,
+                 ops: OpSemantics | None = None) -> None:
         super().__init__(module)
         self.semantics = semantics or {}
+        self.ops = ops or OpSemantics()
 
     def run_node(self, n: torch.fx.Node) -> Any:
         try:
@@ -1119,7 +1043,7 @@ class _Runner(torch.fx.Interpreter):
             out = self._by_metadata(n, key)
             if out is not NotImplemented:
                 pass
-            elif (reference := KERNEL_REFERENCES.get(key)) is not None:
+            elif (reference := self.ops.kernel_references.get(key)) is not None:
                 args, kwargs = self.fetch_args_kwargs_from_env(n)
                 out = reference(*args, **kwargs)
             else:
@@ -1127,14 +1051,14 @@ class _Runner(torch.fx.Interpreter):
         except Exception:
             self.failed_at = n
             raise
-        for meta_key, apply in METADATA_SEMANTICS.items():
+        for meta_key, apply in self.ops.metadata.items():
             if n.meta.get(meta_key) is not None:
                 out = apply(n.meta[meta_key], out)
         return out
 
     def _by_metadata(self, n: torch.fx.Node, key: str) -> Any:
-        """What ``n`` computes by the semantics a backend registered for its op and metadata
-        (:data:`NODE_SEMANTICS`), or ``NotImplemented``."""
+        """What ``n`` computes by the semantics the rule's program form states for its op and
+        metadata (:attr:`~fusionkit.rule.ProgramForm.node_semantics`), or ``NotImplemented``."""
         semantics = self.semantics.get(key)
         if semantics is None:
             return NotImplemented
@@ -1210,8 +1134,9 @@ def _buffers_difference(pattern: torch.nn.Module, rewritten: torch.nn.Module, wa
     return None, 0.0, want, got
 
 
-def _no_reference(gm: torch.fx.GraphModule) -> list[str]:
-    """Ops in ``gm`` that torch has no implementation to run on the CPU for."""
+def _no_reference(gm: torch.fx.GraphModule, ops: OpSemantics) -> list[str]:
+    """Ops in ``gm`` that torch has no implementation to run on the CPU for (and the backend,
+    ``ops``, no kernel reference), or whose implementation the backend says is not its kernel."""
     missing: list[str] = []
     for n in gm.graph.nodes:
         # (an edge-dialect op object, as a program form gives it, is the op it wraps)
@@ -1219,12 +1144,12 @@ def _no_reference(gm: torch.fx.GraphModule) -> list[str]:
         if overload is None:
             continue
         name = overload.name()
-        if op_key(n.target) in KERNEL_REFERENCES:
+        if op_key(n.target) in ops.kernel_references:
             continue
-        if (op_key(n.target) or "").startswith(UNSAFE_TO_RUN):
-            missing.append(f"{op_key(n.target)} ({UNSAFE_TO_RUN_WHY})")
-        elif op_key(n.target) in REFERENCE_IS_NOT_THE_KERNEL:
-            missing.append(f"{op_key(n.target)} ({REFERENCE_IS_NOT_THE_KERNEL[str(op_key(n.target))]})")
+        if (unsafe := _unsafe(op_key(n.target) or "", ops)) is not None:
+            missing.append(f"{op_key(n.target)} ({unsafe})")
+        elif op_key(n.target) in ops.reference_caveats:
+            missing.append(f"{op_key(n.target)} ({ops.reference_caveats[str(op_key(n.target))]})")
         elif not any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k)
                    for k in ("CPU", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
                              "CompositeImplicitAutograd")):
@@ -1479,7 +1404,7 @@ class _Checker:
             self.exported[key] = why
             return why
         recorded = ({k for n in rewritten.graph.nodes for k in n.meta} - before - _BOOKKEEPING_META
-                    - set(METADATA_SEMANTICS))
+                    - set(self.rule.semantics.metadata))
         if recorded:  # e.g. XNNPACK's fused activation: the graph alone does not say the result
             got = (f"the replacement records {', '.join(sorted(recorded))} in node metadata for "
                    "the backend to apply; the graph alone does not compute the result")
@@ -1542,7 +1467,7 @@ class _Checker:
                     self._judged(case)
             return False
         pattern_gm, gm = made
-        missing = _no_reference(gm)
+        missing = _no_reference(gm, self.rule.semantics)
         if missing:
             self.no_reference.update(missing)
             return False
@@ -1553,7 +1478,7 @@ class _Checker:
         if _GUARD is not None:
             _GUARD.enter("running the pattern's program", "", case)
         try:
-            want = _Runner(pattern_gm, self.semantics).run(*user)  # (its backend ops as their kernels compute)
+            want = _Runner(pattern_gm, self.semantics, self.rule.semantics).run(*user)  # (its backend ops as their kernels compute)
         except Exception as e:
             message = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             if _unavailable_in(message) is not None:
@@ -1563,7 +1488,7 @@ class _Checker:
             return False
         if _GUARD is not None:
             _GUARD.enter("running the rewritten program", "", case)
-        runner = _Runner(gm, self.semantics)
+        runner = _Runner(gm, self.semantics, self.rule.semantics)
         try:
             got = runner.run(*user)
         except Exception as e:
@@ -1637,7 +1562,7 @@ class _Checker:
 
 def _picker(draw: Callable[[Any], Any], st: Any, joint: int,
             picked: dict[Any, tuple[int, int]]) -> Pick:
-    """The ``pick`` a joint hint (:func:`register_operand_hints`) draws with: one option, by
+    """The ``pick`` a joint hint (a check's ``operand_hints()`` function) draws with: one option, by
     hypothesis (a failing case shrinks to the first options), recording which option of
     which call it was (the ``n``-th pick of the ``joint``-th hint, over these options)."""
     def pick(options: Sequence[Any]) -> Any:
@@ -1665,7 +1590,8 @@ def verify(rule: Rule, *, cases: int = 20, max_examples: int = 300, seed: int = 
     no drawn case was accepted; ``reason`` names it).
 
     ``hints`` (capture name -> :class:`OperandHint`) tell the generator how to make
-    operands a ``Custom`` check asks for; the shipped checks' are in :data:`CHECK_HINTS`.
+    operands a check asks for, beyond (and over) those its constraints state
+    (:meth:`Constraint.operand_hints <fusionkit.Constraint.operand_hints>`).
 
     ``isolate`` (on Linux): the cases run in a worker process forked for this call, so a
     case that crashes a native kernel (a signal, an abort) cannot end the caller's
@@ -1697,7 +1623,7 @@ def _verify(rule: Rule, cases: int, max_examples: int, seed: int,
     started = time.monotonic()
     checker = _Checker(rule, cases, max_examples, judges)
     operand_hints, joint_hints = _hints_of(rule, hints)
-    scope = _scope_of(rule)
+    scope = rule.module_scope
 
     @st.composite
     def case(draw: Any) -> _Case:
@@ -1705,9 +1631,9 @@ def _verify(rule: Rule, cases: int, max_examples: int, seed: int,
         picked: dict[Any, tuple[int, int]] = {}
         for j, joint in enumerate(joint_hints):  # drawn first: the sizes the other operands must agree with
             for capture, hint in joint(_picker(draw, st, j, picked)).items():
-                case_hints[capture] = _merged(case_hints[capture], hint) if capture in case_hints else hint
+                case_hints[capture] = merged(case_hints[capture], hint) if capture in case_hints else hint
         for capture, hint in (hints or {}).items():  # the caller's own win
-            case_hints[capture] = _merged(case_hints[capture], hint) if capture in case_hints else hint
+            case_hints[capture] = merged(case_hints[capture], hint) if capture in case_hints else hint
         b = _Builder(rule, draw, case_hints)
         b.case.scope = scope
         b.case.choices.update(picked)
@@ -1792,15 +1718,9 @@ def _unavailable_in(message: str) -> str | None:
 
 
 def _node_semantics_of(rule: Rule) -> dict[str, Callable[..., Any]]:
-    """The node semantics (:data:`NODE_SEMANTICS`) that apply to ``rule``: only where one of
-    its checks puts the program in a pipeline's form (:data:`PROGRAM_FORMS`), and of those,
-    the ones registered for its checks (:data:`NODE_SEMANTICS_CHECKS`). Another backend's
-    rule never runs through them (nor imports what they import)."""
-    checks = {c.name for c in rule.constraints if isinstance(c, Custom)}
-    if not checks & set(PROGRAM_FORMS):
-        return {}
-    return {op: fn for op, fn in NODE_SEMANTICS.items()
-            if op not in NODE_SEMANTICS_CHECKS or NODE_SEMANTICS_CHECKS[op] & checks}
+    """The node semantics that apply to ``rule``: those of the pipeline position its program
+    form gives (:attr:`~fusionkit.rule.ProgramForm.node_semantics`); none without one."""
+    return dict(rule.program_form.node_semantics) if rule.program_form is not None else {}
 
 
 # ------------------------------------------------------------------ isolation
@@ -2038,19 +1958,19 @@ def _op_keys(p: Pattern) -> set[str]:
 
 
 def _context_namespaces(rule: Rule) -> frozenset[str]:
-    """The namespaces of ``rule``'s ops, and of the ops its checks' program forms hold
-    (:data:`FORM_NAMESPACES`), whose backend registered a context to run them in."""
-    held = {ns for c in rule.constraints if isinstance(c, Custom)
-            for ns in FORM_NAMESPACES.get(c.name, ())}
-    return frozenset(({k.split(".")[0] for k in _op_keys(rule.pattern)} | held) & set(OP_CONTEXTS))
+    """The namespaces of ``rule``'s ops, and of the ops its program form holds
+    (:attr:`~fusionkit.rule.ProgramForm.namespaces`), that its backend states a context for
+    (:attr:`~fusionkit.rule.OpSemantics.op_contexts`)."""
+    held = frozenset(rule.program_form.namespaces) if rule.program_form is not None else frozenset()
+    return frozenset(({k.split(".")[0] for k in _op_keys(rule.pattern)} | held)
+                     & set(rule.semantics.op_contexts))
 
 
 def _op_contexts(rule: Rule) -> contextlib.ExitStack:
-    """The contexts backends registered for the namespaces of ``rule``'s ops
-    (:data:`~fusionkit.authoring.semantics.OP_CONTEXTS`), entered together."""
+    """The contexts ``rule``'s backend states for the namespaces of its ops, entered together."""
     stack = contextlib.ExitStack()
     for ns in sorted(_context_namespaces(rule)):
-        stack.enter_context(OP_CONTEXTS[ns]())
+        stack.enter_context(rule.semantics.op_contexts[ns]())
     return stack
 
 

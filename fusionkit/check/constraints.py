@@ -22,6 +22,7 @@ from torch.fx import Node
 
 from fusionkit.check.capture_parameters import CaptureParameters, DeclaredCaptures
 from fusionkit.check.folding import FoldError, constant_fold_sources, evaluate_constant
+from fusionkit.check.operand_hints import Hints, OperandHint
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.result import MatchResult, Status
 from fusionkit.vocabulary import constraint_term
@@ -33,6 +34,8 @@ __all__ = [
     "Custom",
     "DtypeIn",
     "GraphLeaf",
+    "Hints",
+    "OperandHint",
     "PrepackableConstant",
     "Rank",
     "ReducesLastDim",
@@ -128,6 +131,12 @@ class Constraint(ABC):
     def check(self, ctx: CheckContext) -> MatchResult | None:
         """None when satisfied, else the reasoned refusal."""
 
+    def operand_hints(self) -> Hints:
+        """How to make the operands this constraint asks for (``fusionkit.verify`` draws them
+        so): capture -> :class:`~fusionkit.check.operand_hints.OperandHint`, or a function
+        drawing them jointly per case. None by default: any operand may do."""
+        return {}
+
     def refuse(self, ctx: CheckContext, capture: str | None, node: Any, reason: str
                ) -> MatchResult:
         """This constraint's refusal of ``ctx``'s match, blaming ``capture`` (and ``node``,
@@ -154,6 +163,8 @@ class PrepackableConstant(Constraint):
     fold: bool = False
     role: str = "the fused op prepacks it"
 
+    def operand_hints(self) -> Hints:
+        return {self.capture: OperandHint(constant=True)}
 
     def check(self, ctx: CheckContext) -> MatchResult | None:
         v = ctx.captures.get(self.capture)
@@ -191,6 +202,8 @@ class GraphLeaf(Constraint):
 
     capture: str
 
+    def operand_hints(self) -> Hints:
+        return {self.capture: OperandHint(constant=False)}
 
     def check(self, ctx: CheckContext) -> MatchResult | None:
         v = ctx.captures.get(self.capture)
@@ -207,6 +220,8 @@ class UserInput(Constraint):
 
     capture: str
 
+    def operand_hints(self) -> Hints:
+        return {self.capture: OperandHint(constant=False)}
 
     def check(self, ctx: CheckContext) -> MatchResult | None:
         v = ctx.captures.get(self.capture)
@@ -232,6 +247,9 @@ class DtypeIn(Constraint):
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtypes", frozenset(self.dtypes))
 
+    def operand_hints(self) -> Hints:
+        first = sorted(self.dtypes, key=lambda d: (d != torch.float32, str(d)))  # float32 first
+        return {self.capture: OperandHint(dtypes=tuple(first))}
 
     def check(self, ctx: CheckContext) -> MatchResult | None:
         t = _tensor_val(ctx, self.capture)
@@ -255,6 +273,8 @@ class Rank(Constraint):
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", frozenset(self.ranks))
 
+    def operand_hints(self) -> Hints:
+        return {self.capture: OperandHint(ranks=tuple(sorted(self.ranks)))}
 
     def check(self, ctx: CheckContext) -> MatchResult | None:
         t = _tensor_val(ctx, self.capture)
@@ -403,6 +423,8 @@ class ScalarRange(Constraint):
     lo: float | None = None
     hi: float | None = None
 
+    def operand_hints(self) -> Hints:
+        return {self.capture: OperandHint(bounds=tuple(b for b in (self.lo, self.hi) if b is not None))}
 
     def check(self, ctx: CheckContext) -> MatchResult | None:
         v = ctx.captures.get(self.capture)
@@ -421,7 +443,6 @@ def _custom_arguments(c: Custom) -> dict[str, Any]:
     return {"fn": c.fn, "name": c.name, "reads": c.reads}
 
 
-@constraint_term("custom", reads=("reads",), dump=_custom_arguments)
 @dataclass(frozen=True)
 class Custom(Constraint):
     """A user-defined check: ``fn(ctx, *captures)`` returns None, or why not.
@@ -432,11 +453,17 @@ class Custom(Constraint):
     ``ctx.fail(reason, at=...)`` naming the capture at fault. ``reads`` is
     derived from the signature; an older check ``fn(ctx)`` that reads
     ``ctx.captures`` lists its captures in ``reads`` by hand.
+
+    ``hints``: how to make the operands it asks for (:meth:`Constraint.operand_hints`):
+    capture -> :class:`~fusionkit.check.operand_hints.OperandHint` for captures it reads, or
+    ``draw(pick) -> {capture: hint}`` drawing them jointly. They belong to this object, not
+    to its name (a spec's ``custom`` entry names the function only, and has none).
     """
 
     fn: Callable[..., str | MatchResult | None]
     name: str
     reads: tuple[str, ...] = ()
+    hints: Hints | None = field(default=None, compare=False)
     #: the capture parameters of ``fn`` (None: an ``fn(ctx)`` with hand-listed ``reads``)
     parameters: CaptureParameters | None = field(init=False, repr=False, compare=False,
                                                  default=None)
@@ -452,6 +479,14 @@ class Custom(Constraint):
             object.__setattr__(self, "parameters", params)
             listed = params.names
         object.__setattr__(self, "reads", listed)
+        if isinstance(self.hints, Mapping):
+            stray = sorted(set(self.hints) - set(listed))
+            if stray:
+                raise ValueError(f"check {self.name!r}: hints for {stray}, which it does not "
+                                 f"read (it reads {list(listed)})")
+
+    def operand_hints(self) -> Hints:
+        return self.hints if self.hints is not None else {}
 
     def check(self, ctx: CheckContext) -> MatchResult | None:
         params = self.parameters
@@ -471,3 +506,12 @@ class Custom(Constraint):
         first = self.reads[0] if self.reads else None
         node = ctx.captures.get(first) if first is not None else None
         return ctx.refusal(f"custom:{self.name}", first, node, reason)
+
+
+@constraint_term("custom", reads=("reads",), cls=Custom, dump=_custom_arguments)
+def custom(fn: Callable[..., str | MatchResult | None], name: str, reads: tuple[str, ...] = ()) -> Custom:
+    """A user-defined check: ``fn(ctx, *captures)`` returns None, or why not.
+
+    (:class:`Custom` as a spec writes it: its ``hints`` are Python objects, not data.)
+    """
+    return Custom(fn, name, reads)

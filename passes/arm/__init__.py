@@ -8,7 +8,7 @@ needs (constant operands, single users, dtypes, ranks). The modules here state t
 fusionkit rules (installed as ``fusionkit.passes.arm``), one module per stock pass; each
 factory registers in the ``"arm"`` rule set with ``takes_over=<stock pass class name>``,
 and the Arm adapter (:mod:`fusionkit.backends.arm_adapter.preprocess_rules`) runs them in
-that pass's place in the pass list. Not in ``"builtin"``: they rewrite TOSA-dialect ops
+that pass's place in the pass list. Not in ``"vulkan_patterns"``: they rewrite TOSA-dialect ops
 (``tosa.RESCALE``, ``tosa.SLICE``, ...) that only the Arm backend has.
 
 The registry is :data:`TAKEN_OVER_PASSES` (stock pass class name -> the rule factory
@@ -38,9 +38,6 @@ RULE_MODULES: tuple[str, ...] = (
 
 for _module in RULE_MODULES:
     importlib.import_module(f"{__name__}.{_module}")
-
-# what fusionkit.verify needs of the DyT folds' sites (their hints and program forms)
-importlib.import_module(f"{__name__}._dyt_sites")
 
 
 def taken_over_passes() -> dict[str, str]:

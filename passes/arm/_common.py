@@ -4,10 +4,12 @@ metadata its passes read (``input_qparams`` / ``output_qparams``, set by
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from torch.fx import Node
 
+from fusionkit.passes import registry
 from fusionkit.passes._constraint import constraint as constraint  # (shared)
 from fusionkit.passes._provenance import keep_provenance as keep_provenance  # (shared)
 from fusionkit.passes.families.conv_batch_norm import fresh_constant as fresh_constant
@@ -18,11 +20,17 @@ from fusionkit.passes.families.conv_batch_norm import move_placeholder_before_an
 from fusionkit.targets import register_op_library
 
 # the TOSA dialect's ops (tosa.RESCALE, tosa.SLICE, ...) register when it is imported
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def register_rules(*sets: str, **options: Any) -> Callable[[F], F]:
+    """:func:`fusionkit.passes.registry.register_rules` for an Arm rule factory: its rules carry
+    what the TOSA dialect's ops compute (:data:`tosa_semantics.SEMANTICS`)."""
+    return registry.register_rules(*sets, semantics=tosa_semantics.SEMANTICS, **options)
+
 register_op_library("tosa", "executorch.backends.arm.tosa.dialect")
 
 # what fusionkit.verify needs to run them (their context, the ops with only fake kernels)
-# what the pipeline's quantized nodes compute, and its program form (the DyT folds' sites)
-from . import pipeline_form as pipeline_form  # noqa: E402
 from . import tosa_semantics as tosa_semantics  # noqa: E402
 
 CONV = "aten.convolution.default"

@@ -8,28 +8,33 @@ hints build each site from ops with drawn rescales; each form converts the targe
 passes would have written them. ``tests/test_arm_concat_shapes_dyt.py`` and
 ``tests/test_arm_dyt_affine.py`` hold each form to the site the pipeline gives the rule
 (ExecuTorch's DyT modules through the TOSA pipeline). Not the rules' code: the verifier's
-description of where they run.
+description of where they run, which the rules carry (their checks' ``hints``, their
+``program_form``); it reads no rule module (the affine form is given the rule's own
+layout tracer).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, TypeGuard
 
 import torch
 from torch.fx import Node
 
-from fusionkit.passes.registry import (
-    OperandHint,
-    Pick,
-    register_operand_hints,
-    register_program_form,
-)
+from fusionkit.passes.registry import OperandHint, Pick, ProgramForm
+from fusionkit.targets import op_key
 
 from ._common import CONV, RESCALE
-from .dyt_affine_conv import ADD, PERMUTE, _layout_source
-from .dyt_alpha_lut import MUL, TABLE, TANH, VIEW, _is
-from .pipeline_form import edge_dialect, quant_args, rescale_args
+from .pipeline_form import PIPELINE_NODE_SEMANTICS, edge_dialect, quant_args, rescale_args
+
+#: the ops of the sites drawn and read here
+ADD, MUL, PERMUTE = "aten.add.Tensor", "aten.mul.Tensor", "aten.permute_copy.default"
+TANH, VIEW, TABLE = "aten.tanh.default", "aten.view_copy.default", "tosa.TABLE.default"
+
+
+def _is(n: Any, key: str) -> TypeGuard[Node]:
+    return isinstance(n, Node) and n.op == "call_function" and op_key(n.target) == key
+
 
 # --- FoldDyTAlphaIntoLUTPass ---------------------------------------------------------------
 
@@ -108,8 +113,8 @@ def _annotate_alpha_site(tanh: Node, out_rescale: Node, mul: Node,
     tanh.meta["output_qparams"] = {0: quant_args(TANH_OUTPUT_SCALE, 0, torch.int8)}
 
 
-register_operand_hints("dyt_alpha_site", dyt_alpha_operands)
-register_program_form("dyt_alpha_site", dyt_alpha_form)
+#: where the alpha fold runs: the TOSA pipeline's position, and what its nodes mean there
+DYT_ALPHA_FORM = ProgramForm(dyt_alpha_form, node_semantics=PIPELINE_NODE_SEMANTICS)
 
 
 # --- FoldDyTAffineIntoConvPass -------------------------------------------------------------
@@ -184,7 +189,11 @@ def _channels(make: Any, codes: Any, ratio: float, zp: int, c: int) -> Any:
     return make.call(VIEW, make.call(RESCALE, codes, torch.int32, [ratio], zp, 0), [1, 1, 1, c])
 
 
-def dyt_affine_form(ep: Any) -> None:
+#: the rule's tracer of the convolution's input back to its layout source (``_layout_source``)
+Trace = Callable[[Node], Any]
+
+
+def dyt_affine_form(ep: Any, trace: Trace) -> None:
     """The site as the rule sees it in the TOSA pipeline: edge-dialect targets, and the
     qparams the pipeline writes, derived from the drawn rescales -- the table's int8 output
     at :data:`TABLE_OUTPUT_SCALE` (its rescale's input zero point), gamma's at
@@ -198,7 +207,7 @@ def dyt_affine_form(ep: Any) -> None:
     edge_dialect(ep)
     for conv in list(ep.graph.nodes):
         if _is(conv, CONV) and isinstance(conv.args[0], Node):
-            _annotate_affine_site(conv)
+            _annotate_affine_site(conv, trace)
 
 
 def _rescaled(arg: Any) -> tuple[Node, Node] | None:
@@ -222,8 +231,8 @@ def _binary(node: Node, is_activation: Any) -> tuple[int, Node, Node, Node, Node
     return i, ra, sa, rc, sc
 
 
-def _annotate_affine_site(conv: Node) -> None:
-    traced = _layout_source(conv.args[0])  # type: ignore[arg-type]
+def _annotate_affine_site(conv: Node, trace: Trace) -> None:
+    traced = trace(conv.args[0])  # type: ignore[arg-type]
     add_output = traced[0]
     if not _is(add_output, RESCALE) or not _is(add_output.args[0], ADD):
         return
@@ -263,8 +272,12 @@ def _annotate_affine_site(conv: Node) -> None:
                                                  torch.int8)}
 
 
-register_operand_hints("dyt_affine_site", dyt_affine_operands)
-register_program_form("dyt_affine_site", dyt_affine_form, namespaces=("tosa",))
+def dyt_affine_site_form(trace: Trace) -> ProgramForm:
+    """Where the affine fold runs (its site holds TOSA ops beyond the pattern's), the form
+    reading the site through the rule's ``trace``."""
+    return ProgramForm(lambda ep: dyt_affine_form(ep, trace), namespaces=frozenset({"tosa"}),
+                       node_semantics=PIPELINE_NODE_SEMANTICS)
 
 
-__all__ = ["dyt_affine_form", "dyt_affine_operands", "dyt_alpha_form", "dyt_alpha_operands"]
+__all__ = ["DYT_ALPHA_FORM", "dyt_affine_form", "dyt_affine_operands", "dyt_affine_site_form", "dyt_alpha_form",
+           "dyt_alpha_operands"]

@@ -29,7 +29,8 @@ import torch
 
 from fusionkit import Rule
 from fusionkit.passes.families.conv_batch_norm import Needs, rules
-from fusionkit.passes.registry import register_rules
+
+from ._common import register_rules  # (Arm's: its rules carry what the TOSA ops compute)
 
 #: the stock Arm pass these rules take over
 STOCK_PASS = "FuseBatchNorm2dPass"

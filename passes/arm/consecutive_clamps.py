@@ -26,9 +26,13 @@ from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.passes.families.clamp_chain import compose, empty_reason, lower, not_numbers, upper
-from fusionkit.passes.registry import register_rules
 
-from ._common import CLAMP, constraint, keep_node_meta
+from ._common import (
+    CLAMP,
+    constraint,
+    keep_node_meta,
+    register_rules,  # (Arm's: its rules carry what the TOSA ops compute)
+)
 
 
 def _dtype(n: Node) -> torch.dtype | None:

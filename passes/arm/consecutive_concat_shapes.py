@@ -30,10 +30,15 @@ import torch
 from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
-from fusionkit.passes.registry import OperandHint, register_operand_hints, register_rules
+from fusionkit.passes.registry import OperandHint
 from fusionkit.targets import op_key
 
-from ._common import CONCAT_SHAPE, constraint, keep_node_meta
+from ._common import (
+    CONCAT_SHAPE,
+    constraint,
+    keep_node_meta,
+    register_rules,  # (Arm's: its rules carry what the TOSA ops compute)
+)
 
 
 def _is_concat(arg: Any) -> bool:
@@ -97,7 +102,8 @@ def _fused(rw: Rewriter, concat: Node, shapes: Any) -> Node:
 #: draw a flat list of ints). The op takes and returns no tensor, so no eager call
 #: dispatches it and a traced program holds it only with symbolic sizes
 #: (``SymbolicToTosaShapesPass``): the verifier cannot build it, and says so
-register_operand_hints("nested_shapes", {"shapes": OperandHint(values=([[1, 2], [3]],))})
+#: for fusionkit.verify: the nested shapes the check asks for
+NESTED = {"shapes": OperandHint(values=([[1, 2], [3]],))}
 
 
 @register_rules("arm", takes_over="FuseConsecutiveConcatShapesPass")
@@ -105,7 +111,7 @@ def consecutive_concat_shapes_rule() -> Rule:
     return Rule(
         name="arm_fuse_consecutive_concat_shapes",
         pattern=op(CONCAT_SHAPE, capture("shapes"), strict_defaults=False).bind("concat"),
-        constraints=[constraint("nested_shapes")(_nested)],
+        constraints=[constraint("nested_shapes", hints=NESTED)(_nested)],
         replacement=PythonReplacement(_fused),
         description="a shape concatenation of concatenations as one flat CONCAT_SHAPE",
     )

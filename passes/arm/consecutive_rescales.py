@@ -25,10 +25,14 @@ import torch
 from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
-from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
+from fusionkit.passes.registry import OperandHint, Pick
 from fusionkit.targets import op_key
 
-from ._common import RESCALE, constraint
+from ._common import (
+    RESCALE,
+    constraint,
+    register_rules,  # (Arm's: its rules carry what the TOSA ops compute)
+)
 
 #: how close the composed scale must be to 1 (stock's tolerance)
 SCALE_TOLERANCE = 1e-6
@@ -107,7 +111,6 @@ def identity_round_trip(pick: Pick) -> dict[str, OperandHint]:
             "out_zp": OperandHint(values=(0,))}
 
 
-register_operand_hints("identity_pair", identity_round_trip)
 
 
 @register_rules("arm", takes_over="FuseConsecutiveRescalesPass")
@@ -116,7 +119,7 @@ def consecutive_rescales_rule() -> Rule:
         name="arm_fuse_identity_rescales",
         pattern=op(RESCALE, capture("r1"), capture("dtype"), capture("scale"),
                    capture("in_zp"), capture("out_zp"), strict_defaults=False).bind("r2"),
-        constraints=[constraint("identity_pair")(_identity_pair)],
+        constraints=[constraint("identity_pair", hints=identity_round_trip)(_identity_pair)],
         replacement=PythonReplacement(_first_input),
         description="an int32->int8->int32 rescale pair composing to the identity",
     )

@@ -23,10 +23,16 @@ import torch
 from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
-from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
+from fusionkit.passes.registry import OperandHint, Pick
 from fusionkit.targets import op_key
 
-from ._common import CONST_SHAPE, SLICE, constraint, keep_node_meta
+from ._common import (
+    CONST_SHAPE,
+    SLICE,
+    constraint,
+    keep_node_meta,
+    register_rules,  # (Arm's: its rules carry what the TOSA ops compute)
+)
 
 
 def _constant_shape(arg: Any) -> list[int] | None:
@@ -114,7 +120,6 @@ def slice_of_a_slice(pick: Pick) -> dict[str, OperandHint]:
             "size2": OperandHint(values=(size2,))}
 
 
-register_operand_hints("static_window", slice_of_a_slice)
 
 
 @register_rules("arm", takes_over="FuseConsecutiveSlicesPass")
@@ -123,7 +128,7 @@ def consecutive_slices_rule() -> Rule:
         name="arm_fuse_consecutive_slices",
         pattern=op(SLICE, capture("inner"), capture("start2"), capture("size2"),
                    strict_defaults=False).bind("outer"),
-        constraints=[constraint("static_window")(_fusable)],
+        constraints=[constraint("static_window", hints=slice_of_a_slice)(_fusable)],
         replacement=PythonReplacement(_fused),
         description="a slice of a slice as one slice of the first one's input",
     )

@@ -62,10 +62,20 @@ from fusionkit import (
     lit,
     op,
 )
-from fusionkit.passes.registry import register_rules
 from fusionkit.targets import op_key
 
-from ._common import CONV, RESCALE, constraint, fresh_constant, move_placeholder_before
+from ._common import (
+    CONV,
+    RESCALE,
+    constraint,
+    fresh_constant,
+    move_placeholder_before,
+    register_rules,  # (Arm's: its rules carry what the TOSA ops compute)
+)
+from ._dyt_sites import (  # (the site as fusionkit.verify draws it)
+    dyt_affine_operands,
+    dyt_affine_site_form,
+)
 from .dyt_alpha_lut import TABLE, _single_qargs
 
 ADD = "aten.add.Tensor"
@@ -400,7 +410,8 @@ def dyt_affine_conv_rule() -> Rule:
         pattern=op(CONV, capture("x"), capture("w"), capture("b") | lit(None), any_value("stride"),
                    any_value("padding"), any_value("dilation"), lit(False),
                    any_value("output_padding"), any_value("groups")).bind("conv"),
-        constraints=[constraint("dyt_affine_site")(_applies)],
+        constraints=[constraint("dyt_affine_site", hints=dyt_affine_operands)(_applies)],
+        program_form=dyt_affine_site_form(_layout_source),
         replacement=PythonReplacement(_fold_site),
         description="an int8 DyT's gamma and beta folded into the following convolution "
                     "(or dropped where they are the identity on the table's codes)",

@@ -49,7 +49,6 @@ from fusionkit import (
     capture,
     op,
 )
-from fusionkit.passes.registry import register_rules
 from fusionkit.targets import op_key
 
 from ._common import (
@@ -58,6 +57,11 @@ from ._common import (
     fresh_constant,
     keep_node_meta,
     move_placeholder_before,
+    register_rules,  # (Arm's: its rules carry what the TOSA ops compute)
+)
+from ._dyt_sites import (  # (the site as fusionkit.verify draws it)
+    DYT_ALPHA_FORM,
+    dyt_alpha_operands,
 )
 
 TANH = "aten.tanh.default"
@@ -250,7 +254,8 @@ def dyt_alpha_lut_rule() -> Rule:
     return Rule(
         name="arm_fold_dyt_alpha_into_lut",
         pattern=op(TANH, out_rescale).bind("tanh"),
-        constraints=[constraint("dyt_alpha_site")(_applies)],
+        constraints=[constraint("dyt_alpha_site", hints=dyt_alpha_operands)(_applies)],
+        program_form=DYT_ALPHA_FORM,
         replacement=PythonReplacement(_table),
         description="an int8 DyT alpha multiply, requantize and tanh as one TOSA TABLE",
     )

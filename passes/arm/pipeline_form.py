@@ -9,8 +9,8 @@ they compute on int8 codes. :func:`edge_dialect` gives an exported program the f
 each rule module's form derives the second from the drawn site (its rescales' scales and
 zero points), as those passes would have written them.
 
-Two nodes mean more than their op at that position, and :func:`register_node_semantics`
-states it:
+Two nodes mean more than their op at that position, and :data:`PIPELINE_NODE_SEMANTICS`
+states it (the DyT folds' program forms carry it):
 
 * a table op (``aten.tanh``) on int8 codes with int8 qparams is what ``InsertTableOpsPass``
   makes of it: ``quantize(tanh(dequantize(codes, in)), out)`` on the codes clamped to the
@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from fusionkit.passes.registry import register_node_semantics
 from fusionkit.targets import op_key
 
 from .tosa_semantics import rescale_reference
@@ -149,12 +148,11 @@ def conv2d_accumulation(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
     return acc.to(torch.int32)
 
 
-#: the checks whose program form is the TOSA pipeline's position (``_dyt_sites``): the only
-#: rules these node semantics are for (an XNNPACK or Vulkan convolution is torch's)
-PIPELINE_CHECKS = ("dyt_alpha_site", "dyt_affine_site")
+#: what a node means at the TOSA pipeline's position: carried by the program forms of the
+#: rules that run there (the DyT folds'), never by another rule (an XNNPACK or Vulkan
+#: convolution is torch's)
+PIPELINE_NODE_SEMANTICS = {"aten.tanh.default": table_op_semantics,
+                           "aten.convolution.default": quantized_conv_semantics}
 
-register_node_semantics("aten.tanh.default", table_op_semantics, checks=PIPELINE_CHECKS)
-register_node_semantics("aten.convolution.default", quantized_conv_semantics, checks=PIPELINE_CHECKS)
-
-__all__ = ["PIPELINE_CHECKS", "conv2d_accumulation", "edge_dialect", "edge_op", "quant_args", "quantized_conv_semantics",
+__all__ = ["PIPELINE_NODE_SEMANTICS", "conv2d_accumulation", "edge_dialect", "edge_op", "quant_args", "quantized_conv_semantics",
            "rescale_args", "table_op_semantics"]

@@ -33,7 +33,7 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint
 from fusionkit.targets import op_key
 
 from ._common import (
@@ -45,6 +45,7 @@ from ._common import (
     constraint,
     is_number,
     keep_node_meta,
+    register_rules,  # (Arm's: its rules carry what the TOSA ops compute)
 )
 
 
@@ -115,11 +116,22 @@ def _relu_rule() -> Rule:
         name="arm_fuse_quantized_relu",
         pattern=op(Q_PER_TENSOR, op(RELU, pre), capture("scale"), capture("zp"),
                    capture("qmin"), capture("qmax"), capture("dtype")).bind("q"),
-        constraints=[constraint("fusable_input")(_fusable_input),
-                     constraint("per_tensor")(_per_tensor),
-                     constraint("range_covers_activation")(_range_covers_activation)],
+        constraints=[constraint("fusable_input", hints={"pre": OperandHint(producer="linear")})(_fusable_input),
+                     constraint("per_tensor", hints=POSITIVE_SCALE_AND_NOT)(_per_tensor),
+                     constraint("range_covers_activation", hints=ZERO_POINT_AT_QMIN_AND_NOT)(_range_covers_activation)],
         replacement=PythonReplacement(_requantized),
         description="relu before a per-tensor quantize whose range starts at 0 (zp <= qmin)")
+
+#: operands for fusionkit.verify: a quantize that keeps nothing below 0 (zero point at qmin),
+#: and one that does (declined)
+ZERO_POINT_AT_QMIN_AND_NOT = {"zp": OperandHint(values=(-128, 0)), "qmin": OperandHint(values=(-128,))}
+#: ... with a positive scale, and one that is not (declined: real values below 0 would not
+#: quantize below the zero point)
+POSITIVE_SCALE_AND_NOT = {"scale": OperandHint(values=(0.5, 0.25, -0.5))}
+#: hardtanh(0, hi) folded into a quantize whose qmax hi quantizes to: a bound far enough to
+#: saturate at qmax for the drawn scales (0.25, 0.5), and one that does not
+SATURATING_BOUND_AND_NOT = {"lo": OperandHint(values=(0.0,)), "hi": OperandHint(values=(1000.0, 6.0))}
+
 
 
 def _hardtanh_rule() -> Rule:
@@ -129,10 +141,10 @@ def _hardtanh_rule() -> Rule:
         pattern=op(Q_PER_TENSOR, op(HARDTANH, pre, capture("lo"), capture("hi")),
                    capture("scale"), capture("zp"), capture("qmin"), capture("qmax"),
                    capture("dtype")).bind("q"),
-        constraints=[constraint("fusable_input")(_fusable_input),
-                     constraint("per_tensor")(_per_tensor),
-                     constraint("range_covers_activation")(_range_covers_activation),
-                     constraint("quantize_clamp")(_hardtanh_bounds)],
+        constraints=[constraint("fusable_input", hints={"pre": OperandHint(producer="linear")})(_fusable_input),
+                     constraint("per_tensor", hints=POSITIVE_SCALE_AND_NOT)(_per_tensor),
+                     constraint("range_covers_activation", hints=ZERO_POINT_AT_QMIN_AND_NOT)(_range_covers_activation),
+                     constraint("quantize_clamp", hints=SATURATING_BOUND_AND_NOT)(_hardtanh_bounds)],
         replacement=PythonReplacement(_requantized),
         description="hardtanh(0, max) before a per-tensor quantize whose qmax is max")
 

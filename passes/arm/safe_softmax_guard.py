@@ -23,10 +23,13 @@ import torch
 from torch.fx import Node
 
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, capture, op
-from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
+from fusionkit.passes.registry import OperandHint, Pick
 from fusionkit.targets import op_key
 
-from ._common import constraint
+from ._common import (
+    constraint,
+    register_rules,  # (Arm's: its rules carry what the TOSA ops compute)
+)
 
 WHERE = "aten.where.self"
 SOFTMAX = "aten._softmax.default"
@@ -98,7 +101,7 @@ def safe_softmax_guard_rule() -> Rule:
     return Rule(
         name="arm_remove_safe_softmax_guard",
         pattern=op(WHERE, capture("pred"), capture("zeros"), capture("softmax")).bind("where"),
-        constraints=[constraint("safe_softmax_guard")(_guard)],
+        constraints=[constraint("safe_softmax_guard", hints=guard_operands)(_guard)],
         replacement=PythonReplacement(_softmax),
         description="SDPA's safe-softmax guard removed (policy REMOVE)",
     )
@@ -133,6 +136,5 @@ def guard_operands(pick: Pick) -> dict[str, OperandHint]:
                                                           pick((dim, dim - len(shape)))))}
 
 
-register_operand_hints("safe_softmax_guard", guard_operands)
 
 __all__ = ["safe_softmax_guard_rule"]

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from fusionkit import Rule
 from fusionkit.passes.families.conv_scale import rules
-from fusionkit.passes.registry import register_rules
+
+from ._common import register_rules  # (Arm's: its rules carry what the TOSA ops compute)
 
 #: the stock Arm pass these rules take over
 STOCK_PASS = "FoldScalarMulIntoConvPass"

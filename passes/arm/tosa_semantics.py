@@ -21,11 +21,7 @@ from typing import Any
 
 import torch
 
-from fusionkit.passes.registry import (
-    register_kernel_reference,
-    register_metadata_semantics,
-    register_op_context,
-)
+from fusionkit.passes.registry import OpSemantics
 
 #: the TOSA specification the verifier runs the dialect's ops under
 VERIFY_SPEC = "TOSA-1.0+INT+FP"
@@ -120,12 +116,14 @@ def _shape_typed(recorded: Any, out: Any) -> Any:
     return out
 
 
-register_op_context("tosa", lowering_context)
-register_metadata_semantics(SPECIAL_DTYPE_KEY, _shape_typed)
-register_kernel_reference("tosa.RESCALE.default", rescale_reference)
-register_kernel_reference("tosa.SLICE.default", slice_reference)
-register_kernel_reference("tosa.TABLE.default", table_reference)
-register_kernel_reference("tosa.CONST_SHAPE.default", const_shape_reference)
+#: what every Arm rule carries (``passes/arm/_common.register_rules``): the context the TOSA
+#: ops run in, what their metadata means, what the ops with no eager kernel compute
+SEMANTICS = OpSemantics(
+    kernel_references={"tosa.RESCALE.default": rescale_reference, "tosa.SLICE.default": slice_reference,
+                       "tosa.TABLE.default": table_reference,
+                       "tosa.CONST_SHAPE.default": const_shape_reference},
+    metadata={SPECIAL_DTYPE_KEY: _shape_typed},
+    op_contexts={"tosa": lowering_context})
 
 __all__ = ["SPECIAL_DTYPE_KEY", "VERIFY_SPEC", "const_shape_reference", "lowering_context",
            "multiplier_and_shift", "rescale_reference", "slice_reference", "table_reference"]

@@ -50,6 +50,7 @@ from fusionkit import (
     CheckContext,
     DtypeIn,
     MatchResult,
+    OperandHint,
     PrepackableConstant,
     PythonReplacement,
     Rank,
@@ -408,7 +409,7 @@ def _constraints(needs: Needs, with_op: bool) -> list[Any]:
         folded = ("w", *folded)
     out += [PrepackableConstant(n, role=FOLD_ROLE) for n in folded]
     if needs.optional_affine:
-        out.append(constraint("optional_affine_is_constant")(_affine_constant))
+        out.append(constraint("optional_affine_is_constant", hints={"bn_w": OperandHint(constant=True), "bn_b": OperandHint(constant=True)})(_affine_constant))
     if with_op:
         out.append(constraint("optional_bias_is_constant")(_bias_constant))
     if needs.dtypes is not None:  # the batch norm's statistics decide the dtype it computes in

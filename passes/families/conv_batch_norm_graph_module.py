@@ -43,6 +43,7 @@ from torch.fx import Node
 from fusionkit import (
     CheckContext,
     MatchResult,
+    OperandHint,
     PrepackableConstant,
     PythonReplacement,
     Rewriter,
@@ -155,7 +156,7 @@ def rules() -> list[Rule]:
     """The quantize step's conv + batch-norm fold (both batch-norm forms)."""
     folded = [PrepackableConstant(n, role=FOLD_ROLE) for n in ("w", "mean", "var")]
     checks = [constraint("optional_bias_is_constant")(_bias_constant),
-              constraint("optional_affine_is_constant")(_affine_constant),
+              constraint("optional_affine_is_constant", hints={"bn_w": OperandHint(constant=True), "bn_b": OperandHint(constant=True)})(_affine_constant),
               constraint("weight_not_shared")(_own),
               constraint("statistics_per_channel")(_statistics_per_channel)]
     plain, legit = _patterns()

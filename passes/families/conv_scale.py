@@ -30,6 +30,7 @@ from torch.fx import Node
 from fusionkit import (
     CheckContext,
     MatchResult,
+    OperandHint,
     PrepackableConstant,
     PythonReplacement,
     Rewriter,
@@ -148,7 +149,7 @@ def rules(prefix: str = "") -> list[Rule]:
     """conv * scale (a constant tensor or a number), folded into the convolution."""
     constraints = [PrepackableConstant("w", role=ROLE),
                    constraint("bias_is_constant")(_bias_constant),
-                   constraint("scale_is_a_constant_channel_scale")(_scale_check)]
+                   constraint("scale_is_a_constant_channel_scale", hints={"scale": OperandHint(constant=True)})(_scale_check)]
     return [
         Rule(name=f"{prefix}conv_mul_scale",
              pattern=op(MUL_TENSOR, _conv(), capture("scale")),

@@ -4,7 +4,7 @@ One module per stock pattern file of ExecuTorch 1.5.1
 (``executorch/backends/vulkan/patterns/``); each rule states the operand
 constraints the fused op needs, so a graph the stock detector would have
 fused wrongly is declined with a reason. Every factory registers itself in
-:mod:`fusionkit.passes.registry` (sets ``"builtin"`` and ``"vulkan"``); the
+:mod:`fusionkit.passes.registry` (sets ``"vulkan_patterns"`` and ``"vulkan"``); the
 import order below is the rule-set order.
 """
 
@@ -38,9 +38,6 @@ PREPROCESS_RULE_MODULES: tuple[str, ...] = ("addmm_to_linear", "batch_norm", "co
                                              "squeeze_unsqueeze_inputs")
 for _module in (*RULE_MODULES, *PREPROCESS_RULE_MODULES):
     importlib.import_module(f"{__name__}.{_module}")
-
-# what fusionkit.verify needs of fold_qdq's site (its operand hints)
-importlib.import_module(f"{__name__}._fold_qdq_site")
 
 
 __all__ = ["PREPROCESS_RULE_MODULES", "RULE_MODULES", "vulkan_rms_norm_rule"]

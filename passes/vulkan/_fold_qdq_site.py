@@ -6,16 +6,16 @@ Not the rule's code: the verifier's description of the pairs it folds.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints
-
-from .fold_qdq import Q_OPS, kind_of
+from fusionkit.passes.registry import OperandHint, Pick
 
 
-def quantized_pair(pick: Pick) -> dict[str, OperandHint]:
+def quantized_pair(q_ops: Sequence[str], kind_of: Callable[[str | None], str], pick: Pick
+                   ) -> dict[str, OperandHint]:
     """For ``fusionkit.verify``: the quantize the drawn dequantize undoes -- the same kind
     (per tensor, with literal or tensor parameters; per channel; per token; torchao's
     affine) -- of float values on its grid (inside its range, so quantizing loses nothing),
@@ -34,31 +34,31 @@ def quantized_pair(pick: Pick) -> dict[str, OperandHint]:
         kind = kind_of(make.op)
         rows = (*shape[:-1], 1)  # one parameter per row (a token, a channel on the last dim)
         if kind == "_per_tensor.default":
-            return make.call(Q_OPS[0], x, scale, zero_point, lo, hi, dtype)
+            return make.call(q_ops[0], x, scale, zero_point, lo, hi, dtype)
         if kind == "_per_tensor.tensor":
             made["scale"] = make.input("scale", (), torch.float32, torch.tensor(scale), True)
             made["zero_point"] = make.input("zero_point", (), torch.int64,
                                             torch.tensor(zero_point), True)
-            return make.call(Q_OPS[1], x, made["scale"], made["zero_point"], lo, hi, dtype)
+            return make.call(q_ops[1], x, made["scale"], made["zero_point"], lo, hi, dtype)
         if kind == "_per_channel.default":
             n = shape[-1]
             made["scales"] = make.input("scales", (n,), torch.float32, torch.full((n,), scale), True)
             made["zero_points"] = make.input("zero_points", (n,), torch.int64,
                                              torch.full((n,), zero_point), True)
-            return make.call(Q_OPS[2], x, made["scales"], made["zero_points"], len(shape) - 1,
+            return make.call(q_ops[2], x, made["scales"], made["zero_points"], len(shape) - 1,
                              lo, hi, dtype)
         if kind == "_per_token.default":
             made["scales"] = make.input("scales", rows, torch.float32, torch.full(rows, scale), True)
             made["zero_points"] = make.input("zero_points", rows, torch.int64,
                                              torch.full(rows, zero_point), True)
-            return make.call(Q_OPS[3], x, made["scales"], made["zero_points"], lo, hi, dtype)
+            return make.call(q_ops[3], x, made["scales"], made["zero_points"], lo, hi, dtype)
         if kind == "_affine.default":
             made["scale"] = make.input("scale", rows, torch.float32, torch.full(rows, scale), True)
             made["zero_point"] = make.input("zero_point", rows, torch.int64,
                                             torch.full(rows, zero_point), True)
-            return make.call(Q_OPS[4], x, made["block_size"], made["scale"], made["zero_point"],
+            return make.call(q_ops[4], x, made["block_size"], made["scale"], made["zero_point"],
                              dtype, lo, hi)
-        return make.call(Q_OPS[0], x, scale, zero_point, lo, hi, dtype)  # (no quantize undone)
+        return make.call(q_ops[0], x, scale, zero_point, lo, hi, dtype)  # (no quantize undone)
 
     made["block_size"] = [1] * (len(shape) - 1) + [shape[-1]]
 
@@ -75,8 +75,6 @@ def quantized_pair(pick: Pick) -> dict[str, OperandHint]:
             "*dtype": OperandHint(values=(dtype,)), "*input_dtype": OperandHint(values=(dtype,)),
             "*output_dtype": OperandHint(values=(torch.float32,))}
 
-
-register_operand_hints("folds_a_quantize", quantized_pair)
 
 
 __all__ = ["quantized_pair"]

@@ -42,7 +42,7 @@ from fusionkit import (
     op,
     op_key,
 )
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, register_rules
 
 from ._common import ABSENT, constraint
 
@@ -137,7 +137,7 @@ def addmm_to_linear_rules(prepacked_weight: bool = False) -> list[Rule]:
 
     ``prepacked_weight``: the target's linear prepacks its weight, so a weight computed
     in the graph is declined (Vulkan); XNNPACK's ConvertToLinear takes any weight."""
-    transposed = constraint("transposed_weight")(_transposed_weight)
+    transposed = constraint("transposed_weight", hints={"wt": OperandHint(producer="transpose")})(_transposed_weight)
     weight_checks = [transposed, Custom(_prepackable_weight, "constant_weight")] \
         if prepacked_weight else [transposed]
     linear = (op(LINEAR, capture("x"), capture("w"))

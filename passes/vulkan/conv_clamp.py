@@ -24,7 +24,7 @@ import torch
 from torch.fx import Node
 
 from fusionkit import PythonReplacement, Rewriter, Rule, any_value, capture, lit, op, scalar
-from fusionkit.passes.registry import register_kernel_reference, register_rules
+from fusionkit.passes.registry import OpSemantics, register_rules
 
 from ._common import et_vk
 
@@ -53,7 +53,9 @@ def conv_with_clamp_kernel(input: torch.Tensor, weight: torch.Tensor, bias: torc
     return torch.clamp(out, lo, hi)
 
 
-register_kernel_reference("et_vk.conv_with_clamp.default", conv_with_clamp_kernel)
+#: what the kernel computes, for fusionkit.verify
+SEMANTICS = OpSemantics(kernel_references={"et_vk.conv_with_clamp.default": conv_with_clamp_kernel},
+                        operands_like={"et_vk.conv_with_clamp.default": "aten.convolution.default"})
 
 
 def _conv() -> Any:
@@ -83,7 +85,7 @@ def _hardtanh_clamp(rw: Rewriter, conv: Node, x: Node, w: Node, stride: Any, pad
                              groups), lo, hi)
 
 
-@register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
+@register_rules("vulkan_preprocess", takes_over=STOCK_PASS, semantics=SEMANTICS)
 def conv_clamp_rules() -> list[Rule]:
     """relu / hardtanh after a single-user convolution -> et_vk.conv_with_clamp."""
     return [

@@ -29,6 +29,7 @@ rule rewrites in place (the adapter's ``RulePass`` runs the dead-code eliminatio
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ from fusionkit import (
 from fusionkit.passes.registry import register_rules
 
 from ._common import constraint
+from ._fold_qdq_site import quantized_pair
 
 STOCK_PASS = "FoldQDQPass"
 
@@ -198,7 +200,7 @@ def fold_qdq_rules() -> list[Rule]:
     return [
         Rule(name="fold_qdq",
              pattern=op(dq_ops, capture("q"), strict_defaults=False),
-             constraints=[constraint("folds_a_quantize")(_folds_a_quantize)],
+             constraints=[constraint("folds_a_quantize", hints=functools.partial(quantized_pair, Q_OPS, kind_of))(_folds_a_quantize)],
              replacement=PythonReplacement(_quantized_value),
              description="a dequantize of a quantize reads the quantized value in float"),
     ]

@@ -36,7 +36,7 @@ def _qbinary_no_relu(ctx: CheckContext, out_zp: int, relu: Node | None = None) -
     return None
 
 
-@register_rules("builtin", "vulkan", takes_over="quantized_binary", roots=("quantized_decomposed.quantize_per_tensor.default",))
+@register_rules("vulkan_patterns", "vulkan", takes_over="quantized_binary", roots=("quantized_decomposed.quantize_per_tensor.default",))
 def quantized_binary_rule(name: str = "quantized_binary") -> Rule:
     add = op("aten.add.Tensor", int8_dq(capture("a"), "a"), int8_dq(capture("b"), "b"),
              alpha=scalar("alpha", tensor_ok=False), commutative=False).bind("add")

@@ -54,9 +54,8 @@ from fusionkit import (
 )
 from fusionkit.passes.registry import (
     OperandHint,
+    OpSemantics,
     Pick,
-    register_operand_hints,
-    register_reference_caveat,
     register_rules,
 )
 
@@ -217,14 +216,24 @@ def _conv_build(rw: Rewriter, x: Node, in_scale: float, in_zp: int, weight: Node
     return rw.call(et_vk(target), *args)
 
 
-@register_rules("builtin", "vulkan", takes_over="quantized_convolution",
-                roots=("quantized_decomposed.quantize_per_tensor.default",))
+#: its CPU reference reads another weight layout than the one it is given: fusionkit.verify
+#: never judges a rule through it (the pointwise, depthwise and transposed ops it does judge)
+SEMANTICS = OpSemantics(reference_caveats={
+    "et_vk.q8ta_conv2d.default":
+    "its CPU reference (executorch.backends.vulkan.custom_ops_lib.q8ta_conv2d) views the packed "
+    "[OC, KH*KW*IC] weight as [OC, IC, KH, KW]; the stock packer "
+    "(patterns/quantized_convolution.py) and this rule write it in (KH, KW, IC) order"})
+
+
+@register_rules("vulkan_patterns", "vulkan", takes_over="quantized_convolution",
+                roots=("quantized_decomposed.quantize_per_tensor.default",), semantics=SEMANTICS)
 def quantized_convolution_rule(name: str = "quantized_convolution") -> Rule:
     role = CONV_ROLE
     act = _conv() | op("aten.relu.default", _conv()).bind("relu")
 
-    geometry = constraint("conv_geometry")(_conv_geometry)
-    zp = constraint("weight_zero_points_zero")(_conv_zp)
+    geometry = constraint("conv_geometry", hints=conv_operands)(_conv_geometry)
+    zp = constraint("weight_zero_points_zero",  # symmetric: an all-zero constant zero point
+                    hints={"w_zp": OperandHint(constant=True, fill="zeros")})(_conv_zp)
     bias = constraint("bias_is_constant_vector")(_conv_bias)
     build = _conv_build
 
@@ -271,14 +280,6 @@ def conv_operands(pick: Pick) -> dict[str, OperandHint]:
             "groups": OperandHint(values=(groups,))}
 
 
-register_operand_hints("conv_geometry", conv_operands)
 
-# its CPU reference reads another weight layout than the one it is given: fusionkit.verify
-# never judges a rule through it (the pointwise, depthwise and transposed ops it does judge)
-register_reference_caveat(
-    "et_vk.q8ta_conv2d.default",
-    "its CPU reference (executorch.backends.vulkan.custom_ops_lib.q8ta_conv2d) views the packed "
-    "[OC, KH*KW*IC] weight as [OC, IC, KH, KW]; the stock packer "
-    "(patterns/quantized_convolution.py) and this rule write it in (KH, KW, IC) order")
 
 __all__ = ["quantized_convolution_rule"]

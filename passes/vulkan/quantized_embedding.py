@@ -45,7 +45,7 @@ from fusionkit import (
     op,
     per_row_block,
 )
-from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
+from fusionkit.passes.registry import OperandHint, Pick, register_rules
 
 from ._common import constraint, et_vk, in_int_range, shape, zero_points_are_zero
 
@@ -103,7 +103,7 @@ def _torchao_embedding_build(rw: Rewriter, weight: Node, scales: Node, block_siz
     return rw.call(et_vk("embedding_q4gsw"), packed, scales, int(block_size[1]), indices, True)
 
 
-@register_rules("builtin", "vulkan", takes_over="torchao_quantized_embedding",
+@register_rules("vulkan_patterns", "vulkan", takes_over="torchao_quantized_embedding",
                 roots=("aten.embedding.default",))
 def torchao_quantized_embedding_rule(name: str = "torchao_quantized_embedding") -> Rule:
     import_quant_ops()
@@ -112,9 +112,9 @@ def torchao_quantized_embedding_rule(name: str = "torchao_quantized_embedding") 
             capture("zero_point"), lit(torch.int8), -8, 7)
     root = op("aten.embedding.default", dq, capture("indices"))
 
-    zp = constraint("zero_point_is_zero")(_torchao_embedding_zp)
+    zp = constraint("zero_point_is_zero", hints={"zero_point": OperandHint(constant=True, fill="zeros")})(_torchao_embedding_zp)
     int4 = constraint("int4_values")(_torchao_embedding_int4)
-    geometry = constraint("embedding_geometry")(_torchao_embedding_geometry)
+    geometry = constraint("embedding_geometry", hints=embedding_operands)(_torchao_embedding_geometry)
     build = _torchao_embedding_build
 
     return Rule(
@@ -159,7 +159,7 @@ def _embedding_4bit_build(rw: Rewriter, weight: Node, scales: Node, indices: Nod
     return rw.call(et_vk("embedding_q4gsw"), new, scales, group, indices, True)
 
 
-@register_rules("builtin", "vulkan", takes_over="quantized_embedding",
+@register_rules("vulkan_patterns", "vulkan", takes_over="quantized_embedding",
                 roots=("quantized_decomposed.embedding_4bit.dtype",))
 def quantized_embedding_rule(name: str = "quantized_embedding") -> Rule:
     import_quant_ops()
@@ -167,8 +167,8 @@ def quantized_embedding_rule(name: str = "quantized_embedding") -> Rule:
               capture("zero_point"), -8, 7, capture("indices"),
               dtype=one_of([None, torch.float32]))
 
-    zp = constraint("zero_point_is_zero")(_embedding_4bit_zp)
-    geometry = constraint("embedding_4bit_geometry")(_embedding_4bit_geometry)
+    zp = constraint("zero_point_is_zero", hints={"zero_point": OperandHint(constant=True, fill="zeros")})(_embedding_4bit_zp)
+    geometry = constraint("embedding_4bit_geometry", hints=embedding_4bit_operands)(_embedding_4bit_geometry)
     build = _embedding_4bit_build
 
     return Rule(
@@ -216,8 +216,6 @@ def embedding_4bit_operands(pick: Pick) -> dict[str, OperandHint]:
             "indices": _indices(pick, vocab)}
 
 
-register_operand_hints("embedding_geometry", embedding_operands)
-register_operand_hints("embedding_4bit_geometry", embedding_4bit_operands)
 
 
 def constant_tensor_shape(node: Node) -> tuple[int, ...]:

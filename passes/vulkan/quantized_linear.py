@@ -74,7 +74,6 @@ from fusionkit import (
 from fusionkit.passes.registry import (
     OperandHint,
     Pick,
-    register_operand_hints,
     register_rules,
 )
 
@@ -190,12 +189,14 @@ def _common_constraints(bits: int, viewed_input: bool = False) -> list[Constrain
     """``viewed_input``: the route's pattern binds ``in_view`` (a 2-D view of the input)."""
     role = LINEAR_ROLE
 
-    zp = constraint("weight_zero_points_zero")(_linear_zp)
+    zp = constraint("weight_zero_points_zero",  # symmetric: an all-zero constant zero point
+                    hints={"w_zp": OperandHint(constant=True, fill="zeros")})(_linear_zp)
     values = constraint("weight_values")(
         _linear_int4_values if bits == 4 else _linear_int8_values)
 
     bias = constraint("bias_is_constant_vector")(_linear_bias)
-    k4 = constraint("in_channels_multiple_of_4")(_linear_k4)
+    k4 = constraint("in_channels_multiple_of_4",  # the input channels load in texels of 4
+                    hints={"x": OperandHint(shapes=((2, 4), (1, 8), (3, 4)))})(_linear_k4)
     out_shape = constraint("output_shape")(
         _viewed_linear_out_shape if viewed_input else _linear_out_shape)
 
@@ -260,7 +261,7 @@ def q8ta_linear_rule(name: str = "quantized_linear_q8ta") -> Rule:
         name=name,
         pattern=int8_q(act, "out"),
         constraints=[DtypeIn("x", frozenset({torch.int8})),
-                     constraint("per_channel_weight")(_per_channel), *_common_constraints(8)],
+                     constraint("per_channel_weight", hints=per_channel_operands)(_per_channel), *_common_constraints(8)],
         replacement=PythonReplacement(build),
         description="int8 static linear with int8 output into et_vk.q8ta_linear(_gemv)",
     )
@@ -322,14 +323,14 @@ def _q8csw_build(rw: Rewriter, x: Node, in_scale: float, in_zp: int, weight: Nod
 def q8csw_linear_rule(name: str = "quantized_linear_q8csw") -> Rule:
     root = _linear(int8_dq(capture("x"), "in"), _w8())
 
-    not_requantized = constraint("float_output")(_q8csw_not_requantized)
+    not_requantized = constraint("float_output", hints=float_activation_operands)(_q8csw_not_requantized)
     build = _q8csw_build
 
     return Rule(
         name=name,
         pattern=root,
         constraints=[not_requantized, DtypeIn("x", frozenset({torch.int8})),
-                     constraint("per_channel_weight")(_per_channel), *_common_constraints(8)],
+                     constraint("per_channel_weight", hints=per_channel_operands)(_per_channel), *_common_constraints(8)],
         replacement=PythonReplacement(build),
         description="int8 static linear with float output into et_vk.linear_q8ta_q8csw",
     )
@@ -475,8 +476,8 @@ def dq8ca_q4gsw_linear_rule(name: str = "quantized_linear_dq8ca_q4gsw") -> Rule:
         name=name,
         pattern=root,
         constraints=[DtypeIn("x", frozenset({torch.float32})),
-                     constraint("dynamic_per_token_input")(_dynamic_per_token),
-                     constraint("per_group_weight")(_per_group),
+                     constraint("dynamic_per_token_input", hints=dynamic_per_token_operands)(_dynamic_per_token),
+                     constraint("per_group_weight", hints=per_group_operands)(_per_group),
                      *_common_constraints(4, viewed_input=True), _q4_geometry(weight_only=False)],
         replacement=PythonReplacement(build),
         # at a root both routes match (a dynamically quantized input is also a float
@@ -513,14 +514,14 @@ def q4gsw_linear_rule(name: str = "quantized_linear_q4gsw") -> Rule:
         name=name,
         pattern=root,
         constraints=[float_input, DtypeIn("x", FP_T),
-                     constraint("per_group_weight")(_per_group),
+                     constraint("per_group_weight", hints=per_group_operands)(_per_group),
                      *_common_constraints(4), _q4_geometry(weight_only=True)],
         replacement=PythonReplacement(build),
         description="torchao 4-bit weight-only linear into et_vk.linear_q4gsw",
     )
 
 
-@register_rules("builtin", "vulkan", takes_over="quantized_linear",
+@register_rules("vulkan_patterns", "vulkan", takes_over="quantized_linear",
                 roots=("aten.addmm.default", "aten.bmm.default", "aten.linear.default",
                        "aten.mm.default", "quantized_decomposed.quantize_per_tensor.default"),
                 needs=("quantized_decomposed.dequantize_per_channel.default",
@@ -591,8 +592,6 @@ def float_activation_operands(pick: Pick) -> dict[str, OperandHint]:
             "in_zp": OperandHint(values=(0,))}
 
 
-register_operand_hints("per_channel_weight", per_channel_operands)
-register_operand_hints("float_output", float_activation_operands)
 #: the per-token codes' step: a power of two, so every code times it is exact in float32
 _TOKEN_STEP = 1 / 16
 
@@ -626,5 +625,3 @@ def dynamic_per_token_operands(pick: Pick) -> dict[str, OperandHint]:
             "in_scale": OperandHint(producer=_per_token_qparams)}
 
 
-register_operand_hints("per_group_weight", per_group_operands)
-register_operand_hints("dynamic_per_token_input", dynamic_per_token_operands)

@@ -28,7 +28,7 @@ from fusionkit import (
     op,
     through,
 )
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, register_rules
 
 from ._common import CLONES, constraint, et_vk, int8_dq, int8_q, shape
 
@@ -49,14 +49,14 @@ def _pixel_shuffle_build(rw: Rewriter, xq: Node, in_scale: float, in_zp: int,
                    out_zp, r)
 
 
-@register_rules("builtin", "vulkan", takes_over="quantized_pixel_shuffle",
+@register_rules("vulkan_patterns", "vulkan", takes_over="quantized_pixel_shuffle",
                 roots=("quantized_decomposed.quantize_per_tensor.default",))
 def quantized_pixel_shuffle_rule(name: str = "quantized_pixel_shuffle") -> Rule:
     factor = integer("r", lo=1)  # the upscale factor
     shuffle = op("aten.pixel_shuffle.default", through(CLONES, int8_dq(capture("xq"), "in")),
                  factor)
 
-    channels = constraint("channels_divisible")(_pixel_shuffle_channels)
+    channels = constraint("channels_divisible", hints={"xq": OperandHint(shapes=((1, 4, 2, 3), (2, 8, 3, 5), (1, 9, 2, 3)))})(_pixel_shuffle_channels)
     build = _pixel_shuffle_build
 
     return Rule(

@@ -18,7 +18,7 @@ from fusionkit.passes.registry import register_rules
 from ._common import et_vk, int8_dq, int8_q
 
 
-@register_rules("builtin", "vulkan", takes_over="quantized_unary", roots=("quantized_decomposed.quantize_per_tensor.default",))
+@register_rules("vulkan_patterns", "vulkan", takes_over="quantized_unary", roots=("quantized_decomposed.quantize_per_tensor.default",))
 def quantized_unary_rule(name: str = "quantized_unary") -> Rule:
     relu = op("aten.relu.default", int8_dq(capture("xq"), "in"))
     return Rule(

@@ -25,7 +25,7 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import CheckContext, Pattern, Rewriter, Rule, also, any_value, capture, op, outputs
-from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
+from fusionkit.passes.registry import OperandHint, Pick, register_rules
 
 from ._common import constraint, et_vk, is_last_dim, qk_rope_rule, shape
 
@@ -107,16 +107,15 @@ def rope_operands(pick: Pick) -> dict[str, OperandHint]:
     return hints
 
 
-register_operand_hints("rope_geometry", rope_operands)
 
 
-@register_rules("builtin", "vulkan", takes_over="export_llama_rope",
+@register_rules("vulkan_patterns", "vulkan", takes_over="export_llama_rope",
                 roots=("aten.view_copy.default",))
 def rope_rule(name: str = "export_llama_rope") -> Rule:
     pattern = outputs(_rotary("xq", "q").bind("xq_out"),
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
 
-    geometry = constraint("rope_geometry")(_rope_geometry)
+    geometry = constraint("rope_geometry", hints=rope_operands)(_rope_geometry)
     build = _rope_build
 
     return qk_rope_rule(name, pattern, geometry, build,

@@ -50,7 +50,7 @@ from fusionkit import (
     op_key,
     outputs,
 )
-from fusionkit.passes.registry import OperandHint, Pick, register_operand_hints, register_rules
+from fusionkit.passes.registry import OperandHint, Pick, register_rules
 
 from ._common import ABSENT, constraint, et_vk, is_last_dim, qk_rope_rule, shape
 from .rope_tables import not_duplicated
@@ -166,12 +166,12 @@ def _hf_rope_build(rw: Rewriter, xq: Node, xk: Node, freqs_cos: Node, freqs_sin:
     return rw.getitem(fused, 0), rw.getitem(fused, 1)
 
 
-@register_rules("builtin", "vulkan", takes_over="hf_rope", roots=("aten.cat.default",))
+@register_rules("vulkan_patterns", "vulkan", takes_over="hf_rope", roots=("aten.cat.default",))
 def hf_rope_rule(name: str = "hf_rope") -> Rule:
     pattern = outputs(_rotary("xq", "q").bind("xq_out"),
                       also("xk_out", _rotary("xk", "k"), near="freqs_cos"))
 
-    geometry = constraint("hf_rope_geometry")(_hf_rope_geometry)
+    geometry = constraint("hf_rope_geometry", hints=hf_rope_operands)(_hf_rope_geometry)
     tables = constraint("hf_rope_tables_duplicated")(_hf_rope_tables)
     build = _hf_rope_build
 
@@ -216,6 +216,5 @@ def hf_rope_operands(pick: Pick) -> dict[str, OperandHint]:
     return hints
 
 
-register_operand_hints("hf_rope_geometry", hf_rope_operands)
 
 __all__ = ["hf_rope_rule"]

@@ -64,13 +64,12 @@ from fusionkit.match.pattern import Op, Pattern
 from fusionkit.passes.registry import (
     OperandHint,
     Pick,
-    register_operand_hints,
-    register_program_form,
+    ProgramForm,
     register_rules,
 )
 from fusionkit.targets import resolve_op
 
-from . import sdpa_reference  # noqa: F401  (what the llama kernels compute, for fusionkit verify)
+from . import sdpa_reference
 from ._common import FP_T, constraint, shape
 
 SDPA = "llama.custom_sdpa.default"
@@ -181,8 +180,8 @@ def in_place_updates(ep: Any) -> Any:
     return unsafe_remove_auto_functionalized_pass(ep.run_decompositions({}))
 
 
-register_operand_hints("sdpa_shapes", kv_cache_operands)
-register_program_form("cache_updates_fused", in_place_updates)
+#: the Vulkan pipeline's form where the rule runs: the cache updates in place
+IN_PLACE_UPDATES = ProgramForm(in_place_updates)
 
 
 def llama_op(key: str, *args: Pattern, strict_defaults: bool = True, **kwargs: Pattern) -> Op:
@@ -196,8 +195,8 @@ def llama_op(key: str, *args: Pattern, strict_defaults: bool = True, **kwargs: P
     return Op(frozenset({key}), args, dict(kwargs), False, strict_defaults)
 
 
-@register_rules("builtin", "vulkan", takes_over="causal_sdpa",
-                roots=("llama.custom_sdpa.default",))
+@register_rules("vulkan_patterns", "vulkan", takes_over="causal_sdpa",
+                roots=("llama.custom_sdpa.default",), semantics=sdpa_reference.SEMANTICS)
 def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
     sdpa = llama_op(SDPA, capture("q"), capture("k_cache"), capture("v_cache"),
                     capture("start_pos"), strict_defaults=False,
@@ -212,7 +211,7 @@ def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
     )
 
     updates = constraint("cache_updates_fused")(_sdpa_updates)
-    shapes = constraint("sdpa_shapes")(_sdpa_shapes)
+    shapes = constraint("sdpa_shapes", hints=kv_cache_operands)(_sdpa_shapes)
     initial = constraint("caches_start_zero")(_sdpa_initial_caches)
     build = _sdpa_build
 
@@ -223,6 +222,7 @@ def causal_sdpa_rule(name: str = "causal_sdpa") -> Rule:
         constraints=[*(DtypeIn(n, FP_T) for n in tensors), *(Rank(n, frozenset({4})) for n in tensors),
                      GraphLeaf("k_cache"), GraphLeaf("v_cache"), updates, shapes, initial],
         replacement=PythonReplacement(build),
+        program_form=IN_PLACE_UPDATES,  # (the cache updates the check reads are in place there)
         description="llama.update_cache x2 + llama.custom_sdpa into llama.sdpa_with_kv_cache",
     )
 

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from fusionkit.passes.registry import register_kernel_reference
+from fusionkit.passes.registry import OpSemantics
 
 __all__ = ["custom_sdpa_kernel", "sdpa_with_kv_cache_kernel", "update_cache_kernel"]
 
@@ -89,6 +89,9 @@ def sdpa_with_kv_cache_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return custom_sdpa_kernel(q, k_cache, v_cache, start_pos, attn_mask, drpout_p, is_causal, scale)
 
 
-register_kernel_reference("llama.update_cache.default", update_cache_kernel)
-register_kernel_reference("llama.custom_sdpa.default", custom_sdpa_kernel)
-register_kernel_reference("llama.sdpa_with_kv_cache.default", sdpa_with_kv_cache_kernel)
+#: what the llama kernels compute, for fusionkit.verify (their C++ kernels abort on operands
+#: they refuse): the SDPA rule carries it
+SEMANTICS = OpSemantics(kernel_references={"llama.update_cache.default": update_cache_kernel,
+                                           "llama.custom_sdpa.default": custom_sdpa_kernel,
+                                           "llama.sdpa_with_kv_cache.default": sdpa_with_kv_cache_kernel},
+                        unsafe_kernels={"llama": "its C++ kernel aborts the process on operands it refuses"})

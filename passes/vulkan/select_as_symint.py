@@ -23,7 +23,7 @@ from fusionkit import (
     integer,
     op,
 )
-from fusionkit.passes.registry import register_kernel_reference, register_rules
+from fusionkit.passes.registry import OpSemantics, register_rules
 
 from ._common import constraint, et_vk, shape
 
@@ -35,7 +35,8 @@ def select_as_symint_kernel(x: torch.Tensor, dim: int, index: int) -> int:
     return int(x.select(dim, index).item())
 
 
-register_kernel_reference("et_vk.select_as_symint.default", select_as_symint_kernel)
+#: what the kernel computes, for fusionkit.verify
+SEMANTICS = OpSemantics(kernel_references={"et_vk.select_as_symint.default": select_as_symint_kernel})
 
 
 def _select_as_symint_in_range(ctx: CheckContext, x: Node, dim: int, index: int) -> str | None:
@@ -54,8 +55,8 @@ def _select_as_symint_build(rw: Rewriter, x: Node, dim: int, index: int) -> Node
     return node
 
 
-@register_rules("builtin", "vulkan", takes_over="select_as_symint",
-                roots=("aten._local_scalar_dense.default",))
+@register_rules("vulkan_patterns", "vulkan", takes_over="select_as_symint",
+                roots=("aten._local_scalar_dense.default",), semantics=SEMANTICS)
 def select_as_symint_rule(name: str = "select_as_symint") -> Rule:
     select = op("aten.select_copy.int", capture("x"), integer("dim"), integer("index"))
 

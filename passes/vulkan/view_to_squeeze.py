@@ -28,7 +28,7 @@ from fusionkit import (
     int_list,
     op,
 )
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, register_rules
 
 from ._common import constraint
 
@@ -113,7 +113,7 @@ def view_to_squeeze_rules() -> list[Rule]:
     pattern = op(VIEW, capture("x"), int_list(name="shape"))
     return [
         Rule(name="view_to_squeeze", pattern=pattern,
-             constraints=[constraint("drops_size1_dims")(_squeezes)],
+             constraints=[constraint("drops_size1_dims", hints={"x": OperandHint(shapes=((2, 1, 3), (1, 4), (3, 1, 1, 2)))})(_squeezes)],
              replacement=PythonReplacement(_to_squeeze),
              description="a view_copy that only drops size-1 dims is a squeeze_copy"),
         Rule(name="view_to_unsqueeze", pattern=pattern,

@@ -69,9 +69,8 @@ from fusionkit import (
 from fusionkit.passes._provenance import keep_provenance
 from fusionkit.passes.registry import (
     OperandHint,
+    OpSemantics,
     Pick,
-    register_kernel_reference,
-    register_operand_hints,
     register_rules,
 )
 
@@ -302,7 +301,8 @@ def linear_qcs4w_kernel(x: torch.Tensor, weight: torch.Tensor, scales: torch.Ten
     return (x.to(torch.float32) @ (w.to(torch.float32) * s.reshape(n, 1)).t()).to(x.dtype)
 
 
-register_kernel_reference("et_vk.linear_qcs4w.default", linear_qcs4w_kernel)
+#: what the rules' 4-bit kernel computes, for fusionkit.verify (torch has no CPU implementation)
+SEMANTICS = OpSemantics(kernel_references={"et_vk.linear_qcs4w.default": linear_qcs4w_kernel})
 
 
 def _linear_qcs4w(rw: Rewriter, x: Node, weight: Node, scales: Node, bias: Any = None) -> Node:
@@ -322,12 +322,14 @@ def _constraints() -> list[Any]:
             PrepackableConstant("weight", role=role), PrepackableConstant("scales", role=role),
             PrepackableConstant("zeros", role=role),
             constraint("int8_weight")(_int8_weight),
-            constraint("symmetric_weight")(_symmetric),
-            constraint("per_output_channel")(_per_output_channel),
+            constraint("symmetric_weight",  # an all-zero constant zero point
+                       hints={"zeros": OperandHint(constant=True, fill="zeros")})(_symmetric),
+            constraint("per_output_channel",  # [N, K], one scale per output channel
+                       hints={"weight": OperandHint(shapes=((2, 4), (3, 4), (1, 4)))})(_per_output_channel),
             constraint("bias_is_a_tensor")(_bias_node)]
 
 
-@register_rules("vulkan_preprocess", takes_over=STOCK_PASS)
+@register_rules("vulkan_preprocess", takes_over=STOCK_PASS, semantics=SEMANTICS)
 def weight_only_linear_rules() -> list[Rule]:
     """linear with a per-channel int8 weight -> the 8-bit or the 4-bit weight-only kernel;
     torchao's per-channel int8 ``dequantize_affine`` weight -> the 8-bit one."""
@@ -339,8 +341,10 @@ def weight_only_linear_rules() -> list[Rule]:
              description="weight-only linear, values in [-8, 7] -> et_vk.linear_qcs4w"),
         Rule(name="linear_weight_int8",
              pattern=_pattern(),
-             constraints=[*_constraints(), constraint("values_beyond_4_bits")(_values_beyond_4_bits),
-                          constraint("int8pack_mm_input")(_int8_mm_input)],
+             constraints=[*_constraints(), constraint("values_beyond_4_bits",  # values that do not fit in 4 bits
+                                                     hints={"weight": OperandHint(fill="int8")})(_values_beyond_4_bits),
+                          constraint("int8pack_mm_input",  # a 2-D input, K as the weights' above
+                                     hints={"x": OperandHint(shapes=((2, 4), (1, 4), (3, 4)))})(_int8_mm_input)],
              replacement=PythonReplacement(_int8_mm),
              description="weight-only linear, 8-bit values -> aten._weight_int8pack_mm"),
         Rule(name="linear_weight_int8_affine",
@@ -349,9 +353,10 @@ def weight_only_linear_rules() -> list[Rule]:
                           PrepackableConstant("weight", role="_weight_int8pack_mm prepacks it"),
                           PrepackableConstant("scales", role="_weight_int8pack_mm prepacks it"),
                           constraint("int8_weight")(_int8_weight),
-                          constraint("one_block_per_output_channel")(_one_block_per_row),
+                          constraint("one_block_per_output_channel", hints=affine_int8_operands)(_one_block_per_row),
                           constraint("zero_points_foldable")(_zero_points_foldable),
-                          constraint("int8pack_mm_input")(_int8_mm_input),
+                          constraint("int8pack_mm_input",  # a 2-D input, K as the weights' above
+                                     hints={"x": OperandHint(shapes=((2, 4), (1, 4), (3, 4)))})(_int8_mm_input),
                           constraint("scales_dtype_of_input")(_scales_dtype),
                           constraint("bias_is_a_tensor")(_bias_node)],
              replacement=PythonReplacement(_int8_mm_per_row),
@@ -376,6 +381,5 @@ def affine_int8_operands(pick: Pick) -> dict[str, OperandHint]:
             "bias": OperandHint(shapes=((n,),), dtype=torch.float32)}
 
 
-register_operand_hints("one_block_per_output_channel", affine_int8_operands)
 
 __all__ = ["STOCK_PASS", "weight_only_linear_rules"]

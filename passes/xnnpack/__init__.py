@@ -8,7 +8,7 @@ rewrites as fusionkit rules (installed as ``fusionkit.passes.xnnpack``), one
 module per stock pass; each factory registers in the ``"xnnpack"`` set with the
 stock pass class it takes over, and the XNNPACK adapter
 (:mod:`fusionkit.backends.xnnpack_adapter.preprocess_rules`) runs them in
-``preprocess`` in that pass's place. Not in ``"builtin"``: these rewrites target
+``preprocess`` in that pass's place. Not in ``"vulkan_patterns"``: these rewrites target
 XNNPACK's serializer (fused-activation metadata, its 5-input concatenate) and
 belong in no other lowering.
 """

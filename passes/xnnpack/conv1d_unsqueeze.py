@@ -24,7 +24,7 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import CheckContext, MatchResult, PythonReplacement, Rewriter, Rule, capture, op
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, register_rules
 
 from ._common import CONV, DQ_PER_TENSOR, Q_PER_TENSOR, constraint, keep_provenance, rank_of
 
@@ -128,7 +128,7 @@ def conv1d_unsqueeze_rule() -> Rule:
     return Rule(
         name="xnnpack_conv1d_as_conv2d",
         pattern=pattern,
-        constraints=[constraint("conv1d_with_constant_weight")(_conv1d)],
+        constraints=[constraint("conv1d_with_constant_weight", hints={"w": OperandHint(constant=True)})(_conv1d)],
         replacement=PythonReplacement(_conv2d),
         description="1-D convolution as unsqueeze, 2-D convolution, squeeze",
     )

@@ -71,8 +71,6 @@ from fusionkit.edit.builder import PROVENANCE_KEYS
 from fusionkit.passes.registry import (
     OperandHint,
     Pick,
-    register_module_scope,
-    register_operand_hints,
     register_rules,
 )
 from fusionkit.passes.vulkan.addmm_to_linear import addmm_to_linear_rules
@@ -306,7 +304,7 @@ def convert_to_linear_rules() -> list[Rule]:
     """nn.Linear partitions -> linear; then addmm/mm of a transposed weight -> linear."""
     matmul = (op(ADDMM, capture("b"), capture("a"), capture("wt"))
               | op(MM, capture("a"), capture("wt"))).bind("mm")
-    module = constraint("linear_source_partition")(_linear_module)
+    module = constraint("linear_source_partition", hints=module_operands)(_linear_module)
     as_module = PythonReplacement(_module_linear)
     half_2: dict[str, Callable[..., Node]] = {"addmm_to_linear": _addmm_to_linear, "mm_to_linear": _mm_to_linear,
               "linear_identity_view": _keep_linear}
@@ -320,22 +318,23 @@ def convert_to_linear_rules() -> list[Rule]:
     linear = (op(LINEAR, capture("a"), capture("w"))
               | op(LINEAR, capture("a"), capture("w"), capture("b"))).bind("linear")
     return [
-        Rule(name="xnnpack_linear_module", pattern=matmul, constraints=[module],
+        # (the partition the check reads is the nn.Linear module the ops ran in)
+        Rule(name="xnnpack_linear_module", pattern=matmul, constraints=[module], module_scope=torch.nn.Linear,
              replacement=as_module,
              description="an nn.Linear's addmm/mm (2-D input) as one linear"),
         Rule(name="xnnpack_linear_module_reshaped",
              pattern=op(OUTPUT_RESHAPES, matmul, any_value("restored_shape")),
-             constraints=[module],
+             constraints=[module], module_scope=torch.nn.Linear,
              replacement=as_module,
              description="an nn.Linear's view/mm/view as one linear of the unflattened input"),
         *fallback,
         Rule(name="xnnpack_linear_reads_dequantize", pattern=linear,
-             constraints=[constraint("reads_dequantize")(_reads_dequantize_same_shape)],
+             constraints=[constraint("reads_dequantize", hints=reads_dequantize_operands)(_reads_dequantize_same_shape)],
              replacement=PythonReplacement(_read_dequantize),
              description="a linear reads a dynamic-quant dequantize, not a view chain of it"),
         Rule(name="xnnpack_linear_reads_dequantize_view",
              pattern=op(VIEW, linear, any_value("restored_shape")),
-             constraints=[constraint("reads_dequantize_view_restores")(
+             constraints=[constraint("reads_dequantize_view_restores", hints=reads_dequantize_view_operands)(
                  _reads_dequantize_view_restores)],
              replacement=PythonReplacement(_read_dequantize),
              description="... and the view restoring its shape goes"),
@@ -372,9 +371,6 @@ def reads_dequantize_view_operands(pick: Pick) -> dict[str, OperandHint]:
             "w": OperandHint(shapes=((n, k),)), "restored_shape": OperandHint(values=([1, m, n],))}
 
 
-register_operand_hints("reads_dequantize", reads_dequantize_operands)
-# the partition the check reads is the nn.Linear module the ops ran in
-register_module_scope("linear_source_partition", torch.nn.Linear)
 
 
 def module_operands(pick: Pick) -> dict[str, OperandHint]:
@@ -397,7 +393,5 @@ def module_operands(pick: Pick) -> dict[str, OperandHint]:
     return hints
 
 
-register_operand_hints("linear_source_partition", module_operands)
-register_operand_hints("reads_dequantize_view_restores", reads_dequantize_view_operands)
 
 __all__ = ["STOCK_PASS", "ModulePlan", "convert_to_linear_rules", "module_plan"]

@@ -26,7 +26,7 @@ from torch.fx import Node
 
 from fusionkit import CheckContext, MatchResult, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.passes.families.clamp_chain import compose
-from fusionkit.passes.registry import register_metadata_semantics, register_rules
+from fusionkit.passes.registry import OpSemantics, register_rules
 
 from ._common import CONV, FUSED_ACTIVATION_TAG, LINEAR, constraint, keep_provenance
 
@@ -112,24 +112,6 @@ def _fused_hardtanh(rw: Rewriter, pre: Node, lo: Any, hi: Any) -> Node:
     return _fused(rw, pre, lo, hi)
 
 
-@register_rules("xnnpack", takes_over="FuseActivationPass")
-def fuse_activation_rules() -> list[Rule]:
-    """One rule per activation: ``relu(op(...))`` and ``hardtanh(op(...), lo, hi)``."""
-    pre = op(FUSEABLE_OPS, capture("pre_input"), commutative=False,
-             strict_defaults=False).bind("pre")
-    return [
-        Rule(name="xnnpack_fuse_relu", pattern=op(RELU, pre),
-             replacement=PythonReplacement(_fused_relu),
-             constraints=[constraint("fusable_range")(_relu_range)],
-             description="relu after conv/linear/add/sub/mul into its output_min/max"),
-        Rule(name="xnnpack_fuse_hardtanh",
-             pattern=op(HARDTANH, pre, capture("lo"), capture("hi")),
-             replacement=PythonReplacement(_fused_hardtanh),
-             constraints=[constraint("fusable_range")(_hardtanh_range)],
-             description="hardtanh after conv/linear/add/sub/mul into its output_min/max"),
-    ]
-
-
 def _fused_activation(recorded: Any, out: Any) -> Any:
     """XNNPACK's fused activation: the node's output clamped to ``[output_min, output_max]``
     (the operator serializers hand the bounds to XNNPACK's node)."""
@@ -148,5 +130,27 @@ def _fused_activation(recorded: Any, out: Any) -> Any:
     return torch.clamp(out, lo, hi)
 
 
-# what the fused activation means, for fusionkit.verify
-register_metadata_semantics(FUSED_ACTIVATION_TAG, _fused_activation)
+#: what the fused activation means, for fusionkit.verify
+SEMANTICS = OpSemantics(metadata={FUSED_ACTIVATION_TAG: _fused_activation})
+
+
+@register_rules("xnnpack", takes_over="FuseActivationPass", semantics=SEMANTICS)
+def fuse_activation_rules() -> list[Rule]:
+    """One rule per activation: ``relu(op(...))`` and ``hardtanh(op(...), lo, hi)``."""
+    pre = op(FUSEABLE_OPS, capture("pre_input"), commutative=False,
+             strict_defaults=False).bind("pre")
+    return [
+        Rule(name="xnnpack_fuse_relu", pattern=op(RELU, pre),
+             replacement=PythonReplacement(_fused_relu),
+             constraints=[constraint("fusable_range")(_relu_range)],
+             description="relu after conv/linear/add/sub/mul into its output_min/max"),
+        Rule(name="xnnpack_fuse_hardtanh",
+             pattern=op(HARDTANH, pre, capture("lo"), capture("hi")),
+             replacement=PythonReplacement(_fused_hardtanh),
+             constraints=[constraint("fusable_range")(_hardtanh_range)],
+             description="hardtanh after conv/linear/add/sub/mul into its output_min/max"),
+    ]
+
+
+
+

@@ -26,7 +26,7 @@ from fusionkit import (
     op,
     op_key,
 )
-from fusionkit.passes.registry import register_rules
+from fusionkit.passes.registry import OperandHint, register_rules
 
 from ._common import DQ_PER_TENSOR, Q_PER_TENSOR, constraint, keep_provenance
 
@@ -70,7 +70,7 @@ def insert_pad_qdq_rule() -> Rule:
     return Rule(
         name="xnnpack_pad_qdq",
         pattern=op(PAD, capture("input"), capture("pad"), capture("value")).bind("pad_node"),
-        constraints=[constraint("quantized_zero_pad")(_quantized_zero_pad)],
+        constraints=[constraint("quantized_zero_pad", hints={"input": OperandHint(producer="dequantize_per_tensor"), "value": OperandHint(values=(0.0,))})(_quantized_zero_pad)],
         replacement=PythonReplacement(_pad_qdq),
         description="zero pad of a dequantized tensor, re-quantized with its parameters",
     )

@@ -13,6 +13,7 @@ there (the one docs/devtools.md shows).
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -31,7 +32,18 @@ from typing import Any
 
 import pytest
 import torch
+from executorch.exir import to_edge
 
+from fusionkit import (
+    FusionPass,
+    MatchResult,
+    PrepackableConstant,
+    Rule,
+    capture,
+    op,
+    ref,
+    replace_with,
+)
 from fusionkit.integration import model_explorer as me
 
 AFTER, BEFORE = "edge_after_transform/forward", "forward"
@@ -203,6 +215,50 @@ def test_without_model_explorer_the_flag_fails_in_one_line(lowered: Any) -> None
     assert "--model-explorer needs Model Explorer (ai-edge-model-explorer is not installed)" in line
     assert me.INSTALL in line
     assert not (lowered["tmp"] / "unused").exists() and not (lowered["tmp"] / "unused.pte").exists()
+
+
+def test_marks_follow_the_report_onto_both_graphs() -> None:
+    """Without Model Explorer: what each graph's nodes are marked with, by node name."""
+    class Net(torch.nn.Module):  # mm + bias fuses; mm + an input is declined
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 8))
+            self.b = torch.nn.Parameter(torch.randn(8))
+
+        def forward(self, x: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return torch.mm(x, self.w) + self.b, torch.mm(x, self.w) + e
+
+    ep = to_edge(torch.export.export(Net().eval(), (torch.randn(4, 8), torch.randn(8)))
+                 ).exported_program()
+    before = copy.deepcopy(ep)
+    addmm = Rule("addmm", op("aten.add.Tensor", op("aten.mm.default", capture("x"), capture("w")),
+                             capture("b")),
+                 replace_with("aten.addmm.default", ref("b"), ref("x"), ref("w")),
+                 constraints=[PrepackableConstant("b")])
+    p = FusionPass([addmm])
+    p.call(ep)
+    report = p.report
+    mm_1 = next(n for n in before.graph.nodes if n.name == "aten_mm_default_1")
+    report.declined.append(MatchResult.fail("planted", mm_1, "error", "replacement raised X: y"))
+
+    got = me.marks(report, before=before, after=ep)
+    simple = {g: {n: [(m.verdict, m.rule) for m in ms] for n, ms in per.items()}
+              for g, per in got.items()}
+    assert simple == {
+        me.BEFORE_GRAPH_KEY: {"aten_mm_default": [("fused", "addmm")],
+                              "aten_add_tensor": [("fused", "addmm")],
+                              "aten_add_tensor_1": [("declined", "addmm")],
+                              "aten_mm_default_1": [("error", "planted")]},
+        AFTER: {"aten_addmm_default": [("fused", "addmm")],
+                "aten_add_tensor_1": [("declined", "addmm")],
+                "aten_mm_default_1": [("error", "planted")]}}
+    after = got[AFTER]
+    assert after["aten_addmm_default"][0].detail == \
+        "replaced 2 nodes: aten_mm_default, aten_add_tensor"
+    assert after["aten_add_tensor_1"][0].detail.startswith("prepackable_constant at e: ")
+    assert got[me.BEFORE_GRAPH_KEY]["aten_mm_default"][0].detail == \
+        "match at aten_add_tensor, 2 nodes fused into one: aten_mm_default, aten_add_tensor"
+    assert me.marks(report) == {}
 
 
 # ----------------------------------------------------------------- in a real browser

@@ -260,8 +260,10 @@ def cmd_lower(args: argparse.Namespace) -> int:
               "ExecuTorch's Inspector names a fused op's replaced nodes)")
     if viewer:
         marked = sum(len(v) for v in viewer.verdicts.values())
+        amiss = f"; {len(viewer.unplaced)} on nodes it does not draw" if viewer.unplaced else ""
         print(f"wrote {viewer.directory}/ for Model Explorer (the graphs before and after the "
-              f"rules, {marked} nodes marked fused or declined); open it with\n  {viewer.command}")
+              f"rules, {marked} nodes marked fused or declined{amiss}); open it with\n"
+              f"  {viewer.command}")
     return _exit_status(args, result.report)
 
 

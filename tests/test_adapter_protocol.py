@@ -164,6 +164,39 @@ def test_the_shipped_adapters_are_backend_adapters(name: str) -> None:
     assert adapter.is_installed() == was
 
 
+#: core modules the shipped adapters still import past the facade (file -> modules); none
+#: may be added: what an adapter needs goes into ``fusionkit.EXPORTS``
+PAST_THE_FACADE: dict[str, set[str]] = {
+    "xnnpack_adapter/serializer.py": {"fusionkit.program_inputs"},
+    "arm_adapter/constant_operands.py": {"fusionkit.program_inputs", "fusionkit.targets"},
+    "vulkan_adapter/constant_serializer.py": {"fusionkit.program_inputs"},
+    "vulkan_adapter/delegation.py": {"fusionkit.edit.meta_cache"},
+    "vulkan_adapter/probe.py": {"fusionkit.edit.probe"},
+    "vulkan_adapter/rule_ops.py": {"fusionkit.targets"},
+    "vulkan_adapter/runtime_probe.py": {"fusionkit.targets"},
+    "vulkan_adapter/runtime_support.py": {"fusionkit.match.pattern"},
+    "vulkan_adapter/inspect/runtime_conditions.py": {"fusionkit.check.operand_dtypes"},
+    "vulkan_adapter/inspect/simulator.py": {"fusionkit.program"},
+}
+#: what an adapter may import besides the facade: the integration API, the rule sets,
+#: the other adapters
+PUBLIC_PACKAGES = ("fusionkit.integration", "fusionkit.passes", "fusionkit.backends")
+
+
+def test_adapters_reach_the_core_through_the_facade() -> None:
+    backends = Path(__file__).resolve().parent.parent / "backends"
+    found: dict[str, set[str]] = {}
+    for path in sorted(backends.rglob("*.py")):
+        for n in ast.walk(ast.parse(path.read_text())):
+            module = n.module if isinstance(n, ast.ImportFrom) and not n.level else None
+            if module and module.startswith("fusionkit.") \
+                    and not module.startswith(PUBLIC_PACKAGES):
+                found.setdefault(path.relative_to(backends).as_posix(), set()).add(module)
+    assert found == PAST_THE_FACADE
+    for preprocess in ("xnnpack_adapter", "arm_adapter", "vulkan_adapter"):
+        assert f"{preprocess}/preprocess_rules.py" not in found  # the engine, from the facade
+
+
 def _engine_callers(run: Callable[[], Any]) -> list[str]:
     """``module.function`` of every caller of :func:`fusionkit.run_rules` while ``run()`` runs."""
     engine = run_rules.__code__

@@ -7,6 +7,11 @@ passes or partitioner functions it takes over, and the install trio. It is struc
 adapter module (``fusionkit.backends.vulkan_adapter``) or any object with these functions is
 one (``isinstance(x, BackendAdapter)``). Everything it needs is in ``fusionkit``'s facade
 (``from fusionkit import BackendAdapter, PatchSet, run_rules, ExecutionTarget, ...``).
+The smallest complete one, a backend that needs no takeover (its rules a transform pass,
+its runtime's condition a :class:`~fusionkit.find.executable.Delegate`'s refusal), is
+``ToyAdapter`` in ``tests/test_adapter_protocol.py``. Rules run through the one engine,
+:func:`fusionkit.run_rules`, wherever the adapter runs them (a pass manager's pass in a
+stock pass's place: ``rounds=`` until a fixpoint, its ``sweep_dead_code=``).
 
 The rest of this module is the skeleton of an adapter that patches ExecuTorch:
 

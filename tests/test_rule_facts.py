@@ -216,3 +216,18 @@ def test_a_program_form_and_semantics_are_rule_keywords() -> None:
     assert rule.program_form is form and form.namespaces == frozenset({"ns"})
     both = rule.semantics | OpSemantics(kernel_references={"ns.op.default": abs})
     assert set(both.reference_caveats) == set(both.kernel_references) == {"ns.op.default"}
+
+
+def test_the_verifiers_core_names_no_backend_namespace() -> None:
+    """What a backend's ops need (their kernels, contexts, operand layouts, the kernels never
+    to run) comes from the rule: no string of ``verify.py``'s code names a backend's ops."""
+    path = ROOT / "fusionkit" / "authoring" / "verify.py"
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+               and isinstance(n.value, str) and id(n) not in docstrings]
+    named = [s for s in strings for ns in ("et_vk", "tosa", "llama", "xnnpack", "vulkan")
+             if s == ns or s.startswith(f"{ns}.")]
+    assert named == []

@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature, OutputSpec, TensorArgument
+from torch.export.graph_signature import InputSpec, OutputSpec, TensorArgument
 from torch.fx import Node
 
 from fusionkit import events
 from fusionkit.apply import gate
 from fusionkit.check.folding import evaluate_constant
-from fusionkit.edit import lazy_code
+from fusionkit.edit import lazy_code, signature
 from fusionkit.edit.builder import (
     DEBUG_HANDLES_KEY,
     FusionError,
@@ -245,7 +245,7 @@ class _Apply:
         outs = [OutputSpec(s.kind, TensorArgument(renamed[s.arg.name]), s.target)
                 if isinstance(s.arg, TensorArgument) and s.arg.name in renamed else s
                 for s in sig.output_specs]
-        update_signature(self.ep, ExportGraphSignature(list(sig.input_specs), outs))
+        update_signature(self.ep, outputs=outs)
 
 
 def _last(replaced: dict[Node, Node], node: Node) -> Node:
@@ -266,9 +266,11 @@ def erase_node(graph: Any, node: Node) -> None:
     graph.erase_node(node)
 
 
-def update_signature(ep: ExportedProgram, sig: ExportGraphSignature) -> None:
-    """Install a new graph signature (a new object: the old one may be shared)."""
-    ep._graph_signature = sig
+def update_signature(ep: ExportedProgram, inputs: list[InputSpec] | None = None,
+                     outputs: list[OutputSpec] | None = None) -> None:
+    """The program's input and output specs become these (None: unchanged), in place
+    (:func:`fusionkit.edit.signature.set_specs`: the signature may be shared)."""
+    signature.set_specs(ep, inputs, outputs)
 
 
 def lint(ep: ExportedProgram, journal: Journal) -> None:
@@ -360,7 +362,7 @@ def drop_constant_placeholders(ep: ExportedProgram, journal: Journal, nodes: lis
                 del ep.state_dict[ref.target]
             else:
                 ep.constants.pop(ref.target, None)
-        update_signature(ep, ExportGraphSignature(specs, list(sig.output_specs)))
+        update_signature(ep, inputs=specs)
         for n in nodes:
             erase_node(ep.graph_module.graph, n)
     finally:

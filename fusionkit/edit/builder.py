@@ -23,10 +23,10 @@ import torch
 from torch._guards import TracingContext, detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
+from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
 from torch.fx import Node
 
-from fusionkit.edit import meta_cache
+from fusionkit.edit import meta_cache, signature
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.targets import (
     OpTarget,
@@ -158,11 +158,10 @@ class ProgramConstants:
         node.meta["val"] = (meta_cache.fake_constant(value, fake_mode)
                             if fake_mode is not None else value)
         spec = InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name), node.name, None)
-        specs.insert(at, spec)
+        signature.insert_input(self.ep, at, spec)
         placeholders.insert(at, node)
         self._layout = (specs, placeholders, at + 1, fake_mode)
         self.ep.constants[node.name] = value
-        self.ep._graph_signature = ExportGraphSignature(specs, sig.output_specs)
         self._by_name[name] = node
         if self._inputs is not None:
             self._inputs.add_spec(spec)
@@ -177,6 +176,14 @@ def _anchored(layout: tuple[list[InputSpec], list[Node], int, Any]) -> bool:
     p = placeholders[at]
     return (not p._erased and specs[at].kind == InputKind.USER_INPUT
             and getattr(specs[at].arg, "name", None) == p.name)
+
+
+def _spec_index(specs: list[InputSpec], placeholder: Node) -> int:
+    """Where the signature lists ``placeholder`` (every placeholder has its input spec)."""
+    for i, s in enumerate(specs):
+        if getattr(s.arg, "name", None) == placeholder.name:
+            return i
+    raise FusionError(f"the graph signature does not list placeholder `{placeholder.name}`")
 
 
 def _placeholder_count(graph: torch.fx.Graph) -> int:
@@ -316,6 +323,118 @@ class Rewriter:
         """``node`` (outside the match) may be dead once the replacement is in place: the
         engine erases it then, and its inputs that die with it (constants included)."""
         self.released.append(node)
+
+    # ------------------------------------------------------------ graph-editing verbs
+    # A replacement changes the program beyond the nodes it creates only through these:
+    # each is undone with the match if applying fails, and the probe
+    # (:class:`~fusionkit.edit.probe.ProbeRewriter`) gives each its scratch-graph
+    # equivalent or a no-op, so a replacement never asks which graph it builds into.
+
+    def insert_at(self, node: Node) -> None:
+        """New nodes go right before ``node`` from here on: where a stock pass leaves the op
+        it rewrites (payloads list nodes in graph order), not where the finder put the match.
+        ``node`` must come after every node the replacement reads (the engine checks)."""
+        self.insert_before = node
+
+    def edit(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+             ) -> Node:
+        """``node`` reading ``args`` (and ``kwargs``; None: its own), edited in place and
+        returned: a stock pass that edits an op in place leaves its name, place and
+        metadata, and later passes name their nodes after it (the engine keeps a node of
+        the match that the replacement returns)."""
+        self.set_args(node, args, kwargs)
+        return node
+
+    def fresh_constant(self, name: str, value: torch.Tensor) -> Node:
+        """A new lifted constant holding ``value``, named ``name``, or ``name_1``, ... when a
+        placeholder has that name: never one found by name (as :meth:`constant` finds one),
+        so two folds of one shared weight never share a result."""
+        taken = self._names_taken()
+        unique, i = name, 0
+        while unique in taken:
+            i += 1
+            unique = f"{name}_{i}"
+        return self.constant(unique, value)
+
+    def _names_taken(self) -> set[Any]:
+        taken: set[Any] = set()
+        for p in self.placeholders():
+            taken.add(p.name)
+            taken.add(p.meta.get("requested_name"))
+        return taken
+
+    def placeholders(self) -> list[Node]:
+        """The program's placeholders in order (to read: an anchor for :meth:`move_before`)."""
+        graph = self.ep.graph_module.graph if self.ep is not None else self.graph
+        return list(graph.find_nodes(op="placeholder"))
+
+    def move_before(self, placeholder: Node, anchor: Node) -> None:
+        """Placeholder ``placeholder`` right before placeholder ``anchor``, in the graph and
+        the signature together: where a stock pass creates a folded constant (beside its
+        source weight; the Vulkan serializer numbers values in placeholder order, so the
+        payload stays the stock pass's)."""
+        ep = self._program("moving a placeholder")
+        specs = list(ep.graph_signature.input_specs)
+        i, j = _spec_index(specs, placeholder), _spec_index(specs, anchor)
+        if placeholder is anchor or (placeholder._next is anchor and i == j - 1):
+            return
+        if self._journal is not None:
+            self._journal.snapshot_program()
+        spec = specs.pop(i)
+        specs.insert(j - 1 if i < j else j, spec)
+        signature.set_specs(ep, specs)
+        if self._journal is not None:
+            self._journal.move_before(placeholder, anchor)
+        else:
+            anchor.prepend(placeholder)
+
+    def reroute(self, old: Node, new: Node) -> None:
+        """Every reader of ``old`` reads ``new``; where ``old`` is a program output, its
+        output spec names ``new`` (ExecuTorch finds an output's value by that name). For
+        nodes outside the match that the replacement makes redundant (the getitems of a
+        tuple it replaces, a requantize); the engine reroutes the match's own outputs."""
+        if self._journal is not None:
+            self._journal.replace_all_uses(old, new)
+        else:
+            old.replace_all_uses_with(new)
+        if self.ep is None:
+            return
+        outs = self.ep.graph_signature.output_specs
+        if not any(isinstance(s.arg, TensorArgument) and s.arg.name == old.name for s in outs):
+            return
+        if self._journal is not None:
+            self._journal.snapshot_program()
+        signature.set_specs(self.ep, outputs=[
+            OutputSpec(s.kind, TensorArgument(new.name), s.target)
+            if isinstance(s.arg, TensorArgument) and s.arg.name == old.name else s
+            for s in outs])
+
+    def erase(self, node: Node) -> None:
+        """Erase ``node``, which nothing reads now (:meth:`reroute` its readers first). A
+        constant placeholder goes with its signature entry, and its tensor when no other
+        entry names it: a weight the replacement repacked, which the stock pass leaves no
+        trace of. For nodes outside the match; the engine erases the match's own, and
+        :meth:`release` leaves one that may still be read to the engine."""
+        if node.op != "placeholder":
+            node.graph.erase_node(node)
+            return
+        ep = self._program("erasing a placeholder")
+        specs = list(ep.graph_signature.input_specs)
+        spec = specs.pop(_spec_index(specs, node))
+        if spec.kind == InputKind.USER_INPUT:
+            raise FusionError(f"rule {self.rule_name!r}: `{node.name}` is a user input: the "
+                              "program's callers pass it")
+        node.graph.erase_node(node)  # (the journal snapshots the program first)
+        signature.set_specs(ep, specs)
+        target = spec.target
+        if target is not None and not any(s.target == target for s in specs):
+            ep.state_dict.pop(target, None)
+            ep.constants.pop(target, None)
+
+    def _program(self, doing: str) -> ExportedProgram:
+        if self.ep is None:
+            raise FusionError(f"rule {self.rule_name!r}: {doing} needs the program")
+        return self.ep
 
     def tensor(self, node: Node) -> torch.Tensor:
         """The real value of a constant placeholder (parameter, buffer, lifted constant)."""

@@ -6,7 +6,7 @@ makes goes through :class:`Journal`, which records how to undo it — a node
 created or erased (seen through the graph module's node hooks, whoever makes
 the change), a node's arguments changed (through :meth:`Journal.set_args` and
 :meth:`Journal.replace_all_uses`), a ``meta`` entry of a node edited in place
-(:meth:`Journal.set_meta`) — and snapshots the few
+(:meth:`Journal.set_meta`), a node moved (:meth:`Journal.move_before`) — and snapshots the few
 program-level containers (graph signature, state dict, constants) by
 reference when it opens. :meth:`Journal.rollback` undoes entries newest first,
 so each undo sees the graph exactly as it was right after the change it
@@ -22,9 +22,11 @@ from typing import Any
 from torch.export import ExportedProgram
 from torch.fx import Graph, Node
 
+from fusionkit.edit import signature
+
 __all__ = ["Journal"]
 
-_CREATE, _ARGS, _ERASE, _PROGRAM, _META = 0, 1, 2, 3, 4
+_CREATE, _ARGS, _ERASE, _PROGRAM, _META, _MOVE = 0, 1, 2, 3, 4, 5
 
 
 class Journal:
@@ -105,6 +107,11 @@ class Journal:
         self._log.append((_META, node, key, key in node.meta, node.meta.get(key)))
         node.meta[key] = value
 
+    def move_before(self, node: Node, anchor: Node) -> None:
+        """``anchor.prepend(node)``, undone by a rollback (FX has no hook for a move)."""
+        self._log.append((_MOVE, node, node._next))
+        anchor.prepend(node)
+
     def replace_all_uses(self, old: Node, new: Node) -> None:
         """``old.replace_all_uses_with(new)``; the replace hook records each user's arguments."""
         old.replace_all_uses_with(new)
@@ -163,6 +170,8 @@ class Journal:
                     ns._used_names.discard(name)
             elif kind == _PROGRAM:
                 self._restore_program(entry)
+            elif kind == _MOVE:
+                entry[2].prepend(node)  # back before the node that followed it
             elif kind == _META:
                 key, had, value = entry[2], entry[3], entry[4]
                 if had:
@@ -182,10 +191,8 @@ class Journal:
     def _restore_program(self, state: tuple[Any, ...]) -> None:
         _, _, gm, sig, input_specs, output_specs, state_dict, constants = state
         ep = self.ep
-        ep._graph_module = gm
-        ep._graph_signature = sig
-        sig.input_specs[:] = input_specs
-        sig.output_specs[:] = output_specs
+        signature.reattach(ep, gm, sig)
+        signature.set_specs(ep, input_specs, output_specs)
         for current, saved in ((ep.state_dict, state_dict), (ep.constants, constants)):
             if current.keys() != saved.keys() or any(current[k] is not v for k, v in saved.items()):
                 current.clear()

@@ -100,6 +100,48 @@ class ProbeRewriter(Rewriter):
         return super().call(target, *self._standin(args),
                             **{k: self._standin(v) for k, v in kwargs.items()})
 
+    # The graph-editing verbs: on scratch nodes, what the rewriter does; on the program's
+    # nodes nothing (the probe never changes the program). An edited node stays what it
+    # was, op and value: :meth:`edit` returns it (the checks judge what a rewrite
+    # creates; the edited op was in the program already).
+
+    def _scratch(self, *nodes: Node) -> bool:
+        return all(n.graph is self.graph for n in nodes)
+
+    def insert_at(self, node: Node) -> None:
+        if self._scratch(node):
+            super().insert_at(node)
+
+    def edit(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+             ) -> Node:
+        if self._scratch(node):
+            return super().edit(node, args, kwargs)
+        return node  # the program's node stands for itself, as the edit leaves it
+
+    def set_args(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+                 ) -> None:
+        if self._scratch(node):
+            super().set_args(node, args, kwargs)
+
+    def set_meta(self, node: Node, key: str, value: Any) -> None:
+        if self._scratch(node):
+            node.meta[key] = value
+
+    def _names_taken(self) -> set[Any]:
+        return super()._names_taken() | set(self._probe_constants)
+
+    def move_before(self, placeholder: Node, anchor: Node) -> None:
+        if self._scratch(placeholder, anchor) and placeholder is not anchor:
+            anchor.prepend(placeholder)
+
+    def reroute(self, old: Node, new: Node) -> None:
+        if self._scratch(old, new):
+            old.replace_all_uses_with(new)
+
+    def erase(self, node: Node) -> None:
+        if self._scratch(node):
+            self.graph.erase_node(node)
+
     def ops(self) -> Iterator[Node]:
         """The op calls the replacement created (not the getitems)."""
         return (n for n in self.created if n.op == "call_function" and op_key(n.target))

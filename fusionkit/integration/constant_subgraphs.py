@@ -32,6 +32,8 @@ from executorch.exir.passes.constant_prop_pass import create_constant_nodes_and_
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
+from fusionkit.edit import signature
+
 __all__ = ["FoldConstantSubgraphsPass", "FoldedValue"]
 
 #: results larger than this stay in the graph (a mask for a long static sequence)
@@ -145,9 +147,7 @@ class FoldConstantSubgraphsPass(ExportedProgramPassBase):
                 self.folded.append(FoldedValue(node.name, _op_name(node), tuple(v.shape), v.dtype))
         specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
         specs.update(create_constant_nodes_and_return_specs(known, ep))
-        ep.graph_signature.input_specs = [
-            specs[n.name] for n in ep.graph.find_nodes(op="placeholder")
-        ]
+        signature.set_specs(ep, [specs[n.name] for n in ep.graph.find_nodes(op="placeholder")])
         ep.graph.eliminate_dead_code()
         ep.graph_module.recompile()
         return ExportedProgramPassResult(ep, True)

@@ -38,6 +38,7 @@ from fusionkit.check.folding import (
     evaluate_constant,
     new_constant_placeholder,
 )
+from fusionkit.edit import signature
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.targets import op_key
 
@@ -201,7 +202,7 @@ class FoldParameterSubgraphsPass(ExportedProgramPassBase):
             if spec.arg.name in dead and spec.target is not None and spec.target not in still_read:
                 ep.state_dict.pop(spec.target, None)
                 ep.constants.pop(spec.target, None)
-        sig.input_specs = kept
+        signature.set_specs(ep, kept)
         for s in sources:
             if s.name in dead:
                 ep.graph.erase_node(s)

@@ -12,14 +12,14 @@ from torch.fx import Node
 from fusionkit.passes import registry
 from fusionkit.passes._constraint import constraint as constraint  # (shared)
 from fusionkit.passes._provenance import keep_provenance as keep_provenance  # (shared)
-from fusionkit.passes.families.conv_batch_norm import fresh_constant as fresh_constant
-
-# a new constant never found by name, and a placeholder moved with its signature entry:
-# generic helpers the conv + batch-norm family defined (no part of that fusion)
-from fusionkit.passes.families.conv_batch_norm import move_placeholder_before_anchor
 from fusionkit.targets import register_op_library
 
 # the TOSA dialect's ops (tosa.RESCALE, tosa.SLICE, ...) register when it is imported
+register_op_library("tosa", "executorch.backends.arm.tosa.dialect")
+
+# what fusionkit.verify needs to run them (their context, the ops with only fake kernels)
+from . import tosa_semantics as tosa_semantics  # noqa: E402
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -27,11 +27,6 @@ def register_rules(*sets: str, **options: Any) -> Callable[[F], F]:
     """:func:`fusionkit.passes.registry.register_rules` for an Arm rule factory: its rules carry
     what the TOSA dialect's ops compute (:data:`tosa_semantics.SEMANTICS`)."""
     return registry.register_rules(*sets, semantics=tosa_semantics.SEMANTICS, **options)
-
-register_op_library("tosa", "executorch.backends.arm.tosa.dialect")
-
-# what fusionkit.verify needs to run them (their context, the ops with only fake kernels)
-from . import tosa_semantics as tosa_semantics  # noqa: E402
 
 CONV = "aten.convolution.default"
 LINEAR = "aten.linear.default"
@@ -52,11 +47,6 @@ def keep_node_meta(new: Node, old: Node) -> None:
     """``new`` takes every piece of ``old``'s metadata but its own value: a stock pass that
     edits ``old`` in place leaves it all there (qparams, debug handle, stack trace)."""
     keep_provenance(new, old)
-
-
-def move_placeholder_before(rw: Any, new: Node, anchor: Node) -> None:
-    """Placeholder ``new`` (and its graph-signature entry) moved right before ``anchor``."""
-    move_placeholder_before_anchor(rw, new, anchor)
 
 
 def is_number(v: Any) -> bool:

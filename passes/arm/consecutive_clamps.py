@@ -55,8 +55,7 @@ def _composable(ctx: CheckContext, first: Node, second: Node, lo1: Any, hi1: Any
 
 def _fused(rw: Rewriter, first: Node, second: Node, x: Node, lo1: Any, hi1: Any, lo2: Any,
            hi2: Any) -> Node:
-    if second.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = second  # where the surviving clamp is
+    rw.insert_at(second)  # where the surviving clamp is
     kwargs = {k: v for k, v in second.kwargs.items() if k not in ("min", "max")}
     new = rw.call(second.target, x, lower(lo1, lo2), upper(hi1, hi2), **kwargs)
     keep_node_meta(new, second)

@@ -89,8 +89,7 @@ def _nested(ctx: CheckContext, concat: Node, shapes: Any) -> str | None:
 
 
 def _fused(rw: Rewriter, concat: Node, shapes: Any) -> Node:
-    if concat.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = concat
+    rw.insert_at(concat)
     new = rw.call(concat.target, flattened(shapes))
     new.target = concat.target  # the backend dialect's op object itself, as stock writes it
     keep_node_meta(new, concat)

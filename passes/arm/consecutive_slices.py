@@ -78,8 +78,7 @@ def _const_shape(rw: Rewriter, target: Any, shape: list[int]) -> Node:
 
 
 def _fused(rw: Rewriter, outer: Node, inner: Node, size2: Any) -> Node:
-    if outer.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = outer
+    rw.insert_at(outer)
     start = [a + b for a, b in zip(_constant_shape(inner.args[1]) or [],
                                    _constant_shape(outer.args[1]) or [], strict=True)]
     shape_op = inner.args[1].target if isinstance(inner.args[1], Node) else None

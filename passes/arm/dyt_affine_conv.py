@@ -68,8 +68,6 @@ from ._common import (
     CONV,
     RESCALE,
     constraint,
-    fresh_constant,
-    move_placeholder_before,
     register_rules,  # (Arm's: its rules carry what the TOSA ops compute)
 )
 from ._dyt_sites import (  # (the site as fusionkit.verify draws it)
@@ -372,8 +370,8 @@ def _applies(ctx: CheckContext, conv: Node, x: Node) -> MatchResult | None:
 
 
 def _folded_constant(rw: Rewriter, conv: Node, source: Node, value: torch.Tensor) -> Node:
-    new = fresh_constant(rw, f"{source.name}_{conv.name}_dyt_affine_folded", value)
-    move_placeholder_before(rw, new, source)  # where stock creates it
+    new = rw.fresh_constant(f"{source.name}_{conv.name}_dyt_affine_folded", value)
+    rw.move_before(new, source)  # where stock creates it
     return new
 
 
@@ -386,21 +384,22 @@ def _fold_site(rw: Rewriter, conv: Node, x: Node) -> Node:
 
     got = plan(conv, x, constant, str)
     assert isinstance(got, Plan)  # (the constraint)
-    if conv.graph is not rw.graph:  # a probe: the convolution, as it stays (nothing new)
-        return conv
+    out = conv
     if got.kind == "fold":
         w_node, b_node = conv.args[1], conv.args[2]
         assert isinstance(w_node, Node) and isinstance(b_node, Node)
+        args = list(conv.args)
         if got.weight is not None:
-            conv.replace_input_with(w_node, _folded_constant(rw, conv, w_node, got.weight))
+            args[1] = _folded_constant(rw, conv, w_node, got.weight)
             rw.release(w_node)
         if got.bias is not None:
-            conv.replace_input_with(b_node, _folded_constant(rw, conv, b_node, got.bias))
+            args[2] = _folded_constant(rw, conv, b_node, got.bias)
             rw.release(b_node)
-        rw.set_meta(conv, "input_qparams", got.input_qparams)
-    got.reroute.replace_all_uses_with(got.table)
+        out = rw.edit(conv, tuple(args))
+        rw.set_meta(out, "input_qparams", got.input_qparams)
+    rw.reroute(got.reroute, got.table)
     rw.release(got.reroute)
-    return conv  # edited in place, as stock edits it (the engine keeps it)
+    return out  # edited in place, as stock edits it (the engine keeps it)
 
 
 @register_rules("arm", takes_over="FoldDyTAffineIntoConvPass")

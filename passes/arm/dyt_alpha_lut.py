@@ -54,9 +54,7 @@ from fusionkit.targets import op_key
 from ._common import (
     RESCALE,
     constraint,
-    fresh_constant,
     keep_node_meta,
-    move_placeholder_before,
     register_rules,  # (Arm's: its rules carry what the TOSA ops compute)
 )
 from ._dyt_sites import (  # (the site as fusionkit.verify draws it)
@@ -227,14 +225,10 @@ def _table(rw: Rewriter, tanh: Node, out_rescale: Node, mul: Node) -> Node:
                             mul_output_rescale=got.mul_output_rescale,
                             tanh_input_qargs=got.tanh_input_qargs,
                             tanh_output_qargs=got.tanh_output_qargs)
-    table = fresh_constant(rw, f"b_{tanh.name}_dyt_table_constant", lut)
-    if rw.ep is not None and table.graph is rw.ep.graph_module.graph:
-        # first of the placeholders, where stock creates it (the TOSA tensors' order)
-        first = next(iter(rw.ep.graph_module.graph.find_nodes(op="placeholder")))
-        if first is not table:
-            move_placeholder_before(rw, table, first)
-    if tanh.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = tanh
+    table = rw.fresh_constant(f"b_{tanh.name}_dyt_table_constant", lut)
+    # first of the placeholders, where stock creates it (the TOSA tensors' order)
+    rw.move_before(table, rw.placeholders()[0])
+    rw.insert_at(tanh)
     target = exir_ops.backend.tosa.TABLE.default
     new = rw.call(target, got.activation, table)
     new.target = target  # the backend dialect's op object itself, as stock writes it

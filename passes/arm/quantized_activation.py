@@ -103,8 +103,7 @@ def _hardtanh_bounds(ctx: CheckContext, lo: Any, hi: Any, scale: Any, zp: Any, q
 
 def _requantized(rw: Rewriter, q: Node, pre: Node, scale: float, zp: int, qmin: int,
                  qmax: int, dtype: Any) -> Node:
-    if q.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = q
+    rw.insert_at(q)
     new = rw.call(q.target, pre, scale, zp, qmin, qmax, dtype, **q.kwargs)
     keep_node_meta(new, q)
     return new
@@ -122,6 +121,7 @@ def _relu_rule() -> Rule:
         replacement=PythonReplacement(_requantized),
         description="relu before a per-tensor quantize whose range starts at 0 (zp <= qmin)")
 
+
 #: operands for fusionkit.verify: a quantize that keeps nothing below 0 (zero point at qmin),
 #: and one that does (declined)
 ZERO_POINT_AT_QMIN_AND_NOT = {"zp": OperandHint(values=(-128, 0)), "qmin": OperandHint(values=(-128,))}
@@ -131,7 +131,6 @@ POSITIVE_SCALE_AND_NOT = {"scale": OperandHint(values=(0.5, 0.25, -0.5))}
 #: hardtanh(0, hi) folded into a quantize whose qmax hi quantizes to: a bound far enough to
 #: saturate at qmax for the drawn scales (0.25, 0.5), and one that does not
 SATURATING_BOUND_AND_NOT = {"lo": OperandHint(values=(0.0,)), "hi": OperandHint(values=(1000.0, 6.0))}
-
 
 
 def _hardtanh_rule() -> Rule:

@@ -38,12 +38,10 @@ so its payload stays byte-identical).
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.export.graph_signature import ExportGraphSignature, OutputSpec, TensorArgument
 from torch.fx import Node
 
 from fusionkit import (
@@ -65,9 +63,7 @@ from fusionkit.passes._constraint import constraint
 from fusionkit.passes._provenance import keep_provenance
 
 __all__ = ["BN", "BN_NO_TRAINING", "CONV", "FOLD_ROLE", "LINEAR", "Needs", "fold_conv",
-           "fold_conv_bn", "fold_linear", "fold_standalone", "folded_names", "fresh_constant",
-           "move_placeholder_before_anchor",
-           "rules"]
+           "fold_conv_bn", "fold_linear", "fold_standalone", "folded_names", "rules"]
 
 CONV = "aten.convolution.default"
 LINEAR = "aten.linear.default"
@@ -122,27 +118,12 @@ def _linear_pattern() -> Any:
     return _batch_norm(linear)
 
 
-def fresh_constant(rw: Rewriter, name: str, value: torch.Tensor) -> Node:
-    """A new constant holding ``value``, named ``name`` unless a placeholder has that name
-    (then ``name_1``, ...): never one found by name, so two folds never share a result."""
-    graph = rw.ep.graph_module.graph if rw.ep is not None else rw.graph
-    taken = set()
-    for p in graph.find_nodes(op="placeholder"):
-        taken.add(p.name)
-        taken.add(p.meta.get("requested_name"))
-    unique, i = name, 0
-    while unique in taken:
-        i += 1
-        unique = f"{name}_{i}"
-    return rw.constant(unique, value)
-
-
 def folded_names(weight: str, bias: str | None) -> tuple[str, str]:
     """The names the stock passes request for the folded weight and bias of the weight
     placeholder ``weight`` and bias placeholder ``bias`` (None: no bias): ``<weight>_fused_bn``
     and ``<bias>_fused_bn``, without a bias ``<weight>`` with ``weight`` read ``bias``, or
     ``<weight>_bias_fused_bn`` (Arm's ``FuseBatchNorm2dPass.get_bias_name``). Only requested:
-    :func:`fresh_constant` makes each unique (two convolutions sharing one weight)."""
+    ``Rewriter.fresh_constant`` makes each unique (two convolutions sharing one weight)."""
     if bias is not None:
         b = f"{bias}_fused_bn"
     elif "weight" in weight:
@@ -150,23 +131,6 @@ def folded_names(weight: str, bias: str | None) -> tuple[str, str]:
     else:
         b = f"{weight}_bias_fused_bn"
     return f"{weight}_fused_bn", b
-
-
-def _first_placeholder(rw: Rewriter) -> Node | None:
-    graph = rw.ep.graph_module.graph if rw.ep is not None else rw.graph
-    return next(iter(graph.find_nodes(op="placeholder")), None)
-
-
-def move_placeholder_before_anchor(rw: Rewriter, new: Node, anchor: Node) -> None:
-    """Put placeholder ``new`` (and its signature entry) right before ``anchor``."""
-    assert rw.ep is not None
-    specs = rw.ep.graph_signature.input_specs  # the list itself: node and spec move together
-    names = [getattr(s.arg, "name", None) for s in specs]
-    if new.name not in names or anchor.name not in names:
-        return
-    spec = specs.pop(names.index(new.name))
-    specs.insert([getattr(s.arg, "name", None) for s in specs].index(anchor.name), spec)
-    anchor.prepend(new)
 
 
 def _tensor(rw: Rewriter, v: Any) -> torch.Tensor | None:
@@ -200,30 +164,13 @@ def fold_conv_bn(weight: torch.Tensor, bias: torch.Tensor | None, mean: torch.Te
 
 
 def _reroute(rw: Rewriter, new: Node) -> Node:
-    """The batch norm's getitem(., 0) users read ``new`` and go; the batch norm (the match's
-    root, whose tuple nothing reads now) is returned: it stands for itself and is erased
-    with the claimed nodes (the journal sees both changes)."""
-    renamed = {}
+    """The batch norm's getitem(., 0) users read ``new`` (a program output's spec names it)
+    and go; the batch norm (the match's root, whose tuple nothing reads now) is returned:
+    it stands for itself and is erased with the claimed nodes."""
     for item in list(rw.root.users):
-        item.replace_all_uses_with(new)
-        renamed[item.name] = new.name
-        rw.graph.erase_node(item)
-    if renamed and rw.ep is not None and rw.graph is rw.ep.graph_module.graph:
-        _rename_outputs(rw.ep, renamed)
+        rw.reroute(item, new)
+        rw.erase(item)
     return rw.root
-
-
-def _rename_outputs(ep: Any, renamed: Mapping[str, str]) -> None:
-    """A getitem that was a program output: its output spec names the folded op now.
-
-    (The constants added before made the journal snapshot the signature first, so an
-    undone match restores it.)"""
-    sig = ep.graph_signature
-    if not any(getattr(s.arg, "name", None) in renamed for s in sig.output_specs):
-        return
-    outs = [OutputSpec(s.kind, TensorArgument(renamed[s.arg.name]), s.target)
-            if getattr(s.arg, "name", None) in renamed else s for s in sig.output_specs]
-    ep._graph_signature = ExportGraphSignature(sig.input_specs, outs)
 
 
 def fold_conv(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Any, bn_b: Any, mean: Node,
@@ -260,14 +207,13 @@ def _fold(rw: Rewriter, op: Node, x: Node, w_node: Node, b: Node | None,
             weight, bias, mean, var, eps, torch.ones_like(mean) if bn_w is None else bn_w,
             torch.zeros_like(mean) if bn_b is None else bn_b)
     w_name, b_name = folded_names(w_node.name, None if b is None else b.name)
-    w_new = fresh_constant(rw, w_name, fused_w.detach())
-    b_new = fresh_constant(rw, b_name, fused_b.detach())
+    w_new = rw.fresh_constant(w_name, fused_w.detach())
+    b_new = rw.fresh_constant(b_name, fused_b.detach())
     # where the source weight was, graph and signature, as the stock passes place them
     # (the Vulkan serializer numbers values in placeholder order)
-    move_placeholder_before_anchor(rw, w_new, w_node)
-    move_placeholder_before_anchor(rw, b_new, w_node)
-    if op.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = op  # where the stock passes leave the rewritten conv / linear
+    rw.move_before(w_new, w_node)
+    rw.move_before(b_new, w_node)
+    rw.insert_at(op)  # where the stock passes leave the rewritten conv / linear
     if conv_args is not None:
         new = rw.call(CONV, x, w_new, b_new, *conv_args)
     else:
@@ -288,12 +234,11 @@ def fold_standalone(rw: Rewriter, x: Node, bn_w: Any, bn_b: Any, mean: Node, var
     # named as Arm's pass names the fold of the ones-weight it inserts, and put where it
     # puts them: before the batch norm's weight (first of the placeholders without one)
     w_name, b_name = folded_names(f"{rw.root.name}_conv_weight", None)
-    w_new = fresh_constant(rw, w_name, fused_w.detach())
-    b_new = fresh_constant(rw, b_name, fused_b.detach())
-    anchor = bn_w if isinstance(bn_w, Node) else _first_placeholder(rw)
-    if anchor is not None:
-        move_placeholder_before_anchor(rw, w_new, anchor)
-        move_placeholder_before_anchor(rw, b_new, anchor)
+    w_new = rw.fresh_constant(w_name, fused_w.detach())
+    b_new = rw.fresh_constant(b_name, fused_b.detach())
+    anchor = bn_w if isinstance(bn_w, Node) else rw.placeholders()[0]
+    rw.move_before(w_new, anchor)
+    rw.move_before(b_new, anchor)
     d = rank - 2
     new = rw.call(CONV, x, w_new, b_new, [1] * d, [0] * d, [1] * d, False, [0] * d,
                   int(fused_w.shape[0]))

@@ -63,8 +63,6 @@ from .conv_batch_norm import (
     _statistics_per_channel,
     fold_conv_bn,
     folded_names,
-    fresh_constant,
-    move_placeholder_before_anchor,
 )
 
 __all__ = ["BATCH_NORM", "CONVOLUTIONS", "TRANSPOSED", "rules"]
@@ -134,22 +132,18 @@ def fold(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Any, bn_b: Any, mean: N
         None if bn_w is None else rw.tensor(bn_w), None if bn_b is None else rw.tensor(bn_b),
         transposed, _groups(op))
     w_name, b_name = folded_names(w.name, None if b is None else b.name)
-    w_new = fresh_constant(rw, w_name, fused_w.detach())
-    b_new = fresh_constant(rw, b_name, fused_b.detach())
-    move_placeholder_before_anchor(rw, w_new, w)
-    move_placeholder_before_anchor(rw, b_new, w)
-    if op.graph is rw.graph and x is not w and x is not b and w is not b:
-        args = list(op.args) + [None] * (3 - len(op.args))
-        args[1], args[2] = w_new, b_new
-        rw.set_args(op, tuple(args))
-        if rw.root.target is not torch.ops.aten.batch_norm.default:
-            for item in list(rw.root.users):  # the no-training form: its getitem(., 0) users
-                item.replace_all_uses_with(op)  # (a constraint: getitem(., 0) users only)
-                rw.graph.erase_node(item)
-        return op
-    # (a probe builds into a scratch graph)
-    rest = list(op.args[3:])
-    return rw.call(op.target, x, w_new, b_new, *rest, **dict(op.kwargs))
+    w_new = rw.fresh_constant(w_name, fused_w.detach())
+    b_new = rw.fresh_constant(b_name, fused_b.detach())
+    rw.move_before(w_new, w)
+    rw.move_before(b_new, w)
+    args = list(op.args) + [None] * (3 - len(op.args))
+    args[1], args[2] = w_new, b_new
+    new = rw.edit(op, tuple(args))  # in place, as stock edits it
+    if rw.root.target is not torch.ops.aten.batch_norm.default:
+        for item in list(rw.root.users):  # the no-training form: its getitem(., 0) users
+            rw.reroute(item, new)  # (a constraint: getitem(., 0) users only)
+            rw.erase(item)
+    return new
 
 
 def rules() -> list[Rule]:

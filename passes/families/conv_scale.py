@@ -42,12 +42,7 @@ from fusionkit import (
     op,
 )
 from fusionkit.passes._constraint import constraint
-from fusionkit.passes._provenance import keep_provenance
-from fusionkit.passes.families.conv_batch_norm import (
-    CONV,
-    fresh_constant,
-    move_placeholder_before_anchor,
-)
+from fusionkit.passes.families.conv_batch_norm import CONV
 
 __all__ = ["MUL_SCALAR", "MUL_TENSOR", "ROLE", "channel_scale", "rules", "scale_conv"]
 
@@ -124,25 +119,16 @@ def scale_conv(rw: Rewriter, conv: Node, x: Node, w: Node, scale: Any, stride: A
     per_channel = channel_scale(s, tuple(conv.meta["val"].shape))
     assert per_channel is not None  # (the constraint)
     per_channel = per_channel.to(weight.dtype)
-    w_new = fresh_constant(rw, f"{w.name}_folded_mul",
-                           weight * per_channel.reshape((-1,) + (1,) * (weight.dim() - 1)))
-    move_placeholder_before_anchor(rw, w_new, w)
+    w_new = rw.fresh_constant(f"{w.name}_folded_mul",
+                              weight * per_channel.reshape((-1,) + (1,) * (weight.dim() - 1)))
+    rw.move_before(w_new, w)
     b_new = None
     if b is not None:
-        b_new = fresh_constant(rw, f"{b.name}_folded_mul", rw.tensor(b) * per_channel)
-        move_placeholder_before_anchor(rw, b_new, b)
-    if conv.graph is rw.graph and len({x, w, b}) == 3:
-        # in place, as the stock pass does (the journal records each replaced input; the
-        # engine keeps a node of the match the replacement returns)
-        conv.replace_input_with(w, w_new)
-        if b is not None and b_new is not None:
-            conv.replace_input_with(b, b_new)
-        return conv
-    # (a probe builds into a scratch graph; an input read twice cannot be swapped alone)
-    new = rw.call(CONV, x, w_new, b_new, stride, padding, dilation, False, output_padding,
-                  groups)
-    keep_provenance(new, conv)  # the stock pass edits the convolution in place
-    return new
+        b_new = rw.fresh_constant(f"{b.name}_folded_mul", rw.tensor(b) * per_channel)
+        rw.move_before(b_new, b)
+    args = list(conv.args)
+    args[1], args[2] = w_new, b_new
+    return rw.edit(conv, tuple(args))  # in place, as the stock pass edits the convolution
 
 
 def rules(prefix: str = "") -> list[Rule]:

@@ -96,8 +96,7 @@ def _identity_view(ctx: CheckContext, linear: Node) -> str | MatchResult | None:
 
 
 def _keep_linear(rw: Rewriter, linear: Node, x: Node, w: Node, b: Any = ABSENT) -> Node:
-    if linear.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = linear  # the stock pass keeps the linear where it was
+    rw.insert_at(linear)  # the stock pass keeps the linear where it was
     # a bias given as an explicit None stays an argument, as in the linear it rebuilds
     return rw.call(LINEAR, x, w) if b is ABSENT else rw.call(LINEAR, x, w, b)
 

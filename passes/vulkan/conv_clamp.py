@@ -64,8 +64,7 @@ def _conv() -> Any:
 
 
 def _build(rw: Rewriter, conv: Node, conv_args: tuple[Any, ...], lo: Any, hi: Any) -> Node:
-    if conv.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = conv  # where the stock pass puts the fused node
+    rw.insert_at(conv)  # where the stock pass puts the fused node
     return rw.call(et_vk("conv_with_clamp"), *conv_args, lo, hi)
 
 

@@ -74,8 +74,7 @@ def _promoted(rw: Rewriter, lhs: Node, rhs: Node) -> Node:
         operands.append(v if _dtype(v) == PROMOTED else rw.call(CAST, v, dtype=PROMOTED))
     new = rw.call(root.target, *operands, *root.args[2:], **root.kwargs)
     keep_provenance(new, root)  # the stock pass edits the op in place
-    if rw.graph is root.graph:
-        new.meta["val"] = root.meta["val"]
+    new.meta["val"] = root.meta["val"]  # (its value too: the constraint kept its dtype)
     return new
 
 

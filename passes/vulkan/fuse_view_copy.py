@@ -38,22 +38,17 @@ UNARY_ELEMENTWISE_OPS: tuple[str, ...] = (
 )
 
 
-def _place(rw: Rewriter, at: Node) -> None:
-    if at.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = at
-
-
 def _merge(rw: Rewriter, first: Node, inner: Node, x: Node, shape: Any) -> Node:
     chain: list[Node] = []  # the unary ops between the two views, last first
     n = inner
     while n is not first:
         chain.append(n)
         n = n.args[0]  # type: ignore[assignment]
-    _place(rw, first)
+    rw.insert_at(first)
     out = rw.call(VIEW, x, list(shape))
     keep_provenance(out, first)  # the stock pass gives the first view the new shape
     for u in reversed(chain):
-        _place(rw, u)
+        rw.insert_at(u)
         out = rw.call(u.target, out, *u.args[1:], **u.kwargs)
         keep_provenance(out, u)  # ... and leaves the unary ops as they were
     return out

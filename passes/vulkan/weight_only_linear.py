@@ -251,36 +251,14 @@ def _int8_mm_per_row(rw: Rewriter, x: Node, weight: Node, scales: Node, bias: An
     return _with_bias(rw, out, bias)
 
 
-def _placeholder_index(specs: list[Any], name: str) -> int | None:
-    for i, s in enumerate(specs):
-        if getattr(s.arg, "name", None) == name:
-            return i
-    return None
-
-
 def _take_place_of(rw: Rewriter, new: Node, old: Node, reader: Node) -> None:
     """``new`` stands where ``old`` stood (graph and signature); ``old`` goes when ``reader``
     (the dequantize the match erases) was its only user."""
-    ep = rw.ep
-    if ep is None or new.graph is not old.graph:
-        return  # a probe builds into a scratch graph
-    specs = ep.graph_signature.input_specs  # the list itself: node and spec move together
-    i, j = _placeholder_index(specs, new.name), _placeholder_index(specs, old.name)
-    if i is None or j is None:
-        return
-    if i != j - 1:
-        spec = specs.pop(i)
-        specs.insert(_placeholder_index(specs, old.name), spec)  # type: ignore[arg-type]
-        old.prepend(new)
+    rw.move_before(new, old)
     if set(old.users) != {reader}:
         return  # another user still reads the unpacked weight
-    reader.replace_input_with(old, new)  # (journaled) the erased dequantize reads the copy
-    target = specs[_placeholder_index(specs, old.name)].target  # type: ignore[index]
-    rw.graph.erase_node(old)  # (journaled with the program: signature, state dict)
-    specs.pop(_placeholder_index(specs, old.name))  # type: ignore[arg-type]
-    if target is not None and not any(s.target == target for s in specs):
-        ep.state_dict.pop(target, None)
-        ep.constants.pop(target, None)
+    rw.reroute(old, new)  # the erased dequantize reads the copy
+    rw.erase(old)  # with its signature entry and tensor
 
 
 def linear_qcs4w_kernel(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor

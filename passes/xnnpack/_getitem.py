@@ -8,28 +8,17 @@ output, the output signature then names the new node.
 
 from __future__ import annotations
 
-from torch.export.graph_signature import ExportGraphSignature, OutputSpec, TensorArgument
 from torch.fx import Node
 
 from fusionkit import Rewriter
 
 
 def read_through_getitems(rw: Rewriter, new: Node) -> Node:
-    """The root's getitem users read ``new`` and are erased; returns the root, which nothing
-    reads now (it is erased with the match). In a probe the root is a stand-in nothing reads."""
-    renamed = {}
+    """The root's getitem users read ``new`` (a program output's spec names it) and are
+    erased; returns the root, which nothing reads now (it is erased with the match)."""
     for item in list(rw.root.users):
-        item.replace_all_uses_with(new)
-        renamed[item.name] = new.name
-        rw.graph.erase_node(item)
-    ep = rw.ep
-    if renamed and ep is not None and rw.graph is ep.graph_module.graph:
-        sig = ep.graph_signature
-        if any(getattr(s.arg, "name", None) in renamed for s in sig.output_specs):
-            outs = [OutputSpec(s.kind, TensorArgument(renamed[s.arg.name]), s.target)
-                    if getattr(s.arg, "name", None) in renamed else s
-                    for s in sig.output_specs]
-            ep._graph_signature = ExportGraphSignature(sig.input_specs, outs)
+        rw.reroute(item, new)
+        rw.erase(item)
     return rw.root
 
 

@@ -198,8 +198,7 @@ def _module_linear(rw: Rewriter, mm: Node) -> Node:
     found = module_plan(mm)
     assert not isinstance(found, str), found  # the constraint accepted it
     out, plan = found
-    if out.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = out  # the stock pass inserts before the partition output
+    rw.insert_at(out)  # the stock pass inserts before the partition output
     args = (plan.x, plan.w) if plan.b is None else (plan.x, plan.w, plan.b)
     new = rw.call(LINEAR, *args)
     for key in PROVENANCE_KEYS:  # the stock pass creates it bare (no debug handle)
@@ -233,8 +232,7 @@ def _mm_to_linear(rw: Rewriter, x: Node, wt: Node) -> Node:
 
 
 def _keep_linear(rw: Rewriter, linear: Node) -> Node:
-    if linear.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = linear  # the stock pass keeps the linear where it was
+    rw.insert_at(linear)  # the stock pass keeps the linear where it was
     new = rw.call(LINEAR, *linear.args, **linear.kwargs)
     keep_provenance(new, linear)
     return new
@@ -291,8 +289,7 @@ def _reads_dequantize_view_restores(ctx: CheckContext, a: Any, linear: Node) -> 
 
 
 def _read_dequantize(rw: Rewriter, a: Node, linear: Node) -> Node:
-    if linear.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = linear
+    rw.insert_at(linear)
     dq = _dequantized_source(a)
     new = rw.call(LINEAR, dq, *linear.args[1:], **linear.kwargs)
     keep_provenance(new, linear)

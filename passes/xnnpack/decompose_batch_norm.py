@@ -136,8 +136,7 @@ def _depthwise_conv(rw: Rewriter, bn: Node, x: Node, mean: Node, var: Node, eps:
     tag = f"fusionkit_{bn.name}_decomposed_bn"  # per match: see the module docstring
     weight = rw.constant(f"{tag}_weight", scale.reshape([channels, 1] + [1] * spatial))
     bias = rw.constant(f"{tag}_bias", shift)
-    if bn.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = bn  # where the stock pass puts the convolution
+    rw.insert_at(bn)  # where the stock pass puts the convolution
     inp = rw.call(UNSQUEEZE, x, 2) if rank == 2 else x
     conv = rw.call(CONV, inp, weight, bias, [1] * spatial, [0] * spatial, [1] * spatial,
                    False, [0] * spatial, channels)

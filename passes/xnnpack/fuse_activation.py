@@ -94,10 +94,9 @@ def _fused(rw: Rewriter, pre: Node, lo: Any, hi: Any) -> Node:
 
     rng = _combined(pre.meta.get(FUSED_ACTIVATION_TAG), lo, hi)
     assert rng is not None  # the range checks declined the rest
-    if pre.graph is rw.graph:  # (a probe builds into a scratch graph)
-        # where the stock pass leaves the op: ops computed between it and the
-        # activation keep their place (the payload lists nodes in graph order)
-        rw.insert_before = pre
+    # where the stock pass leaves the op: ops computed between it and the
+    # activation keep their place (the payload lists nodes in graph order)
+    rw.insert_at(pre)
     node = rw.call(pre.target, *pre.args, **pre.kwargs)
     keep_provenance(node, pre)
     node.meta[FUSED_ACTIVATION_TAG] = OutputMinMax(*rng)

@@ -88,12 +88,12 @@ def _requantizations(dq: Node, clone: Node) -> list[Node]:
 
 
 def _input(rw: Rewriter, clone: Node, x: Node) -> Node:
-    if _is_call(x, DEQUANT_OPS) and x.graph is rw.graph:  # (not in a probe's scratch graph)
+    if _is_call(x, DEQUANT_OPS):
         quantized = x.args[0]
         assert isinstance(quantized, Node)
         for q in _requantizations(x, clone):
-            q.replace_all_uses_with(quantized)
-            rw.graph.erase_node(q)
+            rw.reroute(q, quantized)
+            rw.erase(q)
     return x
 
 

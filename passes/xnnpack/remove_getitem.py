@@ -53,8 +53,7 @@ def _values_only(ctx: CheckContext, with_indices: Node) -> Any:
 
 def _values_op(rw: Rewriter, with_indices: Node) -> Node:
     target = VALUES_ONLY[str(op_key(with_indices.target))]
-    if with_indices.graph is rw.graph:  # (a probe builds into a scratch graph)
-        rw.insert_before = with_indices  # where the stock pass puts it
+    rw.insert_at(with_indices)  # where the stock pass puts it
     new = rw.call(target, *with_indices.args, **with_indices.kwargs)
     keep_provenance(new, with_indices)
     return read_through_getitems(rw, new)  # its getitem(., 0) reads the new op

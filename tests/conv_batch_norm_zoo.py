@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ADVERSARIAL", "KINDS", "MODES", "ZooModel", "zoo"]
+__all__ = ["ADVERSARIAL", "KINDS", "MODES", "ZooModel", "quantized_for_xnnpack", "zoo"]
 
 KINDS = ("conv1d", "conv2d", "conv_transpose2d")
 MODES = ("param", "bn_weight_input", "mean_input", "bn_weight_computed",
@@ -124,3 +124,31 @@ def zoo() -> list[ZooModel]:
             out.append(ZooModel(f"{mode}-{kind}-{'bias' if bias else 'nobias'}", kind, bias,
                                 mode))
     return out
+
+
+def quantized_for_xnnpack(name: str) -> tuple[torch.fx.GraphModule, tuple[torch.Tensor, ...],
+                                              list[float]]:
+    """Zoo model ``name`` quantized with XNNPACK's quantizer (per channel) under fusionkit's
+    XNNPACK adapter (its quantize step declines the folds stock torchao crashes on or gets
+    wrong): the converted model, its inputs, and the scale of each activation dequantize, in
+    graph order (the last one is the output's quantization step)."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from fusionkit.backends import xnnpack_adapter
+
+    (zm,) = [z for z in zoo() if z.name == name]
+    model, inputs = zm.build()
+    with xnnpack_adapter.install():
+        gm = torch.export.export(model, inputs).module(check_guards=False)
+        quantizer = XNNPACKQuantizer().set_global(
+            get_symmetric_quantization_config(is_per_channel=True))
+        prepared = prepare_pt2e(gm, quantizer)  # type: ignore[arg-type]
+        prepared(*inputs)
+        converted = convert_pt2e(prepared)
+    scales = [float(n.args[1]) for n in converted.graph.nodes if n.op == "call_function"
+              and n.target == torch.ops.quantized_decomposed.dequantize_per_tensor.default]
+    return converted, inputs, scales

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conv_batch_norm_zoo import zoo
+from conv_batch_norm_zoo import quantized_for_xnnpack, zoo
 
 from fusionkit.backends import xnnpack_adapter
 
@@ -27,26 +27,11 @@ CASES = [z.name for z in zoo() if z.mode == "conv_read_twice"]
 
 
 def _quantized(name: str) -> tuple[torch.fx.GraphModule, tuple[torch.Tensor, ...], float]:
-    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-        XNNPACKQuantizer,
-        get_symmetric_quantization_config,
-    )
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-    (zm,) = [z for z in zoo() if z.name == name]
-    model, inputs = zm.build()
-    # fusionkit's quantize step declines the fold (the convolution's output is returned
-    # too); stock torchao's folds it and quantizes another model than the eager one
-    with xnnpack_adapter.install():
-        gm = torch.export.export(model, inputs).module(check_guards=False)
-        quantizer = XNNPACKQuantizer().set_global(
-            get_symmetric_quantization_config(is_per_channel=True))
-        prepared = prepare_pt2e(gm, quantizer)  # type: ignore[arg-type]
-        prepared(*inputs)
-        converted = convert_pt2e(prepared)
-    dq = [n for n in converted.graph.nodes if n.op == "call_function"
-          and n.target == torch.ops.quantized_decomposed.dequantize_per_tensor.default]
-    return converted, inputs, max(float(n.args[1]) for n in dq)
+    """The converted model (fusionkit's quantize step declines the fold: the convolution's
+    output is returned too; stock torchao's folds it and quantizes another model than the
+    eager one), its inputs and its coarsest activation quantization step."""
+    converted, inputs, scales = quantized_for_xnnpack(name)
+    return converted, inputs, max(scales)
 
 
 def _run(converted: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...],

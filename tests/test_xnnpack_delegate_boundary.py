@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from conv_batch_norm_zoo import zoo
+from conv_batch_norm_zoo import quantized_for_xnnpack
 
 from fusionkit.backends import xnnpack_adapter
 from fusionkit.backends.xnnpack_adapter import boundary_qdq
@@ -35,24 +35,8 @@ CASES = ["bn_weight_input-conv2d-bias", "mean_input-conv2d-nobias"]
 
 def _quantized(name: str) -> tuple[torch.fx.GraphModule, tuple[torch.Tensor, ...], float]:
     """The converted model, its inputs and the output's quantization step."""
-    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-        XNNPACKQuantizer,
-        get_symmetric_quantization_config,
-    )
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-    (zm,) = [z for z in zoo() if z.name == name]
-    model, inputs = zm.build()
-    with xnnpack_adapter.install():  # stock torchao's fold crashes on these models
-        gm = torch.export.export(model, inputs).module(check_guards=False)
-        quantizer = XNNPACKQuantizer().set_global(
-            get_symmetric_quantization_config(is_per_channel=True))
-        prepared = prepare_pt2e(gm, quantizer)  # type: ignore[arg-type]
-        prepared(*inputs)
-        converted = convert_pt2e(prepared)
-    dq = [n for n in converted.graph.nodes if n.op == "call_function"
-          and n.target == torch.ops.quantized_decomposed.dequantize_per_tensor.default]
-    return converted, inputs, float(dq[-1].args[1])
+    converted, inputs, scales = quantized_for_xnnpack(name)
+    return converted, inputs, scales[-1]
 
 
 class _Payloads:

@@ -20,6 +20,14 @@ Q_PER_TENSOR = "quantized_decomposed.quantize_per_tensor.default"
 DQ_PER_TENSOR = "quantized_decomposed.dequantize_per_tensor.default"
 
 
+def is_dequantize(n: Any) -> bool:
+    """Whether ``n`` is a dequantize as XNNPACK counts one (its ``quant_utils.is_dequant``):
+    XNNPACK reads the quantized tensor before it."""
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant
+
+    return isinstance(n, Node) and is_dequant(n)
+
+
 def rank_of(v: Any) -> int | None:
     val = v.meta.get("val") if isinstance(v, Node) else None
     return val.dim() if isinstance(val, torch.Tensor) else None

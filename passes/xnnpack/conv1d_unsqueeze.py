@@ -26,7 +26,15 @@ from torch.fx import Node
 from fusionkit import CheckContext, MatchResult, PythonReplacement, Rewriter, Rule, capture, op
 from fusionkit.passes.registry import OperandHint, register_rules
 
-from ._common import CONV, DQ_PER_TENSOR, Q_PER_TENSOR, constraint, keep_provenance, rank_of
+from ._common import (
+    CONV,
+    DQ_PER_TENSOR,
+    Q_PER_TENSOR,
+    constraint,
+    is_dequantize,
+    keep_provenance,
+    rank_of,
+)
 
 UNSQUEEZE = "aten.unsqueeze_copy.default"
 SQUEEZE = "aten.squeeze_copy.dim"
@@ -39,15 +47,9 @@ def _is_quant(n: Any) -> bool:
     return isinstance(n, Node) and is_quant(n)
 
 
-def _is_dequant(n: Any) -> bool:
-    from executorch.backends.xnnpack.utils.quant_utils import is_dequant
-
-    return isinstance(n, Node) and is_dequant(n)
-
-
 def _weight_constant(w: Any) -> Any:
     """The weight the stock pass unsqueezes: under a dequantize of a constant, that constant."""
-    if _is_dequant(w) and not _is_quant(w.args[0]):
+    if is_dequantize(w) and not _is_quant(w.args[0]):
         return w.args[0]
     return w
 
@@ -107,7 +109,7 @@ def _conv2d(rw: Rewriter, conv: Node, x: Node, w: Node, b: Any, stride: Any, pad
     # convolution keeps all its metadata (the stock pass rewrites it in place)
     ux = rw.call(UNSQUEEZE, x, -1)
     ux.meta.pop("debug_handle", None)
-    if _is_dequant(x):
+    if is_dequantize(x):
         ux = _qdq(rw, ux, tuple(x.args[1:]), None)
     conv2 = rw.call(CONV, ux, w4, b, [*stride, 1], [*padding, 0], [*dilation, 1], transposed,
                     [*output_padding, 0], groups)

@@ -39,7 +39,7 @@ from torch.fx import Node
 from fusionkit import CheckContext, PythonReplacement, Rewriter, Rule, any_value, capture, lit, op
 from fusionkit.passes.registry import register_rules
 
-from ._common import CONV, constraint
+from ._common import CONV, constraint, is_dequantize
 from ._getitem import read_through_getitems
 
 BN_NO_TRAINING = "aten._native_batch_norm_legit_no_training.default"
@@ -77,8 +77,7 @@ def dequantized(x: Any) -> bool:
     """Whether ``x`` is a dequantize: XNNPACK reads the int8 tensor before it (the dq is
     implicit), so a float depthwise convolution after it is a mixed-precision one that
     XNNPACK's convolution cannot compute."""
-    return (isinstance(x, Node) and x.op == "call_function"
-            and "dequantize" in str(getattr(x.target, "__name__", x.target)))
+    return is_dequantize(x)
 
 
 def _output_only(ctx: CheckContext, bn: Node) -> Any:

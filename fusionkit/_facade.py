@@ -1,4 +1,4 @@
-"""Regenerate the facade's ``TYPE_CHECKING`` imports from :data:`fusionkit.EXPORTS`.
+"""Regenerate the facade's ``TYPE_CHECKING`` imports from :data:`fusionkit.public_names.EXPORTS`.
 
 Why generated: type checkers need static imports, users need one lazy table;
 writing both by hand let them drift. ``python -m fusionkit._facade`` rewrites the
@@ -34,10 +34,10 @@ def render(text: str, exports: dict[str, tuple[str, str]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    import fusionkit
+    from fusionkit.public_names import EXPORTS
 
     text = INIT.read_text()
-    new = render(text, fusionkit.EXPORTS)
+    new = render(text, EXPORTS)
     if "--check" in argv:
         return int(new != text)
     INIT.write_text(new)

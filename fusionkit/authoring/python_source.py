@@ -29,6 +29,7 @@ from fusionkit.match.pattern import (
     Through,
     Value,
 )
+from fusionkit.public_names import EXPORTS
 from fusionkit.rule import CallOp, PythonReplacement, Ref, Replacement, Rule
 from fusionkit.targets import op_key, resolve_op
 
@@ -282,21 +283,19 @@ def _replacement(r: Replacement, needs: set[str]) -> tuple[list[str], str]:
 def _constraint(c: Any, needs: set[str]) -> str:
     import importlib
 
-    import fusionkit
-
     exported = _fusionkit_exports()
     try:  # the one vocabulary: the builder and the arguments that rebuild ``c``
         vocabulary = importlib.import_module("fusionkit.vocabulary")
         term, args = vocabulary.arguments_of(c)
         builder = getattr(term.build, "__name__", "")
-        if builder in exported and getattr(fusionkit, builder) is term.build:
+        if builder in exported and _public(builder) is term.build:
             needs.add(builder)
             parts = [f"{k}={_literal(v)}" for k, v in args.items()]
             return f"{builder}({', '.join(parts)})"
     except (ImportError, LookupError, AttributeError):
         pass
     cls = type(c).__name__
-    if cls == "Custom" or cls not in exported or getattr(fusionkit, cls) is not type(c):
+    if cls == "Custom" or cls not in exported or _public(cls) is not type(c):
         raise NotPrintable(f"constraint {getattr(c, 'kind', cls)} is custom Python code")
     text = repr(c)
     if "<" in text:
@@ -345,6 +344,11 @@ def to_python(obj: Rule | Pattern, variable: str = "rule") -> str:
 
 
 def _fusionkit_exports() -> frozenset[str]:
-    import fusionkit
+    return frozenset(EXPORTS)
 
-    return frozenset(getattr(fusionkit, "__all__", ()))
+
+def _public(name: str) -> Any:
+    """What ``from fusionkit import name`` gives (read from the table, not the facade)."""
+    import importlib
+
+    return getattr(importlib.import_module(EXPORTS[name][0]), name)

@@ -40,10 +40,11 @@ if TYPE_CHECKING:
     from fusionkit.find.finder import DeferredRules, Match, MatchSet, RuleIndex, find_matches
     from fusionkit.fusion_pass import FusionPass
     from fusionkit.integration.adapter import BackendAdapter, PatchSet
-    from fusionkit.match.pattern import CASTS, Pattern, also, any_float, any_value, capture, int_list, integer, lit, one_of, op, optional_dtype, outputs, per_row_block, positive, scalar, seq, through, where
+    from fusionkit.match.pattern import CASTS, Op, Pattern, PatternVisitor, also, any_float, any_value, capture, int_list, integer, lit, one_of, op, optional_dtype, outputs, per_row_block, positive, scalar, seq, through, where
+    from fusionkit.program import as_exported_program
     from fusionkit.program_inputs import ConstantKind, ConstantRef, ProgramInputs
     from fusionkit.report import FusionReport
     from fusionkit.result import MatchResult, Status, Step
     from fusionkit.rule import CallOp, OpSemantics, ProgramForm, PythonReplacement, Ref, Replacement, Rule, RuleError, ref, replace_with
-    from fusionkit.targets import op_key
+    from fusionkit.targets import import_op_libraries, op_key, resolve_op
 # --- end of generated imports ---

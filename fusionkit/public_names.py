@@ -12,6 +12,8 @@ from __future__ import annotations
 #: public name -> (module, what it is); loaded on first use (PEP 562): no torch import here
 EXPORTS: dict[str, tuple[str, str]] = {
     "Pattern": ("fusionkit.match.pattern", "base class of every pattern node"),
+    "Op": ("fusionkit.match.pattern", "the pattern node of one op call (what :func:`op` builds)"),
+    "PatternVisitor": ("fusionkit.match.pattern", "walk a pattern through its node classes (``pattern.accept(visitor)``)"),
     "op": ("fusionkit.match.pattern", "match a call of one op (or any of several) with argument patterns"),
     "capture": ("fusionkit.match.pattern", "bind a node or value to a name (the same name must bind the same thing)"),
     "through": ("fusionkit.match.pattern", "skip value-preserving pass-through ops (e.g. CASTS) before an inner pattern"),
@@ -56,6 +58,9 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "Rewriter": ("fusionkit.edit.builder", "creates replacement nodes with metadata (the replacement author's API)"),
     "FusionError": ("fusionkit.edit.builder", "a rule produced something inconsistent (a rule bug)"),
     "op_key": ("fusionkit.targets", "the one string key of an op target (ATen, edge or custom)"),
+    "resolve_op": ("fusionkit.targets", "the ATen ``OpOverload`` of an op key, OpOverload or edge op"),
+    "import_op_libraries": ("fusionkit.targets", "import the Python modules that register a custom op namespace"),
+    "as_exported_program": ("fusionkit.program", "the ExportedProgram of a program-like argument (EdgeProgramManager, ...)"),
     "register_delegate": ("fusionkit.find.executable", "tell fusionkit which ops a backend's delegate takes (its own namespaces, its registry)"),
     "find_matches": ("fusionkit.find.finder", "decide every match of a rule set in one phase (changes nothing)"),
     "Match": ("fusionkit.find.finder", "an accepted match: rule, root, captures, claimed nodes, folds"),

@@ -167,16 +167,9 @@ def test_the_shipped_adapters_are_backend_adapters(name: str) -> None:
 #: core modules the shipped adapters still import past the facade (file -> modules); none
 #: may be added: what an adapter needs goes into ``fusionkit.EXPORTS``
 PAST_THE_FACADE: dict[str, set[str]] = {
-    "xnnpack_adapter/serializer.py": {"fusionkit.program_inputs"},
-    "arm_adapter/constant_operands.py": {"fusionkit.program_inputs", "fusionkit.targets"},
-    "vulkan_adapter/constant_serializer.py": {"fusionkit.program_inputs"},
     "vulkan_adapter/delegation.py": {"fusionkit.edit.meta_cache"},
     "vulkan_adapter/probe.py": {"fusionkit.edit.probe"},
-    "vulkan_adapter/rule_ops.py": {"fusionkit.targets"},
-    "vulkan_adapter/runtime_probe.py": {"fusionkit.targets"},
-    "vulkan_adapter/runtime_support.py": {"fusionkit.match.pattern"},
     "vulkan_adapter/inspect/runtime_conditions.py": {"fusionkit.check.operand_dtypes"},
-    "vulkan_adapter/inspect/simulator.py": {"fusionkit.program"},
 }
 #: what an adapter may import besides the facade: the integration API, the rule sets,
 #: the other adapters

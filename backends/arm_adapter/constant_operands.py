@@ -25,7 +25,7 @@ import torch
 from torch.fx import Node
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from fusionkit.program_inputs import ProgramInputs
+from fusionkit import ProgramInputs
 
 __all__ = ["ConstantOperands", "non_constant_operand"]
 
@@ -37,7 +37,7 @@ _DEQUANTIZE = ("quantized_decomposed.dequantize_per_tensor.default",
 
 
 def _name(target: Any) -> str:
-    from fusionkit.targets import op_key
+    from fusionkit import op_key
 
     return op_key(target) or str(target)
 

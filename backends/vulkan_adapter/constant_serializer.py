@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from fusionkit import ProgramInputs
 from fusionkit.integration.hooks import (
     PatchSet,
     UnsupportedExecuTorchError,
@@ -41,7 +42,6 @@ from fusionkit.integration.tensor_bytes import (
     release_named_data_fix,
     tensor_bytes,
 )
-from fusionkit.program_inputs import ProgramInputs
 
 __all__ = [
     "PATCHES",

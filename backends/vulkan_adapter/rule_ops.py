@@ -33,9 +33,17 @@ from functools import cache
 from types import CodeType, FunctionType
 from typing import Any
 
-from fusionkit import CallOp, DeferredRules, PythonReplacement, Replacement, Rule, RuleIndex
+from fusionkit import (
+    CallOp,
+    DeferredRules,
+    PythonReplacement,
+    Replacement,
+    Rule,
+    RuleIndex,
+    import_op_libraries,
+    resolve_op,
+)
 from fusionkit.passes.registry import RuleFactory, registered
-from fusionkit.targets import import_op_libraries, resolve_op
 
 __all__ = ["RULE_SETS", "built_rules", "created_operators", "factory_rules", "payload_names",
            "replacement_ops", "rule_index"]

@@ -35,7 +35,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from fusionkit.targets import resolve_op
+from fusionkit import resolve_op
 
 from . import runtime_location as loc
 

@@ -43,8 +43,7 @@ from typing import Any
 
 from torch.fx import Node
 
-from fusionkit import op_key
-from fusionkit.match.pattern import Op, Pattern, PatternVisitor
+from fusionkit import Op, Pattern, PatternVisitor, op_key
 
 __all__ = ["DATA_MOVEMENT_OPS", "KeptOff", "RuntimeSupport", "Unrunnable", "cpu_has_kernel",
            "data_movement_islands", "pattern_ops", "serialized_name"]

@@ -31,6 +31,7 @@ from typing import Any, cast
 import torch
 from torch.export import ExportedProgram
 
+from fusionkit import ProgramInputs
 from fusionkit.integration.hooks import (
     Installation,
     PatchSet,
@@ -43,7 +44,6 @@ from fusionkit.integration.tensor_bytes import (
     tensor_bytes,
 )
 from fusionkit.integration.versions import features
-from fusionkit.program_inputs import ProgramInputs
 
 __all__ = [
     "SERIALIZER_PATCHES",

@@ -1055,7 +1055,7 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
     from executorch.exir.lowered_backend_module import LoweredBackendModule
     from torch.export.graph_signature import InputKind, OutputKind
 
-    from fusionkit.program import as_exported_program
+    from fusionkit import as_exported_program
 
     from ..wheel_inventory import effective_inventory
 

@@ -534,6 +534,12 @@ NOT_RESULTS: dict[str, tuple[bool, str]] = {
     "fusionkit.authoring.verify.Counterexample": (
         False, "the operands on which a replacement computes something else (part of a "
                "Verification): values and outputs, not a match's refusal"),
+    "fusionkit.authoring.prove.Proof": (
+        False, "part of a Verification: whether the solver proved a rule's programs equal for "
+               "every value and size, what the proof covers or why there is none; no match"),
+    "fusionkit.authoring.prove.Outcome": (
+        False, "what the solver said of two programs (proved, a model, or why it could not "
+               "tell); verify makes it a Proof, never a match's refusal"),
     "fusionkit.app.html_report.Item": (
         False, "one drawing of the HTML page, made from a Match or a MatchResult (Item.of); "
                "never handed to users as a verdict"),

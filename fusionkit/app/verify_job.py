@@ -122,11 +122,14 @@ def verification_text(results: Sequence[Verification]) -> str:
             lines.append(f"  fires on {', '.join(fires)}")
         if v.counterexample is not None:
             lines.append(f"  smallest counterexample: {v.counterexample}")
+        if v.proof is not None:
+            lines.append(f"  {v.proof}")
     counts = {s: sum(v.status == s for v in results) for s in (EQUAL, DIFFERENT, CANNOT_CHECK)}
     tol = ", ".join(f"{str(d).removeprefix('torch.')} {t:g}" for d, t in TOLERANCES.items()
                     if d.is_floating_point)
     lines.append(f"{len(results)} rule(s): {counts[EQUAL]} equal, {counts[DIFFERENT]} different, "
                  f"{counts[CANNOT_CHECK]} cannot check, "
+                 f"{sum(v.proof is not None and v.proof.proved for v in results)} proved, "
                  f"{sum(bool(v.never_fires) for v in results)} never fire (tolerance x (1 + |expected|): {tol}; "
                  "8-bit outputs within 1 step, other integers exact)")
     return "\n".join(lines)

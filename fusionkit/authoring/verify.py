@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -67,6 +68,15 @@ from typing import Any
 
 import torch
 
+from fusionkit.authoring.prove import (
+    NOT_PROVED,
+    PROVED,
+    REFUTED,
+    Proof,
+    available,
+    prove_equal,
+    ranges_of,
+)
 from fusionkit.check.operand_hints import OperandHint, Pick, merged
 from fusionkit.match.pattern import (
     Also,
@@ -84,7 +94,7 @@ from fusionkit.match.pattern import (
 from fusionkit.rule import OpSemantics, Rule
 from fusionkit.targets import op_key, overload_of, resolve_op
 
-__all__ = ["FIRING_CASES", "TOLERANCES", "Counterexample", "Judge", "OperandHint",
+__all__ = ["FIRING_CASES", "TOLERANCES", "Counterexample", "Judge", "OperandHint", "Proof",
            "Verification", "verify", "verify_rules"]
 
 #: absolute/relative tolerance per output dtype: ``|got - want| <= tol * (1 + |want|)``;
@@ -208,6 +218,19 @@ class _Case:
     def key(self) -> str:
         """The structure (not the values of user inputs): what export depends on."""
         ins = [(i.name, i.shape, str(i.dtype), i.constant,
+                i.value.tolist() if i.constant else None) for i in self.inputs.values()]
+        calls = [(str(c.target), _plain(c.args), _plain(c.kwargs)) for c in self.calls]
+        return repr((ins, calls, _plain(self.outputs), self.tail, self.scope))
+
+    def structure(self) -> str:
+        """The key without the sizes a symbolic proof generalises: a user input's dims > 1
+        (each a symbol in the dynamic export, :meth:`_Checker.rewritten`) and which float
+        dtype it has (rounding is not modelled); the ops, literals, ranks and dims of 1 stay."""
+        def kind(i: _Input) -> str:
+            return "float" if i.dtype.is_floating_point else str(i.dtype)
+
+        ins = [(i.name, i.shape if i.constant else tuple(1 if d == 1 else -1 for d in i.shape),
+                str(i.dtype) if i.constant else kind(i), i.constant,
                 i.value.tolist() if i.constant else None) for i in self.inputs.values()]
         calls = [(str(c.target), _plain(c.args), _plain(c.kwargs)) for c in self.calls]
         return repr((ins, calls, _plain(self.outputs), self.tail, self.scope))
@@ -1215,6 +1238,9 @@ class Verification:
     #: ``cases`` (judged), ``reason`` (when it never fired: the most frequent decline, the
     #: ``executable`` step's or the partitioner's), ``not_judged`` (a judge that raised)
     firing: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: whether the solver proved the pattern's and the replacement's programs equal for every
+    #: value and size (:mod:`fusionkit.authoring.prove`), refuted them, or why not
+    proof: Proof | None = None
 
     @property
     def ok(self) -> bool:
@@ -1243,12 +1269,14 @@ class Verification:
                 "crashes": [dict(c) for c in self.crashes],
                 "firing": {b: dict(f) for b, f in self.firing.items()},
                 "never_fires": self.never_fires, "verdict": self.verdict,
+                "proof": self.proof.to_dict() if self.proof is not None else None,
                 "tolerances": {str(k).removeprefix("torch."): v for k, v in TOLERANCES.items()}}
 
     def summary(self) -> str:
         """One line: the rule, the verdict and why (and why it never fires where it does not)."""
         never = "".join(f"; never fires on {b}: {why}" for b, why in self.never_fires.items())
-        return f"{self.rule}: {self.verdict} - {self.reason}{never}"
+        proof = f"; {self.proof}" if self.proof is not None else ""
+        return f"{self.rule}: {self.verdict} - {self.reason}{never}{proof}"
 
     def __str__(self) -> str:
         out = self.summary()
@@ -1335,10 +1363,16 @@ class _Checker:
         self.last_difference: tuple[str, float, Any, Any] | None = None
         #: the first case found different (what is reported if shrinking cannot replay it)
         self.first_difference: _Case | None = None
+        #: one compared case per structure (:meth:`_Case.structure`), a float one where there
+        #: was: what :func:`_proof` proves; the size ranges of each dynamic export
+        self.structures: dict[str, _Case] = {}
+        self.ranges: dict[str, dict[str, tuple[int, int | None]]] = {}
 
-    def rewritten(self, case: _Case) -> tuple[Any, Any] | str:
-        """(the exported pattern, the rewritten program) or why the rule did not fuse it."""
-        key = case.key()
+    def rewritten(self, case: _Case, dynamic: bool = False) -> tuple[Any, Any] | str:
+        """(the exported pattern, the rewritten program) or why the rule did not fuse it.
+        ``dynamic``: every dim > 1 of a user input exported as a symbol (``Dim.AUTO``), for
+        :func:`_proof`; not judged for firing."""
+        key = ("dynamic " if dynamic else "") + case.key()
         if key in self.exported:
             return self.exported[key]  # type: ignore[no-any-return]
         from fusionkit.find.finder import find_matches
@@ -1349,7 +1383,11 @@ class _Checker:
         program = _Program(case)
         user = tuple(case.inputs[n].value for n in program.user)
         try:
-            ep = torch.export.export(program, user, strict=False)
+            if dynamic:
+                ep = _exported_dynamic(program, user)
+                self.ranges[key] = ranges_of(ep)
+            else:
+                ep = torch.export.export(program, user, strict=False)
         except Exception as e:
             got: tuple[Any, Any] | str = f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
             self.exported[key] = got
@@ -1410,7 +1448,8 @@ class _Checker:
                    "the backend to apply; the graph alone does not compute the result")
             self.metadata.add(got)
         self.exported[key] = got
-        self._judge_firing(ep)
+        if not dynamic:
+            self._judge_firing(ep)
         return got
 
     def _judge_firing(self, ep: Any) -> None:
@@ -1511,6 +1550,10 @@ class _Checker:
             self.last_difference = (reason, worst, want, got)
             return True
         self.compared += 1
+        structure = case.structure()
+        if structure not in self.structures or (
+                not _floating(self.structures[structure]) and _floating(case)):
+            self.structures[structure] = case
         self.shapes.add(", ".join(f"{n}{tuple(i.shape)}" for n, i in case.inputs.items()))
         self.dtypes.update(str(i.dtype).removeprefix("torch.") for i in case.inputs.values())
         self._cover(case)
@@ -1996,6 +2039,21 @@ class _seeded:
 
 
 def _verdict(rule: Rule, ch: _Checker, found: _Case | None, seconds: float) -> Verification:
+    """The sampled verdict, with the proof (:func:`_proof`); a refutation confirmed by running
+    its case makes an "equal" rule different, with that case as the counterexample."""
+    sampled = _sampled_verdict(rule, ch, found, seconds)
+    started = time.monotonic()
+    proof, confirmed = _proof(rule, ch, found)
+    seconds += time.monotonic() - started
+    if confirmed is not None and sampled.status == EQUAL:
+        return dataclasses.replace(sampled, status=DIFFERENT, counterexample=confirmed,
+                                   reason=f"the replacement computes something else: {confirmed.reason} "
+                                          "(a case the solver found, confirmed by running it)",
+                                   proof=proof, seconds=seconds)
+    return dataclasses.replace(sampled, proof=proof, seconds=seconds)
+
+
+def _sampled_verdict(rule: Rule, ch: _Checker, found: _Case | None, seconds: float) -> Verification:
     common = dict(cases=ch.compared, shapes=tuple(sorted(ch.shapes)), dtypes=tuple(sorted(ch.dtypes)),
                   declined=dict(ch.declined.most_common(5)), no_reference=tuple(sorted(ch.no_reference)),
                   seconds=seconds, coverage=ch.coverage(), firing=ch.firing())
@@ -2034,6 +2092,151 @@ def _verdict(rule: Rule, ch: _Checker, found: _Case | None, seconds: float) -> V
     why = ch.not_a_case.most_common(1)[0][0] if ch.not_a_case else "no case was drawn"
     return Verification(rule.name, CANNOT_CHECK, f"the generator could not build the pattern's "
                         f"subgraph (most often: {why})", cause=NO_CASE, **common)  # type: ignore[arg-type]
+
+
+#: how long proving a rule may take (its case structures are proved in turn until then), and
+#: how long the solver may think about one structure
+PROOF_SECONDS = 20.0
+SOLVER_MS = 5000
+
+
+def _floating(case: _Case) -> bool:
+    return all(i.dtype.is_floating_point for i in case.inputs.values() if not i.constant)
+
+
+def _exported_dynamic(program: torch.nn.Module, user: tuple[torch.Tensor, ...]) -> Any:
+    """``program`` exported with every dim of its user inputs a symbol (``Dim.AUTO``: a dim of
+    1 stays 1, export specialises it, as broadcasting needs), its notes about that silenced.
+    Two dims of one size get two symbols (export does not share one between equal sizes): a
+    square case proves its structure for every pair of sizes, unless the program's own ops
+    need them equal (a view to drawn sizes: export then fixes or equates them)."""
+    import logging
+
+    from torch.export import Dim
+
+    if not user:
+        return torch.export.export(program, user, strict=False)
+    spec = (tuple(tuple(Dim.AUTO for _ in x.shape) for x in user),)
+    log = logging.getLogger("torch._export.non_strict_utils")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return torch.export.export(program, user, dynamic_shapes=spec, strict=False)
+    finally:
+        log.setLevel(level)
+
+
+def _proof(rule: Rule, ch: _Checker, found: _Case | None) -> tuple[Proof, Counterexample | None]:
+    """Prove the pattern's and the replacement's programs equal (:mod:`fusionkit.authoring.prove`)
+    for each case structure the compared cases had (and the different case ``found``): each
+    exported again with symbolic sizes and rewritten by the rule; where that fails, at the
+    case's own sizes (for every value). A refutation is run as a case (:meth:`_Checker.differs`):
+    the counterexample returned is that run's; one that does not reproduce is "not proved"."""
+    missing = available()
+    if missing is not None:
+        return Proof(NOT_PROVED, missing), None
+    cases = ([found] if found is not None else []) + list(ch.structures.values())
+    if not cases:
+        return Proof(NOT_PROVED, "no case was compared"), None
+    made = ch.rewritten(cases[0])  # (cheap: already exported) an op outside the fragment ends it here
+    if isinstance(made, str):
+        return Proof(NOT_PROVED, f"the case was not rewritten: {made}"), None
+    stated = _stated_meaning(rule, ch, made)
+    if stated is not None:
+        return Proof(NOT_PROVED, stated), None
+    first = prove_equal(made[0], made[1], timeout_ms=SOLVER_MS)
+    if first.outside:
+        return Proof(NOT_PROVED, first.reason), None
+    deadline = time.monotonic() + PROOF_SECONDS
+    fixed: list[str] = []
+    declined: list[str] = []
+    ranks: set[int] = set()
+    for n, case in enumerate(cases):
+        if time.monotonic() > deadline:
+            return Proof(NOT_PROVED, f"{n} of {len(cases)} case structures proved before the "
+                         f"time allowed ({PROOF_SECONDS:g} s) ran out", (n, len(cases))), None
+        made = ch.rewritten(case, dynamic=True)
+        ranges = ch.ranges.get("dynamic " + case.key(), {})
+        if isinstance(made, str):  # the export or the rule failed on symbolic sizes
+            made, ranges = ch.rewritten(case), {}
+            fixed.append(", ".join(f"{k}{tuple(i.shape)}" for k, i in case.inputs.items() if not i.constant))
+        if isinstance(made, str):
+            return Proof(NOT_PROVED, f"a case was not rewritten: {made}", (n, len(cases))), None
+        out = prove_equal(made[0], made[1], ranges=ranges, timeout_ms=SOLVER_MS)
+        if out.status == REFUTED:
+            proof, cx = _refutation(ch, case, out, (n, len(cases)))
+            if proof is not None:
+                return proof, cx
+            declined.append(", ".join(f"{k}{tuple(s)}" for k, s in zip(_Program(case).user, out.shapes,
+                                                                          strict=False)))
+        elif out.status != PROVED:
+            return Proof(NOT_PROVED, out.reason, (n, len(cases))), None
+        ranks.add(max((len(i.shape) for i in case.inputs.values()), default=0))
+    rs = sorted(ranks)
+    span = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))}"
+    what = (f"for every user-input value and every size >= 2 of the dims > 1, on its {len(cases)} "
+            f"case structure{'s' if len(cases) > 1 else ''} ({span}; its ops and literals as "
+            "drawn; over the reals)")
+    if fixed:
+        what += (f"; {len(fixed)} of them at the drawn sizes only (exported with symbolic sizes, "
+                 f"the rule did not rewrite them): {'; '.join(fixed[:3])}")
+    if declined:
+        what += (f"; where the replacement's value has the pattern's shape (fusionkit declines a "
+                 f"rewrite whose shape differs, as it did at {declined[0]})")
+    if found is not None:
+        what += "; the sampled difference is one of floating point (rounding, overflow, NaN)"
+    return Proof(PROVED, what, (len(cases), len(cases))), None
+
+
+def _stated_meaning(rule: Rule, ch: _Checker, made: tuple[Any, Any]) -> str | None:
+    """Why the graphs alone do not say what a case computes, where a backend states it
+    elsewhere (node metadata it applies, a node's meaning in its program form, a kernel
+    reference for an ATen op): the solver reads only the graph, so it does not prove these."""
+    for gm in made:
+        for n in gm.graph.nodes:
+            keys = sorted(k for k in rule.semantics.metadata if n.meta.get(k) is not None)
+            if keys:
+                return (f"the replacement records what it computes in node metadata ({', '.join(keys)}) "
+                        "that the backend applies; the solver reads the graph only")
+            key = op_key(n.target) if n.op == "call_function" else None
+            if key is not None and (key in ch.semantics or key in rule.semantics.kernel_references):
+                return f"{key} runs as its backend states (a kernel reference or node semantics), not as its graph"
+    return None
+
+
+def _refutation(ch: _Checker, case: _Case, out: Any, structures: tuple[int, int]
+                ) -> tuple[Proof | None, Counterexample | None]:
+    """The solver's counterexample run as a case: refuted with the run's counterexample when
+    the programs differ there, else not proved (the rule declines those sizes, or the
+    difference is one of the real-number model's); None when only the shapes differed there
+    and the rule declined it (fusionkit's own check of the replacement's shape)."""
+    user = _Program(case).user
+    inputs = dict(case.inputs)
+    for name, shape, values in zip(user, out.shapes, out.values, strict=False):
+        i = case.inputs[name]
+        value = (torch.tensor(values, dtype=torch.float64) if values is not None
+                 else torch.randn(shape, dtype=torch.float64))
+        inputs[name] = _Input(name, tuple(shape), i.dtype, False, value.reshape(shape).to(i.dtype))
+    trial = dataclasses.replace(case, inputs=inputs)
+    sizes = ", ".join(f"{n}{tuple(s)}" for n, s in zip(user, out.shapes, strict=False))
+    solver = {"shapes": {n: list(s) for n, s in zip(user, out.shapes, strict=False)},
+              "index": list(out.index), "values": dict(zip(user, out.values, strict=False))}
+    ch.last_difference = None
+    if not ch.differs(trial) or ch.last_difference is None:
+        made = ch.rewritten(trial)
+        if out.shapes_differ and isinstance(made, str) and not made.startswith(_NOT_JUDGED):
+            return None, None
+        why = (made if isinstance(made, str) else "the programs agree when run (the difference is "
+               "the real-number model's: an uninterpreted function, or a literal rounded in float)")
+        return Proof(NOT_PROVED, f"the solver's counterexample ({sizes}) does not reproduce when run: "
+                     f"{why}", structures, solver), None
+    reason, worst, want, got = ch.last_difference
+    d = trial.describe()
+    cx = Counterexample(d["inputs"], d["literals"], tuple(d["ops"]), reason, worst,
+                        _short(_single(want)), _short(_single(got)))
+    return Proof(REFUTED, f"the solver found operands {sizes} where they differ (at output index "
+                 f"{tuple(out.index)}); running them: {reason}", structures,
+                 {**solver, "confirmed": reason}), cx
 
 
 def _covered(ch: _Checker) -> str:

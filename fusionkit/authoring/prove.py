@@ -491,6 +491,14 @@ def _copy(ctx: _Ctx, name: str, args: list[Any], kwargs: dict[str, Any]) -> _T |
         if name == "dropout" and (kwargs.get("train", args[2] if len(args) > 2 else False)):
             raise NotInFragment("dropout in training mode")
         return _tensor(ctx, args[0])
+    if name == "copy":  # copy(self, src): src broadcast into self's shape and dtype
+        dst, src = _tensor(ctx, args[0]), _tensor(ctx, args[1])
+        if not dst.floating and src.floating:
+            raise NotInFragment("copy of a float into an integer tensor (rounding is not modelled)")
+        if len(src.shape) > len(dst.shape):
+            raise NotInFragment("copy of a tensor of a higher rank")
+        _broadcast(ctx, [dst, src])  # (what it needs: sizes that broadcast)
+        return _T(dst.shape, lambda i: _read(src, dst.shape, i), dst.boolean, dst.floating)
     if name in ("_to_copy", "to", "_to_dim_order_copy"):
         x = _tensor(ctx, args[0])
         dtype = kwargs.get("dtype")
@@ -862,6 +870,9 @@ def prove_equal(before: torch.fx.GraphModule, after: torch.fx.GraphModule, *,
         return Outcome(NOT_PROVED, str(e), outside=True)
     except z3.Z3Exception as e:
         return Outcome(NOT_PROVED, f"the solver refused the question: {e}")
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError) as e:
+        # an argument this reading does not expect (an op's rarer form): not the rule's fault
+        return Outcome(NOT_PROVED, f"the symbolic reading failed: {type(e).__name__}: {e}", outside=True)
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
     for name, s in ctx.syms.items():

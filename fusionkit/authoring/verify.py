@@ -2043,7 +2043,11 @@ def _verdict(rule: Rule, ch: _Checker, found: _Case | None, seconds: float) -> V
     its case makes an "equal" rule different, with that case as the counterexample."""
     sampled = _sampled_verdict(rule, ch, found, seconds)
     started = time.monotonic()
-    proof, confirmed = _proof(rule, ch, found)
+    try:
+        proof, confirmed = _proof(rule, ch, found)
+    except Exception as e:  # the prover's failure is never the rule's: the sampled verdict stands
+        proof = Proof(NOT_PROVED, f"the prover failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        confirmed = None
     seconds += time.monotonic() - started
     if confirmed is not None and sampled.status == EQUAL:
         return dataclasses.replace(sampled, status=DIFFERENT, counterexample=confirmed,
@@ -2150,6 +2154,7 @@ def _proof(rule: Rule, ch: _Checker, found: _Case | None) -> tuple[Proof, Counte
     deadline = time.monotonic() + PROOF_SECONDS
     fixed: list[str] = []
     declined: list[str] = []
+    pinned = 0  # structures whose program fixes or ties some of its dims > 1 (export did)
     ranks: set[int] = set()
     for n, case in enumerate(cases):
         if time.monotonic() > deadline:
@@ -2157,11 +2162,17 @@ def _proof(rule: Rule, ch: _Checker, found: _Case | None) -> tuple[Proof, Counte
                          f"time allowed ({PROOF_SECONDS:g} s) ran out", (n, len(cases))), None
         made = ch.rewritten(case, dynamic=True)
         ranges = ch.ranges.get("dynamic " + case.key(), {})
-        if isinstance(made, str):  # the export or the rule failed on symbolic sizes
+        over_1 = sum(d > 1 for i in case.inputs.values() if not i.constant for d in i.shape)
+        if not isinstance(made, str):
+            pinned += len(ranges) < over_1
+        else:  # the export or the rule failed on symbolic sizes
             made, ranges = ch.rewritten(case), {}
             fixed.append(", ".join(f"{k}{tuple(i.shape)}" for k, i in case.inputs.items() if not i.constant))
         if isinstance(made, str):
             return Proof(NOT_PROVED, f"a case was not rewritten: {made}", (n, len(cases))), None
+        stated = _stated_meaning(rule, ch, made)
+        if stated is not None:
+            return Proof(NOT_PROVED, stated, (n, len(cases))), None
         out = prove_equal(made[0], made[1], ranges=ranges, timeout_ms=SOLVER_MS)
         if out.status == REFUTED:
             proof, cx = _refutation(ch, case, out, (n, len(cases)))
@@ -2174,12 +2185,18 @@ def _proof(rule: Rule, ch: _Checker, found: _Case | None) -> tuple[Proof, Counte
         ranks.add(max((len(i.shape) for i in case.inputs.values()), default=0))
     rs = sorted(ranks)
     span = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))}"
-    what = (f"for every user-input value and every size >= 2 of the dims > 1, on its {len(cases)} "
-            f"case structure{'s' if len(cases) > 1 else ''} ({span}; its ops and literals as "
-            "drawn; over the reals)")
+    sizes = ("at the drawn sizes" if len(fixed) == len(cases)
+             else "and every size >= 2 of the dims > 1")
+    what = (f"for every user-input value {sizes}, on its {len(cases)} case "
+            f"structure{'s' if len(cases) > 1 else ''} ({span}; its ops and literals as drawn; "
+            "over the reals)")
     if fixed:
-        what += (f"; {len(fixed)} of them at the drawn sizes only (exported with symbolic sizes, "
-                 f"the rule did not rewrite them): {'; '.join(fixed[:3])}")
+        shown = "; ".join(dict.fromkeys(fixed[:3]))
+        what += (f"; {'each' if len(fixed) == len(cases) else f'{len(fixed)} of them'} at its drawn "
+                 f"sizes only, as exported with symbolic sizes the rule did not rewrite it ({shown})")
+    if pinned:
+        what += (f"; in {pinned} of them the program itself fixes or ties some of those sizes "
+                 "(a view to drawn sizes), which the proof keeps")
     if declined:
         what += (f"; where the replacement's value has the pattern's shape (fusionkit declines a "
                  f"rewrite whose shape differs, as it did at {declined[0]})")

@@ -1367,6 +1367,9 @@ class _Checker:
         #: was: what :func:`_proof` proves; the size ranges of each dynamic export
         self.structures: dict[str, _Case] = {}
         self.ranges: dict[str, dict[str, tuple[int, int | None]]] = {}
+        #: whether operand hints shape the drawn operands (then a solver's counterexample,
+        #: which hints do not bound, does not overturn a sampled "equal")
+        self.hinted = False
 
     def rewritten(self, case: _Case, dynamic: bool = False) -> tuple[Any, Any] | str:
         """(the exported pattern, the rewritten program) or why the rule did not fuse it.
@@ -1666,6 +1669,7 @@ def _verify(rule: Rule, cases: int, max_examples: int, seed: int,
     started = time.monotonic()
     checker = _Checker(rule, cases, max_examples, judges)
     operand_hints, joint_hints = _hints_of(rule, hints)
+    checker.hinted = bool(operand_hints or joint_hints)
     scope = rule.module_scope
 
     @st.composite
@@ -2049,7 +2053,10 @@ def _verdict(rule: Rule, ch: _Checker, found: _Case | None, seconds: float) -> V
         proof = Proof(NOT_PROVED, f"the prover failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         confirmed = None
     seconds += time.monotonic() - started
-    if confirmed is not None and sampled.status == EQUAL:
+    if confirmed is not None and sampled.status == EQUAL and ch.hinted:
+        proof = dataclasses.replace(proof, reason=proof.reason + " (with operands the rule's hints "
+                                    "do not draw: the sampled verdict stands)")
+    elif confirmed is not None and sampled.status == EQUAL:
         return dataclasses.replace(sampled, status=DIFFERENT, counterexample=confirmed,
                                    reason=f"the replacement computes something else: {confirmed.reason} "
                                           "(a case the solver found, confirmed by running it)",
@@ -2196,7 +2203,7 @@ def _proof(rule: Rule, ch: _Checker, found: _Case | None) -> tuple[Proof, Counte
                  f"sizes only, as exported with symbolic sizes the rule did not rewrite it ({shown})")
     if pinned:
         what += (f"; in {pinned} of them the program itself fixes or ties some of those sizes "
-                 "(a view to drawn sizes), which the proof keeps")
+                 "(a view to drawn sizes, a broadcast), which the proof keeps")
     if declined:
         what += (f"; where the replacement's value has the pattern's shape (fusionkit declines a "
                  f"rewrite whose shape differs, as it did at {declined[0]})")

@@ -376,3 +376,27 @@ def test_the_registered_operators_are_read_from_the_runtime_sources(tmp_path: Pa
     assert {"aten.convolution.default", "et_vk.rms_norm.default"} <= kept
     assert "aten.logical_not.default" not in kept
     assert re.fullmatch(r"[0-9a-f]{40}", ro.source_commit(version("executorch")) or "")
+
+
+def test_each_executorch_series_reads_its_own_registered_operators() -> None:
+    """The lists kept for 1.4.1 and 1.5.1 (read from the v1.4.1 tag and the 1.5.1 runtime's
+    source commit): every name well formed, 1.5.1's a superset of 1.4.1's by the seven
+    operators 1.5 registered; a 1.4.x wheel takes the 1.4 list, not 1.5.1's and not "every
+    operator present"; a series with no list kept infers nothing."""
+    from fusionkit.backends.vulkan_adapter import registered_operators as ro
+
+    old, new = ro.registered_operators("1.4.1"), ro.registered_operators("1.5.1")
+    assert old is not None and new is not None
+    for name in old | new:
+        # namespace.op.overload, op.overload (et_vk's own) or a bare symbolic op (add, mul)
+        assert re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*){0,2}", name), name
+    assert new - old == {"aten.ge.Scalar", "aten.gt.Scalar", "aten.le.Scalar",
+                         "aten.lt.Scalar", "aten.ne.Scalar", "aten.log10.default",
+                         "aten.unfold_copy.default"}
+    assert not old - new
+    assert ro.source_commit("1.4.1") == "e4d02f41f7909e8ed5bf4a14ffc520d733453d9f"
+    for v in ("1.4.0", "1.4.1", "1.4.2+cpu"):
+        assert ro.kept_version(v) == "1.4.1" and ro.registered_operators(v) == old
+    assert ro.kept_version("1.5.1+cpu") == "1.5.1"
+    assert ro.registered_operators("1.3.0") is None
+    assert ro.registered_operators("not a version") is None

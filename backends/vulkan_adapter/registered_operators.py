@@ -8,7 +8,9 @@ runtime abort at load (``Missing operator``). The wheel ships no C++, so the lis
 runtime built for an ExecuTorch version is kept here, one file per version
 (``runtime_operators/executorch-<version>.txt``, its first line the source commit), and read by
 :func:`~..wheel_inventory.wheel_inventory`: without a runtime installed, an op absent from
-the list counts as missing, as the probe would find it.
+the list counts as missing, as the probe would find it. A version with no list of its own
+takes the newest list kept for its minor series (1.4.0 takes 1.4.1's: the two tags register
+the same names); a series with none kept infers nothing.
 
 Regenerate from an ExecuTorch checkout at the runtime's source commit::
 
@@ -23,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["operators_registered_in", "registered_operators", "source_commit"]
+__all__ = ["kept_version", "operators_registered_in", "registered_operators", "source_commit"]
 
 _HERE = Path(__file__).resolve().parent / "runtime_operators"
 #: ``VK_REGISTER_OP(<name>, <function>)``; the macro's own definition names ``name``
@@ -51,11 +53,30 @@ def _file(version: str) -> Path:
     return _HERE / f"executorch-{version}.txt"
 
 
+def _release(version: str) -> tuple[int, ...]:
+    """``"1.4.1"`` -> ``(1, 4, 1)``; a local or dev suffix (``+cpu``, ``.dev2026``) dropped."""
+    parts = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(p) for p in parts.group(0).split(".")) if parts else ()
+
+
+def kept_version(version: str) -> str | None:
+    """The version whose kept list stands for ``version``: its own, else the newest kept for
+    its ``major.minor`` series; None when that series has none."""
+    if _file(version).is_file():
+        return version
+    series = _release(version)[:2]
+    kept = [p.name.removeprefix("executorch-").removesuffix(".txt")
+            for p in _HERE.glob("executorch-*.txt")]
+    same = [v for v in kept if len(series) == 2 and _release(v)[:2] == series]
+    return max(same, key=_release) if same else None
+
+
 @functools.cache
 def _read(version: str) -> tuple[str, frozenset[str]] | None:
-    path = _file(version)
-    if not path.is_file():
+    kept = kept_version(version)
+    if kept is None:
         return None
+    path = _file(kept)
     lines = [ln.strip() for ln in path.read_text().splitlines()]
     commit = lines[0].removeprefix("# source ").strip() if lines and lines[0].startswith("#") else ""
     return commit, frozenset(ln for ln in lines if ln and not ln.startswith("#"))

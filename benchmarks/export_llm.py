@@ -115,11 +115,15 @@ def measure(name: str, backend: str, mode: str, pairs: int, work: Path) -> dict[
                 b = rep["backends"].get(backend, {})
                 r["fused"] = sum(b.get("fused", {}).values())
                 r["fusionkit_s"] = rep.get("fusionkit_seconds", 0.0)
+                # a run where fusionkit was not (wholly) installed measured stock again
+                r["installed"] = rep.get("installed", {})
+                if rep.get("errors"):
+                    r["errors"] = rep["errors"]
             runs[label].append(r)
             for p in out.glob("*.pte"):
                 p.unlink()  # GBs each: only the size is kept
     ratios = {k: [f[k] / s[k] for s, f in zip(runs["stock"], runs["fusionkit"], strict=True)
-                  if s["exit"] == 0 and f["exit"] == 0]
+                  if s["exit"] == 0 and f["exit"] == 0 and all(f.get("installed", {}).values())]
               for k in ("wall_s", "cpu_s", "peak_rss_mib")}
     return {"model": name, "backend": backend, "mode": mode, "runs": runs,
             "median_ratio": {k: statistics.median(v) if v else None for k, v in ratios.items()}}
@@ -141,7 +145,8 @@ def _line(r: dict[str, Any]) -> str:
             f"wall {med(s, 'wall_s'):7.1f} / {med(f, 'wall_s'):7.1f} s ({m['wall_s']:.3f}x)  "
             f"cpu {med(s, 'cpu_s'):7.1f} / {med(f, 'cpu_s'):7.1f} s ({m['cpu_s']:.3f}x)  "
             f"rss {med(s, 'peak_rss_mib'):7.0f} / {med(f, 'peak_rss_mib'):7.0f} MiB "
-            f"({m['peak_rss_mib']:.3f}x)  fusionkit's passes {share:.1%} of its CPU")
+            f"({m['peak_rss_mib']:.3f}x)  fusionkit's passes {share:.1%} of its CPU  "
+            f"fused per run {[x.get('fused') for x in f]}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,11 +19,13 @@ import pytest
 import torch
 
 from fusionkit import PythonReplacement, Rule, capture, lit, op, ref, replace_with
-from fusionkit.authoring.prove import NOT_PROVED, PROVED, REFUTED, prove_equal, ranges_of
+from fusionkit.app.verify_job import verification_text
+from fusionkit.authoring.prove import NOT_PROVED, PROVED, REFUTED, available, prove_equal, ranges_of
 from fusionkit.authoring.verify import DIFFERENT, EQUAL, verify
 from fusionkit.passes.registry import rule_set
 
-pytest.importorskip("z3")
+#: every test but the one without the solver needs z3 (the optional ``prove`` extra)
+needs_z3 = pytest.mark.skipif(available() is not None, reason="z3-solver not installed")
 
 X, Y = capture("x"), capture("y")
 END = 9223372036854775807  # what export writes for an open slice end
@@ -86,6 +88,7 @@ WRONG = {"clamp chain, wrong bound": lambda: _clamp_chain(-1.0, 3.0),
          "slice off by one": lambda: _slices(1, 3)}
 
 
+@needs_z3
 @pytest.mark.parametrize("name", RIGHT)
 def test_a_right_rule_of_elementwise_and_layout_ops_is_proved(name: str) -> None:
     v = verify(RIGHT[name](), cases=CASES)
@@ -97,8 +100,11 @@ def test_a_right_rule_of_elementwise_and_layout_ops_is_proved(name: str) -> None
     record = json.loads(json.dumps(v.to_dict()))
     assert record["proof"]["status"] == PROVED
     assert str(v.proof) in v.summary()
+    text = verification_text([v])  # fusionkit verify's report: the proof line, the count
+    assert f"  {v.proof}" in text.splitlines() and " 1 proved," in text.splitlines()[-1]
 
 
+@needs_z3
 @pytest.mark.parametrize("name", WRONG)
 def test_a_wrong_rule_is_refuted_with_a_counterexample_running_confirms(name: str) -> None:
     v = verify(WRONG[name](), cases=CASES)
@@ -122,6 +128,7 @@ def _exported(f: Any, x: torch.Tensor) -> tuple[torch.fx.GraphModule, dict[str, 
     return ep.module(), ranges_of(ep)
 
 
+@needs_z3
 def test_the_solver_proves_and_refutes_programs_for_symbolic_sizes() -> None:
     """The permutes composed right are equal for every size; composed wrong, the solver gives
     operands (of its own sizes) on which running the two programs differs."""
@@ -142,6 +149,7 @@ def test_the_solver_proves_and_refutes_programs_for_symbolic_sizes() -> None:
     assert want.shape != got.shape or not torch.equal(want, got)
 
 
+@needs_z3
 def test_a_rule_outside_the_fragment_is_not_proved_and_names_the_op() -> None:
     v = verify(_neg_sum(), cases=CASES)
     assert v.status == EQUAL and v.reason.startswith("equal on"), v
@@ -165,6 +173,7 @@ SHIPPED_PROVED = ("arm_fuse_consecutive_clamps", "fuse_view_copy", "view_to_sque
                   "xnnpack_decompose_cat")
 
 
+@needs_z3
 def test_shipped_elementwise_and_layout_rules_are_proved() -> None:
     rules = {r.name: r for r in rule_set("shipped")}
     for name in SHIPPED_PROVED:

@@ -133,6 +133,31 @@ def eager_logits(params: Path, checkpoint: Path) -> list[Any]:
     return [o.detach().clone() for o in outs]
 
 
+def exported_reference(args: Sequence[str]) -> list[Any]:
+    """What the exporter's own model computes for export_llm's overrides ``args``, before
+    any lowering, on the same tokens: ExecuTorch's ``_prepare_for_llama_export`` (the
+    source transforms, ``quantization.qmode``'s quantized linears among them), ``export()``,
+    then ``pt2e_quantize`` with the quantizers ``args`` select (the fake-quantized model,
+    calibrated on the exporter's example inputs as export_llm does); run eagerly."""
+    import torch
+    from executorch.examples.models.llama import export_llama_lib as lib
+    from executorch.extension.llm.export.config.llm_config import LlmConfig
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(LlmConfig),
+                                                 OmegaConf.from_dotlist(list(args))))
+    _, quantizers, _ = lib.get_quantizer_and_quant_params(config)
+    builder = lib._prepare_for_llama_export(config).export()
+    builder.run_canonical_optimizations()
+    m = builder.pt2e_quantize(quantizers).pre_autograd_graph_module
+    prompt, steps = tokens()
+    with torch.no_grad():
+        outs = [m(prompt, {"input_pos": torch.tensor([0])})]
+        for i, t in enumerate(steps):
+            outs.append(m(t, {"input_pos": torch.tensor([PROMPT_LEN + i])}))
+    return [o.detach().clone() for o in outs]
+
+
 def max_abs(a: Sequence[Any], b: Sequence[Any]) -> float:
     assert len(a) == len(b), (len(a), len(b))
     return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b, strict=True))

@@ -25,10 +25,13 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
 from fusionkit import find_matches
 
 from .delegation import with_delegation_check
 from .rule_ops import rule_index
+from .runtime_support import _real_constants
 
 __all__ = ["fusable_subgraphs", "partition_with_program"]
 
@@ -60,8 +63,12 @@ def fusable_subgraphs(stock: Callable[[Any], list[Any]], graph_module: Any) -> l
     program = _PROGRAM.get()
     if program is not None and program.graph_module is graph_module:
         rules = rule_index(lambda r: with_delegation_check(r, None))
-        ms = find_matches(program, rules, structural_declines=False, allow_folding=False,
-                          strict=False)
+        # the partitioned program is ExecuTorch's fake copy (``get_fake_program``): the
+        # rules read the real constants it was made from, outside its fake mode (else a
+        # constraint on a weight's values, e.g. a zero point's, raises on a FakeTensor)
+        with unset_fake_temporarily(), _real_constants(program):
+            ms = find_matches(program, rules, structural_declines=False,
+                              allow_folding=False, strict=False)
         for m in ms.accepted:
             claimed = list(m.claimed)
             inputs = [v for v in m.captures.values() if hasattr(v, "op") and v not in claimed]

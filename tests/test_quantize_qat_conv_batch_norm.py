@@ -167,7 +167,9 @@ def _qat(z: ZooModel, path: str) -> dict[str, Any]:
 def test_qat_conv_batch_norm(z: ZooModel, path: str) -> None:
     r = _qat(z, path)
     assert r["unchanged"], r
-    # int8 of a value range R is within a few steps of R / 127 per tensor quantized
+    # int8 of a value range R is within a few steps of R / 127 per tensor quantized; in eval
+    # mode and converted, twice that: the per-tensor weight's fake quantization is no longer
+    # absorbed by the batch's statistics (measured: 4.9 steps on conv1d, 9 products an output)
     tolerance = 4 * r["range"] / 127
     if z.mode in FUNCTIONAL:
         # stock's _fuse_conv_bn_qat rewrites the F.batch_norm(training=False) into a training
@@ -176,15 +178,15 @@ def test_qat_conv_batch_norm(z: ZooModel, path: str) -> None:
         assert r["train"] > 2 * tolerance, r
     else:
         assert r["train"] <= tolerance, r
-        assert r["eval"] <= tolerance, r
+        assert r["eval"] <= 2 * tolerance, r
     if z.mode in CRASHING:  # QAT's own fold, at convert: stock's crash, with or without install
         assert "raised" in r and "Expected get_attr node, got" in r["raised"], r
         return
     assert "raised" not in r, r
     if z.mode == "shared":  # both batch norms folded into the one weight: a known gap
-        assert r["converted"] > 5 * tolerance, r
+        assert r["converted"] > 10 * tolerance, r
     else:
-        assert r["converted"] <= tolerance, r
+        assert r["converted"] <= 2 * tolerance, r
     if z.mode == "conv_read_twice" and path == "stock":
         # the batch norm of a dequantized tensor, delegated by stock's partitioner: a wrong
         # program (measured: 4.3 off on conv2d) or a lowering / run-time error

@@ -115,7 +115,9 @@ def test_vulkan_without_kv_cache_sdpa_fails_as_stock_does(model: tuple[Path, Pat
 @pytest.mark.pipeline_full
 def test_tosa_float_export_is_stocks_byte_for_byte(model: tuple[Path, Path, list[Any]],
                                                    tmp_path: Path) -> None:
-    """``backend.tosa.enabled`` (TOSA-1.0+FP): fusionkit's rules decide inside the Arm
+    """``backend.tosa.enabled`` alone: export_llm's default profile, TOSA-1.0+INT, on the float
+    model (3 TOSA delegates in this llama; TOSA-1.0+FP proper fails stock and fusionkit alike,
+    ``test_pipeline_export_llm_quantized``): fusionkit's rules decide inside the Arm
     lowering and change nothing this llama needs; the .pte is stock's, byte for byte, so it
     computes what stock's does (running a whole KV-cache .pte on the TOSA reference model
     is not done here)."""

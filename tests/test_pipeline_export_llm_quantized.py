@@ -1,5 +1,6 @@
-"""``export_llm``'s quantized and fp16 modes on Vulkan and TOSA, unedited, stock and under
-``fusionkit exec`` (``-m pipeline_full``: a few minutes per case on a loaded 2-core machine).
+"""``export_llm``'s quantized and fp16 modes on Vulkan and TOSA, and TOSA's float profile,
+unedited, stock and under ``fusionkit exec`` (``-m pipeline_full``: a few minutes per case
+on a loaded 2-core machine).
 
 Each mode exports the tiny llama3 of ``test_pipeline_export_llm`` twice (stock, fusionkit)
 with the same overrides. Where stock exports, fusionkit must export too, and each Vulkan
@@ -60,6 +61,11 @@ MODES = {
                       "arm", None,
                       "RuntimeError: aten::arange() Expected a value of type 'number' for "
                       "argument 'end' but instead found type 'Node'."),
+    # TOSA float proper (``backend.tosa.enabled`` alone is export_llm's TOSA-1.0+INT profile,
+    # test_pipeline_export_llm's byte-identical case): ExecuTorch's dim_maps meets a
+    # symbolic view size
+    "tosa-fp": Mode(["backend.tosa.enabled=True", "backend.tosa.version=TOSA-1.0+FP"],
+                    "arm", None, "AttributeError: 'Node' object has no attribute 'node'"),
 }
 
 _ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|SymNode): ")

@@ -61,6 +61,9 @@ MODES = {
                       "arm", None,
                       "RuntimeError: aten::arange() Expected a value of type 'number' for "
                       "argument 'end' but instead found type 'Node'."),
+    # the same with static shapes: one TOSA delegate, stock's .pte byte for byte
+    "tosa-8a8w-static": Mode(["backend.tosa.enabled=True", "quantization.pt2e_quantize=tosa_8a8w",
+                              "model.enable_dynamic_shape=False"], "arm", None),
     # TOSA float proper (``backend.tosa.enabled`` alone is export_llm's TOSA-1.0+INT profile,
     # test_pipeline_export_llm's byte-identical case): ExecuTorch's dim_maps meets a
     # symbolic view size

@@ -570,10 +570,13 @@ def _child_main(work_dir: str, serve: bool = False) -> None:
                 _run_job(work, i, loaded)
         return
     i = int((work / "first").read_text())
+    parent = os.getppid()
     (work / "ready").touch()
     while True:
         while not (work / f"{i}.job").exists():
-            if (work / "stop").exists():
+            # a parent that died (killed, or exited without close()) never writes ``stop``:
+            # the child is re-parented, or its work directory goes with the parent's cleanup
+            if (work / "stop").exists() or os.getppid() != parent or not work.is_dir():
                 return
             time.sleep(0.005)
         _run_job(work, i, loaded)

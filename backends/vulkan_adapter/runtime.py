@@ -556,6 +556,7 @@ def _child_main(work_dir: str, serve: bool = False) -> None:
     """The child: load the runtime, then run each job of ``todo`` (``serve``: each job
     ``<n>.job`` as it appears, from ``first`` on, until ``stop``), writing each result at
     once."""
+    parent = os.getppid()  # before the runtime loads (seconds): a parent may die meanwhile
     import torch
 
     global _SCALAR_TYPES
@@ -570,7 +571,6 @@ def _child_main(work_dir: str, serve: bool = False) -> None:
                 _run_job(work, i, loaded)
         return
     i = int((work / "first").read_text())
-    parent = os.getppid()
     (work / "ready").touch()
     while True:
         while not (work / f"{i}.job").exists():

@@ -27,9 +27,9 @@ PARENT = textwrap.dedent("""
 
     from executorch.exir import to_edge
     pte = to_edge(torch.export.export(Add(), (torch.ones(2),))).to_executorch().buffer
-    session = rt.RuntimeSession()
-    result = session.run(pte, [torch.ones(2)])
-    print(result.status, session._proc.pid, flush=True)
+    runner = rt.RuntimeSession()
+    result = runner.run(pte, [torch.ones(2)])
+    print(result.status, runner._proc.pid, flush=True)
     if sys.argv[1] == "exit":  # leaves without close(): the directory's finalizer runs
         sys.exit(0)
     time.sleep(600)

@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fusionkit.integration.versions import release
+
 __all__ = ["kept_version", "operators_registered_in", "registered_operators", "source_commit"]
 
 _HERE = Path(__file__).resolve().parent / "runtime_operators"
@@ -54,9 +56,8 @@ def _file(version: str) -> Path:
 
 
 def _release(version: str) -> tuple[int, ...]:
-    """``"1.4.1"`` -> ``(1, 4, 1)``; a local or dev suffix (``+cpu``, ``.dev2026``) dropped."""
-    parts = re.match(r"\d+(?:\.\d+)*", version)
-    return tuple(int(p) for p in parts.group(0).split(".")) if parts else ()
+    """``"1.4.1+cpu"`` -> ``(1, 4, 1)``; ``()`` for a string that is no version."""
+    return release(version) or ()
 
 
 def kept_version(version: str) -> str | None:

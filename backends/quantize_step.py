@@ -22,10 +22,11 @@ Who gets it:
   variable, :func:`prepare_with`: the fold runs before it hands the quantizer anything),
   stock's fold otherwise.
 
-QAT (``prepare_qat_pt2e``) is not taken over: its ``_fuse_conv_bn_qat`` is no fold; it
-rewrites conv + batch norm into a training subgraph (the weight scaled by the batch norm's
-statistics, the batch norm kept and trained) with the subgraph rewriter, and the fold
-happens at ``convert_pt2e`` on that subgraph (``_fold_conv_bn_qat``).
+QAT: ``prepare_qat_pt2e`` calls no fold; its ``_fuse_conv_bn_qat`` rewrites each
+convolution + batch norm into torchao's training subgraph, which ``convert_pt2e`` folds.
+That call site is taken over the same way (the same patch set, the same quantizer test):
+:func:`fusionkit.backends.quantize_step_qat.fuse_conv_bn_qat` lets the rules of
+:mod:`fusionkit.passes.families.conv_batch_norm_qat` decide which pairs torchao rewrites.
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ from torch.fx import GraphModule
 from fusionkit.integration.hooks import Patch, PatchSet
 
 __all__ = ["META_KEY", "PATCHES", "Decline", "FoldReport", "ensure_call_site",
-           "fuse_conv_bn_", "install", "is_installed", "last_report", "prepare_with",
-           "uninstall"]
+           "fuse_conv_bn_", "install", "is_installed", "last_report", "prepare_qat_with",
+           "prepare_with", "record", "uninstall"]
 
 _MODULE = "torchao.quantization.pt2e.quantize_pt2e"
 _NAME = "_fuse_conv_bn_"
+_QAT_NAME = "_fuse_conv_bn_qat"
 #: the prepared module's meta key holding the :class:`FoldReport`
 META_KEY = "fusionkit_conv_batch_norm"
 
@@ -71,9 +73,12 @@ class FoldReport:
 
     folded: list[tuple[str, str]] = field(default_factory=list)
     declined: list[Decline] = field(default_factory=list)
+    #: what was done to each accepted pair ("folded"; QAT's rewrite: "rewrote")
+    verb: str = "folded"
 
     def __str__(self) -> str:
-        lines = [f"folded {bn} into {conv}" for bn, conv in self.folded]
+        joint = "into" if self.verb == "folded" else "with"
+        lines = [f"{self.verb} {bn} {joint} {conv}" for bn, conv in self.folded]
         lines += [f"declined {d}" for d in self.declined]
         return "\n".join(lines) or "no convolution + batch norm"
 
@@ -84,8 +89,14 @@ _rules: list[Any] = []
 
 
 def last_report() -> FoldReport | None:
-    """The report of this thread's last :func:`fuse_conv_bn_`."""
+    """The report of this thread's last :func:`fuse_conv_bn_` or QAT rewrite."""
     return getattr(_last, "report", None)
+
+
+def record(m: GraphModule, key: str, report: FoldReport) -> None:
+    """``report`` as this thread's last and in ``m.meta[key]`` (the prepared module keeps it)."""
+    _last.report = report
+    m.meta[key] = report
 
 
 def _the_rules() -> list[Any]:
@@ -108,8 +119,7 @@ def fuse_conv_bn_(m: GraphModule) -> None:
     from fusionkit.integration.graph_module_program import lift, write_back
 
     report = FoldReport()
-    _last.report = report
-    m.meta[META_KEY] = report
+    record(m, META_KEY, report)
     if not _has_batch_norm(m):
         return
     try:
@@ -157,14 +167,34 @@ def _call_site(m: GraphModule) -> None:
         _stock()(m)
 
 
+def _qat_call_site(m: GraphModule) -> GraphModule:
+    """What ``prepare_qat_pt2e`` calls: the rules decide where fusionkit is asked for."""
+    from fusionkit.backends import quantize_step_qat
+
+    if PATCHES.is_installed() or _by_fusionkit_quantizer():
+        return quantize_step_qat.fuse_conv_bn_qat(m)
+    result: GraphModule = quantize_step_qat._stock()(m)
+    return result
+
+
+def _with_quantizer(name: str, model: Any, quantizer: Any) -> Any:
+    token = _QUANTIZER.set(quantizer)
+    try:
+        return _STOCK_PREPARE[name](model, quantizer)
+    finally:
+        _QUANTIZER.reset(token)
+
+
 def prepare_with(model: Any, quantizer: Any) -> Any:
     """torchao's ``prepare_pt2e(model, quantizer)``, its quantizer named to the call site
     (what ``prepare_pt2e`` runs once :func:`ensure_call_site` put it in place)."""
-    token = _QUANTIZER.set(quantizer)
-    try:
-        return _STOCK_PREPARE[0](model, quantizer)
-    finally:
-        _QUANTIZER.reset(token)
+    return _with_quantizer("prepare_pt2e", model, quantizer)
+
+
+def prepare_qat_with(model: Any, quantizer: Any) -> Any:
+    """torchao's ``prepare_qat_pt2e(model, quantizer)``, its quantizer named to the call
+    site (what ``prepare_qat_pt2e`` runs once :func:`ensure_call_site` put it in place)."""
+    return _with_quantizer("prepare_qat_pt2e", model, quantizer)
 
 
 def _prepare_pt2e(model: Any, quantizer: Any) -> Any:  # pragma: no cover - its code is lent
@@ -174,27 +204,41 @@ def _prepare_pt2e(model: Any, quantizer: Any) -> Any:  # pragma: no cover - its 
                       fromlist=["prepare_with"]).prepare_with(model, quantizer)
 
 
-#: a copy of stock ``prepare_pt2e`` (its own code, its module's globals), once replaced
-_STOCK_PREPARE: list[Any] = []
+def _prepare_qat_pt2e(model: Any, quantizer: Any) -> Any:  # pragma: no cover - lent code
+    """The code ``prepare_qat_pt2e``'s function object runs in stock's place."""
+    return __import__("fusionkit.backends.quantize_step",
+                      fromlist=["prepare_qat_with"]).prepare_qat_with(model, quantizer)
+
+
+#: copies of stock ``prepare_pt2e`` / ``prepare_qat_pt2e`` (their own code, their module's
+#: globals), once replaced
+_STOCK_PREPARE: dict[str, Any] = {}
+#: the function objects whose code is lent, and the code each runs instead
+_LENT = {"prepare_pt2e": _prepare_pt2e, "prepare_qat_pt2e": _prepare_qat_pt2e}
 
 
 def ensure_call_site() -> None:
-    """Put :func:`_call_site` at ``prepare_pt2e``'s fold call, and :func:`prepare_with` in
-    ``prepare_pt2e`` (a fusionkit quantizer was made; a stock quantizer still gets stock's
-    fold). The function object itself runs :func:`prepare_with` (its ``__code__``), so a
+    """Put :func:`_call_site` at ``prepare_pt2e``'s fold call (and the QAT call site at
+    ``prepare_qat_pt2e``'s rewrite), and :func:`prepare_with` / :func:`prepare_qat_with` in
+    those two functions (a fusionkit quantizer was made; a stock quantizer still gets
+    stock's code). Each function object itself runs the wrapper (its ``__code__``), so a
     reference bound before -- ``from ... import prepare_pt2e`` in a module or a function --
     names its quantizer too; stock's code runs unchanged inside."""
     module = importlib.import_module(_MODULE)
-    if getattr(module, _NAME, None) is not _call_site:
-        setattr(module, _NAME, _call_site)
-    stock = module.prepare_pt2e
+    for name, site in ((_NAME, _call_site), (_QAT_NAME, _qat_call_site)):
+        if callable(getattr(module, name, None)) and getattr(module, name) is not site:
+            setattr(module, name, site)
     with _LOCK:
-        if _STOCK_PREPARE or stock.__code__.co_varnames[:2] != ("model", "quantizer") \
-                or stock.__code__.co_freevars or stock.__code__.co_argcount != 2:
-            return  # in place already, or not the function this was written against
-        _STOCK_PREPARE.append(types.FunctionType(stock.__code__, stock.__globals__,
-                                                 stock.__name__, stock.__defaults__))
-        stock.__code__ = _prepare_pt2e.__code__
+        for name, lent in _LENT.items():
+            stock = getattr(module, name, None)
+            code = getattr(stock, "__code__", None)
+            if name in _STOCK_PREPARE or code is None \
+                    or code.co_varnames[:2] != ("model", "quantizer") \
+                    or code.co_freevars or code.co_argcount != 2:
+                continue  # in place already, or not the function this was written against
+            _STOCK_PREPARE[name] = types.FunctionType(code, stock.__globals__, stock.__name__,
+                                                      stock.__defaults__)
+            stock.__code__ = lent.__code__
 
 
 def _patches() -> list[Patch]:
@@ -205,7 +249,10 @@ def _patches() -> list[Patch]:
         raise UnsupportedExecuTorchError(
             f"{_MODULE} has no {_NAME}; this torchao does not look like the one this patch "
             "was written against")
-    return [(module, _NAME, _call_site)]
+    patches: list[Patch] = [(module, _NAME, _call_site)]
+    if callable(getattr(module, _QAT_NAME, None)):  # QAT's rewrite, where torchao has it
+        patches.append((module, _QAT_NAME, _qat_call_site))
+    return patches
 
 
 PATCHES = PatchSet(f"fusionkit.backends.quantize_step ({_MODULE}.{_NAME}: the conv + batch "

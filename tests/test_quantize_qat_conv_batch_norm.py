@@ -91,8 +91,8 @@ def _converged(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torc
         y = seen[m]
         dims = [d for d in range(y.dim()) if d != 1]
         m.running_mean.copy_(y.mean(dims))  # type: ignore[operator]
-        m.running_var.copy_(y.var(dims, unbiased=False))  # type: ignore[operator]
-        m.momentum = 0.0
+        # training updates the running variance with the batch's unbiased one: a fixed point
+        m.running_var.copy_(y.var(dims, unbiased=True))  # type: ignore[operator]
     return model
 
 

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 import torch
+from torch._export.verifier import TrainingIRVerifier
 from torch.export import ExportedProgram
 from torch.export.graph_signature import (
     ConstantArgument,
@@ -102,8 +103,9 @@ def lift(gm: GraphModule) -> Lifted:
         outputs.append(OutputSpec(OutputKind.USER_OUTPUT, arg, None))
     sig = ExportGraphSignature(specs, outputs)
     root = GraphModule(gm, graph)
-    # (torch.export's own ATen verifier: the graph is the one export made)
-    ep = ExportedProgram(root, graph, sig, state, {}, [])
+    # (torch.export's training-IR verifier: the graph is the one export made, in-place
+    # updates included -- a training batch norm's ``num_batches_tracked.add_(1)``)
+    ep = ExportedProgram(root, graph, sig, state, {}, [], verifiers=[TrainingIRVerifier])
     return Lifted(gm, ep, attributes, side_calls)
 
 

@@ -38,9 +38,10 @@ from fusionkit.result import MatchResult, Status, Step
 
 if TYPE_CHECKING:
     from fusionkit.check.constraints import CheckContext
+    from fusionkit.program_inputs import ProgramInputs
     from fusionkit.rule import Rule
 
-__all__ = ["Returned", "returned_value_refusal"]
+__all__ = ["Returned", "forget", "returned_value_refusal"]
 
 
 class Returned:
@@ -112,7 +113,10 @@ def _build(ctx: CheckContext, rule: Rule, olds: Sequence[Node]) -> tuple[Any, li
 #: holds it, so it goes with the search. A table keyed by the ProgramInputs, even weakly,
 #: would keep it forever: a Returned holds the search's contexts, and each context those
 #: very inputs and the program, so every program ever searched (and each constant of it:
-#: +594 MiB at the end of a 2-layer Qwen3 ``export_llm`` on Vulkan) stayed alive.
+#: +594 MiB at the end of a 2-layer Qwen3 ``export_llm`` on Vulkan) stayed alive. Held by
+#: the inputs it is a cycle (inputs -> Returned -> _Accepted -> CheckContext -> inputs),
+#: which :func:`forget` breaks when the search ends: the program then goes with its last
+#: reference, not whenever the cyclic collector runs.
 _STATE = "_fusionkit_returned"
 
 
@@ -122,6 +126,11 @@ def _returned(ctx: CheckContext) -> Returned:
         state = Returned(ctx.ep)
         setattr(ctx.inputs, _STATE, state)
     return state
+
+
+def forget(inputs: ProgramInputs) -> None:
+    """Drop the record of the search ``inputs`` served (call when the search is done)."""
+    inputs.__dict__.pop(_STATE, None)
 
 
 def _decline(rule: str, root: Node, node: Node, reason: str, matched: tuple[Node, ...]

@@ -387,17 +387,21 @@ def _compile_seq(p: Seq) -> _M:
     items = tuple(_compile(i) for i in p.items)
     count = len(items)
 
+    # defined once per pattern, its state passed along: a closure made per call that called
+    # itself would be a cycle (function -> its cell -> function) holding the search, its
+    # ProgramInputs and the program until the cyclic collector ran
+    def item(i: int, nb: Binding, value: Any, s: Search, where: Where, k: Accept) -> Any:
+        if i == count:
+            return k(nb)
+        return items[i](value[i], nb, s, (_ITEM, where, i),
+                        lambda nb2: item(i + 1, nb2, value, s, where, k))
+
     def m(value: Any, b: Binding, s: Search, where: Where, k: Accept) -> Any:
         if not isinstance(value, (list, tuple)) or len(value) != count:
             s.fail(b, value if isinstance(value, Node) else None,
                    lambda: f"{_where(where)}: expected a list of {count} values, got {_fmt(value)}")
             return None
-
-        def item(i: int, nb: Binding) -> Any:
-            if i == count:
-                return k(nb)
-            return items[i](value[i], nb, s, (_ITEM, where, i), lambda nb2: item(i + 1, nb2))
-        return item(0, b)
+        return item(0, b, value, s, where, k)
     return m
 
 

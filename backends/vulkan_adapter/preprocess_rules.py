@@ -181,12 +181,30 @@ def _replaced(passes: list[Any]) -> list[Any]:
     return out
 
 
+def _release_programs(passes: list[Any]) -> None:
+    """Each pass drops the program it holds (``_exported_program``: ``FuseBatchNormPass``'s
+    from its constructor, the one ``apply_passes`` sets on the others). An ``ExportPass``
+    and its tracer refer to each other (``tracer.callback``), so a pass outlives the list
+    ``VulkanBackend.preprocess`` builds for this one call until the cyclic collector runs,
+    and with it the program: the copy preprocess works on, each delegated weight copied
+    (Qwen3's 594 MiB output projection among them)."""
+    for p in passes:
+        held: tuple[Any, ...] = (p, getattr(p, "stock", None))  # a RulePass: the stock pass
+        for q in held:
+            if getattr(q, "_exported_program", None) is not None:
+                q._exported_program = None
+
+
 def _patches() -> list[tuple[Any, str, Any]]:
     module = importlib.import_module(_PREPROCESS_MODULE)
     stock = module.apply_passes
 
     def apply_passes(program: Any, passes: Any) -> Any:
-        return stock(program, _replaced(list(passes)))
+        passes = _replaced(list(passes))
+        try:
+            return stock(program, passes)
+        finally:
+            _release_programs(passes)
 
     apply_passes.__wrapped__ = stock  # type: ignore[attr-defined]
     return [(module, "apply_passes", apply_passes)]

@@ -129,13 +129,13 @@ def training_subgraph(conv: str, rank: int, has_bias: bool) -> GraphModule:
     from torchao.quantization.pt2e import qat_utils
     from torchao.quantization.pt2e.utils import _get_aten_graph_module_for_pattern
 
-    one = torch.randn(1)
     x, w = (torch.randn(1, 1, 3), torch.randn(1, 1, 1)) if rank == 3 else \
         (torch.randn(1, 1, 3, 3), torch.randn(1, 1, 1, 1))
+    # (five distinct vectors: export traces one tensor passed twice as one input)
+    vectors = tuple(torch.randn(1) for _ in range(5))
     make = qat_utils._get_qat_conv_bn_pattern if has_bias else \
         qat_utils._get_qat_conv_bn_pattern_no_conv_bias
-    return _get_aten_graph_module_for_pattern(make(getattr(F, conv)),
-                                              (x, w, one, one, one, one, one), False)
+    return _get_aten_graph_module_for_pattern(make(getattr(F, conv)), (x, w, *vectors), False)
 
 
 def rewrite(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Node, bn_b: Node, mean: Node,

@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fusionkit import run_rules
@@ -131,3 +132,40 @@ def test_a_stock_quantizer_without_install_gets_torchaos_rewrite() -> None:
     assert quantize_step_qat.META_KEY not in stock.meta
     assert any(str(n.target) == "aten.sqrt.default" for n in stock.graph.nodes)
 
+
+
+def test_fusionkit_arm_quantizer_decides_qat_with_the_rules() -> None:
+    """fusionkit's TOSAQuantizer, nothing installed: ``prepare_qat_pt2e`` names it to the
+    call site, the graph-input batch-norm weight is declined, and ``convert_pt2e`` (which
+    crashes on stock's rewrite of it) converts; stock's TOSAQuantizer rewrites it."""
+    from executorch.backends.arm.quantizer import TOSAQuantizer as StockTOSAQuantizer
+    from executorch.backends.arm.quantizer import get_symmetric_quantization_config
+    from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_qat_pt2e
+
+    from fusionkit.backends.arm_adapter.quantizer import TOSAQuantizer
+
+    class GivenWeight(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(4, 3, 3), nn.BatchNorm2d(3)
+
+        def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            bn = self.bn
+            return F.batch_norm(self.conv(x), bn.running_mean, bn.running_var, w, bn.bias,
+                                True, 0.1, 1e-5)
+
+    inputs = (*_inputs(), torch.rand(3) + 0.5)
+    assert not quantize_step.is_installed()
+    prepared = {}
+    for name, make in (("ours", TOSAQuantizer), ("stock", StockTOSAQuantizer)):
+        q = make(TosaCompileSpec("TOSA-1.0+INT"))
+        q.set_global(get_symmetric_quantization_config(is_qat=True))
+        gm = torch.export.export(GivenWeight().train(), inputs).module(check_guards=False)
+        prepared[name] = prepare_qat_pt2e(gm, q)
+    [decline] = prepared["ours"].meta[quantize_step_qat.META_KEY].declined
+    assert decline.step == "custom:operands_constant" and "user input" in decline.reason
+    convert_pt2e(prepared["ours"])
+    assert quantize_step_qat.META_KEY not in prepared["stock"].meta
+    with pytest.raises(ValueError, match="Expected get_attr node, got"):
+        convert_pt2e(prepared["stock"])

@@ -35,11 +35,11 @@ import importlib
 import threading
 import types
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch.fx import GraphModule
 
+from fusionkit.backends.quantize_step_report import Decline, FoldReport, last_report, record
 from fusionkit.integration.hooks import Patch, PatchSet
 
 __all__ = ["META_KEY", "PATCHES", "Decline", "FoldReport", "ensure_call_site",
@@ -53,50 +53,8 @@ _QAT_NAME = "_fuse_conv_bn_qat"
 META_KEY = "fusionkit_conv_batch_norm"
 
 
-@dataclass(frozen=True)
-class Decline:
-    """A batch norm left as it is: the rule, the batch norm, the node at fault, why."""
-
-    rule: str
-    batch_norm: str
-    step: str
-    node: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.rule} at `{self.batch_norm}`: {self.step}: `{self.node}`: {self.reason}"
-
-
-@dataclass
-class FoldReport:
-    """One fold: the batch norms folded (into which convolution) and those declined."""
-
-    folded: list[tuple[str, str]] = field(default_factory=list)
-    declined: list[Decline] = field(default_factory=list)
-    #: what was done to each accepted pair ("folded"; QAT's rewrite: "rewrote")
-    verb: str = "folded"
-
-    def __str__(self) -> str:
-        joint = "into" if self.verb == "folded" else "with"
-        lines = [f"{self.verb} {bn} {joint} {conv}" for bn, conv in self.folded]
-        lines += [f"declined {d}" for d in self.declined]
-        return "\n".join(lines) or "no convolution + batch norm"
-
-
-_last = threading.local()
 _LOCK = threading.Lock()
 _rules: list[Any] = []
-
-
-def last_report() -> FoldReport | None:
-    """The report of this thread's last :func:`fuse_conv_bn_` or QAT rewrite."""
-    return getattr(_last, "report", None)
-
-
-def record(m: GraphModule, key: str, report: FoldReport) -> None:
-    """``report`` as this thread's last and in ``m.meta[key]`` (the prepared module keeps it)."""
-    _last.report = report
-    m.meta[key] = report
 
 
 def _the_rules() -> list[Any]:
@@ -230,7 +188,7 @@ def ensure_call_site() -> None:
             setattr(module, name, site)
     with _LOCK:
         for name, lent in _LENT.items():
-            stock = getattr(module, name, None)
+            stock: Any = getattr(module, name, None)
             code = getattr(stock, "__code__", None)
             if name in _STOCK_PREPARE or code is None \
                     or code.co_varnames[:2] != ("model", "quantizer") \

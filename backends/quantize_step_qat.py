@@ -15,8 +15,8 @@ the stock rewrite gets wrong). :func:`fuse_conv_bn_qat` takes that call's place:
 3. each accepted pair is checked as rewritten; one torchao did not rewrite is reported
    declined (``step="applied"``), and the graph stays a valid one either way.
 
-The report (a :class:`~fusionkit.backends.quantize_step.FoldReport`) is in the module's
-``meta[META_KEY]`` and in :func:`~fusionkit.backends.quantize_step.last_report`.
+The report (a :class:`~fusionkit.backends.quantize_step_report.FoldReport`) is in the module's
+``meta[META_KEY]`` and in :func:`~fusionkit.backends.quantize_step_report.last_report`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _batch_norms(m: GraphModule) -> list[Node]:
 def fuse_conv_bn_qat(m: GraphModule) -> GraphModule:
     """torchao's ``_fuse_conv_bn_qat(m)`` on the pairs the rules accept; in place."""
     from fusionkit import find_matches
-    from fusionkit.backends.quantize_step import Decline, FoldReport, record
+    from fusionkit.backends.quantize_step_report import Decline, FoldReport, record
     from fusionkit.integration.graph_module_program import lift
 
     report = FoldReport(verb="rewrote")

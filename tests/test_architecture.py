@@ -507,7 +507,7 @@ WHY_NOT_NAME = re.compile(r"(Failure|Decline|Refusal|Blame|WhyNot|NotRunnable|Ne
 #: classes that say why not without being a MatchResult: (converts, why). One that
 #: ``converts`` has a ``result(...)`` method annotated to return a MatchResult (subclass).
 NOT_RESULTS: dict[str, tuple[bool, str]] = {
-    "fusionkit.backends.quantize_step.Decline": (
+    "fusionkit.backends.quantize_step_report.Decline": (
         False, "a line of the quantize step's fold report kept in the prepared module's "
                "meta, plain data (node names, no nodes) so it outlives the lifted program"),
     "fusionkit.apply.rewrite.ApplyFailure": (

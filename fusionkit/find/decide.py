@@ -22,6 +22,7 @@ from torch.fx import Node
 
 from fusionkit.check.constraints import CheckContext
 from fusionkit.find.executable import ReplacementCheck
+from fusionkit.find.returned_values import forget as forget_returned
 from fusionkit.find.returned_values import returned_value_refusal
 from fusionkit.match.matcher import Binding, CompiledPattern, PredicateError
 from fusionkit.match.pattern import output_names
@@ -298,6 +299,16 @@ def decide_in_order(ep: ExportedProgram, candidates: Sequence[Candidate], s: Set
                     ) -> MatchSet:
     """Every candidate searched and decided in graph order; a node an earlier accepted
     match claims is not tried, and the first rule accepted at a node ends its tries."""
+    try:
+        return _decide_each(ep, candidates, s)
+    finally:
+        # the search's record of returned values holds its inputs (a cycle): dropped here,
+        # the program is freed with its last reference, not by the cyclic collector
+        forget_returned(s.inputs)
+
+
+def _decide_each(ep: ExportedProgram, candidates: Sequence[Candidate], s: Settings
+                 ) -> MatchSet:
     checks = s.replacement_checks
     checker = None if checks is None else checks.__getitem__
     inputs, strict = s.inputs, s.strict

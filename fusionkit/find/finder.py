@@ -34,7 +34,6 @@ from fusionkit.find.decide import (
     decide_in_order,
 )
 from fusionkit.find.executable import ExecutionTarget, ReplacementCheck
-from fusionkit.find.returned_values import forget as forget_returned
 from fusionkit.match.gates import GATE_DEPTH, Gate, GateLike, gate_of, specialize
 from fusionkit.match.matcher import CompiledPattern, compile_pattern
 from fusionkit.match.required_ops import requires_one_of
@@ -288,17 +287,11 @@ def find_matches(ep: ProgramLike, rules: Sequence[Rule] | RuleIndex,
     checks = ({r: index.replacement_check(r, target) for r in compiled}
               if check_replacements else None)
     # (each captured value's metadata key, which memoised checks ask for, computed once)
-    inputs = ProgramInputs(ep)
-    try:
-        with keys_remembered(), guards_suppressed(graph):
-            result = decide_in_order(ep, candidates, Settings(
-                inputs, {r: index.threshold(r) for r in compiled}, checks,
-                structural_declines=structural_declines, allow_folding=allow_folding,
-                all_near_misses=all_near_misses, strict=strict_mode(strict)))
-    finally:
-        # the search's record of returned values holds these inputs (a cycle): dropped
-        # here, the program is freed with its last reference, not by the cyclic collector
-        forget_returned(inputs)
+    with keys_remembered(), guards_suppressed(graph):
+        result = decide_in_order(ep, candidates, Settings(
+            ProgramInputs(ep), {r: index.threshold(r) for r in compiled}, checks,
+            structural_declines=structural_declines, allow_folding=allow_folding,
+            all_near_misses=all_near_misses, strict=strict_mode(strict)))
     events.decided(result, time.perf_counter() - begun)
     return result
 

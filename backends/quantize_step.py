@@ -7,7 +7,9 @@ this module replaces: :func:`fuse_conv_bn_` runs the rules of
 :mod:`fusionkit.passes.families.conv_batch_norm_graph_module` on the graph module
 (lifted into an ``ExportedProgram``, :mod:`fusionkit.integration.graph_module_program`),
 in place as the stock function works, and leaves every declined batch norm as it is for
-the quantizer to annotate. What was folded and what was declined, with the reasons, is in
+the quantizer to annotate. The call right after it, ``_fuse_linear_bn_`` (linear + batch
+norm), is replaced the same way (:func:`fuse_linear_bn_`, the family's ``linear_rules``).
+What was folded and what was declined, with the reasons, is in
 the prepared module's ``meta[META_KEY]`` (a :class:`FoldReport`; ``prepare_pt2e`` keeps
 the module's meta) and in :func:`last_report`.
 
@@ -43,26 +45,27 @@ from fusionkit.backends.quantize_step_report import Decline, FoldReport, last_re
 from fusionkit.integration.hooks import Patch, PatchSet
 
 __all__ = ["META_KEY", "PATCHES", "Decline", "FoldReport", "ensure_call_site",
-           "fuse_conv_bn_", "install", "is_installed", "last_report", "prepare_qat_with",
+           "fuse_conv_bn_", "fuse_linear_bn_", "install", "is_installed", "last_report", "prepare_qat_with",
            "prepare_with", "record", "uninstall"]
 
 _MODULE = "torchao.quantization.pt2e.quantize_pt2e"
 _NAME = "_fuse_conv_bn_"
 _QAT_NAME = "_fuse_conv_bn_qat"
+_LINEAR_NAME = "_fuse_linear_bn_"
 #: the prepared module's meta key holding the :class:`FoldReport`
 META_KEY = "fusionkit_conv_batch_norm"
 
 
 _LOCK = threading.Lock()
-_rules: list[Any] = []
+_rules: dict[str, list[Any]] = {}
 
 
-def _the_rules() -> list[Any]:
-    if not _rules:
-        from fusionkit.passes.families.conv_batch_norm_graph_module import rules
+def _the_rules(kind: str = "conv") -> list[Any]:
+    if kind not in _rules:
+        from fusionkit.passes.families import conv_batch_norm_graph_module as family
 
-        _rules.extend(rules())
-    return _rules
+        _rules[kind] = family.rules() if kind == "conv" else family.linear_rules()
+    return _rules[kind]
 
 
 def _has_batch_norm(m: GraphModule) -> bool:
@@ -73,23 +76,39 @@ def _has_batch_norm(m: GraphModule) -> bool:
 
 def fuse_conv_bn_(m: GraphModule) -> None:
     """torchao's ``_fuse_conv_bn_(m)`` as rules: in place, every operand checked."""
+    report = FoldReport()
+    record(m, META_KEY, report)
+    _fold(m, "conv", report)
+
+
+def fuse_linear_bn_(m: GraphModule) -> None:
+    """torchao's ``_fuse_linear_bn_(m)`` as rules (``prepare_pt2e`` calls it right after
+    the convolutions' fold): in place, every operand checked; its lines join the report
+    the convolutions' fold began in ``m.meta``."""
+    report = m.meta.get(META_KEY)
+    if not isinstance(report, FoldReport):
+        report = FoldReport()
+        record(m, META_KEY, report)
+    _fold(m, "linear", report)
+
+
+def _fold(m: GraphModule, kind: str, report: FoldReport) -> None:
     from fusionkit import run_rules
     from fusionkit.integration.graph_module_program import lift, write_back
 
-    report = FoldReport()
-    record(m, META_KEY, report)
     if not _has_batch_norm(m):
         return
     try:
         lifted = lift(m)
     except Exception as e:  # a graph the rules cannot read: the quantize step as stock runs it
-        report.declined.append(Decline("conv_batch_norm", "(graph)", "error", "(graph)",
+        report.declined.append(Decline(f"{kind}_batch_norm", "(graph)", "error", "(graph)",
                                        f"the graph could not be read ({type(e).__name__}: "
                                        f"{e}); stock's fold ran instead"))
-        _stock()(m)
+        _stock(kind)(m)
         return
     # one round, every operand checked (the graph is the quantizer's: nothing is delegated)
-    run = run_rules(lifted.ep, _the_rules(), check_replacements=False, drop_dead_constants=True)
+    run = run_rules(lifted.ep, _the_rules(kind), check_replacements=False,
+                    drop_dead_constants=True)
     for d in run.matches.declined:  # declined, then the replacements that failed (error)
         report.declined.append(Decline(d.rule, d.root.name, d.step,
                                        getattr(d.node, "name", str(d.node)), d.reason))
@@ -101,10 +120,10 @@ def fuse_conv_bn_(m: GraphModule) -> None:
     m.recompile()
 
 
-def _stock() -> Any:
+def _stock(kind: str = "conv") -> Any:
     from torchao.quantization.pt2e import utils
 
-    return utils._fuse_conv_bn_
+    return utils._fuse_conv_bn_ if kind == "conv" else utils._fuse_linear_bn_
 
 
 #: the quantizer of the ``prepare_pt2e`` under way in this context (set by
@@ -123,6 +142,14 @@ def _call_site(m: GraphModule) -> None:
         fuse_conv_bn_(m)
     else:
         _stock()(m)
+
+
+def _linear_call_site(m: GraphModule) -> None:
+    """What ``prepare_pt2e`` calls next: the linear + batch-norm fold, likewise."""
+    if PATCHES.is_installed() or _by_fusionkit_quantizer():
+        fuse_linear_bn_(m)
+    else:
+        _stock("linear")(m)
 
 
 def _qat_call_site(m: GraphModule) -> GraphModule:
@@ -183,7 +210,8 @@ def ensure_call_site() -> None:
     reference bound before -- ``from ... import prepare_pt2e`` in a module or a function --
     names its quantizer too; stock's code runs unchanged inside."""
     module = importlib.import_module(_MODULE)
-    for name, site in ((_NAME, _call_site), (_QAT_NAME, _qat_call_site)):
+    for name, site in ((_NAME, _call_site), (_LINEAR_NAME, _linear_call_site),
+                       (_QAT_NAME, _qat_call_site)):
         if callable(getattr(module, name, None)) and getattr(module, name) is not site:
             setattr(module, name, site)
     with _LOCK:
@@ -208,8 +236,9 @@ def _patches() -> list[Patch]:
             f"{_MODULE} has no {_NAME}; this torchao does not look like the one this patch "
             "was written against")
     patches: list[Patch] = [(module, _NAME, _call_site)]
-    if callable(getattr(module, _QAT_NAME, None)):  # QAT's rewrite, where torchao has it
-        patches.append((module, _QAT_NAME, _qat_call_site))
+    for name, site in ((_LINEAR_NAME, _linear_call_site), (_QAT_NAME, _qat_call_site)):
+        if callable(getattr(module, name, None)):  # where this torchao has the call
+            patches.append((module, name, site))
     return patches
 
 

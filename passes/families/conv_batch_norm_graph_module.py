@@ -65,7 +65,7 @@ from .conv_batch_norm import (
     folded_names,
 )
 
-__all__ = ["BATCH_NORM", "CONVOLUTIONS", "TRANSPOSED", "rules"]
+__all__ = ["BATCH_NORM", "CONVOLUTIONS", "LINEAR", "TRANSPOSED", "linear_rules", "rules"]
 
 #: the convolutions ``torch.export`` writes in the quantize step's graph (torchao's
 #: ``_is_conv_or_conv_transpose_node``)
@@ -77,6 +77,8 @@ TRANSPOSED = frozenset(c for c in CONVOLUTIONS if "transpose" in c)
 BATCH_NORM = "aten.batch_norm.default"
 BN_NO_TRAINING = "aten._native_batch_norm_legit_no_training.default"
 _GROUPS = 6  # the groups argument of every convolution above (conv*d and conv_transpose*d)
+#: the linear ``torch.export`` writes (torchao's ``_is_linear_node``)
+LINEAR = "aten.linear.default"
 
 
 def _conv() -> Any:
@@ -84,13 +86,19 @@ def _conv() -> Any:
               strict_defaults=False).bind("op")
 
 
-def _patterns() -> list[Any]:
+def _linear() -> Any:
+    return op(LINEAR, capture("x"), capture("w"), lit(None) | capture("b"),
+              strict_defaults=False).bind("op")
+
+
+def _patterns(inner: Any = None) -> list[Any]:
+    inner = _conv() if inner is None else inner
     params = [capture(n) for n in ("bn_w", "bn_b", "mean", "var")]
     # torch.export's training IR: batch_norm(x, w, b, mean, var, training, momentum, eps,
     # cudnn_enabled) with no getitem; older exports: the no-training op read through getitem
-    plain = op(BATCH_NORM, _conv(), *params, any_value("training"), any_value("momentum"),
+    plain = op(BATCH_NORM, inner, *params, any_value("training"), any_value("momentum"),
                any_value("eps"), any_value("cudnn")).bind("bn")
-    legit = op(BN_NO_TRAINING, _conv(), *params, any_value("momentum"),
+    legit = op(BN_NO_TRAINING, inner, *params, any_value("momentum"),
                any_value("eps")).bind("bn")
     return [plain, legit]
 
@@ -144,6 +152,68 @@ def fold(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Any, bn_b: Any, mean: N
             rw.reroute(item, new)  # (a constraint: getitem(., 0) users only)
             rw.erase(item)
     return new
+
+
+def _same_dimension(ctx: CheckContext, op: Node, x: Node) -> str | None:
+    """A linear acts on the last dimension, a batch norm on dimension 1: the same one only
+    for a 2-D input (torchao's own condition, pytorch/ao#4116)."""
+    val = x.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() != 2:
+        rank = val.dim() if isinstance(val, torch.Tensor) else "unknown"
+        return (f"the input of linear `{op.name}` is of rank {rank}, not 2: the linear "
+                "transforms its last dimension, the batch norm normalizes dimension 1")
+    return None
+
+
+def fold_linear(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Any, bn_b: Any, mean: Node,
+                var: Node, eps: float, b: Node | None = None) -> Node:
+    """The linear, edited in place, reading the folded weight and bias (torch's
+    ``fuse_linear_bn_weights``, as torchao folds it)."""
+    from torch.nn.utils.fusion import fuse_linear_bn_weights
+
+    zeros = torch.zeros_like(rw.tensor(mean))
+    fused_w, fused_b = fuse_linear_bn_weights(
+        rw.tensor(w), None if b is None else rw.tensor(b), rw.tensor(mean), rw.tensor(var),
+        eps, zeros + 1 if bn_w is None else rw.tensor(bn_w),
+        zeros if bn_b is None else rw.tensor(bn_b))
+    w_name, b_name = folded_names(w.name, None if b is None else b.name)
+    w_new = rw.fresh_constant(w_name, fused_w.detach())
+    b_new = rw.fresh_constant(b_name, fused_b.detach())
+    rw.move_before(w_new, w)
+    rw.move_before(b_new, w)
+    new = rw.edit(op, (op.args[0], w_new, b_new))  # in place, as stock edits it
+    if rw.root.target is not torch.ops.aten.batch_norm.default:
+        for item in list(rw.root.users):  # the no-training form: its getitem(., 0) users
+            rw.reroute(item, new)
+            rw.erase(item)
+    return new
+
+
+def _checks() -> list[Any]:
+    return [PrepackableConstant(n, role=FOLD_ROLE) for n in ("w", "mean", "var")] + [
+        constraint("optional_bias_is_constant")(_bias_constant),
+        constraint("optional_affine_is_constant", hints={"bn_w": OperandHint(constant=True), "bn_b": OperandHint(constant=True)})(_affine_constant),
+        constraint("weight_not_shared")(_own),
+        constraint("statistics_per_channel")(_statistics_per_channel)]
+
+
+def linear_rules() -> list[Rule]:
+    """The quantize step's linear + batch-norm fold (``_fuse_linear_bn_``; both forms)."""
+    plain, legit = _patterns(_linear())
+    same = constraint("same_dimension")(_same_dimension)
+    return [
+        Rule(name="quantize_linear_batch_norm", pattern=plain,
+             constraints=[constraint("inference_mode")(_inference), same, *_checks()],
+             replacement=PythonReplacement(fold_linear),
+             description="the quantize step's linear + batch norm fold (torch.export's "
+                         "batch_norm), every operand checked"),
+        Rule(name="quantize_linear_batch_norm_legit", pattern=legit,
+             constraints=[constraint("batch_norm_output_only")(_output_only), same,
+                          *_checks()],
+             replacement=PythonReplacement(fold_linear),
+             description="the quantize step's linear + batch norm fold (no-training batch "
+                         "norm read through getitem), every operand checked"),
+    ]
 
 
 def rules() -> list[Rule]:

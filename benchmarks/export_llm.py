@@ -115,15 +115,17 @@ def measure(name: str, backend: str, mode: str, pairs: int, work: Path) -> dict[
                 b = rep["backends"].get(backend, {})
                 r["fused"] = sum(b.get("fused", {}).values())
                 r["fusionkit_s"] = rep.get("fusionkit_seconds", 0.0)
-                # a run where fusionkit was not (wholly) installed measured stock again
-                r["installed"] = rep.get("installed", {})
+                # a run where fusionkit was not installed in every process that imported
+                # ExecuTorch measured stock again (the summary counts them per backend)
+                r["installed"] = bool(rep.get("processes")) and \
+                    b.get("installed_in") == rep.get("processes")
                 if rep.get("errors"):
                     r["errors"] = rep["errors"]
             runs[label].append(r)
             for p in out.glob("*.pte"):
                 p.unlink()  # GBs each: only the size is kept
     ratios = {k: [f[k] / s[k] for s, f in zip(runs["stock"], runs["fusionkit"], strict=True)
-                  if s["exit"] == 0 and f["exit"] == 0 and all(f.get("installed", {}).values())]
+                  if s["exit"] == 0 and f["exit"] == 0 and f.get("installed") is True]
               for k in ("wall_s", "cpu_s", "peak_rss_mib")}
     return {"model": name, "backend": backend, "mode": mode, "runs": runs,
             "median_ratio": {k: statistics.median(v) if v else None for k, v in ratios.items()}}

@@ -109,6 +109,6 @@ def test_arm_integer_path_on_the_zoo(z: ZooModel, flow: str) -> None:
     if z.mode in STOCK_CRASHES[flow] and (flow == "ptq" or z.kind in STOCK_QAT_REWRITES):
         assert "Expected get_attr node, got" in stock.get("raised", ""), stock
     elif flow == "ptq" and z.mode in STOCK_WRONG:
-        assert stock["quantized"] > 10 * tolerance, stock  # (measured 0.45 to 1.40)
+        assert stock["quantized"] > 5 * tolerance, stock  # (measured 0.45 to 1.40: 9 to 37x)
     else:
         assert stock["quantized"] <= tolerance and stock["lowered"] == 0.0, stock

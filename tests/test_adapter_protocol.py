@@ -251,7 +251,8 @@ def test_the_quantize_step_runs_the_engine(conv_bn: Any) -> None:
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
     with step.install():
         callers = _engine_callers(lambda: prepare_pt2e(gm, quantizer))  # type: ignore[arg-type]
-    assert callers == ["fusionkit.backends.quantize_step.fuse_conv_bn_"]
+    assert callers == ["fusionkit.backends.quantize_step._fold"]  # (the conv fold; no batch
+    # norm is left for the linear one)
     assert len(step.last_report().folded) == 1
 
 

@@ -139,6 +139,13 @@ def fold(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Any, bn_b: Any, mean: N
         weight, None if b is None else rw.tensor(b), rw.tensor(mean), rw.tensor(var), eps,
         None if bn_w is None else rw.tensor(bn_w), None if bn_b is None else rw.tensor(bn_b),
         transposed, _groups(op))
+    return _write_folded(rw, op, w, b, fused_w, fused_b)
+
+
+def _write_folded(rw: Rewriter, op: Node, w: Node, b: Node | None, fused_w: torch.Tensor,
+                  fused_b: torch.Tensor) -> Node:
+    """``op`` edited in place (as stock edits it) to read the folded weight and bias as two
+    new constants, placed before the old weight; the batch norm's readers read ``op``."""
     w_name, b_name = folded_names(w.name, None if b is None else b.name)
     w_new = rw.fresh_constant(w_name, fused_w.detach())
     b_new = rw.fresh_constant(b_name, fused_b.detach())
@@ -146,7 +153,7 @@ def fold(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Any, bn_b: Any, mean: N
     rw.move_before(b_new, w)
     args = list(op.args) + [None] * (3 - len(op.args))
     args[1], args[2] = w_new, b_new
-    new = rw.edit(op, tuple(args))  # in place, as stock edits it
+    new = rw.edit(op, tuple(args))
     if rw.root.target is not torch.ops.aten.batch_norm.default:
         for item in list(rw.root.users):  # the no-training form: its getitem(., 0) users
             rw.reroute(item, new)  # (a constraint: getitem(., 0) users only)
@@ -176,17 +183,7 @@ def fold_linear(rw: Rewriter, op: Node, x: Node, w: Node, bn_w: Any, bn_b: Any, 
         rw.tensor(w), None if b is None else rw.tensor(b), rw.tensor(mean), rw.tensor(var),
         eps, zeros + 1 if bn_w is None else rw.tensor(bn_w),
         zeros if bn_b is None else rw.tensor(bn_b))
-    w_name, b_name = folded_names(w.name, None if b is None else b.name)
-    w_new = rw.fresh_constant(w_name, fused_w.detach())
-    b_new = rw.fresh_constant(b_name, fused_b.detach())
-    rw.move_before(w_new, w)
-    rw.move_before(b_new, w)
-    new = rw.edit(op, (op.args[0], w_new, b_new))  # in place, as stock edits it
-    if rw.root.target is not torch.ops.aten.batch_norm.default:
-        for item in list(rw.root.users):  # the no-training form: its getitem(., 0) users
-            rw.reroute(item, new)
-            rw.erase(item)
-    return new
+    return _write_folded(rw, op, w, b, fused_w, fused_b)
 
 
 def _checks() -> list[Any]:
@@ -218,21 +215,15 @@ def linear_rules() -> list[Rule]:
 
 def rules() -> list[Rule]:
     """The quantize step's conv + batch-norm fold (both batch-norm forms)."""
-    folded = [PrepackableConstant(n, role=FOLD_ROLE) for n in ("w", "mean", "var")]
-    checks = [constraint("optional_bias_is_constant")(_bias_constant),
-              constraint("optional_affine_is_constant", hints={"bn_w": OperandHint(constant=True), "bn_b": OperandHint(constant=True)})(_affine_constant),
-              constraint("weight_not_shared")(_own),
-              constraint("statistics_per_channel")(_statistics_per_channel)]
     plain, legit = _patterns()
     return [
         Rule(name="quantize_conv_batch_norm", pattern=plain,
-             constraints=[constraint("inference_mode")(_inference), *folded, *checks],
+             constraints=[constraint("inference_mode")(_inference), *_checks()],
              replacement=PythonReplacement(fold),
              description="the quantize step's conv + batch norm fold (torch.export's "
                          "batch_norm), every operand checked"),
         Rule(name="quantize_conv_batch_norm_legit", pattern=legit,
-             constraints=[constraint("batch_norm_output_only")(_output_only), *folded,
-                          *checks],
+             constraints=[constraint("batch_norm_output_only")(_output_only), *_checks()],
              replacement=PythonReplacement(fold),
              description="the quantize step's conv + batch norm fold (no-training batch "
                          "norm read through getitem), every operand checked"),

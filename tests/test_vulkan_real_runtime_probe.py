@@ -78,3 +78,34 @@ def test_ops_the_runtime_lacks_are_kept_off_with_a_reason(probed: RuntimeInvento
     assert any("Missing operator: aten.logical_not.default" in p for p in stock.check_probed)
     assert stock.simulator_probed_agrees and ours.simulator_probed_agrees
     assert ours.check_probed == [] and ours.check_problems == []
+
+
+def test_under_install_executorch_own_partitioner_keeps_them_off() -> None:
+    """A pipeline that builds ExecuTorch's own VulkanPartitioner, run under ``install()``
+    (``fusionkit exec``: export_llm's llama without KV cache has this ``logical_not``): the
+    same blocklist for its partition() only, so the program loads and runs; the caller's
+    blocklist is as it gave it afterwards."""
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
+        VulkanPartitioner as StockVulkanPartitioner,
+    )
+
+    from fusionkit.backends.vulkan_adapter import missing_operators
+
+    made: list[StockVulkanPartitioner] = []
+
+    def stock_partitioner() -> StockVulkanPartitioner:
+        made.append(StockVulkanPartitioner(operator_blocklist=set()))
+        return made[-1]
+
+    x = torch.randn(4, 8)
+    model = MaskedFill().eval()
+    ep = torch.export.export(model, (x,))
+    missing_operators.KEPT_OFF.clear()
+    ours = lower("masked_fill", "runtime ops", "installed", ep, (x,), model(x),
+                 partitioner=stock_partitioner)
+    run_all([ours])
+    assert ours.outcome == "ok", ours.describe()
+    assert ours.check_problems == []
+    assert made[0].operator_blocklist == set()
+    assert "has no aten.logical_not.default" in missing_operators.KEPT_OFF[
+        "aten.logical_not.default"]

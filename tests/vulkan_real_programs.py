@@ -178,6 +178,14 @@ def _lower_to_executorch(path: str, exported: Any, partitioner: Callable[[], Any
         va.uninstall()
         part = partitioner() if partitioner else stock_partitioner()
         edge = to_edge_transform_and_lower(copy.deepcopy(exported), partitioner=[part])
+    elif path == "installed":  # ExecuTorch's own calls under install(), as `fusionkit exec`
+        part = partitioner() if partitioner else stock_partitioner()
+        va.install()
+        try:
+            edge = to_edge_transform_and_lower(copy.deepcopy(exported), partitioner=[part])
+            return edge.to_executorch()
+        finally:
+            va.uninstall()
     else:
         part = partitioner() if partitioner else va.VulkanPartitioner()
         edge = to_edge_transform_and_lower(

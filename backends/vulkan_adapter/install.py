@@ -44,6 +44,7 @@ from . import (
     boundary_dim_order,
     constant_serializer,
     fusable_subgraphs,
+    missing_operators,
     mutated_buffers,
     pass_gates,
     preprocess_rules,
@@ -141,7 +142,9 @@ def _patches() -> list[tuple[Any, str, Any]]:
              functools.partial(fusable_subgraphs.fusable_subgraphs, stock_fusable)),
             (partitioner, "partition",
              fusable_subgraphs.partition_with_program(
-                 mutated_buffers.partition_keeping_buffers(partitioner.partition)))]
+                 mutated_buffers.partition_keeping_buffers(
+                     missing_operators.partition_keeping_missing_operators_off(
+                         partitioner.partition))))]
 
 
 #: the adapter's patch set: the pattern takeover, the constant serializer, the pass gates,

@@ -21,7 +21,6 @@ happens only through an explicit :func:`~.install.install`.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,13 +36,12 @@ from fusionkit.integration.adapter import ScopedPartitioner
 
 from .boundary_dim_order import BoundaryDimOrder, partition_boundaries
 from .install import ADAPTER, PATCHES
+from .missing_operators import missing_operator_blocklist, preprocess_pattern_ops
 from .runtime_support import (
     KeptOff,
     RuntimeSupport,
     Unrunnable,
-    cpu_has_kernel,
     data_movement_islands,
-    pattern_ops,
     serialized_name,
 )
 
@@ -126,29 +124,10 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
         other missing op stays, and ``check(program, runtime=...)`` reports it if it
         reaches the payload.
         """
-        from .wheel_inventory import wheel_inventory
-
-        if isinstance(runtime, str):
-            from .runtime_probe import cached_inventory
-
-            runtime = cached_inventory()
-        if runtime is None:  # no probe: what the wheel implies (the probe only adds to it)
-            runtime = wheel_inventory()
-        self.runtime = runtime
-        from executorch.backends.vulkan._passes.remove_redundant_ops import (
-            RemoveRedundantOpsTransform,
-        )
-        from executorch.backends.vulkan.op_registry import vulkan_supported_ops
-
-        removed = RemoveRedundantOpsTransform.redundant_ops
-        consumed = _preprocess_pattern_ops()
-        for op in vulkan_supported_ops:
-            name = getattr(op, "__name__", "")
-            if (runtime.has_operator(name) or op in removed or name in consumed
-                    or not cpu_has_kernel(name)):
-                continue
+        self.runtime, blocked = missing_operator_blocklist(runtime)
+        for op, why in blocked.items():
             self.operator_blocklist.add(op)
-            self.kept_off[name] = f"{runtime.named()} has no {name}: it runs on the CPU"
+            self.kept_off[getattr(op, "__name__", "")] = why
 
     def _texture_limits(self) -> Any:
         from executorch.backends.vulkan import utils as vk_utils
@@ -167,7 +146,7 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
         self.kept_off_nodes = []
         self._unrunnable = {}
         support = RuntimeSupport(self.runtime, self._texture_limits())
-        support.prepare(ep, _preprocess_pattern_ops())
+        support.prepare(ep, preprocess_pattern_ops())
         self._unrunnable = support.unrunnable
         kept: dict[str, KeptOff] = {}
         stock_support = _stock.VulkanSupportedOperators
@@ -255,13 +234,3 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
                and n.meta.get("delegation_tag") in result.partition_tags]
         if bad:
             raise UnrunnableOpError(bad)
-
-
-@functools.cache
-def _preprocess_pattern_ops() -> frozenset[str]:
-    """Every op a preprocess rule's pattern matches (the ops a preprocess fusion may remove)."""
-    from .preprocess_rules import TAKEN_OVER_PASSES, rules_for
-
-    return frozenset().union(*(pattern_ops(r.pattern)
-                               for p in TAKEN_OVER_PASSES for r in rules_for(p)))
-

@@ -93,9 +93,12 @@ def tokens() -> tuple[Any, list[Any]]:
     return prompt, steps
 
 
-def run_program(pte: Path, where: str, timeout: float = 300.0) -> list[Any]:
+def run_program(pte: Path, where: str, timeout: float = 300.0, *, kv_cache: bool = True
+                ) -> list[Any]:
     """The logits of prefill then each decode step, from a child process (``where``:
-    ``cpu`` or ``vulkan``). Raises RuntimeError with the child's last lines on failure."""
+    ``cpu`` or ``vulkan``); ``kv_cache=False``: of the prompt, then of the prompt and the
+    decode tokens, each a whole sequence. Raises RuntimeError with the child's last lines
+    on failure."""
     import torch
 
     out = pte.with_suffix(f".{where}.pt")
@@ -104,7 +107,7 @@ def run_program(pte: Path, where: str, timeout: float = 300.0) -> list[Any]:
         from fusionkit.backends.vulkan_adapter import runtime as rt
 
         env = rt.child_environment()
-    done = subprocess.run([sys.executable, __file__, str(pte), where, str(out)],
+    done = subprocess.run([sys.executable, __file__, str(pte), where, str(out), str(kv_cache)],
                           capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode != 0 or not out.exists():
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
@@ -113,20 +116,23 @@ def run_program(pte: Path, where: str, timeout: float = 300.0) -> list[Any]:
     return result
 
 
-def eager_logits(params: Path, checkpoint: Path) -> list[Any]:
-    """ExecuTorch's own eager llama (``Llama2Model``, KV cache) on the same tokens."""
+def eager_logits(params: Path, checkpoint: Path, *, kv_cache: bool = True) -> list[Any]:
+    """ExecuTorch's own eager llama (``Llama2Model``) on the same tokens (as
+    :func:`run_program` feeds them)."""
     import torch
     from executorch.examples.models.llama.model import Llama2Model
     from executorch.extension.llm.export.config.llm_config import LlmConfig
 
     config = LlmConfig()
     config.base.params, config.base.checkpoint = str(params), str(checkpoint)
-    config.model.use_kv_cache = True
+    config.model.use_kv_cache = kv_cache
     config.export.max_seq_length = config.export.max_context_length = MAX_SEQ
     model = Llama2Model(llm_config=config).get_eager_model().eval()
     prompt, steps = tokens()
     outs = []
     with torch.no_grad():
+        if not kv_cache:
+            return [model(x).detach().clone() for x in _whole_sequences(prompt, steps)]
         outs.append(model(prompt, {"input_pos": torch.tensor([0])}))
         for i, t in enumerate(steps):
             outs.append(model(t, {"input_pos": torch.tensor([PROMPT_LEN + i])}))
@@ -163,7 +169,15 @@ def max_abs(a: Sequence[Any], b: Sequence[Any]) -> float:
     return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b, strict=True))
 
 
-def _child(pte: str, where: str, out: str) -> None:
+def _whole_sequences(prompt: Any, steps: list[Any]) -> list[Any]:
+    """A program without KV cache reads whole sequences: the prompt, then the prompt and
+    the decode tokens."""
+    import torch
+
+    return [prompt, torch.cat([prompt, *steps], dim=1)]
+
+
+def _child(pte: str, where: str, out: str, kv_cache: str = "True") -> None:
     import torch
 
     if where == "vulkan":
@@ -178,6 +192,10 @@ def _child(pte: str, where: str, out: str) -> None:
     data = Path(pte).read_bytes()  # kept alive while the module runs
     module = _load_for_executorch_from_buffer(data)
     prompt, steps = tokens()
+    if kv_cache != "True":
+        torch.save([module.forward((x,))[0].clone() for x in _whole_sequences(prompt, steps)],
+                   out)
+        return
     outs = [module.forward((prompt, torch.tensor([0])))[0].clone()]
     for i, t in enumerate(steps):
         outs.append(module.forward((t, torch.tensor([PROMPT_LEN + i])))[0].clone())
@@ -270,4 +288,4 @@ def delegate_arity(pte: Path | bytes) -> list[tuple[int, int]]:
 
 
 if __name__ == "__main__":
-    _child(*sys.argv[1:4])
+    _child(*sys.argv[1:5])

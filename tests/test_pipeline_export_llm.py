@@ -94,6 +94,28 @@ def test_export_llm_under_fusionkit_exec(model: tuple[Path, Path, list[Any]], tm
 
 
 @pytest.mark.pipeline_full
+def test_vulkan_without_kv_cache_runs_where_stock_aborts(model: tuple[Path, Path, list[Any]],
+                                                        tmp_path: Path) -> None:
+    """``model.use_kv_cache=False``: the attention mask's ``logical_not``, which ExecuTorch's
+    partitioner delegates and the runtime does not register, aborts stock's program at load
+    (``Missing operator``). Under ``fusionkit exec`` ExecuTorch's own partitioner keeps it
+    on the CPU (``vulkan_adapter.missing_operators``): the program runs, equal to eager."""
+    _needs_runtime("vulkan")
+    params, checkpoint, _ = model
+    args = [a for a in llm.export_args(params, checkpoint, tmp_path, VULKAN_PLAIN)
+            if a != "model.use_kv_cache=True"] + ["model.use_kv_cache=False"]
+    (stock_pte, stock_err), (ours_pte, ours_err) = llm.export_pair(
+        [a for a in args if not a.startswith("export.output_dir=")], tmp_path, "vulkan",
+        tmp_path / "report.json")
+    assert ours_pte is not None, ours_err[-2000:]
+    ours = llm.run_program(ours_pte, "vulkan", kv_cache=False)
+    assert llm.max_abs(ours, llm.eager_logits(params, checkpoint, kv_cache=False)) <= EAGER_TOL
+    assert stock_pte is not None, stock_err[-2000:]
+    with pytest.raises(RuntimeError, match=r"Missing operator: aten\.logical_not\.default"):
+        llm.run_program(stock_pte, "vulkan", kv_cache=False)
+
+
+@pytest.mark.pipeline_full
 def test_vulkan_without_kv_cache_sdpa_fails_as_stock_does(model: tuple[Path, Path, list[Any]],
                                                          tmp_path: Path) -> None:
     """Without ``use_sdpa_with_kv_cache`` ExecuTorch 1.5.1's own memory planning fails

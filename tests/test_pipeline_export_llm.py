@@ -94,6 +94,28 @@ def test_export_llm_under_fusionkit_exec(model: tuple[Path, Path, list[Any]], tm
 
 
 @pytest.mark.pipeline_full
+def test_xnnpack_weight_only_4w_computes_the_quantized_model(
+        model: tuple[Path, Path, list[Any]], tmp_path: Path) -> None:
+    """``quantization.qmode=4w`` on XNNPACK: each linear's weight is torchao's
+    ``dequantize_affine`` of int4 values. Stock's ``ConvertToLinearPass`` walks to the
+    integer weight and drops the dequantize: its program multiplies by the raw integers
+    (measured 92 off the quantized model, no error). Under ``fusionkit exec`` the
+    dequantize is evaluated at lowering (``passes/xnnpack/convert_to_linear.py``): the
+    program computes the exporter's own 4w model."""
+    params, checkpoint, _ = model
+    overrides = [*XNNPACK, "quantization.qmode=4w", "quantization.group_size=32"]
+    args = [a for a in llm.export_args(params, checkpoint, tmp_path, overrides)
+            if not a.startswith("export.output_dir=")]
+    (stock_pte, stock_err), (ours_pte, ours_err) = llm.export_pair(
+        args, tmp_path, "xnnpack", tmp_path / "report.json")
+    assert ours_pte is not None, ours_err[-2000:]
+    assert stock_pte is not None, stock_err[-2000:]
+    reference = llm.exported_reference(args)
+    assert llm.max_abs(llm.run_program(ours_pte, "cpu"), reference) <= 1e-4  # measured 3e-6
+    assert llm.max_abs(llm.run_program(stock_pte, "cpu"), reference) > 1.0  # stock's bug
+
+
+@pytest.mark.pipeline_full
 def test_vulkan_without_kv_cache_runs_where_stock_aborts(model: tuple[Path, Path, list[Any]],
                                                         tmp_path: Path) -> None:
     """``model.use_kv_cache=False``: the attention mask's ``logical_not``, which ExecuTorch's

@@ -33,6 +33,11 @@ transposed weight, the single user of the bypassed view's input. **Stock bugs fi
   (``self.l(x) + x``): ``find_bias_for_mm`` takes the add's other operand as the linear's
   bias, and the add still adds it -- ``x`` counted twice. Here no bias is taken from
   outside the partition;
+* a weight-only quantized ``nn.Linear`` (its weight ``dequantize_affine`` of integer
+  constants: ``export_llm``'s ``quantization.qmode=4w``): the walk ends at the integer
+  weight and the stock linear multiplies by the raw integers, the dequantize dropped (a
+  tiny llama's logits 94 off eager, no error). Here the dequantize is evaluated once at
+  lowering and the linear reads that float32 weight;
 * one ``nn.Linear`` module called twice (``l(l(x))``, shared weights): both calls form
   one partition, whose walk from the second ``addmm`` ends at the *first* call's input --
   one linear of ``x`` in place of two. Here a partition holding more than one linear's
@@ -85,6 +90,8 @@ UNSQUEEZE = "aten.unsqueeze_copy.default"
 SQUEEZE = "aten.squeeze_copy.dims"
 TRANSPOSES = ("aten.t_copy.default", "aten.permute_copy.default")
 DQ_TENSOR = "quantized_decomposed.dequantize_per_tensor.tensor"
+#: a weight-only quantized weight (torchao's ``dequantize_affine``: export_llm's ``4w``)
+DQ_AFFINE = "torchao.dequantize_affine.default"
 #: reshapes a Linear decomposes into around its matmul (flatten / restore leading dims)
 INPUT_RESHAPES = (VIEW, UNSQUEEZE)
 OUTPUT_RESHAPES = (VIEW, SQUEEZE)
@@ -97,6 +104,8 @@ class ModulePlan:
     x: Node
     w: Node
     b: Node | None
+    #: the ``dequantize_affine`` of ``w`` the module's weight is (evaluated at lowering)
+    dequantize: Node | None = None
 
 
 def _key(n: Any) -> str:
@@ -169,7 +178,8 @@ def module_plan(mm: Node) -> tuple[Node, ModulePlan] | str:
                 f"ops ({', '.join(sorted(n.name for n in inside))})")
     if any(_key(n) not in INPUT_RESHAPES for n in x_chain) or b_chain:
         return f"`{mm.name}`'s input or bias is computed inside the module"
-    t = w_chain[0] if len(w_chain) == 1 else None
+    dequantize = w_chain[1] if len(w_chain) == 2 and _key(w_chain[1]) == DQ_AFFINE else None
+    t = w_chain[0] if len(w_chain) == 1 or dequantize is not None else None
     if t is None or _key(t) not in TRANSPOSES or (
             _key(t) == TRANSPOSES[1] and [int(d) % 2 for d in _dims(t)] != [1, 0]):
         return f"`{mm.name}`'s weight is not one transpose of a weight"
@@ -182,7 +192,7 @@ def module_plan(mm: Node) -> tuple[Node, ModulePlan] | str:
         return f"the bias `{b.name}` {bs} is not 1-D of the {ws[0]} output features"
     # stock's find_bias_for_mm would take an operand of an add after the module (outside
     # the partition, which keeps adding it) as the bias: not taken (bug fixed)
-    return out, ModulePlan(x, w, b)
+    return out, ModulePlan(x, w, b, dequantize)
 
 
 def _linear_module(ctx: CheckContext, mm: Node) -> str | None:
@@ -191,6 +201,14 @@ def _linear_module(ctx: CheckContext, mm: Node) -> str | None:
         return found
     if found[0] is not ctx.root:
         return f"the output of `{mm.name}`'s nn.Linear source partition is `{found[0].name}`"
+    dq = found[1].dequantize
+    if dq is not None:
+        if not ctx.allow_folding:
+            return f"`{mm.name}`'s weight is `{dq.name}`, evaluated by a fold this caller cannot add"
+        computed = [a.name for a in dq.all_input_nodes if ctx.inputs.constant(a) is None]
+        if computed:
+            return (f"`{mm.name}`'s weight `{dq.name}` dequantizes "
+                    f"{', '.join(f'`{c}`' for c in computed)}, not constants")
     return None
 
 
@@ -198,8 +216,19 @@ def _module_linear(rw: Rewriter, mm: Node) -> Node:
     found = module_plan(mm)
     assert not isinstance(found, str), found  # the constraint accepted it
     out, plan = found
+    w = plan.w
+    if plan.dequantize is not None:  # the float weight, once (stock drops the dequantize)
+        dq = plan.dequantize
+
+        def value(a: Any) -> Any:
+            return rw.tensor(a) if isinstance(a, Node) else a
+
+        weight = dq.target(*(value(a) for a in dq.args),
+                           **{k: value(v) for k, v in dq.kwargs.items()})
+        w = rw.fresh_constant(f"{plan.w.name}_dequantized", weight)
+        rw.move_before(w, plan.w)
     rw.insert_at(out)  # the stock pass inserts before the partition output
-    args = (plan.x, plan.w) if plan.b is None else (plan.x, plan.w, plan.b)
+    args = (plan.x, w) if plan.b is None else (plan.x, w, plan.b)
     new = rw.call(LINEAR, *args)
     for key in PROVENANCE_KEYS:  # the stock pass creates it bare (no debug handle)
         new.meta.pop(key, None)

@@ -250,10 +250,10 @@ def blocks(draw: Any, kind: str, quantized: bool = False) -> Block:
                                                            st.sampled_from([1, 3])),
                      bias=draw(st.booleans()), bn=draw(st.booleans()), acts=draw(_acts))
     if kind == "conv1d":
-        # (twice: out is the input's channels.) Not quantized: pt2e annotates only one use
-        # of a shared module, and that program XNNPACK refuses, stock or not (see
-        # test_preprocess_rules_generated.test_known_outside_the_rules_xnnpack)
-        twice = not quantized and draw(st.integers(0, 3)) == 3
+        # (twice: out is the input's channels.) Quantized too: pt2e annotates one use of a
+        # shared module only, and the adapter's partitioner keeps the float use on the CPU
+        # (test_preprocess_rules_generated.test_a_quantized_conv1d_applied_twice_...)
+        twice = draw(st.integers(0, 3)) == 3
         return Block(kind, out=0 if twice else draw(_channels),
                      kernel=draw(st.sampled_from([1, 3, 5])), bias=draw(st.booleans()),
                      bn=draw(st.booleans()), acts=draw(_acts), twice=twice)

@@ -223,8 +223,9 @@ def _module_linear(rw: Rewriter, mm: Node) -> Node:
         def value(a: Any) -> Any:
             return rw.tensor(a) if isinstance(a, Node) else a
 
-        weight = dq.target(*(value(a) for a in dq.args),
-                           **{k: value(v) for k, v in dq.kwargs.items()})
+        dequantize: Callable[..., torch.Tensor] = dq.target  # type: ignore[assignment]
+        weight = dequantize(*(value(a) for a in dq.args),
+                            **{k: value(v) for k, v in dq.kwargs.items()})
         w = rw.fresh_constant(f"{plan.w.name}_dequantized", weight)
         rw.move_before(w, plan.w)
     rw.insert_at(out)  # the stock pass inserts before the partition output

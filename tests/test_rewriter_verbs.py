@@ -407,3 +407,50 @@ def test_one_place_changes_a_programs_signature() -> None:
     owners = {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
               and any(p in ast.walk(f) for p in private)}
     assert owners == {"reattach"}
+
+
+def test_a_computed_constant_is_computed_when_the_program_gets_it_only() -> None:
+    """``Computed``: the probe types the new constant from its announced shape and dtype
+    and never computes it (a repacked weight over every weight of an LLM, per probe); the
+    real rewrite computes it once; a value unlike its announcement is a rule bug, raised."""
+    from fusionkit.edit.builder import Computed, FusionError
+
+    calls: list[int] = []
+
+    def doubling(shape: tuple[int, ...]) -> Any:
+        def doubled(rw: Any, x: Any, s: Any) -> Any:
+            def compute() -> torch.Tensor:
+                calls.append(1)
+                return rw.tensor(s) * 2.0
+
+            c = rw.fresh_constant(f"{s.name}_doubled", Computed(shape, torch.float32, compute))
+            return rw.call("aten.mul.Tensor", x, c)
+
+        return doubled
+
+    x = rand_inputs((2, 4))
+    model = ConstScale().eval()
+    rule = Rule("verbs_computed", op("aten.mul.Tensor", capture("x"), capture("s")),
+                PythonReplacement(doubling((4,))), constraints=[PrepackableConstant("s")])
+    ep = export_edge(model, x)
+    (rw,) = _probe(ep, rule)
+    assert calls == []
+    made = [n for n in rw.graph.nodes if n.op == "placeholder" and n.name.endswith("_doubled")]
+    assert [tuple(n.meta["val"].shape) for n in made] == [(4,)]
+    _apply(ep, rule)
+    assert len(calls) == 1
+    assert outputs_close(run_program(ep, *x), model(*x) * 2.0)  # x * (2 s)
+
+    ep = export_edge(model, x)
+    found = find_matches(ep, [Rule("verbs_computed_wrong",
+                                   op("aten.mul.Tensor", capture("x"), capture("s")),
+                                   PythonReplacement(doubling((1,))),
+                                   constraints=[PrepackableConstant("s")])])
+    before = _state(ep)
+    try:
+        apply_matches(ep, found.accepted, strict=True)
+    except FusionError as e:
+        assert "announced (1,)" in str(e)
+    else:
+        raise AssertionError("a computed constant unlike its announcement was accepted")
+    assert _same(before, _state(ep))  # nothing half-applied

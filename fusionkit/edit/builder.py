@@ -16,7 +16,9 @@ have declined (a rule bug, never a user's model at fault).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -273,6 +275,27 @@ def _dialect(target: OpTarget, like: Any) -> tuple[Any, Any]:
         return op, resolve_op(op)
 
 
+@dataclasses.dataclass(frozen=True)
+class Computed:
+    """A new constant's value, computed only when a program gets it.
+
+    The probe builds a replacement to check what it creates, not to apply it: it needs the
+    constant's shape and dtype alone. A build that derives a constant from big weights
+    (a repacked 4-bit weight, per-group sums) passes one of these to
+    :meth:`Rewriter.constant`, so the probe does not compute it over every weight."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    compute: Callable[[], torch.Tensor]
+
+    def value(self, rule_name: str = "") -> torch.Tensor:
+        v = self.compute()
+        if tuple(v.shape) != tuple(self.shape) or v.dtype != self.dtype:
+            raise FusionError(f"rule {rule_name!r}: a computed constant is {tuple(v.shape)} "
+                              f"{v.dtype}, announced {tuple(self.shape)} {self.dtype}")
+        return v
+
+
 class Rewriter:
     """Creates replacement nodes before the match's insertion point, with full metadata."""
 
@@ -345,7 +368,7 @@ class Rewriter:
         self.set_args(node, args, kwargs)
         return node
 
-    def fresh_constant(self, name: str, value: torch.Tensor) -> Node:
+    def fresh_constant(self, name: str, value: torch.Tensor | Computed) -> Node:
         """A new lifted constant holding ``value``, named ``name``, or ``name_1``, ... when a
         placeholder has that name: never one found by name (as :meth:`constant` finds one),
         so two folds of one shared weight never share a result."""
@@ -446,7 +469,7 @@ class Rewriter:
                               "a constraint should have declined this match")
         return t.detach()
 
-    def constant(self, name: str, value: torch.Tensor) -> Node:
+    def constant(self, name: str, value: torch.Tensor | Computed) -> Node:
         """A new lifted-constant placeholder holding ``value`` (e.g. a repacked weight).
 
         ``name`` identifies the content: asking twice for the same name (two
@@ -455,6 +478,8 @@ class Rewriter:
         """
         if self._constants is None:
             raise FusionError(f"rule {self.rule_name!r}: a new constant needs the program")
+        if isinstance(value, Computed):  # a fresh tensor of its own: no copy needed
+            return self._constants.add(name, value.value(self.rule_name).detach().contiguous())
         return self._constants.add(name, value.detach().contiguous().clone())
 
     def _sources(self) -> list[Any]:

@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx import Graph, Node
 
 from fusionkit.check.folding import evaluate_constant
-from fusionkit.edit.builder import Rewriter
+from fusionkit.edit.builder import Computed, Rewriter
 from fusionkit.targets import dialect_like, op_key
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class ProbeRewriter(Rewriter):
         self._ctx = ctx
         self._fake = _fake_mode(ctx.root)
         self._probe_standins: dict[Node, Node] = {}
-        self._probe_values: dict[Node, torch.Tensor] = {}
+        self._probe_values: dict[Node, torch.Tensor | Computed] = {}
         self._probe_constants: dict[str, Node] = {}
 
     def captures(self) -> dict[str, Any]:
@@ -84,14 +84,21 @@ class ProbeRewriter(Rewriter):
 
     def tensor(self, node: Node) -> torch.Tensor:
         if node in self._probe_values:
-            return self._probe_values[node]
+            value = self._probe_values[node]
+            if isinstance(value, Computed):  # read back by the build: computed now, once
+                value = self._probe_values[node] = value.value(self.rule_name).detach()
+            return value
         return super().tensor(node)
 
-    def constant(self, name: str, value: torch.Tensor) -> Node:
+    def constant(self, name: str, value: torch.Tensor | Computed) -> Node:
         if name not in self._probe_constants:
             p = self.graph.placeholder(name)
-            value = value.detach()
-            p.meta["val"] = self._fake.from_tensor(value, static_shapes=True)
+            if isinstance(value, Computed):  # its shape and dtype: not computed here
+                with self._fake:
+                    p.meta["val"] = torch.empty(value.shape, dtype=value.dtype)
+            else:
+                value = value.detach()
+                p.meta["val"] = self._fake.from_tensor(value, static_shapes=True)
             self._probe_values[p] = value
             self._probe_constants[name] = p
         return self._probe_constants[name]

@@ -71,6 +71,7 @@ from fusionkit import (
     op_key,
     per_row_block,
 )
+from fusionkit.edit.builder import Computed
 from fusionkit.passes.registry import (
     OperandHint,
     Pick,
@@ -396,7 +397,9 @@ def _dq8ca_q4gsw_geometry(ctx: CheckContext, weight: Node, x: Node, block_size: 
 
 def _q4_constants(rw: Rewriter, w: Node, s: Node) -> tuple[Node, Node]:
     """The packed 4-bit weight and the transposed [K/G, N] scales (padded to 4), as new constants."""
-    packed = rw.constant(f"{w.name}_fk_q4_linear", pack_linear_q4(rw.tensor(w)))
+    n, k = rw.tensor(w).shape
+    packed = rw.constant(f"{w.name}_fk_q4_linear", Computed(  # K padded to 8, two per byte
+        (n, (k + (-k) % 8) // 2), torch.uint8, lambda: pack_linear_q4(rw.tensor(w))))
     scales_t = rw.constant(f"{s.name}_fk_q4gsw_t_pad4",
                            pad_to(rw.tensor(s).transpose(0, 1).contiguous(), 4))
     return packed, scales_t
@@ -453,7 +456,9 @@ def _dq8ca_build(rw: Rewriter, x: Node, in_scale: Node, in_zp: Node, weight: Nod
                  in_view: Node | None = None) -> Node:
     packed, scales_t = _q4_constants(rw, weight, w_scales)
     g = int(block_size[1])
-    sums = rw.constant(f"{weight.name}_fk_group_sums_g{g}", per_group_sums(rw.tensor(weight), g))
+    n, k = rw.tensor(weight).shape
+    sums = rw.constant(f"{weight.name}_fk_group_sums_g{g}", Computed(
+        (k // g, n + (-n) % 4), torch.int32, lambda: per_group_sums(rw.tensor(weight), g)))
     if in_view is not None:  # [B, M, K] quantized per row, then viewed to [B*M, K]: view x alike
         # with the view's own size operand: with a dynamic M its sizes are graph values
         # (sym_size nodes); the meta shape's SymInts cannot be serialized ("Cannot add

@@ -416,8 +416,16 @@ def per_group_sums(weight: torch.Tensor, group_size: int) -> torch.Tensor:
     rows are padded to 4, as the runtime reads them.
     """
     n, k = weight.shape
-    sums = weight.to(torch.int32).view(n, k // group_size, group_size).sum(dim=2)
+    sums = torch.empty(n, k // group_size, dtype=torch.int32)
+    for r in range(0, n, _SUM_ROWS):  # an int32 copy of a block of rows at a time, not of
+        # the whole weight (4x its int8 bytes: an LLM's output projection is 1 GB, the
+        # export's peak memory)
+        block = weight[r:r + _SUM_ROWS].to(torch.int32)
+        sums[r:r + _SUM_ROWS] = block.view(-1, k // group_size, group_size).sum(dim=2)
     return pad_to(sums.transpose(0, 1).contiguous(), 4).to(torch.int32).contiguous()
+
+
+_SUM_ROWS = 4096
 
 
 def _choose_qparams_item(v: Any, index: int) -> Node | None:

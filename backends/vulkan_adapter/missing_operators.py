@@ -91,8 +91,9 @@ def partition_keeping_missing_operators_off(stock_partition: Callable[..., Any]
             result = stock_partition(self, exported_program)
         finally:
             blocklist.difference_update(added)
+        on_cpu = _undelegated_targets(result)
         kept = {getattr(op, "__name__", str(op)): why for op, why in added.items()
-                if _delegated_nowhere(result, op) and _in_program(result, op)}
+                if op in on_cpu}
         for why in kept.values():
             _LOG.info("fusionkit: %s", why)
         KEPT_OFF.update(kept)
@@ -101,12 +102,7 @@ def partition_keeping_missing_operators_off(stock_partition: Callable[..., Any]
     return partition
 
 
-def _in_program(result: Any, op: Any) -> bool:
-    return any(n.op == "call_function" and n.target is op
-               for n in result.tagged_exported_program.graph_module.graph.nodes)
-
-
-def _delegated_nowhere(result: Any, op: Any) -> bool:
-    return not any(n.op == "call_function" and n.target is op
-                   and n.meta.get("delegation_tag") in result.partition_tags
-                   for n in result.tagged_exported_program.graph_module.graph.nodes)
+def _undelegated_targets(result: Any) -> set[Any]:
+    """The ops of the nodes the partition left on the CPU."""
+    return {n.target for n in result.tagged_exported_program.graph_module.graph.nodes
+            if n.op == "call_function" and n.meta.get("delegation_tag") not in result.partition_tags}

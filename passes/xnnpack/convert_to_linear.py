@@ -72,7 +72,7 @@ from fusionkit import (
     op,
     op_key,
 )
-from fusionkit.edit.builder import PROVENANCE_KEYS
+from fusionkit.edit.builder import PROVENANCE_KEYS, Computed
 from fusionkit.passes.registry import (
     OperandHint,
     Pick,
@@ -224,9 +224,11 @@ def _module_linear(rw: Rewriter, mm: Node) -> Node:
             return rw.tensor(a) if isinstance(a, Node) else a
 
         dequantize: Callable[..., torch.Tensor] = dq.target  # type: ignore[assignment]
-        weight = dequantize(*(value(a) for a in dq.args),
-                            **{k: value(v) for k, v in dq.kwargs.items()})
-        w = rw.fresh_constant(f"{plan.w.name}_dequantized", weight)
+        val = dq.meta["val"]  # (the probe needs its shape and dtype only: not computed there)
+        w = rw.fresh_constant(f"{plan.w.name}_dequantized", Computed(
+            tuple(val.shape), val.dtype,
+            lambda: dequantize(*(value(a) for a in dq.args),
+                               **{k: value(v) for k, v in dq.kwargs.items()})))
         rw.move_before(w, plan.w)
     rw.insert_at(out)  # the stock pass inserts before the partition output
     args = (plan.x, w) if plan.b is None else (plan.x, w, plan.b)

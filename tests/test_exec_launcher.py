@@ -115,3 +115,45 @@ def test_a_stock_lowering_gets_fusionkits_rules(tmp_path: Path) -> None:
     assert xnn["fused"].get("xnnpack_conv_batch_norm") == 1, xnn
     assert "fusionkit exec: xnnpack: " in done.stderr and " fused (" in done.stderr
     assert data["fusionkit_seconds"] > 0
+
+
+SPLIT_LOWERING = textwrap.dedent('''
+    import torch
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    class SplitNarrow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.randn(32, 8))
+
+        def forward(self, x, pos):
+            p = pos[-1].item()
+            torch._check_is_size(p)
+            torch._check(p < 16)
+            rows = self.table.narrow(0, p, x.shape[0])
+            wide = rows[None, :, :, None, None]
+            wide = torch.cat([wide, wide], dim=-1).sum(-1)[0, :, :, 0]
+            return x * 2.0 + wide * rows
+
+    ep = torch.export.export(SplitNarrow().eval(), (torch.randn(4, 8), torch.tensor([3])))
+    to_edge_transform_and_lower(ep, partitioner=[VulkanPartitioner()]).to_executorch()
+    print("lowered")
+''')
+
+
+def test_the_summary_lists_what_fusionkit_placed_after_the_partitioner(tmp_path: Path) -> None:
+    """ExecuTorch's own VulkanPartitioner splits this program in two and puts the
+    ``.item()``'s assertions in the partition that does not read it (stock's lowering
+    fails, ``tests/test_runtime_assertions.py``). Under the launcher they are moved, the
+    program lowers, and the summary and the report say so."""
+    script = tmp_path / "lower.py"
+    script.write_text(SPLIT_LOWERING)
+    report = tmp_path / "report.json"
+    done = _run(["--backend", "vulkan", "--report", str(report), "--", str(script)], tmp_path)
+    assert done.returncode == 0 and "lowered" in done.stdout, done.stderr[-3000:]
+    placed = json.loads(report.read_text())["backends"]["vulkan"]["placed"]
+    moved = [p for p in placed if p["what"].startswith("runtime assertion moved")]
+    assert moved and moved[0]["count"] >= 1, placed
+    assert "node(s) placed by fusionkit after the partitioner" in done.stderr
+    assert "runtime assertion moved" in done.stderr

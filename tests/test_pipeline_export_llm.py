@@ -138,6 +138,34 @@ def test_vulkan_without_kv_cache_runs_where_stock_aborts(model: tuple[Path, Path
 
 
 @pytest.mark.pipeline_full
+def test_vulkan_expanded_rope_tables_compute_the_eager_model(tmp_path: Path) -> None:
+    """``model.expand_rope_table=True`` (multi-head attention: the tables are [seq, heads,
+    head_dim / 2]). Stock's rope fusion takes the expanded tables as if they were
+    [seq, head_dim / 2]: its program runs, measured 6.7 off eager. fusionkit's rope rule
+    declines them; the rope's 5-D ``cat`` then stays on the CPU and splits the graph, and
+    ExecuTorch's partitioner put the position's assertions in another partition than the
+    ``narrow`` reading it (Vulkan's re-trace failed: ``GuardOnDataDependentSymNode``).
+    Under ``fusionkit exec`` they move with the value
+    (``fusionkit.integration.runtime_assertions``): the program runs, equal to eager."""
+    _needs_runtime("vulkan")
+    params, checkpoint = llm.write_model(
+        tmp_path / "mha", {**llm.TINY_LLAMA, "n_kv_heads": llm.TINY_LLAMA["n_heads"]})
+    args = [a for a in llm.export_args(params, checkpoint, tmp_path,
+                                       [*VULKAN_SDPA, "model.expand_rope_table=True"])
+            if not a.startswith("export.output_dir=")]
+    (stock_pte, stock_err), (ours_pte, ours_err) = llm.export_pair(
+        args, tmp_path, "vulkan", tmp_path / "report.json")
+    assert ours_pte is not None, ours_err[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())["backends"]["vulkan"]
+    assert "export_llama_rope" not in report["fused"], report["fused"]
+    reference = llm.eager_logits(params, checkpoint)
+    assert llm.max_abs(llm.run_program(ours_pte, "vulkan"), reference) <= EAGER_TOL
+    assert stock_pte is not None, stock_err[-2000:]
+    stock = llm.max_abs(llm.run_program(stock_pte, "vulkan"), reference)
+    assert stock > 1.0 or stock <= EAGER_TOL, stock  # stock's bug, or an ExecuTorch that fixed it
+
+
+@pytest.mark.pipeline_full
 def test_vulkan_without_kv_cache_sdpa_fails_as_stock_does(model: tuple[Path, Path, list[Any]],
                                                          tmp_path: Path) -> None:
     """Without ``use_sdpa_with_kv_cache`` ExecuTorch 1.5.1's own memory planning fails

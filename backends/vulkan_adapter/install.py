@@ -35,7 +35,7 @@ from typing import Any
 
 from fusionkit import run_rules
 from fusionkit.backends import quantize_step
-from fusionkit.integration import hooks
+from fusionkit.integration import hooks, runtime_assertions
 from fusionkit.integration.adapter import Adapter
 from fusionkit.integration.hooks import REMOVE, Installation, UnsupportedExecuTorchError
 from fusionkit.passes.registry import taken_over_patterns
@@ -143,8 +143,9 @@ def _patches() -> list[tuple[Any, str, Any]]:
             (partitioner, "partition",
              fusable_subgraphs.partition_with_program(
                  mutated_buffers.partition_keeping_buffers(
-                     missing_operators.partition_keeping_missing_operators_off(
-                         partitioner.partition))))]
+                     runtime_assertions.partition_keeping_assertions(
+                         missing_operators.partition_keeping_missing_operators_off(
+                             partitioner.partition), "vulkan"))))]
 
 
 #: the adapter's patch set: the pattern takeover, the constant serializer, the pass gates,

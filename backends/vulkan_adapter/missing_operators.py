@@ -19,6 +19,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from fusionkit import events
+
 from .runtime_support import cpu_has_kernel, pattern_ops
 
 __all__ = ["KEPT_OFF", "missing_operator_blocklist", "partition_keeping_missing_operators_off",
@@ -94,8 +96,9 @@ def partition_keeping_missing_operators_off(stock_partition: Callable[..., Any]
         on_cpu = _undelegated_targets(result)
         kept = {getattr(op, "__name__", str(op)): why for op, why in added.items()
                 if op in on_cpu}
-        for why in kept.values():
+        for name, why in kept.items():
             _LOG.info("fusionkit: %s", why)
+            events.placed("vulkan", f"kept on the CPU: {name}", why)
         KEPT_OFF.update(kept)
         return result
 

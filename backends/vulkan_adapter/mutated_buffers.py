@@ -29,6 +29,8 @@ from typing import Any
 
 from torch.fx import Node
 
+from fusionkit import events
+
 __all__ = ["KeptBuffer", "keep_unwritable_buffers_on_cpu", "partition_keeping_buffers"]
 
 
@@ -94,6 +96,7 @@ def partition_keeping_buffers(stock_partition: Callable[..., Any]) -> Callable[.
         kept = keep_unwritable_buffers_on_cpu(result.tagged_exported_program)
         for k in kept:
             _LOG.info("fusionkit: %s", k.reason)
+            events.placed("vulkan", f"kept on the CPU: buffer {k.buffer}", k.reason)
         KEPT.extend(kept)
         return result
 

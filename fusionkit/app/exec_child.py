@@ -59,6 +59,8 @@ class _State:
         #: seconds fusionkit's searches and applications took in this process
         self.seconds = 0.0
         self._seen_declines: set[tuple[str, str, str, str]] = set()
+        #: (backend, what, why) -> partition changes an adapter made (:func:`events.placed`)
+        self.placed: Counter[tuple[str, str, str]] = Counter()
         self.lock = threading.RLock()
 
     @property
@@ -99,6 +101,7 @@ class _State:
             return
         self.listening = True
         events.listen(self.on_decided, self.on_applied)
+        events.listen_placements(self.on_placed)
 
     # ------------------------------------------------------------------ the record
 
@@ -127,10 +130,17 @@ class _State:
             for m in matches:
                 self.fused[(self.owner(m.rule.name), m.rule.name)] += 1
 
+    def on_placed(self, backend: str, what: str, why: str) -> None:
+        with self.lock:
+            self.placed[(backend, what, why[:300])] += 1
+
     def record(self) -> dict[str, Any]:
         per: dict[str, dict[str, Any]] = {}
         for name in [*self.backends, "user"]:
-            per[name] = {"fused": {}, "declined": {}}
+            per[name] = {"fused": {}, "declined": {}, "placed": []}
+        for (backend, what, why), n in self.placed.items():
+            if backend in per:
+                per[backend]["placed"].append({"what": what, "why": why, "count": n})
         for (owner, rule), n in self.fused.items():
             per[owner]["fused"][rule] = n
         for (owner, rule), reasons in self.declined.items():

@@ -111,6 +111,7 @@ def summarize(records: Sequence[dict[str, Any]], backends: Sequence[str]) -> dic
         declined: Counter[str] = Counter()
         reasons: Counter[str] = Counter()
         errors: list[str] = []
+        placed: Counter[tuple[str, str]] = Counter()
         installed = 0
         for r in records:
             if r.get("installed", {}).get(name):
@@ -119,6 +120,8 @@ def summarize(records: Sequence[dict[str, Any]], backends: Sequence[str]) -> dic
                 errors.append(r["errors"][name])
             part = r.get("backends", {}).get(name, {})
             fused.update(part.get("fused", {}))
+            for p in part.get("placed", []):
+                placed[(p["what"], p["why"])] += p["count"]
             for rule, by_reason in part.get("declined", {}).items():
                 for reason, n in by_reason.items():
                     declined[rule] += n
@@ -130,7 +133,9 @@ def summarize(records: Sequence[dict[str, Any]], backends: Sequence[str]) -> dic
             "fused": dict(fused.most_common()),
             "declined": dict(declined.most_common()),
             "top_decline_reasons": [{"reason": k, "count": v} for k, v in reasons.most_common(3)],
+            "decline_reasons": [{"reason": k, "count": v} for k, v in reasons.most_common()],
             "install_errors": sorted(set(errors)),
+            "placed": [{"what": w, "why": y, "count": n} for (w, y), n in placed.most_common()],
         }
     return out
 
@@ -151,6 +156,12 @@ def _summary_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(line)
         for r in b["top_decline_reasons"]:
             lines.append(f"    {r['count']} x {r['reason'][:160]}")
+        if b.get("placed"):
+            n_placed = sum(p["count"] for p in b["placed"])
+            lines.append(f"  {name}: {n_placed} node(s) placed by fusionkit after the "
+                         "partitioner:")
+            for p in b["placed"][:5]:
+                lines.append(f"    {p['count']} x {p['what']}: {p['why'][:120]}")
     return lines
 
 

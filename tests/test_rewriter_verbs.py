@@ -454,3 +454,45 @@ def test_a_computed_constant_is_computed_when_the_program_gets_it_only() -> None
     else:
         raise AssertionError("a computed constant unlike its announcement was accepted")
     assert _same(before, _state(ep))  # nothing half-applied
+
+
+class SharedScale(torch.nn.Module):
+    """Two multiplies by one constant: two matches sharing one source weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("s", torch.tensor([0.5, 1.0, 2.0, 4.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.s).relu() + (x.sin() * self.s)
+
+
+def test_a_computed_constant_shared_by_two_matches_is_computed_once() -> None:
+    """The second match asking for the same name gets the first's placeholder, and its
+    ``Computed`` is not run again (a repacked weight computed twice for nothing)."""
+    from fusionkit.edit.builder import Computed
+
+    calls: list[int] = []
+
+    def doubled(rw: Any, x: Any, s: Any) -> Any:
+        def compute() -> torch.Tensor:
+            calls.append(1)
+            return rw.tensor(s) * 2.0
+
+        c = rw.constant(f"{s.name}_doubled", Computed((4,), torch.float32, compute))
+        return rw.call("aten.mul.Tensor", x, c)
+
+    x = rand_inputs((2, 4))
+    model = SharedScale().eval()
+    rule = Rule("verbs_computed_shared", op("aten.mul.Tensor", capture("x"), capture("s")),
+                PythonReplacement(doubled), constraints=[PrepackableConstant("s")])
+    ep = export_edge(model, x)
+    found = find_matches(ep, [rule])
+    assert len(found.accepted) == 2
+    apply_matches(ep, found.accepted, strict=True)
+    assert len(calls) == 1
+    made = [n for n in ep.graph_module.graph.nodes
+            if n.op == "placeholder" and n.name.endswith("_doubled")]
+    assert len(made) == 1 and len(made[0].users) == 2
+    expect = (x[0] * model.s * 2).relu() + x[0].sin() * model.s * 2
+    assert outputs_close(run_program(ep, *x), expect)

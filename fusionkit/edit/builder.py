@@ -128,19 +128,26 @@ class ProgramConstants:
         self._layout = (specs, placeholders, at, fake_mode)
         return self._layout
 
-    def add(self, name: str, value: torch.Tensor) -> Node:
-        """A lifted constant ``name`` holding ``value``; the same node for the same name."""
-        graph = self.ep.graph_module.graph
+    def existing(self, name: str) -> Node | None:
+        """The lifted constant an earlier :meth:`add` made for ``name``, else None."""
         if self._by_name is None:
             self._by_name = {}
-            for n in graph.find_nodes(op="placeholder"):
+            for n in self.ep.graph_module.graph.find_nodes(op="placeholder"):
                 if "requested_name" in n.meta:
                     self._by_name.setdefault(n.meta["requested_name"], n)
-        existing = self._by_name.get(name)
-        if existing is not None and not existing._erased:
-            if self.inputs.constant(existing) is None:
-                raise FusionError(f"`{name}` already names a placeholder that is not a constant")
+        found = self._by_name.get(name)
+        if found is None or found._erased:
+            return None
+        if self.inputs.constant(found) is None:
+            raise FusionError(f"`{name}` already names a placeholder that is not a constant")
+        return found
+
+    def add(self, name: str, value: torch.Tensor) -> Node:
+        """A lifted constant ``name`` holding ``value``; the same node for the same name."""
+        existing = self.existing(name)
+        if existing is not None:
             return existing
+        graph = self.ep.graph_module.graph
         sig = self.ep.graph_signature
         # the list itself, as ExecuTorch's create_constant_placeholder does: a graph-module
         # pass (FusePatternsPass in VulkanBackend.preprocess) runs on a copy of the program
@@ -164,6 +171,7 @@ class ProgramConstants:
         placeholders.insert(at, node)
         self._layout = (specs, placeholders, at + 1, fake_mode)
         self.ep.constants[node.name] = value
+        assert self._by_name is not None  # filled by existing()
         self._by_name[name] = node
         if self._inputs is not None:
             self._inputs.add_spec(spec)
@@ -479,6 +487,10 @@ class Rewriter:
         if self._constants is None:
             raise FusionError(f"rule {self.rule_name!r}: a new constant needs the program")
         if isinstance(value, Computed):  # a fresh tensor of its own: no copy needed
+            # computed only when no earlier match made it (two matches sharing one weight)
+            made = self._constants.existing(name)
+            if made is not None:
+                return made
             return self._constants.add(name, value.value(self.rule_name).detach().contiguous())
         return self._constants.add(name, value.detach().contiguous().clone())
 

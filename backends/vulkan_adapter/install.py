@@ -42,7 +42,9 @@ from fusionkit.passes.registry import taken_over_patterns
 
 from . import (
     boundary_dim_order,
+    broken_conditions,
     constant_serializer,
+    declared_inputs,
     fusable_subgraphs,
     missing_operators,
     mutated_buffers,
@@ -144,18 +146,21 @@ def _patches() -> list[tuple[Any, str, Any]]:
              fusable_subgraphs.partition_with_program(
                  mutated_buffers.partition_keeping_buffers(
                      runtime_assertions.partition_keeping_assertions(
-                         missing_operators.partition_keeping_missing_operators_off(
-                             partitioner.partition), "vulkan"))))]
+                         broken_conditions.partition_keeping_broken_conditions_off(
+                             missing_operators.partition_keeping_missing_operators_off(
+                                 partitioner.partition)), "vulkan"))))]
 
 
-#: the adapter's patch set: the pattern takeover, the constant serializer, the pass gates,
+#: the adapter's patch set: the pattern takeover, the constant serializer, the declared
+#: inputs (:mod:`.declared_inputs`), the pass gates,
 #: the preprocess rules, the delegate boundary's dim orders (:mod:`.boundary_dim_order`) and
 #: the quantize step's conv + batch-norm fold (:mod:`fusionkit.backends.quantize_step`);
 #: VulkanBackend.preprocess runs under it for this adapter's partitions only
 ADAPTER = Adapter(
     f"fusionkit.backends.vulkan_adapter (takes over {sorted(TAKEN_OVER_PATTERNS)} in "
     f"{_REGISTRY_MODULE}.fusable_patterns)",
-    patches=_patches, parts=(constant_serializer.PATCHES, pass_gates.PATCHES,
+    patches=_patches, parts=(constant_serializer.PATCHES, declared_inputs.PATCHES,
+                             pass_gates.PATCHES,
                              preprocess_rules.PATCHES, boundary_dim_order.PATCHES,
                              quantize_step.PATCHES),
     backend=("executorch.backends.vulkan.vulkan_preprocess", "VulkanBackend"), marker=b"vulkan")

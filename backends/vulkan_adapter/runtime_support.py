@@ -45,8 +45,9 @@ from torch.fx import Node
 
 from fusionkit import Op, Pattern, PatternVisitor, op_key
 
-__all__ = ["DATA_MOVEMENT_OPS", "KeptOff", "RuntimeSupport", "Unrunnable", "cpu_has_kernel",
-           "data_movement_islands", "pattern_ops", "serialized_name"]
+__all__ = ["DATA_MOVEMENT_OPS", "KeptOff", "RuntimeSupport", "Unrunnable", "broken_condition",
+           "cpu_has_kernel", "cpu_runs_instead", "data_movement_islands", "pattern_ops",
+           "serialized_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +111,47 @@ def cpu_has_kernel(name: str) -> bool:
     """ExecuTorch's CPU runtime (portable + quantized kernels) runs op ``name``."""
     ns, _, rest = name.partition(".")
     return f"{ns}::{rest.split('.')[0]}" in _cpu_operators()
+
+
+@cache
+def _llm_operators() -> frozenset[str]:
+    """The kernels of ExecuTorch's LLM custom ops (``llama::*``), which every runner of a
+    program that uses them links (export_llm's llama runners do)."""
+    try:
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (registers them)
+        from executorch.extension.pybindings.portable_lib import _get_operator_names
+    except Exception:  # a wheel without them
+        return frozenset()
+    return frozenset(n.split(".")[0] for n in _get_operator_names() if n.startswith("llama::"))
+
+
+def cpu_runs_instead(name: str) -> bool:
+    """Op ``name`` has a CPU kernel a delegated node may fall back to when the Vulkan
+    runtime would abort on it: the portable and quantized kernels, and for an LLM custom op
+    (``llama.*``, in a program that already needs them) its own kernel."""
+    ns, _, rest = name.partition(".")
+    return cpu_has_kernel(name) or (ns == "llama"
+                                    and f"{ns}::{rest.split('.')[0]}" in _llm_operators())
+
+
+def broken_condition(node: Node, name: str, runtime: str) -> tuple[str, str] | None:
+    """("runtime_condition", why) when ``node``'s arguments break a condition the runtime
+    aborts or miscomputes on (:mod:`.inspect.runtime_conditions`), else None."""
+    from .inspect.runtime_conditions import conditions_for, violated
+    from .probe import schema_arguments
+
+    key = op_key(node.target) or name
+    if not conditions_for(key):
+        return None
+    try:
+        bad = violated(key, schema_arguments(node))
+    except Exception:  # arguments the conditions cannot read: the partitioner decides
+        return None
+    if not bad:
+        return None
+    c = bad[0]
+    return "runtime_condition", (f"{name} breaks {runtime}'s condition {c.name!r} "
+                                 f"on {', '.join(c.args)}: {c.message()}")
 
 
 def _removed_by_redundant_ops() -> frozenset[str]:
@@ -427,8 +469,12 @@ class RuntimeSupport:
         if self._after_preprocess is not None and node.name in self._after_preprocess:
             return self._after_preprocess[node.name]
         name = serialized_name(node)
-        if not name or not cpu_has_kernel(name):
+        if not name:
             return None
+        if not cpu_has_kernel(name):  # an LLM custom op the runtime would abort on
+            broken = self._condition(node, name) if cpu_runs_instead(name) else None
+            return None if broken is None else KeptOff(node.name, name, broken[0],
+                                                       f"{broken[1]}: it runs on the CPU")
         if node in self._pre.consumed or node.name in self._fused_in_chain:
             # fused by a preprocess rule: what it creates is the rule's to judge, except a
             # prepacked argument the match leaves outside (conv + relu -> conv_with_clamp
@@ -561,18 +607,4 @@ class RuntimeSupport:
         return None
 
     def _condition(self, node: Node, name: str) -> tuple[str, str] | None:
-        from .inspect.runtime_conditions import conditions_for, violated
-        from .probe import schema_arguments
-
-        key = op_key(node.target) or name
-        if not conditions_for(key):
-            return None
-        try:
-            bad = violated(key, schema_arguments(node))
-        except Exception:  # arguments the conditions cannot read: the partitioner decides
-            return None
-        if not bad:
-            return None
-        c = bad[0]
-        return "runtime_condition", (f"{name} breaks {self._runtime()}'s condition {c.name!r} "
-                                     f"on {', '.join(c.args)}: {c.message()}")
+        return broken_condition(node, name, self._runtime())

@@ -42,6 +42,7 @@ from .prepacked_args import PREPACKED_ARGS, PrepackedArg
 from .runtime_conditions import (
     DELEGATE_ARGUMENT_COUNT,
     DELEGATE_DIM_ORDER,
+    OUTPUT_DTYPE_ARGUMENT,
     RuntimeSymInt,
     conditions_for,
     contiguous_dim_order,
@@ -56,6 +57,7 @@ __all__ = [
     "VulkanDelegate",
     "check",
     "check_payload",
+    "stored_dtype",
     "vulkan_delegates",
 ]
 
@@ -280,12 +282,17 @@ class _Sized:
     dtype: Any = None
 
 
-def _sized(t: Any) -> _Sized:
+def stored_dtype(t: Any) -> Any:
+    """The torch dtype of a payload tensor's ``datatype`` (None: unset)."""
     import torch
 
     names = {0: torch.bool, 1: torch.uint8, 2: torch.int8, 3: torch.int32, 4: torch.float16,
              5: torch.float32, 6: torch.float64, 7: torch.int64}  # payload.VK_DTYPE_NAMES
-    return _Sized(tuple(t.dims), names.get(t.datatype))
+    return names.get(t.datatype)
+
+
+def _sized(t: Any) -> _Sized:
+    return _Sized(tuple(t.dims), stored_dtype(t))
 
 
 def _condition_arguments(g: VkGraph, name: str, ins: tuple[int, ...]) -> dict[str, Any] | None:
@@ -348,6 +355,10 @@ def _check_conditions(g: VkGraph, d: VulkanDelegate) -> Iterator[Problem]:
         args = _condition_arguments(g, call.name, tuple(call.args[:-1]))
         if args is None:
             continue
+        if call.name in OUTPUT_DTYPE_ARGUMENT and args.get("dtype") is None:
+            out = g.value(call.args[-1])
+            if out is not None and out.tensor is not None:
+                args["dtype"] = _sized(out.tensor).dtype
         for c in violated(call.name, args):
             vid = next((call.args[i] for i, n in enumerate(args) if n == c.args[0]), None)
             yield Problem("runtime_condition", d.index, call.name, None, c.args[0], vid,

@@ -47,6 +47,7 @@ __all__ = [
     "DELEGATE_ARGUMENT_COUNT",
     "DELEGATE_DIM_ORDER",
     "NOT_SIMULATED",
+    "OUTPUT_DTYPE_ARGUMENT",
     "PREPACKED",
     "UNINITIALIZED_STATE_OPS",
     "UNQUALIFIED_LLAMA",
@@ -703,6 +704,84 @@ _NORM_RANK: tuple[RuntimeCondition, ...] = (
 )
 
 CONDITIONS = (*CONDITIONS, *_NORM_RANK)
+
+
+def _as_stored(dtype: Any) -> Any:
+    """The dtype a Vulkan tensor holds a value of ``dtype`` in (64-bit ones are narrowed)."""
+    import torch
+
+    return {torch.int64: torch.int32, torch.float64: torch.float32}.get(dtype, dtype)
+
+
+def _copy_is_not_a_buffer_blit(a: Mapping[str, Any]) -> bool:
+    """False when ``_to_copy`` keeps the stored dtype between non-float tensors: the
+    registry gives those a buffer, and the runtime copies them with a blit, texture-only.
+    With no ``dtype`` (a payload's call, where the output's dtype stands for it:
+    :data:`OUTPUT_DTYPE_ARGUMENT`) it is not judged."""
+    import torch
+
+    src, out = getattr(a["self"], "dtype", None), a.get("dtype")
+    if src is None or not isinstance(out, torch.dtype):
+        return True
+    floats = {torch.float16, torch.float32}
+    if src in floats and out in floats:  # any storage: the tagging pass may give textures
+        return True
+    return _as_stored(src) != _as_stored(out)
+
+
+#: ``aten._to_copy`` between equal stored dtypes: ``export_llm``'s local/global attention
+#: copies an int32 position to int64, and the program aborts at its first call
+_TO_COPY: tuple[RuntimeCondition, ...] = (
+    RuntimeCondition(
+        "aten._to_copy.default", "blit_needs_textures", ("self", "dtype"),
+        "graph->storage_type_of(src_) != utils::kBuffer && "
+        "graph->storage_type_of(dst_) != utils::kBuffer",
+        "ToCopy.cpp: add_to_copy_node, BlitNode.cpp: encode", "abort",
+        _copy_is_not_a_buffer_blit,
+        "a copy keeping its stored dtype (or float <-> half) is a BlitNode, which takes "
+        "textures only; op_registry's pick_to_copy_storage gives every non-float copy "
+        "CONTIGUOUS_BUFFER"),
+)
+
+CONDITIONS = (*CONDITIONS, *_TO_COPY)
+
+
+def _known_when_built(v: Any) -> bool:
+    """Not a value the graph computes as it runs: a payload's SymInt (RuntimeSymInt) or a
+    node's ``torch.SymInt`` (a size or an ``.item()``)."""
+    import torch
+
+    return not isinstance(v, (RuntimeSymInt, torch.SymInt))
+
+
+def _scalar_known(arg: str) -> Callable[[Mapping[str, Any]], bool]:
+    return lambda a: _known_when_built(a.get(arg))
+
+
+#: the tensor-scalar ops of ``BinaryScalarOp.cpp``: ``add_binary_scalar_op_node`` reads the
+#: scalar once, into the shader's push constants, when it builds the graph
+#: (``extract_int32_scalar``: ``graph.read_symint``); a later call keeps the first value.
+#: ``export_llm``'s local/global attention compares its ring buffer's positions with the
+#: position (``arange(n) < start_pos``): every decode step after the first kept the
+#: prefill's position, and the model attended to the new token alone
+_SCALAR_READ_ONCE: tuple[RuntimeCondition, ...] = tuple(
+    RuntimeCondition(
+        op, "scalar_known_when_built", (arg,),
+        f"{arg} is a constant (add_binary_scalar_op_node writes it into the push constants "
+        "once, when the graph is built)", "BinaryScalarOp.cpp: add_binary_scalar_op_node",
+        "garbage", _scalar_known(arg),
+        f"a {arg} the graph computes at run time (a SymInt such as input_pos.item()) is "
+        "read at the first call only: later calls compare with that first value")
+    for op, arg in (("aten.pow.Tensor_Scalar", "exponent"), ("aten.eq.Scalar", "other"),
+                    ("aten.ne.Scalar", "other"), ("aten.lt.Scalar", "other"),
+                    ("aten.le.Scalar", "other"), ("aten.gt.Scalar", "other"),
+                    ("aten.ge.Scalar", "other")))
+
+CONDITIONS = (*CONDITIONS, *_SCALAR_READ_ONCE)
+
+#: ops whose ``dtype`` argument is their output's dtype: a payload leaves it out (None), so
+#: ``check()`` and the simulator read the output tensor's instead
+OUTPUT_DTYPE_ARGUMENT: frozenset[str] = frozenset({"aten._to_copy.default"})
 
 
 def _ints(v: Any) -> list[int]:

@@ -201,13 +201,14 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .payload import VkGraph, VkTensor, VkValue, VulkanPayload, decode_payload
-from .prepack_check import ABORT, BACKEND_ID, PREPACKED_ARGS, describe_value
+from .prepack_check import ABORT, BACKEND_ID, PREPACKED_ARGS, describe_value, stored_dtype
 from .quantized_ops import RUNTIME_OPS
 from .runtime_conditions import (
     CACHE_ROWS_UNWRITTEN,
     CONDITIONS,
     DELEGATE_ARGUMENT_COUNT,
     NOT_SIMULATED,
+    OUTPUT_DTYPE_ARGUMENT,
     PREPACKED,
     SDPA_WITH_KV_CACHE,
     UNQUALIFIED_LLAMA,
@@ -696,7 +697,12 @@ class _Delegate:
 
     def call_schema(self, who: str, name: str, ins: list[int], out: int) -> Any:
         op, args, kwargs = self.schema_args(who, name, ins, out)
-        self.check_conditions(who, name, op, args, kwargs, ins)  # e.g. the rotary ops' shapes
+        judged = kwargs
+        if name in OUTPUT_DTYPE_ARGUMENT and kwargs.get("dtype") is None:
+            written = self.g.value(out)
+            if written is not None and written.tensor is not None:
+                judged = {**kwargs, "dtype": stored_dtype(written.tensor)}
+        self.check_conditions(who, name, op, args, judged, ins)  # e.g. the rotary ops' shapes
         if name == GELU:  # the runtime's shader has the tanh form only (unary_op.yaml)
             args, kwargs = args[:1], {"approximate": "tanh"}
         return op(*args, **kwargs)

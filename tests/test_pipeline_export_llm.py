@@ -166,29 +166,6 @@ def test_vulkan_expanded_rope_tables_compute_the_eager_model(tmp_path: Path) -> 
 
 
 @pytest.mark.pipeline_full
-def test_vulkan_local_global_attention_runs_where_stock_fails(
-        model: tuple[Path, Path, list[Any]], tmp_path: Path) -> None:
-    """``model.local_global_attention=[16]`` (a ring-buffer KV cache of 16 positions):
-    stock's export fails (``IndexError`` in Vulkan's sdpa pattern). Under ``fusionkit exec``
-    it exports, and four things the runtime gets wrong run on the CPU or are made right:
-    the masked ``custom_sdpa`` (``is_causal`` only), a same-dtype ``_to_copy`` (a
-    texture-only blit), ``lt.Scalar`` against the position (read at the first call only:
-    every later step attended to the new token alone, 6.9 off), and an input left unused
-    by preprocess (the call's arity); the program runs, equal to eager."""
-    _needs_runtime("vulkan")
-    params, checkpoint, reference = model
-    args = [a for a in llm.export_args(params, checkpoint, tmp_path,
-                                       [*VULKAN_SDPA, "model.local_global_attention=[16]"])
-            if not a.startswith("export.output_dir=")]
-    (stock_pte, stock_err), (ours_pte, ours_err) = llm.export_pair(
-        args, tmp_path, "vulkan", tmp_path / "report.json")
-    assert ours_pte is not None, ours_err[-2000:]
-    assert llm.max_abs(llm.run_program(ours_pte, "vulkan"), reference) <= EAGER_TOL
-    if stock_pte is None:
-        assert "IndexError" in stock_err, stock_err[-2000:]
-
-
-@pytest.mark.pipeline_full
 def test_vulkan_without_kv_cache_sdpa_fails_as_stock_does(model: tuple[Path, Path, list[Any]],
                                                          tmp_path: Path) -> None:
     """Without ``use_sdpa_with_kv_cache`` ExecuTorch 1.5.1's own memory planning fails

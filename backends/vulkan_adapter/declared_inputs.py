@@ -12,7 +12,10 @@ programs too: ``return aten.copy(z, w * 2) + 1`` lowers to one.
 
 Here a user input (not a parameter, buffer or constant of the delegate) with no users is
 still given its value and declared, in its place among the inputs: the runtime copies it
-in and nothing reads it.
+in and nothing reads it. An int input (a size another partition computed, whose value
+the partition's program holds as a Python int) is declared as a SymInt, as the runtime
+receives it; stock's builder raises on it (``Cannot create value for node sym_size with
+spec of type <class 'int'>``) when a partition boundary falls after a size.
 """
 
 from __future__ import annotations
@@ -22,29 +25,55 @@ from typing import Any
 
 from fusionkit.integration.hooks import PatchSet
 
-__all__ = ["PATCHES", "process_placeholder_node"]
+__all__ = ["PATCHES", "create_node_value", "process_placeholder_node"]
 
 _BUILDER = "executorch.backends.vulkan.serialization.vulkan_graph_builder"
 _UTILS = "executorch.backends.vulkan.utils"
 
 
 def process_placeholder_node(self: Any, node: Any) -> None:
-    """``VkGraphBuilder.process_placeholder_node`` declaring unused user inputs too."""
+    """``VkGraphBuilder.process_placeholder_node`` declaring every user input: unused ones
+    and ints too."""
     utils = importlib.import_module(_UTILS)
-    if len(node.users) == 0 and utils.is_param_node(self.program, node):
-        return None  # an unused constant: nothing passes it
-    ids = self.create_node_value(node)
-    if not utils.is_param_node(self.program, node):
-        if isinstance(ids, int):
-            self.input_ids.append(ids)
-        else:
-            self.input_ids += ids
+    if utils.is_param_node(self.program, node):
+        if node.users:
+            self.create_node_value(node)
+        return None  # a constant: nothing passes it
+    if isinstance(node.meta.get("val"), int) and not isinstance(node.meta.get("val"), bool):
+        # an int another partition computed (a size): the call passes it as an Int, the
+        # graph holds it as a SymInt (stock raises: "Cannot create value ... spec of type int")
+        ids = self.create_symint_value()
+        self.node_to_value_ids[node] = ids
+    else:
+        ids = self.create_node_value(node)
+    if isinstance(ids, int):
+        self.input_ids.append(ids)
+    else:
+        self.input_ids += ids
     return None
+
+
+def create_node_value(self: Any, node: Any) -> Any:
+    """``VkGraphBuilder.create_node_value``, with an op whose result the partition's
+    program holds as a Python int (``sym_size`` of a dimension that is static there: a
+    partition boundary after an op kept on the CPU can make it so) given a SymInt, as for a
+    symbolic one: the op writes its int there when it runs. Stock raises ``Cannot create
+    value for node sym_size with spec of type <class 'int'>``."""
+    value = node.meta.get("val")
+    if (node.op == "call_function" and isinstance(node.meta.get("spec"), int)
+            and isinstance(value, int) and not isinstance(value, bool)):
+        new_id = self.create_symint_value()
+        self.node_to_value_ids[node] = new_id
+        return new_id
+    stock = PATCHES.original(importlib.import_module(_BUILDER).VkGraphBuilder,
+                             "create_node_value")
+    return stock(self, node)
 
 
 def _patches() -> list[tuple[Any, str, Any]]:
     builder = importlib.import_module(_BUILDER)
-    return [(builder.VkGraphBuilder, "process_placeholder_node", process_placeholder_node)]
+    return [(builder.VkGraphBuilder, "process_placeholder_node", process_placeholder_node),
+            (builder.VkGraphBuilder, "create_node_value", create_node_value)]
 
 
 #: the Vulkan serializer declares every input the delegate call passes; part of the

@@ -31,7 +31,8 @@ from torch.fx import Node
 
 from fusionkit import events
 
-__all__ = ["KeptBuffer", "keep_unwritable_buffers_on_cpu", "partition_keeping_buffers"]
+__all__ = ["KeptBuffer", "keep_cpu_read_updates_on_cpu", "keep_unwritable_buffers_on_cpu",
+           "partition_keeping_buffers"]
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,13 @@ class KeptBuffer:
     placeholder: str
     buffer: str
     written_from: str
+    #: why, when not the write-back's extra output (the default reason)
+    why: str = ""
 
     @property
     def reason(self) -> str:
+        if self.why:
+            return self.why
         return (f"buffer `{self.buffer}` is written back from `{self.written_from}`, which the "
                 "Vulkan serializer would declare as a delegate output the call does not "
                 "supply (the runtime aborts at execute): kept on the CPU, written back there")
@@ -81,6 +86,51 @@ def keep_unwritable_buffers_on_cpu(exported_program: Any) -> list[KeptBuffer]:
     return kept
 
 
+def _is_in_place_update(node: Node) -> bool:
+    """An ``auto_functionalized`` call (an in-place custom op, e.g. ``llama.update_cache``)."""
+    name = getattr(node.target, "__name__", "")
+    return node.op == "call_function" and name.startswith("auto_functionalized")
+
+
+def keep_cpu_read_updates_on_cpu(exported_program: Any, partition_tags: Any
+                                 ) -> list[KeptBuffer]:
+    """Untag each delegated in-place update whose new value only the CPU program reads
+    (with its ``getitem`` results and the buffers it writes).
+
+    Why: ExecuTorch's ``_unsafe_adjust_original_program`` takes a delegated update's
+    results as the delegate's own (its buffer mutation) and erases them from the program,
+    and fails when a CPU node still reads one (``Tried to erase Node getitem_5 but it still
+    had 1 users``: ``export_llm``'s ``model.quantize_kv_cache=True``, whose quantized sdpa
+    runs on the CPU and reads the cache scales the delegated ``update_cache`` wrote). On
+    the CPU the update runs with its own kernel, as the sdpa reading it does. An update
+    whose results the partition itself also reads stays (untagging it would split the
+    partition)."""
+    graph = exported_program.graph
+    sig = exported_program.graph_signature
+    kept: list[KeptBuffer] = []
+    for node in list(graph.nodes):
+        tag = node.meta.get("delegation_tag")
+        if tag not in partition_tags or not _is_in_place_update(node):
+            continue
+        results = [u for u in node.users if u.op == "call_function"
+                   and u.target is operator.getitem]
+        readers = [r for g in results for r in g.users if r.op != "output"]
+        if not readers or any(r.meta.get("delegation_tag") == tag for r in readers):
+            continue
+        bases = [b for b in node.kwargs.get("_all_bases", []) if isinstance(b, Node)]
+        for n in (node, *results, *[b for b in bases if b.op == "placeholder"]):
+            n.meta.pop("delegation_tag", None)
+        for b in bases:
+            buffer = sig.inputs_to_buffers.get(b.name, b.name)
+            kept.append(KeptBuffer(
+                b.name, str(buffer), node.name,
+                f"buffer `{buffer}` is updated in place by `{node.name}`, whose new value "
+                f"{', '.join(f'`{r.name}`' for r in readers)} on the CPU read(s): ExecuTorch "
+                "cannot leave a delegated update's result to the CPU program; the update "
+                "runs on the CPU"))
+    return kept
+
+
 _LOG = logging.getLogger(__name__)
 
 #: what the last partitions kept on the CPU (for reports and tests), newest last
@@ -88,12 +138,15 @@ KEPT: list[KeptBuffer] = []
 
 
 def partition_keeping_buffers(stock_partition: Callable[..., Any]) -> Callable[..., Any]:
-    """``VulkanPartitioner.partition``, then :func:`keep_unwritable_buffers_on_cpu`."""
+    """``VulkanPartitioner.partition``, then :func:`keep_cpu_read_updates_on_cpu` and
+    :func:`keep_unwritable_buffers_on_cpu`."""
 
     @functools.wraps(stock_partition)
     def partition(self: Any, exported_program: Any) -> Any:
         result = stock_partition(self, exported_program)
-        kept = keep_unwritable_buffers_on_cpu(result.tagged_exported_program)
+        ep = result.tagged_exported_program
+        kept = [*keep_cpu_read_updates_on_cpu(ep, result.partition_tags),
+                *keep_unwritable_buffers_on_cpu(ep)]
         for k in kept:
             _LOG.info("fusionkit: %s", k.reason)
             events.placed("vulkan", f"kept on the CPU: buffer {k.buffer}", k.reason)

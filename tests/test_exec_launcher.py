@@ -117,26 +117,15 @@ def test_a_stock_lowering_gets_fusionkits_rules(tmp_path: Path) -> None:
     assert data["fusionkit_seconds"] > 0
 
 
-SPLIT_LOWERING = textwrap.dedent('''
+SPLIT_LOWERING = textwrap.dedent(f'''
+    import sys
+    sys.path.insert(0, {str(Path(__file__).parent)!r})
     import torch
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
     from executorch.exir import to_edge_transform_and_lower
+    from split_narrow import INPUTS, SplitNarrow
 
-    class SplitNarrow(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("table", torch.randn(32, 8))
-
-        def forward(self, x, pos):
-            p = pos[-1].item()
-            torch._check_is_size(p)
-            torch._check(p < 16)
-            rows = self.table.narrow(0, p, x.shape[0])
-            wide = rows[None, :, :, None, None]
-            wide = torch.cat([wide, wide], dim=-1).sum(-1)[0, :, :, 0]
-            return x * 2.0 + wide * rows
-
-    ep = torch.export.export(SplitNarrow().eval(), (torch.randn(4, 8), torch.tensor([3])))
+    ep = torch.export.export(SplitNarrow().eval(), INPUTS)
     to_edge_transform_and_lower(ep, partitioner=[VulkanPartitioner()]).to_executorch()
     print("lowered")
 ''')

@@ -14,34 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from split_narrow import INPUTS, SplitNarrow
 from vulkan_real_programs import lower, run_all
 
 from fusionkit.integration.runtime_assertions import (
     ASSERTION_TARGETS,
     keep_assertions_with_symbols,
 )
-
-
-class SplitNarrow(torch.nn.Module):
-    """A table read at a data-dependent row (a rope's ``freqs.narrow(0, pos, seq)``),
-    mixed with values that pass through a 5-D ``cat`` (no Vulkan support: it stays on the
-    CPU and splits the graph into two partitions)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("table", torch.randn(32, 8, generator=torch.Generator().manual_seed(0)))
-
-    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        p = pos[-1].item()
-        torch._check_is_size(p)
-        torch._check(p < 16)
-        rows = self.table.narrow(0, p, x.shape[0])
-        wide = rows[None, :, :, None, None]
-        wide = torch.cat([wide, wide], dim=-1).sum(-1)[0, :, :, 0]
-        return (x * 2.0) + wide * rows
-
-
-INPUTS = (torch.randn(4, 8, generator=torch.Generator().manual_seed(1)), torch.tensor([3]))
 
 
 def _export() -> Any:

@@ -39,13 +39,7 @@ def process_placeholder_node(self: Any, node: Any) -> None:
         if node.users:
             self.create_node_value(node)
         return None  # a constant: nothing passes it
-    if isinstance(node.meta.get("val"), int) and not isinstance(node.meta.get("val"), bool):
-        # an int another partition computed (a size): the call passes it as an Int, the
-        # graph holds it as a SymInt (stock raises: "Cannot create value ... spec of type int")
-        ids = self.create_symint_value()
-        self.node_to_value_ids[node] = ids
-    else:
-        ids = self.create_node_value(node)
+    ids = self.create_node_value(node)
     if isinstance(ids, int):
         self.input_ids.append(ids)
     else:
@@ -54,14 +48,16 @@ def process_placeholder_node(self: Any, node: Any) -> None:
 
 
 def create_node_value(self: Any, node: Any) -> Any:
-    """``VkGraphBuilder.create_node_value``, with an op whose result the partition's
+    """``VkGraphBuilder.create_node_value``, with an input or an op whose result the partition's
     program holds as a Python int (``sym_size`` of a dimension that is static there: a
     partition boundary after an op kept on the CPU can make it so) given a SymInt, as for a
     symbolic one: the op writes its int there when it runs. Stock raises ``Cannot create
     value for node sym_size with spec of type <class 'int'>``."""
     value = node.meta.get("val")
-    if (node.op == "call_function" and isinstance(node.meta.get("spec"), int)
-            and isinstance(value, int) and not isinstance(value, bool)):
+    # a placeholder: an int another partition computed (the call passes it as an Int)
+    if (isinstance(value, int) and not isinstance(value, bool)
+            and (node.op == "placeholder" or (node.op == "call_function"
+                                              and isinstance(node.meta.get("spec"), int)))):
         new_id = self.create_symint_value()
         self.node_to_value_ids[node] = new_id
         return new_id
@@ -79,4 +75,4 @@ def _patches() -> list[tuple[Any, str, Any]]:
 #: the Vulkan serializer declares every input the delegate call passes; part of the
 #: adapter's takeover
 PATCHES = PatchSet(f"fusionkit.backends.vulkan_adapter.declared_inputs ({_BUILDER}."
-                   "VkGraphBuilder.process_placeholder_node)", _patches)
+                   "VkGraphBuilder.process_placeholder_node, create_node_value)", _patches)

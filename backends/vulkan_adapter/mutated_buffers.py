@@ -60,8 +60,7 @@ def _written_in_place(value: Node) -> bool:
     if value.op != "call_function" or value.target is not operator.getitem:
         return False
     source = value.args[0]
-    name = getattr(getattr(source, "target", None), "__name__", "")
-    return isinstance(source, Node) and name.startswith("auto_functionalized")
+    return isinstance(source, Node) and _is_in_place_update(source)
 
 
 def keep_unwritable_buffers_on_cpu(exported_program: Any) -> list[KeptBuffer]:

@@ -166,6 +166,35 @@ def test_vulkan_expanded_rope_tables_compute_the_eager_model(tmp_path: Path) -> 
 
 
 @pytest.mark.pipeline_full
+def test_vulkan_local_global_attention_runs_where_stock_fails(
+        model: tuple[Path, Path, list[Any]], tmp_path: Path) -> None:
+    """``model.local_global_attention=[16]`` (a ring-buffer KV cache of 16 positions):
+    stock's export fails (``IndexError`` in Vulkan's sdpa pattern). Under ``fusionkit exec``
+    it exports, and ExecuTorch's own partitioner keeps on the CPU what the runtime gets
+    wrong (``vulkan_adapter.broken_conditions``): the masked ``custom_sdpa`` (``is_causal``
+    only), a same-dtype ``_to_copy`` (a texture-only blit), ``lt.Scalar`` against the
+    position (read at the first call only: every later step attended to the new token
+    alone). The program runs on the real runtime, equal to eager at prefill and each
+    decode step; the report lists each node kept off and why."""
+    _needs_runtime("vulkan")
+    params, checkpoint, reference = model
+    args = [a for a in llm.export_args(params, checkpoint, tmp_path,
+                                       [*VULKAN_SDPA, "model.local_global_attention=[16]"])
+            if not a.startswith("export.output_dir=")]
+    report = tmp_path / "report.json"
+    (stock_pte, stock_err), (ours_pte, ours_err) = llm.export_pair(args, tmp_path, "vulkan",
+                                                                   report)
+    assert ours_pte is not None, ours_err[-2000:]
+    assert llm.max_abs(llm.run_program(ours_pte, "vulkan"), reference) <= EAGER_TOL
+    placed = " ".join(p["why"] for p in json.loads(report.read_text())["backends"]["vulkan"]
+                      ["placed"])
+    for condition in ("causal_no_mask", "blit_needs_textures", "scalar_known_when_built"):
+        assert f"condition {condition!r}" in placed, placed
+    if stock_pte is None:
+        assert "IndexError" in stock_err, stock_err[-2000:]
+
+
+@pytest.mark.pipeline_full
 def test_vulkan_without_kv_cache_sdpa_fails_as_stock_does(model: tuple[Path, Path, list[Any]],
                                                          tmp_path: Path) -> None:
     """Without ``use_sdpa_with_kv_cache`` ExecuTorch 1.5.1's own memory planning fails

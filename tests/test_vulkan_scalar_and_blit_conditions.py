@@ -1,6 +1,7 @@
 """Two runtime conditions shown on the real runtime (``inspect.runtime_conditions``:
 ``blit_needs_textures``, ``scalar_known_when_built``): ``check()`` and the simulator name
-them in stock's programs, and the adapter's partitioner keeps such nodes on the CPU.
+them in stock's programs; the adapter's partitioner, and ExecuTorch's own under
+``install()`` (``vulkan_adapter.broken_conditions``), keep such nodes on the CPU.
 
 ``x.to(torch.int64)`` on an int32 tensor is an ``aten._to_copy`` (``export_llm`` lowers
 with ``_skip_dim_order``) that keeps Vulkan's stored dtype (int64 is held as int32): the
@@ -31,18 +32,29 @@ class IntCopy(torch.nn.Module):
 X = torch.arange(-3, 5, dtype=torch.int32)
 
 
-def _lower(module: torch.nn.Module, inputs: tuple[Any, ...], ours: bool,
+PATHS = ("stock", "installed", "ours")
+
+
+def _lower(module: torch.nn.Module, inputs: tuple[Any, ...], path: str,
            **config: Any) -> Any:
-    """Stock ExecuTorch's lowering, or the adapter's (its partitioner and rules)."""
+    """Stock ExecuTorch's lowering, ExecuTorch's own calls under ``install()`` (as
+    ``fusionkit exec`` runs them), or the adapter's (its partitioner and rules)."""
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     ep = torch.export.export(module, inputs, strict=False)
     va.uninstall()
     compile_config = EdgeCompileConfig(**config)
-    if not ours:
+    if path == "stock":
         return to_edge_transform_and_lower(ep, partitioner=[VulkanPartitioner()],
                                            compile_config=compile_config).to_executorch()
+    if path == "installed":
+        va.install()
+        try:
+            return to_edge_transform_and_lower(ep, partitioner=[VulkanPartitioner()],
+                                               compile_config=compile_config).to_executorch()
+        finally:
+            va.uninstall()
     part = va.VulkanPartitioner()
     return to_edge_transform_and_lower(ep, transform_passes=va.transform_passes(partitioner=part),
                                        partitioner=[part],
@@ -51,8 +63,7 @@ def _lower(module: torch.nn.Module, inputs: tuple[Any, ...], ours: bool,
 
 @pytest.fixture(scope="module")
 def programs() -> dict[str, Any]:
-    return {k: _lower(IntCopy(), (X,), k == "ours", _skip_dim_order=True)
-            for k in ("stock", "ours")}
+    return {k: _lower(IntCopy(), (X,), k, _skip_dim_order=True) for k in PATHS}
 
 
 def _copies_delegated(et: Any) -> int:
@@ -73,8 +84,9 @@ def test_check_and_the_simulator_know_stocks_program_aborts(programs: dict[str, 
             unload(stock)
 
 
-def test_the_adapter_keeps_the_copy_on_the_cpu(programs: dict[str, Any]) -> None:
-    ours = programs["ours"]
+@pytest.mark.parametrize("path", ["installed", "ours"])
+def test_the_adapter_keeps_the_copy_on_the_cpu(programs: dict[str, Any], path: str) -> None:
+    ours = programs[path]
     assert _copies_delegated(ours) >= 1
     assert [str(p) for p in va.check(ours)] == []
     try:
@@ -85,11 +97,12 @@ def test_the_adapter_keeps_the_copy_on_the_cpu(programs: dict[str, Any]) -> None
 
 
 def test_on_the_real_runtime(programs: dict[str, Any], vulkan_runtime: Any) -> None:
-    stock, ours = rt.run_many_in_child([rt.Job(bytes(programs[k].buffer), [X])
-                                        for k in ("stock", "ours")])
+    stock, *ours = rt.run_many_in_child([rt.Job(bytes(programs[k].buffer), [X])
+                                         for k in PATHS])
     assert not stock.ok and BLIT in (stock.message or ""), stock
-    assert ours.ok, ours
-    assert torch.equal(torch.as_tensor(ours.outputs[0]).to(torch.int64), IntCopy()(X))
+    for run in ours:
+        assert run.ok, run
+        assert torch.equal(torch.as_tensor(run.outputs[0]).to(torch.int64), IntCopy()(X))
 
 
 class PositionMask(torch.nn.Module):
@@ -124,7 +137,8 @@ torch.save(outs, sys.argv[3])
 def mask_programs() -> dict[str, Any]:
     # (the adapter's lowering of this program keeps the comparison on the CPU and then
     # fails in ExecuTorch's memory planning, "graph_output_allocated not set": not run here)
-    return {"stock": _lower(PositionMask(), (MASK_X, torch.tensor([0])), False)}
+    return {k: _lower(PositionMask(), (MASK_X, torch.tensor([0])), k)
+            for k in ("stock", "installed")}
 
 
 def test_check_names_a_scalar_read_once(mask_programs: dict[str, Any]) -> None:
@@ -137,7 +151,8 @@ def test_check_names_a_scalar_read_once(mask_programs: dict[str, Any]) -> None:
 def test_the_runtime_reads_the_position_at_the_first_call_only(
         mask_programs: dict[str, Any], vulkan_runtime: Any, tmp_path: Any) -> None:
     """Three calls of one loaded program: stock's keeps the first call's position (the
-    mask of position 0 at 5 and 9): the condition is the runtime's."""
+    mask of position 0 at 5 and 9): the condition is the runtime's. Under ``install()`` the
+    comparison runs on the CPU, and every call computes its own mask."""
     import subprocess
     import sys
 
@@ -155,3 +170,5 @@ def test_the_runtime_reads_the_position_at_the_first_call_only(
         got[kind] = torch.load(out)
     assert torch.equal(got["stock"][0], want[0])  # the first call reads the position it has
     assert not torch.equal(got["stock"][1], want[1])  # later ones keep it: stock's bug
+    for k, (g, w) in enumerate(zip(got["installed"], want, strict=True)):
+        assert torch.equal(g, w), (POSITIONS[k], g, w)

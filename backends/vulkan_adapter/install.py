@@ -42,6 +42,7 @@ from fusionkit.passes.registry import taken_over_patterns
 
 from . import (
     boundary_dim_order,
+    broken_conditions,
     constant_serializer,
     declared_inputs,
     fusable_subgraphs,
@@ -145,8 +146,9 @@ def _patches() -> list[tuple[Any, str, Any]]:
              fusable_subgraphs.partition_with_program(
                  mutated_buffers.partition_keeping_buffers(
                      runtime_assertions.partition_keeping_assertions(
-                         missing_operators.partition_keeping_missing_operators_off(
-                             partitioner.partition), "vulkan"))))]
+                         broken_conditions.partition_keeping_broken_conditions_off(
+                             missing_operators.partition_keeping_missing_operators_off(
+                                 partitioner.partition)), "vulkan"))))]
 
 
 #: the adapter's patch set: the pattern takeover, the constant serializer, the declared

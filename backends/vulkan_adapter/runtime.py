@@ -133,11 +133,16 @@ _LOADED: LoadedRuntime | None = None
 def load_cpu_kernels() -> None:
     """The CPU kernels a delegated program's other nodes run on: the wheel's portable ones
     and its quantized ones (``quantized_decomposed::*``, which the quantized part of a
-    program left to the CPU calls; ExecuTorch's quantized runners link them too). The
-    partitioner keeps a node off the delegate only if these run it (:mod:`.runtime_support`)."""
+    program left to the CPU calls; ExecuTorch's quantized runners link them too), and the
+    LLM custom ops' (``llama::*``, which export_llm's runners link). The partitioner keeps a
+    node off the delegate only if these run it (:mod:`.runtime_support`)."""
     try:
-        import executorch.kernels.quantized  # noqa: F401  (registers them with portable_lib)
+        import executorch.kernels.quantized  # (registers them with portable_lib)
     except ImportError:  # a wheel without them: the portable kernels only
+        pass
+    try:
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (llama::*)
+    except Exception:  # a wheel without them (or without their library)
         pass
 
 

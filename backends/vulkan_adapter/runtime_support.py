@@ -46,7 +46,7 @@ from torch.fx import Node
 from fusionkit import Op, Pattern, PatternVisitor, op_key
 
 __all__ = ["DATA_MOVEMENT_OPS", "KeptOff", "RuntimeSupport", "Unrunnable", "broken_condition",
-           "cpu_has_kernel", "cpu_runs_instead", "data_movement_islands", "pattern_ops",
+           "cpu_has_kernel", "data_movement_islands", "pattern_ops",
            "serialized_name"]
 
 
@@ -111,27 +111,6 @@ def cpu_has_kernel(name: str) -> bool:
     """ExecuTorch's CPU runtime (portable + quantized kernels) runs op ``name``."""
     ns, _, rest = name.partition(".")
     return f"{ns}::{rest.split('.')[0]}" in _cpu_operators()
-
-
-@cache
-def _llm_operators() -> frozenset[str]:
-    """The kernels of ExecuTorch's LLM custom ops (``llama::*``), which every runner of a
-    program that uses them links (export_llm's llama runners do)."""
-    try:
-        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (registers them)
-        from executorch.extension.pybindings.portable_lib import _get_operator_names
-    except Exception:  # a wheel without them
-        return frozenset()
-    return frozenset(n.split(".")[0] for n in _get_operator_names() if n.startswith("llama::"))
-
-
-def cpu_runs_instead(name: str) -> bool:
-    """Op ``name`` has a CPU kernel a delegated node may fall back to when the Vulkan
-    runtime would abort on it: the portable and quantized kernels, and for an LLM custom op
-    (``llama.*``, in a program that already needs them) its own kernel."""
-    ns, _, rest = name.partition(".")
-    return cpu_has_kernel(name) or (ns == "llama"
-                                    and f"{ns}::{rest.split('.')[0]}" in _llm_operators())
 
 
 def broken_condition(node: Node, name: str, runtime: str) -> tuple[str, str] | None:
@@ -471,10 +450,8 @@ class RuntimeSupport:
         name = serialized_name(node)
         if not name:
             return None
-        if not cpu_has_kernel(name):  # an LLM custom op the runtime would abort on
-            broken = self._condition(node, name) if cpu_runs_instead(name) else None
-            return None if broken is None else KeptOff(node.name, name, broken[0],
-                                                       f"{broken[1]}: it runs on the CPU")
+        if not cpu_has_kernel(name):  # the CPU could not run it either
+            return None
         if node in self._pre.consumed or node.name in self._fused_in_chain:
             # fused by a preprocess rule: what it creates is the rule's to judge, except a
             # prepacked argument the match leaves outside (conv + relu -> conv_with_clamp

@@ -575,17 +575,26 @@ _SUITE_FOUND: tuple[RuntimeCondition, ...] = (
         "start and step are constants (add_arange_node writes them into the shader's "
         "parameters once, when the graph is built)", "Arange.cpp: add_arange_node",
         "garbage",
-        lambda a: not any(isinstance(a.get(k), RuntimeSymInt) for k in ("start", "step")),
+        lambda a: all(_known_when_built(a.get(k)) for k in ("start", "step")),
         "a start the graph computes at run time (a SymInt such as x.shape[0]) is read "
         "before it is computed; resizing fixes the length, not the values"),
     RuntimeCondition(
         "aten.clamp.default", "bounds_known_when_built", ("max", "min"),
         "min and max are constants (add_clamp_node reads them once, when the graph is "
         "built)", "UnaryOp.cpp: add_clamp_node", "garbage",
-        lambda a: not any(isinstance(a.get(k), RuntimeSymInt) for k in ("min", "max")),
+        lambda a: all(_known_when_built(a.get(k)) for k in ("min", "max")),
         "a bound the graph computes at run time (a SymInt such as x.shape[0]) is read "
         "before it is computed"),
 )
+
+def _known_when_built(v: Any) -> bool:
+    """Not a value the graph computes as it runs: a payload's SymInt (RuntimeSymInt) or a
+    node's ``torch.SymInt`` / ``torch.SymFloat`` (a size, an ``.item()``): the partitioner
+    sees the node's, the simulator and ``check()`` the payload's, and all three agree."""
+    import torch
+
+    return not isinstance(v, (RuntimeSymInt, torch.SymInt, torch.SymFloat))
+
 
 def _serialized_int(v: Any) -> bool:
     """Not an argument the payload holds as a ``Double`` or a ``Bool`` (which the
@@ -744,14 +753,6 @@ _TO_COPY: tuple[RuntimeCondition, ...] = (
 )
 
 CONDITIONS = (*CONDITIONS, *_TO_COPY)
-
-
-def _known_when_built(v: Any) -> bool:
-    """Not a value the graph computes as it runs: a payload's SymInt (RuntimeSymInt) or a
-    node's ``torch.SymInt`` (a size or an ``.item()``)."""
-    import torch
-
-    return not isinstance(v, (RuntimeSymInt, torch.SymInt))
 
 
 def _scalar_known(arg: str) -> Callable[[Mapping[str, Any]], bool]:

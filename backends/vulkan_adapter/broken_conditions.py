@@ -1,0 +1,111 @@
+"""A node the runtime would abort on or miscompute runs on the CPU: ExecuTorch's partitioner too.
+
+ExecuTorch 1.5.1's ``VulkanPartitioner`` delegates a node when its Python registry lists
+the op, whatever its arguments; the runtime checks some of them only when it builds the
+graph, and reads some once, then. ``export_llm``'s local/global attention
+(``model.local_global_attention``) delegates three such nodes: ``llama.custom_sdpa`` with
+a mask, which ``SDPA.cpp: sdpa_impl`` refuses (the program aborts at its first call); a
+``_to_copy`` that keeps its stored dtype, a texture-only ``BlitNode`` given buffers
+(abort); and ``arange(n) < start_pos``, whose position ``BinaryScalarOp.cpp`` reads at the
+first call only (garbage from the second). The adapter's partitioner keeps such nodes off
+already (:class:`~.runtime_support.RuntimeSupport`, fact ``runtime_condition``);
+:func:`partition_keeping_broken_conditions_off` gives ExecuTorch's own partitioner the same
+per-node check for each ``partition()`` under :func:`~.install.install` (``fusionkit
+exec``). A node moves only when its arguments break a condition of
+:mod:`.inspect.runtime_conditions` and the CPU runtime has its kernel
+(:func:`~.runtime_support.cpu_has_kernel`): a program this changes is one the runtime could
+not run right. A partition left giving the CPU ints only (the sizes a kept-off ``arange``
+reads) goes to the CPU with it: ExecuTorch cannot lower a delegate whose result is a lone
+SymInt. ExecuTorch's own delegate suite under install shows what moves
+(``tests/vulkan_delegate_stock.py``: ``KEPT_OFF``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fusionkit import events
+
+from .runtime_support import broken_condition, cpu_has_kernel, serialized_name
+
+__all__ = ["KEPT", "partition_keeping_broken_conditions_off"]
+
+_LOG = logging.getLogger(__name__)
+_PARTITIONER_MODULE = "executorch.backends.vulkan.partitioner.vulkan_partitioner"
+
+#: node name -> why, for every node a stock partitioner kept off under install (newest last)
+KEPT: dict[str, str] = {}
+
+
+def _undelegate_int_only(graph_module: Any, partition_tags: Any) -> None:
+    """Untag each partition that gives the rest of the program ints only (the sizes and
+    positions a node kept off reads): ExecuTorch cannot lower a delegate whose result is
+    a lone SymInt (``_unsafe_adjust_original_program``: "Invalid user ... node.target is
+    aten.arange.start_step"), and the CPU computes such ints as well."""
+    import torch
+
+    by_tag: dict[str, list[Any]] = {}
+    for n in graph_module.graph.nodes:
+        tag = n.meta.get("delegation_tag")
+        if tag in partition_tags and n.op == "call_function":
+            by_tag.setdefault(tag, []).append(n)
+    for tag, nodes in by_tag.items():
+        outputs = [n for n in nodes
+                   if any(u.meta.get("delegation_tag") != tag for u in n.users)]
+        if outputs and not any(isinstance(n.meta.get("val"), torch.Tensor) for n in outputs):
+            for n in graph_module.graph.nodes:
+                if n.meta.get("delegation_tag") == tag:
+                    del n.meta["delegation_tag"]
+            del partition_tags[tag]
+
+
+def partition_keeping_broken_conditions_off(stock_partition: Callable[..., Any]
+                                            ) -> Callable[..., Any]:
+    """``VulkanPartitioner.partition`` whose per-node support check also refuses a node
+    breaking a runtime condition, for this call. The adapter's own partitioner (which
+    judges every runtime fact itself) is left as it is."""
+
+    @functools.wraps(stock_partition)
+    def partition(self: Any, exported_program: Any) -> Any:
+        if getattr(self, "fusionkit_adapter", None) is not None:
+            return stock_partition(self, exported_program)
+        module: Any = importlib.import_module(_PARTITIONER_MODULE)
+        stock_support = module.VulkanSupportedOperators
+        kept: dict[str, tuple[str, str]] = {}
+
+        class ConditionAwareSupport(stock_support):  # type: ignore[misc,valid-type]
+            def _is_node_supported(self, node: Any) -> bool:
+                if not super()._is_node_supported(node):
+                    return False
+                name = serialized_name(node)
+                if not name or not cpu_has_kernel(name):
+                    return True
+                broken = broken_condition(node, name, "the Vulkan runtime")
+                if broken is None:
+                    return True
+                why = f"{broken[1]}: it runs on the CPU"
+                kept[node.name] = (name, why)
+                self.log_skip(node, why)
+                return False
+
+        module.VulkanSupportedOperators = ConditionAwareSupport
+        try:
+            result = stock_partition(self, exported_program)
+        finally:
+            module.VulkanSupportedOperators = stock_support
+        tags = result.partition_tags
+        if kept:
+            _undelegate_int_only(result.tagged_exported_program.graph_module, tags)
+        for n in result.tagged_exported_program.graph_module.graph.nodes:
+            if n.name in kept and n.meta.get("delegation_tag") not in tags:
+                name, why = kept[n.name]
+                _LOG.info("fusionkit: %s", why)
+                KEPT[n.name] = why
+                events.placed("vulkan", f"kept on the CPU: {name}", why)
+        return result
+
+    return partition

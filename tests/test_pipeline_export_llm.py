@@ -195,22 +195,53 @@ def test_vulkan_local_global_attention_runs_where_stock_fails(
 
 
 @pytest.mark.pipeline_full
-def test_vulkan_without_kv_cache_sdpa_fails_as_stock_does(model: tuple[Path, Path, list[Any]],
-                                                         tmp_path: Path) -> None:
-    """Without ``use_sdpa_with_kv_cache`` ExecuTorch 1.5.1's own memory planning fails
-    after the Vulkan lowering (``graph_output_allocated not set``), stock and fusionkit
-    alike: the failure is ExecuTorch's, and fusionkit adds none of its own."""
+def test_vulkan_without_kv_cache_sdpa_runs_where_stock_fails(
+        model: tuple[Path, Path, list[Any]], tmp_path: Path) -> None:
+    """Without ``use_sdpa_with_kv_cache`` ExecuTorch 1.5.1's own memory planning fails in
+    Vulkan's preprocess (``graph_output_allocated not set``): a partition gives the CPU
+    ``input_pos[0].item()`` and nothing else. Under ``fusionkit exec`` such partitions run
+    on the CPU (``vulkan_adapter.int_only_partitions``); the program runs on the real
+    runtime, equal to eager at prefill and each decode step."""
+    _needs_runtime("vulkan")
+    params, checkpoint, reference = model
+    args = [a for a in llm.export_args(params, checkpoint, tmp_path, VULKAN_PLAIN)
+            if not a.startswith("export.output_dir=")]
+    report = tmp_path / "report.json"
+    (stock_pte, stock_err), (ours_pte, ours_err) = llm.export_pair(args, tmp_path, "vulkan",
+                                                                   report)
+    assert ours_pte is not None, ours_err[-2000:]
+    assert llm.max_abs(llm.run_program(ours_pte, "vulkan"), reference) <= EAGER_TOL
+    placed = [p["what"] for p in json.loads(report.read_text())["backends"]["vulkan"]["placed"]]
+    assert "partition kept on the CPU: ints only" in placed, placed
+    if stock_pte is None:
+        assert "graph_output_allocated not set" in stock_err, stock_err[-2000:]
+
+
+@pytest.mark.pipeline_full
+def test_vulkan_quantized_kv_cache_computes_what_xnnpack_computes(
+        model: tuple[Path, Path, list[Any]], tmp_path: Path) -> None:
+    """``model.quantize_kv_cache=True`` (an int8 KV cache, ExecuTorch's quantized
+    ``update_cache``): stock's Vulkan export fails (``GuardOnDataDependentSymNode`` in
+    ``FuseBatchNormPass``). Under ``fusionkit exec`` it exports (the cache's updates stay
+    with the CPU program, and the position's ``.item()`` partition, left giving the CPU an
+    int only, goes with them) and runs on the real runtime; the quantized cache is not the
+    float model, so the reference is stock's XNNPACK program of the same checkpoint and
+    options, which it equals at prefill and each decode step."""
+    _needs_runtime("vulkan")
     params, checkpoint, _ = model
-    args = llm.export_args(params, checkpoint, tmp_path / "s", VULKAN_PLAIN)
-    stock_pte, stock_err = llm.export(args, tmp_path / "s")
-    ours_pte, ours_err = llm.export(llm.export_args(params, checkpoint, tmp_path / "f",
-                                                    VULKAN_PLAIN), tmp_path / "f",
-                                    fusionkit="vulkan")
-    if stock_pte is not None:  # an ExecuTorch that fixed it: then fusionkit must export too
-        assert ours_pte is not None, ours_err[-2000:]
-        return
-    assert "graph_output_allocated not set" in stock_err
-    assert ours_pte is None and "graph_output_allocated not set" in ours_err
+    qkv = ["model.quantize_kv_cache=True"]
+    args = [a for a in llm.export_args(params, checkpoint, tmp_path, [*VULKAN_SDPA, *qkv])
+            if not a.startswith("export.output_dir=")]
+    (stock_pte, stock_err), (ours_pte, ours_err) = llm.export_pair(
+        args, tmp_path, "vulkan", tmp_path / "report.json")
+    assert ours_pte is not None, ours_err[-2000:]
+    xnn_pte, xnn_err = llm.export(llm.export_args(params, checkpoint, tmp_path / "x",
+                                                  [*XNNPACK, *qkv]), tmp_path / "x")
+    assert xnn_pte is not None, xnn_err[-2000:]
+    reference = llm.run_program(xnn_pte, "cpu")
+    assert llm.max_abs(llm.run_program(ours_pte, "vulkan"), reference) <= EAGER_TOL
+    if stock_pte is None:
+        assert "GuardOnDataDependentSymNode" in stock_err, stock_err[-2000:]
 
 
 @pytest.mark.pipeline_full

@@ -15,8 +15,7 @@ exec``). A node moves only when its arguments break a condition of
 :mod:`.inspect.runtime_conditions` and the CPU runtime has its kernel
 (:func:`~.runtime_support.cpu_has_kernel`): a program this changes is one the runtime could
 not run right. A partition left giving the CPU ints only (the sizes a kept-off ``arange``
-reads) goes to the CPU with it: ExecuTorch cannot lower a delegate whose result is a lone
-SymInt. ExecuTorch's own delegate suite under install shows what moves
+reads) goes to the CPU with it (:mod:`.int_only_partitions`). ExecuTorch's own delegate suite under install shows what moves
 (``tests/vulkan_delegate_stock.py``: ``KEPT_OFF``).
 """
 
@@ -39,28 +38,6 @@ _PARTITIONER_MODULE = "executorch.backends.vulkan.partitioner.vulkan_partitioner
 
 #: node name -> why, for every node a stock partitioner kept off under install (newest last)
 KEPT: dict[str, str] = {}
-
-
-def _undelegate_int_only(graph_module: Any, partition_tags: Any) -> None:
-    """Untag each partition that gives the rest of the program ints only (the sizes and
-    positions a node kept off reads): ExecuTorch cannot lower a delegate whose result is
-    a lone SymInt (``_unsafe_adjust_original_program``: "Invalid user ... node.target is
-    aten.arange.start_step"), and the CPU computes such ints as well."""
-    import torch
-
-    by_tag: dict[str, list[Any]] = {}
-    for n in graph_module.graph.nodes:
-        tag = n.meta.get("delegation_tag")
-        if tag in partition_tags and n.op == "call_function":
-            by_tag.setdefault(tag, []).append(n)
-    for tag, nodes in by_tag.items():
-        outputs = [n for n in nodes
-                   if any(u.meta.get("delegation_tag") != tag for u in n.users)]
-        if outputs and not any(isinstance(n.meta.get("val"), torch.Tensor) for n in outputs):
-            for n in graph_module.graph.nodes:
-                if n.meta.get("delegation_tag") == tag:
-                    del n.meta["delegation_tag"]
-            del partition_tags[tag]
 
 
 def partition_keeping_broken_conditions_off(stock_partition: Callable[..., Any]
@@ -98,8 +75,6 @@ def partition_keeping_broken_conditions_off(stock_partition: Callable[..., Any]
         finally:
             module.VulkanSupportedOperators = stock_support
         tags = result.partition_tags
-        if kept:
-            _undelegate_int_only(result.tagged_exported_program.graph_module, tags)
         for n in result.tagged_exported_program.graph_module.graph.nodes:
             if n.name in kept and n.meta.get("delegation_tag") not in tags:
                 name, why = kept[n.name]

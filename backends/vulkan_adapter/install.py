@@ -46,6 +46,7 @@ from . import (
     constant_serializer,
     declared_inputs,
     fusable_subgraphs,
+    int_only_partitions,
     missing_operators,
     mutated_buffers,
     pass_gates,
@@ -144,11 +145,12 @@ def _patches() -> list[tuple[Any, str, Any]]:
              functools.partial(fusable_subgraphs.fusable_subgraphs, stock_fusable)),
             (partitioner, "partition",
              fusable_subgraphs.partition_with_program(
-                 mutated_buffers.partition_keeping_buffers(
-                     runtime_assertions.partition_keeping_assertions(
-                         broken_conditions.partition_keeping_broken_conditions_off(
-                             missing_operators.partition_keeping_missing_operators_off(
-                                 partitioner.partition)), "vulkan"))))]
+                 int_only_partitions.partition_without_int_only(
+                     mutated_buffers.partition_keeping_buffers(
+                         runtime_assertions.partition_keeping_assertions(
+                             broken_conditions.partition_keeping_broken_conditions_off(
+                                 missing_operators.partition_keeping_missing_operators_off(
+                                     partitioner.partition)), "vulkan")))))]
 
 
 #: the adapter's patch set: the pattern takeover, the constant serializer, the declared

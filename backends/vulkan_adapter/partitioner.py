@@ -36,6 +36,7 @@ from fusionkit.integration.adapter import ScopedPartitioner
 
 from .boundary_dim_order import BoundaryDimOrder, partition_boundaries
 from .install import ADAPTER, PATCHES
+from .int_only_partitions import int_only_partitions
 from .missing_operators import missing_operator_blocklist, preprocess_pattern_ops
 from .runtime_support import (
     KeptOff,
@@ -43,6 +44,7 @@ from .runtime_support import (
     Unrunnable,
     data_movement_islands,
     serialized_name,
+    untag,
 )
 
 #: VulkanBackend.preprocess runs under the takeover for this adapter's partitions only
@@ -182,6 +184,7 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
         :meth:`~fusionkit.integration.adapter.ScopedPartitioner.partition` has the
         partitions preprocessed under the adapter's patch set."""
         self._undelegate_islands(result)
+        self._undelegate_int_only(result)
         self._refuse_unrunnable(result)
         stranded = [
             n for n in result.tagged_exported_program.graph_module.graph.nodes
@@ -225,6 +228,24 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
                     f"its partition ({what}) only moves data, between values computed on "
                     "the CPU and read on the CPU: a delegate call would copy them to the GPU "
                     "and back for nothing: it runs on the CPU"))
+
+    def _undelegate_int_only(self, result: PartitionResult) -> None:
+        """A partition giving the CPU ints only is not delegated
+        (:mod:`.int_only_partitions`: ExecuTorch cannot lower it): its
+        nodes are untagged, each noted in :attr:`kept_off_nodes` (fact ``int_only``)."""
+        gm = result.tagged_exported_program.graph_module
+        found = int_only_partitions(gm, result.partition_tags)
+        if not found:
+            return
+        ops = {n.name: n for n in gm.graph.nodes}
+        untag(gm, result.partition_tags, found)
+        for names in found.values():
+            what = ", ".join(f"`{m}`" for m in names)
+            for m in names:
+                self.kept_off_nodes.append(KeptOff(
+                    m, serialized_name(ops[m]), "int_only",
+                    f"its partition ({what}) gives the CPU ints only, a delegate ExecuTorch "
+                    "cannot lower (no tensor result): it runs on the CPU"))
 
     def _refuse_unrunnable(self, result: PartitionResult) -> None:
         """:class:`UnrunnableOpError` when a delegated node is one no runtime runs (the

@@ -47,7 +47,7 @@ from fusionkit import Op, Pattern, PatternVisitor, op_key
 
 __all__ = ["DATA_MOVEMENT_OPS", "KeptOff", "RuntimeSupport", "Unrunnable", "broken_condition",
            "cpu_has_kernel", "data_movement_islands", "pattern_ops",
-           "serialized_name"]
+           "serialized_name", "untag"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +58,8 @@ class KeptOff:
     node: str
     #: its op as a Vulkan payload would name it
     op: str
-    #: missing_operator | missing_shader | not_constant | runtime_condition
+    #: missing_operator | missing_shader | not_constant | runtime_condition |
+    #: data_movement_only | int_only (its partition; the adapter's partitioner)
     fact: str
     reason: str
 
@@ -193,6 +194,15 @@ def data_movement_islands(ep: Any, partition_tags: Any) -> dict[str, list[str]]:
                         for a in producers)):
             out[tag] = [n.name for n in calls]
     return out
+
+
+def untag(graph_module: Any, partition_tags: Any, tags: Any) -> None:
+    """Leave partitions ``tags`` to the CPU: their nodes untagged, the tags dropped."""
+    for n in graph_module.graph.nodes:
+        if n.meta.get("delegation_tag") in tags:
+            del n.meta["delegation_tag"]
+    for tag in tags:
+        del partition_tags[tag]
 
 
 class _PatternOps(PatternVisitor[frozenset[str]]):

@@ -1030,6 +1030,22 @@ def unload(program: Any) -> None:
     _LOADED.pop(program, None)
 
 
+def _user_outputs(outputs: list[Any], specs: Sequence[Any], method: str) -> list[Any]:
+    """The output node's user outputs. After ``to_executorch`` the node may leave out a
+    buffer mutation an out-variant op made in place (``llama.update_cache.out`` writing
+    its cache on the CPU) while the signature still lists it: the user outputs are then
+    the node's last ones, as a signature lists mutations first."""
+    from torch.export.graph_signature import OutputKind
+
+    if len(outputs) == len(specs):
+        return [o for o, s in zip(outputs, specs, strict=True) if s.kind == OutputKind.USER_OUTPUT]
+    count = sum(s.kind == OutputKind.USER_OUTPUT for s in specs)
+    if len(outputs) < count:
+        raise SimulationError(f"{method}: the output node has {len(outputs)} values, the "
+                              f"signature {count} user outputs")
+    return outputs[len(outputs) - count:]
+
+
 @torch.no_grad()  # a runtime computes no gradients; out= CPU kernels refuse autograd
 def simulate(program: Any, *inputs: Any, method: str = "forward",
              trace: list[DelegateRun] | None = None, runtime: Any = "auto") -> Any:
@@ -1059,7 +1075,7 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
     """
     from executorch.exir import ExecutorchProgramManager
     from executorch.exir.lowered_backend_module import LoweredBackendModule
-    from torch.export.graph_signature import InputKind, OutputKind
+    from torch.export.graph_signature import InputKind
 
     from fusionkit import as_exported_program
 
@@ -1166,8 +1182,7 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
         else:
             raise SimulationError(f"{method}: cannot run node {node.name} of kind {node.op}")
 
-    user = [value_of(o) for o, s in zip(outputs, sig.output_specs, strict=True)
-            if s.kind == OutputKind.USER_OUTPUT]
+    user = [value_of(o) for o in _user_outputs(outputs, sig.output_specs, method)]
     out_spec = getattr(ep.call_spec, "out_spec", None)
     if out_spec is not None:
         try:

@@ -165,6 +165,22 @@ def test_vulkan_expanded_rope_tables_compute_the_eager_model(tmp_path: Path) -> 
     assert stock > 1.0 or stock <= EAGER_TOL, stock  # stock's bug, or an ExecuTorch that fixed it
 
 
+def _vulkan_pair(model: tuple[Path, Path, list[Any]], tmp_path: Path, overrides: list[str]
+                 ) -> tuple[str | None, Path, dict[str, Any]]:
+    """Stock's Vulkan export beside ``fusionkit exec``'s, which must export: stock's error
+    (None when it exported), fusionkit's ``.pte`` and the Vulkan part of its report."""
+    _needs_runtime("vulkan")
+    params, checkpoint, _ = model
+    args = [a for a in llm.export_args(params, checkpoint, tmp_path, overrides)
+            if not a.startswith("export.output_dir=")]
+    report = tmp_path / "report.json"
+    (stock_pte, stock_err), (ours_pte, ours_err) = llm.export_pair(args, tmp_path, "vulkan",
+                                                                   report)
+    assert ours_pte is not None, ours_err[-2000:]
+    return (None if stock_pte else stock_err), ours_pte, json.loads(
+        report.read_text())["backends"]["vulkan"]
+
+
 @pytest.mark.pipeline_full
 def test_vulkan_local_global_attention_runs_where_stock_fails(
         model: tuple[Path, Path, list[Any]], tmp_path: Path) -> None:
@@ -176,22 +192,13 @@ def test_vulkan_local_global_attention_runs_where_stock_fails(
     position (read at the first call only: every later step attended to the new token
     alone). The program runs on the real runtime, equal to eager at prefill and each
     decode step; the report lists each node kept off and why."""
-    _needs_runtime("vulkan")
-    params, checkpoint, reference = model
-    args = [a for a in llm.export_args(params, checkpoint, tmp_path,
-                                       [*VULKAN_SDPA, "model.local_global_attention=[16]"])
-            if not a.startswith("export.output_dir=")]
-    report = tmp_path / "report.json"
-    (stock_pte, stock_err), (ours_pte, ours_err) = llm.export_pair(args, tmp_path, "vulkan",
-                                                                   report)
-    assert ours_pte is not None, ours_err[-2000:]
-    assert llm.max_abs(llm.run_program(ours_pte, "vulkan"), reference) <= EAGER_TOL
-    placed = " ".join(p["why"] for p in json.loads(report.read_text())["backends"]["vulkan"]
-                      ["placed"])
+    stock_err, ours, report = _vulkan_pair(
+        model, tmp_path, [*VULKAN_SDPA, "model.local_global_attention=[16]"])
+    assert llm.max_abs(llm.run_program(ours, "vulkan"), model[2]) <= EAGER_TOL
+    placed = " ".join(p["why"] for p in report["placed"])
     for condition in ("causal_no_mask", "blit_needs_textures", "scalar_known_when_built"):
         assert f"condition {condition!r}" in placed, placed
-    if stock_pte is None:
-        assert "IndexError" in stock_err, stock_err[-2000:]
+    assert stock_err is None or "IndexError" in stock_err, stock_err[-2000:]
 
 
 @pytest.mark.pipeline_full
@@ -202,19 +209,11 @@ def test_vulkan_without_kv_cache_sdpa_runs_where_stock_fails(
     ``input_pos[0].item()`` and nothing else. Under ``fusionkit exec`` such partitions run
     on the CPU (``vulkan_adapter.int_only_partitions``); the program runs on the real
     runtime, equal to eager at prefill and each decode step."""
-    _needs_runtime("vulkan")
-    params, checkpoint, reference = model
-    args = [a for a in llm.export_args(params, checkpoint, tmp_path, VULKAN_PLAIN)
-            if not a.startswith("export.output_dir=")]
-    report = tmp_path / "report.json"
-    (stock_pte, stock_err), (ours_pte, ours_err) = llm.export_pair(args, tmp_path, "vulkan",
-                                                                   report)
-    assert ours_pte is not None, ours_err[-2000:]
-    assert llm.max_abs(llm.run_program(ours_pte, "vulkan"), reference) <= EAGER_TOL
-    placed = [p["what"] for p in json.loads(report.read_text())["backends"]["vulkan"]["placed"]]
+    stock_err, ours, report = _vulkan_pair(model, tmp_path, VULKAN_PLAIN)
+    assert llm.max_abs(llm.run_program(ours, "vulkan"), model[2]) <= EAGER_TOL
+    placed = [p["what"] for p in report["placed"]]
     assert "partition kept on the CPU: ints only" in placed, placed
-    if stock_pte is None:
-        assert "graph_output_allocated not set" in stock_err, stock_err[-2000:]
+    assert stock_err is None or "graph_output_allocated not set" in stock_err, stock_err[-2000:]
 
 
 @pytest.mark.pipeline_full
@@ -227,21 +226,15 @@ def test_vulkan_quantized_kv_cache_computes_what_xnnpack_computes(
     int only, goes with them) and runs on the real runtime; the quantized cache is not the
     float model, so the reference is stock's XNNPACK program of the same checkpoint and
     options, which it equals at prefill and each decode step."""
-    _needs_runtime("vulkan")
-    params, checkpoint, _ = model
     qkv = ["model.quantize_kv_cache=True"]
-    args = [a for a in llm.export_args(params, checkpoint, tmp_path, [*VULKAN_SDPA, *qkv])
-            if not a.startswith("export.output_dir=")]
-    (stock_pte, stock_err), (ours_pte, ours_err) = llm.export_pair(
-        args, tmp_path, "vulkan", tmp_path / "report.json")
-    assert ours_pte is not None, ours_err[-2000:]
+    stock_err, ours, _ = _vulkan_pair(model, tmp_path, [*VULKAN_SDPA, *qkv])
+    params, checkpoint, _ = model
     xnn_pte, xnn_err = llm.export(llm.export_args(params, checkpoint, tmp_path / "x",
                                                   [*XNNPACK, *qkv]), tmp_path / "x")
     assert xnn_pte is not None, xnn_err[-2000:]
     reference = llm.run_program(xnn_pte, "cpu")
-    assert llm.max_abs(llm.run_program(ours_pte, "vulkan"), reference) <= EAGER_TOL
-    if stock_pte is None:
-        assert "GuardOnDataDependentSymNode" in stock_err, stock_err[-2000:]
+    assert llm.max_abs(llm.run_program(ours, "vulkan"), reference) <= EAGER_TOL
+    assert stock_err is None or "GuardOnDataDependentSymNode" in stock_err, stock_err[-2000:]
 
 
 @pytest.mark.pipeline_full

@@ -216,11 +216,8 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
         if not islands:
             return
         ops = {n.name: n for n in ep.graph_module.graph.nodes}
-        for n in ops.values():
-            if n.meta.get("delegation_tag") in islands:
-                del n.meta["delegation_tag"]
-        for tag, names in islands.items():
-            del result.partition_tags[tag]
+        untag(ep.graph_module, result.partition_tags, islands)
+        for names in islands.values():
             what = ", ".join(f"`{m}`" for m in names)
             for m in names:
                 self.kept_off_nodes.append(KeptOff(

@@ -22,19 +22,23 @@ reads) goes to the CPU with it (:mod:`.int_only_partitions`). ExecuTorch's own d
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from fusionkit import events
 
-from .runtime_support import broken_condition, cpu_has_kernel, serialized_name
+from .runtime_support import (
+    KeptOff,
+    broken_condition,
+    cpu_has_kernel,
+    serialized_name,
+    support_check_refusing,
+)
 
 __all__ = ["KEPT", "partition_keeping_broken_conditions_off"]
 
 _LOG = logging.getLogger(__name__)
-_PARTITIONER_MODULE = "executorch.backends.vulkan.partitioner.vulkan_partitioner"
 
 #: node name -> why, for every node a stock partitioner kept off under install (newest last)
 KEPT: dict[str, str] = {}
@@ -50,37 +54,25 @@ def partition_keeping_broken_conditions_off(stock_partition: Callable[..., Any]
     def partition(self: Any, exported_program: Any) -> Any:
         if getattr(self, "fusionkit_adapter", None) is not None:
             return stock_partition(self, exported_program)
-        module: Any = importlib.import_module(_PARTITIONER_MODULE)
-        stock_support = module.VulkanSupportedOperators
-        kept: dict[str, tuple[str, str]] = {}
 
-        class ConditionAwareSupport(stock_support):  # type: ignore[misc,valid-type]
-            def _is_node_supported(self, node: Any) -> bool:
-                if not super()._is_node_supported(node):
-                    return False
-                name = serialized_name(node)
-                if not name or not cpu_has_kernel(name):
-                    return True
-                broken = broken_condition(node, name, "the Vulkan runtime")
-                if broken is None:
-                    return True
-                why = f"{broken[1]}: it runs on the CPU"
-                kept[node.name] = (name, why)
-                self.log_skip(node, why)
-                return False
+        def refuse(node: Any) -> KeptOff | None:
+            name = serialized_name(node)
+            if not name or not cpu_has_kernel(name):
+                return None
+            broken = broken_condition(node, name, "the Vulkan runtime")
+            if broken is None:
+                return None
+            return KeptOff(node.name, name, broken[0], f"{broken[1]}: it runs on the CPU")
 
-        module.VulkanSupportedOperators = ConditionAwareSupport
-        try:
+        with support_check_refusing(refuse) as kept:
             result = stock_partition(self, exported_program)
-        finally:
-            module.VulkanSupportedOperators = stock_support
         tags = result.partition_tags
         for n in result.tagged_exported_program.graph_module.graph.nodes:
-            if n.name in kept and n.meta.get("delegation_tag") not in tags:
-                name, why = kept[n.name]
-                _LOG.info("fusionkit: %s", why)
-                KEPT[n.name] = why
-                events.placed("vulkan", f"kept on the CPU: {name}", why)
+            off = kept.get(n.name)
+            if off is not None and n.meta.get("delegation_tag") not in tags:
+                _LOG.info("fusionkit: %s", off.reason)
+                KEPT[n.name] = off.reason
+                events.placed("vulkan", f"kept on the CPU: {off.op}", off.reason)
         return result
 
     return partition

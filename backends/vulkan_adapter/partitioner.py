@@ -24,7 +24,6 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from executorch.backends.vulkan.partitioner import vulkan_partitioner as _stock
 from executorch.backends.vulkan.partitioner.vulkan_partitioner import (
     VulkanPartitioner as _StockVulkanPartitioner,
 )
@@ -44,6 +43,7 @@ from .runtime_support import (
     Unrunnable,
     data_movement_islands,
     serialized_name,
+    support_check_refusing,
     untag,
 )
 
@@ -150,26 +150,11 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
         support = RuntimeSupport(self.runtime, self._texture_limits())
         support.prepare(ep, preprocess_pattern_ops())
         self._unrunnable = support.unrunnable
-        kept: dict[str, KeptOff] = {}
-        stock_support = _stock.VulkanSupportedOperators
-
-        class RuntimeAwareSupport(stock_support):  # type: ignore[misc,valid-type]
-            def _is_node_supported(self, node: Any) -> bool:
-                if not super()._is_node_supported(node):
-                    return False
-                refused = support.refusal(node)
-                if refused is None:
-                    return True
-                kept.setdefault(node.name, refused)
-                self.log_skip(node, refused.reason)
-                return False
-
-        _stock.VulkanSupportedOperators = RuntimeAwareSupport  # this partition() only
-        try:
-            yield
-        finally:
-            _stock.VulkanSupportedOperators = stock_support
-            self.kept_off_nodes = list(kept.values())
+        with support_check_refusing(support.refusal) as kept:
+            try:
+                yield
+            finally:
+                self.kept_off_nodes = list(kept.values())
 
     def _partitioning(self, exported_program: ExportedProgram) -> contextlib.ExitStack[Any]:
         """The stock partition() runs with the adapter's patch set (the stock detectors out

@@ -37,7 +37,7 @@ import contextlib
 import dataclasses
 import operator
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
 
@@ -47,7 +47,7 @@ from fusionkit import Op, Pattern, PatternVisitor, op_key
 
 __all__ = ["DATA_MOVEMENT_OPS", "KeptOff", "RuntimeSupport", "Unrunnable", "broken_condition",
            "cpu_has_kernel", "data_movement_islands", "pattern_ops",
-           "serialized_name", "untag"]
+           "serialized_name", "support_check_refusing", "untag"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +203,36 @@ def untag(graph_module: Any, partition_tags: Any, tags: Any) -> None:
             del n.meta["delegation_tag"]
     for tag in tags:
         del partition_tags[tag]
+
+
+@contextlib.contextmanager
+def support_check_refusing(refuse: Callable[[Node], KeptOff | None]
+                           ) -> Iterator[dict[str, KeptOff]]:
+    """While ExecuTorch's ``VulkanPartitioner.partition()`` runs, its per-node support
+    check (``VulkanSupportedOperators``) also refuses each node ``refuse`` keeps off, and
+    logs why as its own refusals are logged. Yields the nodes refused (name -> fact),
+    filled as the partition runs; the stock check is back on exit."""
+    import executorch.backends.vulkan.partitioner.vulkan_partitioner as stock_module
+
+    stock_support = stock_module.VulkanSupportedOperators
+    refused: dict[str, KeptOff] = {}
+
+    class RefusingSupport(stock_support):  # type: ignore[misc,valid-type]
+        def _is_node_supported(self, node: Any) -> bool:
+            if not super()._is_node_supported(node):
+                return False
+            kept = refuse(node)
+            if kept is None:
+                return True
+            refused.setdefault(node.name, kept)
+            self.log_skip(node, kept.reason)
+            return False
+
+    stock_module.VulkanSupportedOperators = RefusingSupport
+    try:
+        yield refused
+    finally:
+        stock_module.VulkanSupportedOperators = stock_support
 
 
 class _PatternOps(PatternVisitor[frozenset[str]]):

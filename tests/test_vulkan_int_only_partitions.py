@@ -13,7 +13,7 @@ import torch
 from test_vulkan_scalar_and_blit_conditions import MASK_X, PositionMask
 
 from fusionkit.backends.vulkan_adapter.int_only_partitions import int_only_partitions
-from fusionkit.backends.vulkan_adapter.runtime_support import untag
+from fusionkit.integration.partition_tags import untag
 
 
 def _edge_graph() -> torch.fx.GraphModule:

@@ -23,8 +23,9 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import events
+from fusionkit.integration.partition_tags import untag
 
-from .runtime_support import serialized_name, untag
+from .runtime_support import serialized_name
 
 __all__ = ["int_only_partitions", "partition_without_int_only"]
 

@@ -32,6 +32,7 @@ from torch.export import ExportedProgram
 
 from fusionkit import op_key
 from fusionkit.integration.adapter import ScopedPartitioner
+from fusionkit.integration.partition_tags import untag
 
 from .boundary_dim_order import BoundaryDimOrder, partition_boundaries
 from .install import ADAPTER, PATCHES
@@ -44,7 +45,6 @@ from .runtime_support import (
     data_movement_islands,
     serialized_name,
     support_check_refusing,
-    untag,
 )
 
 #: VulkanBackend.preprocess runs under the takeover for this adapter's partitions only

@@ -47,7 +47,7 @@ from fusionkit import Op, Pattern, PatternVisitor, op_key
 
 __all__ = ["DATA_MOVEMENT_OPS", "KeptOff", "RuntimeSupport", "Unrunnable", "broken_condition",
            "cpu_has_kernel", "data_movement_islands", "pattern_ops",
-           "serialized_name", "support_check_refusing", "untag"]
+           "serialized_name", "support_check_refusing"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,15 +194,6 @@ def data_movement_islands(ep: Any, partition_tags: Any) -> dict[str, list[str]]:
                         for a in producers)):
             out[tag] = [n.name for n in calls]
     return out
-
-
-def untag(graph_module: Any, partition_tags: Any, tags: Any) -> None:
-    """Leave partitions ``tags`` to the CPU: their nodes untagged, the tags dropped."""
-    for n in graph_module.graph.nodes:
-        if n.meta.get("delegation_tag") in tags:
-            del n.meta["delegation_tag"]
-    for tag in tags:
-        del partition_tags[tag]
 
 
 @contextlib.contextmanager

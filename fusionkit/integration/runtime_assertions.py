@@ -32,6 +32,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from fusionkit import events
+from fusionkit.integration.partition_tags import empty_partitions, untag
 
 __all__ = ["ASSERTION_TARGETS", "keep_assertions_with_symbols", "partition_keeping_assertions"]
 
@@ -117,18 +118,6 @@ def keep_assertions_with_symbols(graph_module: GraphModule,
     return moved
 
 
-def _drop_empty_partitions(graph_module: GraphModule, partition_tags: dict[str, Any]) -> None:
-    """A partition that only held moved assertions is no partition any more."""
-    used = {n.meta.get("delegation_tag") for n in graph_module.graph.nodes
-            if n.op == "call_function"}
-    gone = {t for t in partition_tags if t not in used}
-    for n in graph_module.graph.nodes:
-        if n.meta.get("delegation_tag") in gone:
-            del n.meta["delegation_tag"]
-    for tag in gone:
-        del partition_tags[tag]
-
-
 def partition_keeping_assertions(stock_partition: Callable[..., Any], backend: str
                                  ) -> Callable[..., Any]:
     """A partitioner's ``partition`` with :func:`keep_assertions_with_symbols` applied to
@@ -141,7 +130,8 @@ def partition_keeping_assertions(stock_partition: Callable[..., Any], backend: s
         gm = result.tagged_exported_program.graph_module
         moved = keep_assertions_with_symbols(gm, result.partition_tags)
         if moved:
-            _drop_empty_partitions(gm, result.partition_tags)
+            # a partition that only held moved assertions is no partition any more
+            untag(gm, result.partition_tags, empty_partitions(gm, result.partition_tags))
             _LOG.info("fusionkit: %d runtime assertion(s) moved to the partition computing "
                       "the symbol they bound", len(moved))
         for _ in moved:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import torch
 from test_vulkan_scalar_and_blit_conditions import MASK_X, PositionMask
 
-from fusionkit.backends.vulkan_adapter.int_only_partitions import int_only_partitions
+from fusionkit.backends.vulkan_adapter.int_only_partitions import (
+    int_only_partitions,
+    leave_int_only_partitions,
+)
 from fusionkit.integration.partition_tags import untag
 
 
@@ -50,3 +53,17 @@ def test_a_partition_giving_a_tensor_too_stays() -> None:
     _tag(gm, {"select": "p", "_local_scalar_dense": "p", "arange": "p", "lt": "p",
               "_to_copy": "p", "to_dim_order_copy": "p"})
     assert int_only_partitions(gm, {"p": None}) == {}
+
+
+def test_leaving_them_gives_each_node_its_int_only_fact() -> None:
+    """What both reporters use: the adapter's kept_off_nodes and the install event."""
+    gm = _edge_graph()
+    _tag(gm, {"select": "ints", "_local_scalar_dense": "ints", "aten.add": "tensor"})
+    tags = {"ints": None, "tensor": None}
+    names = int_only_partitions(gm, tags)["ints"]
+    [left] = leave_int_only_partitions(gm, tags)
+    assert [k.node for k in left] == names
+    assert {k.fact for k in left} == {"int_only"}
+    assert all(k.op in k.reason for k in left) and "ints only" in left[0].reason
+    assert list(tags) == ["tensor"]
+    assert leave_int_only_partitions(gm, tags) == []

@@ -25,9 +25,9 @@ from torch.fx import Node
 from fusionkit import events
 from fusionkit.integration.partition_tags import untag
 
-from .runtime_support import serialized_name
+from .runtime_support import KeptOff, serialized_name
 
-__all__ = ["int_only_partitions", "partition_without_int_only"]
+__all__ = ["int_only_partitions", "leave_int_only_partitions", "partition_without_int_only"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -50,6 +50,23 @@ def int_only_partitions(graph_module: Any, partition_tags: Any) -> dict[str, lis
     return out
 
 
+def leave_int_only_partitions(graph_module: Any, partition_tags: Any) -> list[list[KeptOff]]:
+    """Untag every int-only partition (:func:`int_only_partitions`); per partition, its
+    nodes as :class:`~.runtime_support.KeptOff` facts (``int_only``), one reason each."""
+    found = int_only_partitions(graph_module, partition_tags)
+    if not found:
+        return []
+    ops = {n.name: n for n in graph_module.graph.nodes}
+    untag(graph_module, partition_tags, found)
+    left = []
+    for names in found.values():
+        what = ", ".join(f"`{m}` ({serialized_name(ops[m])})" for m in names)
+        why = (f"its partition ({what}) gives the CPU ints only, a delegate ExecuTorch "
+               "cannot lower (no tensor result): it runs on the CPU")
+        left.append([KeptOff(m, serialized_name(ops[m]), "int_only", why) for m in names])
+    return left
+
+
 def partition_without_int_only(stock_partition: Callable[..., Any]) -> Callable[..., Any]:
     """``VulkanPartitioner.partition`` that leaves int-only partitions to the CPU. The
     adapter's own partitioner (which does so itself, noting each node) is left as it is."""
@@ -60,15 +77,10 @@ def partition_without_int_only(stock_partition: Callable[..., Any]) -> Callable[
         if getattr(self, "fusionkit_adapter", None) is not None:
             return result
         gm = result.tagged_exported_program.graph_module
-        found = int_only_partitions(gm, result.partition_tags)
-        if found:
-            ops = {n.name: n for n in gm.graph.nodes}
-            untag(gm, result.partition_tags, found)
-            for names in found.values():
-                what = ", ".join(serialized_name(ops[m]) for m in names)
-                why = f"its partition ({what}) gives the CPU ints only: it runs on the CPU"
-                _LOG.info("fusionkit: %s", why)
-                events.placed("vulkan", "partition kept on the CPU: ints only", why)
+        for partition_nodes in leave_int_only_partitions(gm, result.partition_tags):
+            why = partition_nodes[0].reason
+            _LOG.info("fusionkit: %s", why)
+            events.placed("vulkan", "partition kept on the CPU: ints only", why)
         return result
 
     return partition

@@ -36,7 +36,7 @@ from fusionkit.integration.partition_tags import untag
 
 from .boundary_dim_order import BoundaryDimOrder, partition_boundaries
 from .install import ADAPTER, PATCHES
-from .int_only_partitions import int_only_partitions
+from .int_only_partitions import leave_int_only_partitions
 from .missing_operators import missing_operator_blocklist, preprocess_pattern_ops
 from .runtime_support import (
     KeptOff,
@@ -216,18 +216,8 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
         (:mod:`.int_only_partitions`: ExecuTorch cannot lower it): its
         nodes are untagged, each noted in :attr:`kept_off_nodes` (fact ``int_only``)."""
         gm = result.tagged_exported_program.graph_module
-        found = int_only_partitions(gm, result.partition_tags)
-        if not found:
-            return
-        ops = {n.name: n for n in gm.graph.nodes}
-        untag(gm, result.partition_tags, found)
-        for names in found.values():
-            what = ", ".join(f"`{m}`" for m in names)
-            for m in names:
-                self.kept_off_nodes.append(KeptOff(
-                    m, serialized_name(ops[m]), "int_only",
-                    f"its partition ({what}) gives the CPU ints only, a delegate ExecuTorch "
-                    "cannot lower (no tensor result): it runs on the CPU"))
+        for partition_nodes in leave_int_only_partitions(gm, result.partition_tags):
+            self.kept_off_nodes.extend(partition_nodes)
 
     def _refuse_unrunnable(self, result: PartitionResult) -> None:
         """:class:`UnrunnableOpError` when a delegated node is one no runtime runs (the

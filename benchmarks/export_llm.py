@@ -9,6 +9,14 @@ exporter, stock (``python -m ...export_llm``) and under ``fusionkit exec``, in t
 ratios (fusionkit / stock) and their medians; with ``--json FILE`` writes every figure.
 fusionkit's own share: the seconds its searches and applications took inside the
 exporter (``fusionkit exec --report``), over the export's CPU seconds.
+
+Peak RSS under glibc's default allocator follows its *dynamic* mmap threshold: after a
+large block is freed, blocks up to 32 MiB (a layer's weights) come from the heap, which
+keeps freed pages, so the same export's peak moves by a GB run to run (a 0.6B Vulkan
+8da4w export: 6574 to 8060 MiB, stock against itself). ``--allocator fixed-mmap`` runs
+both sides with ``MALLOC_MMAP_THRESHOLD_`` fixed at 128 KiB: every tensor-sized block is
+mapped and unmapped, and the peak is what both sides hold live. The line prints each
+side's own spread (its largest peak over its smallest) beside the ratio.
 """
 
 from __future__ import annotations
@@ -76,18 +84,28 @@ def write_model(directory: Path, params: dict[str, Any]) -> tuple[Path, Path]:
     return params_path, checkpoint
 
 
-def _run(cmd: list[str], cwd: Path) -> dict[str, Any]:
+#: allocator settings, the same for both sides: name -> environment
+ALLOCATORS: dict[str, dict[str, str]] = {
+    "default": {},
+    # glibc: a fixed threshold (which also turns the dynamic one off); 128 KiB is its default
+    "fixed-mmap": {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)},
+}
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     """One child, measured by the kernel: wall, CPU seconds, peak RSS (MiB), exit code."""
     start = time.perf_counter()
     with open(cwd / "log.txt", "ab") as log:
-        child = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=log)
+        child = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=log,
+                                 env={**os.environ, **(env or {})})
         _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
             "peak_rss_mib": usage.ru_maxrss / 1024, "exit": os.waitstatus_to_exitcode(status)}
 
 
-def measure(name: str, backend: str, mode: str, pairs: int, work: Path) -> dict[str, Any]:
+def measure(name: str, backend: str, mode: str, pairs: int, work: Path,
+            allocator: str = "default") -> dict[str, Any]:
     model_class, params = MODELS[name]
     params_path, checkpoint = write_model(work / name, params)
     runs: dict[str, list[dict[str, Any]]] = {"stock": [], "fusionkit": []}
@@ -105,7 +123,7 @@ def measure(name: str, backend: str, mode: str, pairs: int, work: Path) -> dict[
             else:
                 cmd = [sys.executable, "-m", "fusionkit.app.cli", "exec", "--backend", backend,
                        "--report", str(report), "-m", EXPORT_LLM, *args]
-            r = _run(cmd, out)
+            r = _run(cmd, out, ALLOCATORS[allocator])
             if r["exit"] != 0:  # the reason, kept with the figures (the work dir goes)
                 lines = (out / "log.txt").read_text(errors="replace").strip().splitlines()
                 r["error_tail"] = [ln for ln in lines if not ln.startswith(("W1", "E1"))][-8:]
@@ -127,8 +145,15 @@ def measure(name: str, backend: str, mode: str, pairs: int, work: Path) -> dict[
     ratios = {k: [f[k] / s[k] for s, f in zip(runs["stock"], runs["fusionkit"], strict=True)
                   if s["exit"] == 0 and f["exit"] == 0 and f.get("installed") is True]
               for k in ("wall_s", "cpu_s", "peak_rss_mib")}
-    return {"model": name, "backend": backend, "mode": mode, "runs": runs,
+    return {"model": name, "backend": backend, "mode": mode, "allocator": allocator,
+            "runs": runs,
             "median_ratio": {k: statistics.median(v) if v else None for k, v in ratios.items()}}
+
+
+def spread_of(rows: list[dict[str, Any]]) -> float:
+    """One side's largest peak RSS over its smallest (1.0 for a single run)."""
+    peaks = [x["peak_rss_mib"] for x in rows]
+    return max(peaks) / min(peaks)
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -143,11 +168,14 @@ def _line(r: dict[str, Any]) -> str:
                 f"{[x['exit'] for x in s]} fusionkit {[x['exit'] for x in f]}: {tails[0][:300]}")
     m = r["median_ratio"]
     share = med(f, "fusionkit_s") / med(f, "cpu_s") if f and "fusionkit_s" in f[0] else float("nan")
+    spread = " ".join(f"{label} {spread_of(rows):.3f}" for label, rows in (("stock", s),
+                                                                          ("fusionkit", f)))
     return (f"{r['model']:<13} {r['backend']:<8} {r['mode']:<6} "
+            f"[{r.get('allocator', 'default')}] "
             f"wall {med(s, 'wall_s'):7.1f} / {med(f, 'wall_s'):7.1f} s ({m['wall_s']:.3f}x)  "
             f"cpu {med(s, 'cpu_s'):7.1f} / {med(f, 'cpu_s'):7.1f} s ({m['cpu_s']:.3f}x)  "
             f"rss {med(s, 'peak_rss_mib'):7.0f} / {med(f, 'peak_rss_mib'):7.0f} MiB "
-            f"({m['peak_rss_mib']:.3f}x)  fusionkit's passes {share:.1%} of its CPU  "
+            f"({m['peak_rss_mib']:.3f}x; own spread {spread})  fusionkit's passes {share:.1%} of its CPU  "
             f"fused per run {[x.get('fused') for x in f]}")
 
 
@@ -157,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backends", default="xnnpack,vulkan")
     p.add_argument("--modes", default="fp32")
     p.add_argument("--pairs", type=int, default=1)
+    p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="default",
+                   help="the allocator setting both sides run with (see above)")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
     results = []
@@ -165,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in a.models.split(","):
             for backend in a.backends.split(","):
                 for mode in a.modes.split(","):
-                    r = measure(name, backend, mode, a.pairs, Path(tmp))
+                    r = measure(name, backend, mode, a.pairs, Path(tmp), a.allocator)
                     results.append(r)
                     print(_line(r), flush=True)
     if a.json:

@@ -56,15 +56,16 @@ def disabled_tests() -> set[str]:
 
 def run_shard(shard: int, tmp: Path, *, real: bool = False, path: str = "fusionkit",
               only: Sequence[str] = (), real_skip: Sequence[str] = (), static: bool = False,
-              timeout: float = 1800.0
+              timeout: float = 1800.0, shards: int = SHARDS, cpu_only: bool = False,
               ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """One shard in a pytest subprocess; ``real``: every program the tests run also runs on
-    the real Vulkan runtime (one child for the shard) but ``real_skip``'s;
+    """One shard (of ``shards``) in a pytest subprocess; ``real``: every program the tests
+    run also runs on the real Vulkan runtime (one child for the shard) but ``real_skip``'s;
     ``path="stock"``: fusionkit not installed; ``only``: just these tests (before sharding);
-    ``static``: each recorded program also judged by check() and the probed simulator."""
+    ``static``: each recorded program also judged by check() and the probed simulator;
+    ``cpu_only``: a program with no delegate passes ``check_vk_delegation``."""
     spy = tmp / "spy.json"
     env = {**os.environ, "FUSIONKIT_DELEGATE_SPY": str(spy),
-           "FUSIONKIT_SHARD": f"{shard}/{SHARDS}", "FUSIONKIT_DELEGATE_PATH": path,
+           "FUSIONKIT_SHARD": f"{shard}/{shards}", "FUSIONKIT_DELEGATE_PATH": path,
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     if real:
         env["FUSIONKIT_DELEGATE_REAL"] = "1"
@@ -73,6 +74,8 @@ def run_shard(shard: int, tmp: Path, *, real: bool = False, path: str = "fusionk
         env["FUSIONKIT_DELEGATE_ONLY"] = ",".join(only)
     if static:
         env["FUSIONKIT_DELEGATE_STATIC"] = "1"
+    if cpu_only:
+        env["FUSIONKIT_DELEGATE_CPU_ONLY"] = "1"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", str(stock_suite()), "-q", "-p", "no:cacheprovider",
          "-p", "no:xdist", "-p", "stock_vulkan_tests.simulator_runtime_plugin", "-W", "ignore"],

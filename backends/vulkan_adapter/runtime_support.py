@@ -44,6 +44,7 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import Op, Pattern, PatternVisitor, op_key
+from fusionkit.match.shape_guards import guards_suppressed
 
 __all__ = ["DATA_MOVEMENT_OPS", "KeptOff", "RuntimeSupport", "Unrunnable", "broken_condition",
            "cpu_has_kernel", "data_movement_islands", "pattern_ops",
@@ -212,7 +213,8 @@ def support_check_refusing(refuse: Callable[[Node], KeptOff | None]
         def _is_node_supported(self, node: Any) -> bool:
             if not super()._is_node_supported(node):
                 return False
-            kept = refuse(node)
+            with guards_suppressed(node.graph):  # judging it never specializes a size
+                kept = refuse(node)
             if kept is None:
                 return True
             refused.setdefault(node.name, kept)

@@ -12,12 +12,12 @@ answered without being written into the program.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from torch.fx import Graph
 
-__all__ = ["guards_suppressed", "shape_env_of"]
+__all__ = ["guards_suppressed", "guards_suppressed_for", "shape_env_of"]
 
 
 def shape_env_of(graph: Graph) -> Any:
@@ -38,3 +38,28 @@ def guards_suppressed(graph: Graph) -> Iterator[None]:
         return
     with env.suppress_guards():
         yield
+
+
+def _shape_envs(v: Any, out: dict[int, Any]) -> None:
+    import torch
+
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        out.setdefault(id(v.node.shape_env), v.node.shape_env)
+    elif isinstance(v, torch.Tensor):
+        for d in (*v.shape, *(v.stride() if v.layout == torch.strided else ())):
+            _shape_envs(d, out)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _shape_envs(x, out)
+
+
+def guards_suppressed_for(values: Iterable[Any]) -> contextlib.ExitStack[Any]:
+    """:func:`guards_suppressed` for the shape environments of ``values`` (symbolic
+    scalars, fake tensors, lists of them: a node's arguments), where no graph is at hand."""
+    envs: dict[int, Any] = {}
+    for v in values:
+        _shape_envs(v, envs)
+    stack = contextlib.ExitStack()
+    for env in envs.values():
+        stack.enter_context(env.suppress_guards())
+    return stack

@@ -29,7 +29,11 @@ Loaded with ``-p stock_vulkan_tests.simulator_runtime_plugin`` when running
   rope, hf_rope, sdpa, the quantized ones) built once per test run instead of re-exported on
   every partitioner and preprocess call (what makes a stock lowering 3-5x ours; the graphs
   and so the lowerings are the same); ``FUSIONKIT_DELEGATE_ONLY=a,b`` keeps only the named
-  tests (the CI subset).
+  tests (the CI subset);
+* with ``FUSIONKIT_DELEGATE_CPU_ONLY=1``, lets a test go on past ExecuTorch's
+  ``check_vk_delegation`` when its program has no delegate at all (every op kept on the
+  CPU), so that the test's own comparison with eager judges the program; each such test is
+  named in the spy file under ``cpu_only``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ OPS: Counter[str] = Counter()
 CALLS: list[int] = [0]
 SELECTED: list[str] = []
 CURRENT: list[str] = [""]
+CPU_ONLY: list[str] = []
 
 
 class SimulatedModule:
@@ -125,6 +130,17 @@ def _patch(cls: Any) -> None:
                 oracle.record(CURRENT[0], original, self, et_program, args, kwargs, sim.calls)
 
     cls.run_delegated_model_and_check_output = run_delegated_model_and_check_output
+    if os.environ.get("FUSIONKIT_DELEGATE_CPU_ONLY") == "1" and hasattr(cls, "check_vk_delegation"):
+        check = cls.check_vk_delegation
+
+        def check_vk_delegation(self: Any, et_program: Any) -> Any:
+            plans = et_program.executorch_program.execution_plan
+            if not any(plan.delegates for plan in plans):
+                CPU_ONLY.append(CURRENT[0])
+                return None
+            return check(self, et_program)
+
+        cls.check_vk_delegation = check_vk_delegation
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
@@ -158,7 +174,8 @@ def pytest_unconfigure(config: Any) -> None:
     if not out:
         return
     data: dict[str, Any] = {"simulate_calls": CALLS[0], "ops": dict(OPS), "selected": SELECTED,
-                            "path": os.environ.get("FUSIONKIT_DELEGATE_PATH", "fusionkit")}
+                            "path": os.environ.get("FUSIONKIT_DELEGATE_PATH", "fusionkit"),
+                            "cpu_only": CPU_ONLY}
     if oracle.ENABLED:
         data.update(oracle.run_recorded())
     with open(out, "w") as f:

@@ -42,6 +42,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fusionkit.match.shape_guards import guards_suppressed_for
+
 __all__ = [
     "CONDITIONS",
     "DELEGATE_ARGUMENT_COUNT",
@@ -920,14 +922,19 @@ def violated(op: str, args: Mapping[str, Any]) -> list[RuntimeCondition]:
     have accepted them either.
     """
     bad = []
-    for c in conditions_for(op):
-        try:
-            ok = c.holds(args)
-        except Exception:
-            ok = False
-        if not ok:
-            bad.append(c)
+    # a node's symbolic sizes and scalars (x.shape[0]) are judged by their example values
+    # without a guard: float(s) or s % 8 == 0 would specialize the user's program to the
+    # example size. An unbacked value (an .item()) has none and still raises: violated.
+    with guards_suppressed_for(args.values()):
+        for c in conditions_for(op):
+            try:
+                ok = c.holds(args)
+            except Exception:
+                ok = False
+            if not ok:
+                bad.append(c)
     return bad
+
 
 
 # ------------------------------------------------------- the delegate's boundary

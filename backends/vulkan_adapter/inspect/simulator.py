@@ -191,6 +191,7 @@ lowerings is listed in ``tests/test_vulkan_simulator.py``.
 
 from __future__ import annotations
 
+import math
 import operator
 import weakref
 from collections.abc import Callable, Sequence
@@ -942,6 +943,9 @@ class _Source:
     named: Callable[[str], bytes | None] | None
     #: k-th delegate call -> how many arguments the serialized call passes (a .pte only)
     pte_arguments: list[int] | None = None
+    #: the method's inputs as the .pte declares them: (shape dynamism, sizes) of a tensor,
+    #: None for another value (a .pte only)
+    pte_inputs: list[tuple[int, list[int]] | None] | None = None
 
 
 def _pte_source(pte: bytes, method: str) -> _Source:
@@ -966,7 +970,38 @@ def _pte_source(pte: bytes, method: str) -> _Source:
                                       f"keeps its payload in location {ref.location}")
             calls.append((d.id, bytes(pf.program.backend_delegate_data[ref.index].data)))
             arguments.append(len(ins.instr_args.args))
-    return _Source(calls, _named_lookup(pf.named_data), arguments)
+    inputs: list[tuple[int, list[int]] | None] = []
+    for i in plan.inputs:
+        v = plan.values[i].val
+        sizes = getattr(v, "sizes", None)
+        inputs.append(None if sizes is None else (int(v.shape_dynamism), list(sizes)))
+    return _Source(calls, _named_lookup(pf.named_data), arguments, inputs)
+
+
+def _check_input_sizes(declared: list[tuple[int, list[int]] | None], inputs: list[Any]
+                       ) -> None:
+    """The runtime resizes each input tensor to the given one's sizes before a call
+    (``method.cpp``: ``Error resizing tensor at input i``): a static tensor takes its own
+    sizes only, a bounded one at most the elements it was planned with."""
+    from executorch.exir.schema import TensorShapeDynamism
+
+    if len(declared) != len(inputs):
+        return
+    for i, (d, x) in enumerate(zip(declared, inputs, strict=True)):
+        if d is None or not isinstance(x, torch.Tensor):
+            continue
+        dynamism, sizes = d
+        if dynamism == TensorShapeDynamism.STATIC and list(x.shape) != sizes:
+            raise SimulationError(
+                f"input {i}: the program declares a static tensor of sizes {sizes}, given "
+                f"{list(x.shape)} (the runtime: 'Attempted to resize a static tensor'; "
+                "was the program exported, or lowered, with these sizes fixed?)")
+        capacity = math.prod(sizes)
+        if dynamism == TensorShapeDynamism.DYNAMIC_BOUND and x.numel() > capacity:
+            raise SimulationError(
+                f"input {i}: the program plans at most {capacity} elements (sizes {sizes}), "
+                f"given {list(x.shape)} (the runtime: 'Attempted to resize a bounded tensor "
+                f"with a maximum capacity of {capacity} elements')")
 
 
 def _is_delegate_call(node: torch.fx.Node) -> bool:
@@ -1093,6 +1128,8 @@ def simulate(program: Any, *inputs: Any, method: str = "forward",
     user_specs = [s for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
     if len(flat_inputs) != len(user_specs):
         raise TypeError(f"{method} takes {len(user_specs)} inputs, got {len(flat_inputs)}")
+    if source.pte_inputs is not None:
+        _check_input_sizes(source.pte_inputs, flat_inputs)
 
     env: dict[torch.fx.Node, Any] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

@@ -57,6 +57,10 @@ The runtime's rules that are enforced
   stock serializer's "whole base storage of a view" bug gives wrong numbers).
 * A value read before any op wrote it, a reference outside the graph, an output
   whose shape or kind differs from what the VkGraph declares: :class:`SimulationError`.
+* A ``.pte``'s inputs are resized as the runtime resizes them before a call: an input
+  of other sizes than a static tensor's, or of more elements than a bounded tensor was
+  planned with, raises :class:`SimulationError` (the runtime: ``Error resizing tensor at
+  input i``); a program specialized to its example sizes is refused at any other.
 
 Dtypes, storage types and memory layouts
 ----------------------------------------

@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -92,16 +91,32 @@ ALLOCATORS: dict[str, dict[str, str]] = {
 }
 
 
+#: a small process between the benchmark and the export: the kernel's peak RSS of a process
+#: (``ru_maxrss``) includes the memory image it was spawned from (a vfork child's exec keeps
+#: the parent's high-water mark), and this process, which wrote GBs of checkpoint, would
+#: otherwise be the floor of every export's figure
+_LAUNCHER = """
+import json, os, subprocess, sys, time
+start = time.perf_counter()
+child = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(child.pid, 0)
+with open(sys.argv[1], "w") as f:
+    json.dump({"wall_s": time.perf_counter() - start,
+               "cpu_s": usage.ru_utime + usage.ru_stime,
+               "peak_rss_mib": usage.ru_maxrss / 1024,
+               "exit": os.waitstatus_to_exitcode(status)}, f)
+"""
+
+
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     """One child, measured by the kernel: wall, CPU seconds, peak RSS (MiB), exit code."""
-    start = time.perf_counter()
+    figures = cwd / "figures.json"
     with open(cwd / "log.txt", "ab") as log:
-        child = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=log,
-                                 env={**os.environ, **(env or {})})
-        _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - start
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_mib": usage.ru_maxrss / 1024, "exit": os.waitstatus_to_exitcode(status)}
+        subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, str(figures), *cmd], cwd=cwd,
+                       stdout=log, stderr=log, env={**os.environ, **(env or {})}, check=False)
+    result: dict[str, Any] = json.loads(figures.read_text())
+    figures.unlink()
+    return result
 
 
 def measure(name: str, backend: str, mode: str, pairs: int, work: Path,

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from fusionkit.fusion_pass import FusionPass
     from fusionkit.integration.adapter import BackendAdapter, PatchSet
     from fusionkit.match.pattern import CASTS, Op, Pattern, PatternVisitor, also, any_float, any_value, capture, int_list, integer, lit, one_of, op, optional_dtype, outputs, per_row_block, positive, scalar, seq, through, where
+    from fusionkit.match.shape_guards import guards_suppressed, guards_suppressed_for
     from fusionkit.program import as_exported_program
     from fusionkit.program_inputs import ConstantKind, ConstantRef, ProgramInputs
     from fusionkit.report import FusionReport

@@ -58,6 +58,8 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "Rewriter": ("fusionkit.edit.builder", "creates replacement nodes with metadata (the replacement author's API)"),
     "FusionError": ("fusionkit.edit.builder", "a rule produced something inconsistent (a rule bug)"),
     "op_key": ("fusionkit.targets", "the one string key of an op target (ATen, edge or custom)"),
+    "guards_suppressed": ("fusionkit.match.shape_guards", "read a graph's symbolic sizes without specializing them"),
+    "guards_suppressed_for": ("fusionkit.match.shape_guards", "read these values' symbolic sizes without specializing them"),
     "resolve_op": ("fusionkit.targets", "the ATen ``OpOverload`` of an op key, OpOverload or edge op"),
     "import_op_libraries": ("fusionkit.targets", "import the Python modules that register a custom op namespace"),
     "as_exported_program": ("fusionkit.program", "the ExportedProgram of a program-like argument (EdgeProgramManager, ...)"),

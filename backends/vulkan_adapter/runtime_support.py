@@ -43,8 +43,7 @@ from typing import Any
 
 from torch.fx import Node
 
-from fusionkit import Op, Pattern, PatternVisitor, op_key
-from fusionkit.match.shape_guards import guards_suppressed
+from fusionkit import Op, Pattern, PatternVisitor, guards_suppressed, op_key
 
 __all__ = ["DATA_MOVEMENT_OPS", "KeptOff", "RuntimeSupport", "Unrunnable", "broken_condition",
            "cpu_has_kernel", "data_movement_islands", "pattern_ops",

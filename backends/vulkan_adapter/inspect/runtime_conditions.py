@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fusionkit.match.shape_guards import guards_suppressed_for
+from fusionkit import guards_suppressed_for
 
 __all__ = [
     "CONDITIONS",

@@ -23,9 +23,8 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import events
-from fusionkit.integration.partition_tags import untag
 
-from .runtime_support import KeptOff, serialized_name
+from .runtime_support import KeptOff, keep_partitions_off
 
 __all__ = ["int_only_partitions", "leave_int_only_partitions", "partition_without_int_only"]
 
@@ -53,18 +52,11 @@ def int_only_partitions(graph_module: Any, partition_tags: Any) -> dict[str, lis
 def leave_int_only_partitions(graph_module: Any, partition_tags: Any) -> list[list[KeptOff]]:
     """Untag every int-only partition (:func:`int_only_partitions`); per partition, its
     nodes as :class:`~.runtime_support.KeptOff` facts (``int_only``), one reason each."""
-    found = int_only_partitions(graph_module, partition_tags)
-    if not found:
-        return []
-    ops = {n.name: n for n in graph_module.graph.nodes}
-    untag(graph_module, partition_tags, found)
-    left = []
-    for names in found.values():
-        what = ", ".join(f"`{m}` ({serialized_name(ops[m])})" for m in names)
-        why = (f"its partition ({what}) gives the CPU ints only, a delegate ExecuTorch "
-               "cannot lower (no tensor result): it runs on the CPU")
-        left.append([KeptOff(m, serialized_name(ops[m]), "int_only", why) for m in names])
-    return left
+    return keep_partitions_off(
+        graph_module, partition_tags, int_only_partitions(graph_module, partition_tags),
+        "int_only",
+        lambda what: (f"its partition ({what}) gives the CPU ints only, a delegate ExecuTorch "
+                      "cannot lower (no tensor result): it runs on the CPU"))
 
 
 def partition_without_int_only(stock_partition: Callable[..., Any]) -> Callable[..., Any]:

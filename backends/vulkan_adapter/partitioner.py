@@ -32,7 +32,6 @@ from torch.export import ExportedProgram
 
 from fusionkit import op_key
 from fusionkit.integration.adapter import ScopedPartitioner
-from fusionkit.integration.partition_tags import untag
 
 from .boundary_dim_order import BoundaryDimOrder, partition_boundaries
 from .install import ADAPTER, PATCHES
@@ -43,7 +42,7 @@ from .runtime_support import (
     RuntimeSupport,
     Unrunnable,
     data_movement_islands,
-    serialized_name,
+    keep_partitions_off,
     support_check_refusing,
 )
 
@@ -197,19 +196,13 @@ class VulkanPartitioner(ScopedPartitioner, _StockVulkanPartitioner):
         (:func:`~.runtime_support.data_movement_islands`): its nodes are untagged, each
         noted in :attr:`kept_off_nodes` (fact ``data_movement_only``)."""
         ep = result.tagged_exported_program
-        islands = data_movement_islands(ep, result.partition_tags)
-        if not islands:
-            return
-        ops = {n.name: n for n in ep.graph_module.graph.nodes}
-        untag(ep.graph_module, result.partition_tags, islands)
-        for names in islands.values():
-            what = ", ".join(f"`{m}`" for m in names)
-            for m in names:
-                self.kept_off_nodes.append(KeptOff(
-                    m, serialized_name(ops[m]), "data_movement_only",
-                    f"its partition ({what}) only moves data, between values computed on "
-                    "the CPU and read on the CPU: a delegate call would copy them to the GPU "
-                    "and back for nothing: it runs on the CPU"))
+        for partition_nodes in keep_partitions_off(
+                ep.graph_module, result.partition_tags,
+                data_movement_islands(ep, result.partition_tags), "data_movement_only",
+                lambda what: (f"its partition ({what}) only moves data, between values "
+                              "computed on the CPU and read on the CPU: a delegate call would "
+                              "copy them to the GPU and back for nothing: it runs on the CPU")):
+            self.kept_off_nodes.extend(partition_nodes)
 
     def _undelegate_int_only(self, result: PartitionResult) -> None:
         """A partition giving the CPU ints only is not delegated

@@ -44,9 +44,10 @@ from typing import Any
 from torch.fx import Node
 
 from fusionkit import Op, Pattern, PatternVisitor, guards_suppressed, op_key
+from fusionkit.integration.partition_tags import untag
 
 __all__ = ["DATA_MOVEMENT_OPS", "KeptOff", "RuntimeSupport", "Unrunnable", "broken_condition",
-           "cpu_has_kernel", "data_movement_islands", "pattern_ops",
+           "cpu_has_kernel", "data_movement_islands", "keep_partitions_off", "pattern_ops",
            "serialized_name", "support_check_refusing"]
 
 
@@ -65,6 +66,23 @@ class KeptOff:
 
     def __str__(self) -> str:
         return f"`{self.node}` ({self.op}): {self.reason}"
+
+
+def keep_partitions_off(graph_module: Any, partition_tags: Any, found: dict[str, list[str]],
+                        fact: str, why: Callable[[str], str]) -> list[list[KeptOff]]:
+    """Untag the partitions ``found`` (tag -> the names of their nodes); per partition, its
+    nodes as :class:`KeptOff` facts, each with the reason ``why`` gives for the list of
+    them (`name` (op), ...)."""
+    if not found:
+        return []
+    wanted = {m for names in found.values() for m in names}
+    ops = {n.name: serialized_name(n) for n in graph_module.graph.nodes if n.name in wanted}
+    untag(graph_module, partition_tags, found)
+    left = []
+    for names in found.values():
+        reason = why(", ".join(f"`{m}` ({ops[m]})" for m in names))
+        left.append([KeptOff(m, ops[m], fact, reason) for m in names])
+    return left
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,9 +23,10 @@ __all__ = ["guards_suppressed", "guards_suppressed_for", "shape_env_of"]
 def shape_env_of(graph: Graph) -> Any:
     """The ``ShapeEnv`` of the graph's fake values (its placeholders'), or None."""
     for node in graph.find_nodes(op="placeholder"):
-        env = getattr(getattr(node.meta.get("val"), "fake_mode", None), "shape_env", None)
-        if env is not None:
-            return env
+        envs: dict[int, Any] = {}
+        _shape_envs(node.meta.get("val"), envs)
+        if envs:
+            return next(iter(envs.values()))
     return None
 
 
@@ -41,11 +42,17 @@ def guards_suppressed(graph: Graph) -> Iterator[None]:
 
 
 def _shape_envs(v: Any, out: dict[int, Any]) -> None:
+    """Add the shape environments of ``v`` (a fake tensor's mode's; a symbolic scalar's;
+    those of a list's items) to ``out``, by id: the one walk both entry points share."""
     import torch
 
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         out.setdefault(id(v.node.shape_env), v.node.shape_env)
     elif isinstance(v, torch.Tensor):
+        env = getattr(getattr(v, "fake_mode", None), "shape_env", None)
+        if env is not None:
+            out.setdefault(id(env), env)
+            return
         for d in (*v.shape, *(v.stride() if v.layout == torch.strided else ())):
             _shape_envs(d, out)
     elif isinstance(v, (list, tuple)):

@@ -936,7 +936,6 @@ def violated(op: str, args: Mapping[str, Any]) -> list[RuntimeCondition]:
     return bad
 
 
-
 # ------------------------------------------------------- the delegate's boundary
 
 

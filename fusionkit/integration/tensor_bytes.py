@@ -151,9 +151,15 @@ def pack_int4(t: torch.Tensor, *, low_nibble_first: bool = True) -> torch.Tensor
     if t.shape[-1] % 2:
         t = torch.nn.functional.pad(t, (0, 1, 0, 0), mode="constant", value=0)
     rows, cols = t.shape
-    u = (t.to(torch.int16) + 8).to(torch.uint8).contiguous().view(-1)
+    # value + 8 in uint8 arithmetic (-8..-1 wrap to 248..255, + 8 wraps to 0..7), in one
+    # compact copy changed in place: a weight's temporaries are its bytes and a half
+    # (an output projection of 151936 x 1024 int8 is 148 MiB), not int16 copies of it
+    u = torch.empty((rows, cols), dtype=torch.uint8)
+    u.copy_(t.to(torch.int8) if t.is_floating_point() else t)
+    u = u.view(-1).add_(8)
     even, odd = u[0::2], u[1::2]
-    packed = (odd << 4 | even) if low_nibble_first else (even << 4 | odd)
+    packed = (odd << 4) if low_nibble_first else (even << 4)
+    packed |= even if low_nibble_first else odd
     return packed.view(rows, cols // 2)
 
 

@@ -19,20 +19,29 @@ class KVAttention(torch.nn.Module):
     position written (below 12).
 
     ``read_pos``: where the sdpa reads (None: ``pos``, as the causal_sdpa fusion needs;
-    another value is its near miss)."""
+    another value is its near miss). ``read_per_op``: each op reads ``pos[0].item()``
+    itself, as ExecuTorch's llama attention does (three nodes of one value)."""
 
-    def __init__(self, read_pos: int | None = None) -> None:
+    def __init__(self, read_pos: int | None = None, read_per_op: bool = False) -> None:
         super().__init__()
         self.register_buffer("kc", torch.zeros(1, 16, 2, 8))
         self.register_buffer("vc", torch.zeros(1, 16, 2, 8))
         self.read_pos = read_pos
+        self.read_per_op = read_per_op
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                pos: torch.Tensor) -> torch.Tensor:
+    def _start(self, pos: torch.Tensor) -> int:
         start = pos[0].item()
         torch._check(start >= 0)
         torch._check(start < 12)
+        return start
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                pos: torch.Tensor) -> torch.Tensor:
+        start = self._start(pos)
         torch.ops.llama.update_cache(k, self.kc, start)
-        torch.ops.llama.update_cache(v, self.vc, start)
-        at = start if self.read_pos is None else self.read_pos
-        return torch.ops.llama.custom_sdpa(q, self.kc, self.vc, at, None, 0.0, True)
+        torch.ops.llama.update_cache(v, self.vc, self._start(pos) if self.read_per_op else start)
+        if self.read_pos is not None:
+            start = self.read_pos
+        elif self.read_per_op:
+            start = self._start(pos)
+        return torch.ops.llama.custom_sdpa(q, self.kc, self.vc, start, None, 0.0, True)

@@ -57,10 +57,11 @@ def _both(model: tuple[Path, Path, list[Any]], tmp: Path, backend: list[str], fk
     return stock_pte, fk_pte, json.loads(report.read_text())
 
 
-#: fusions every Vulkan export of the tiny llama must make (all of its norms and ropes;
-#: the position reads inside the delegate)
+#: fusions every Vulkan export of the tiny llama must make (all of its norms, ropes and
+#: KV-cache attentions, whose ops each read the position themselves)
 VULKAN_FUSED = {"rms_norm": 2 * llm.TINY_LLAMA["n_layers"] + 1,
-                "export_llama_rope": llm.TINY_LLAMA["n_layers"]}
+                "export_llama_rope": llm.TINY_LLAMA["n_layers"],
+                "causal_sdpa": llm.TINY_LLAMA["n_layers"]}
 
 CASES = [
     pytest.param(XNNPACK, "xnnpack", "cpu", True, {}, id="xnnpack-fp32"),

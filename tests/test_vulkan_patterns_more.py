@@ -252,6 +252,37 @@ def test_causal_sdpa_and_start_pos_near_miss() -> None:
     assert any("the sdpa reads at 0" in r for r in declined(ms, "causal_sdpa"))
 
 
+def test_causal_sdpa_position_read_once_per_op() -> None:
+    """ExecuTorch's llama attention reads ``input_pos[0].item()`` once per op: three
+    ``_local_scalar_dense`` nodes of one unwritten input are one position (fused); a read of
+    the same input written in between is not."""
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    from fusionkit.passes.vulkan.sdpa import causal_sdpa_rule
+
+    a = (torch.randn(1, 3, 4, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), torch.tensor([2]))
+    m = KVAttention(read_per_op=True)
+    ep = _in_place_edge(m, a)
+    reads = [n for n in ep.graph.nodes if op_key(n.target) == "aten._local_scalar_dense.default"]
+    assert len(reads) == 3, [n.name for n in reads]
+    ms = fuse(ep, [causal_sdpa_rule()])
+    assert [x.rule.name for x in ms.accepted] == ["causal_sdpa"], declined(ms, "causal_sdpa")
+    assert "llama.update_cache.default" not in ops(ep)
+    torch.testing.assert_close(ep.module()(*a), KVAttention(read_per_op=True)(*a), atol=1e-5, rtol=1e-5)
+
+    class WrittenBetween(KVAttention):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    pos: torch.Tensor) -> torch.Tensor:
+            start = self._start(pos)
+            torch.ops.llama.update_cache(k, self.kc, start)
+            torch.ops.llama.update_cache(v, self.vc, start)
+            pos.add_(1)
+            return torch.ops.llama.custom_sdpa(q, self.kc, self.vc, self._start(pos), None, 0.0, True)
+
+    ms = fuse(_in_place_edge(WrittenBetween(), tuple(x.clone() for x in a)), [causal_sdpa_rule()])
+    assert not ms.accepted
+    assert any("the sdpa reads at" in r for r in declined(ms, "causal_sdpa")), declined(ms, "causal_sdpa")
+
+
 # ---------------------------------------------------------------- quantized_convolution
 
 
@@ -359,11 +390,13 @@ def test_dq8ca_is_fused_inside_preprocess_not_in_transform_passes(real_vulkan: A
     assert_real(real_vulkan, prog, (x,), want, atol=1e-3, rtol=1e-3)
 
 
-def test_kv_cache_model_lowers_through_the_adapter_drop_in(real_vulkan: Any) -> None:
+@pytest.mark.parametrize("read_per_op", [False, True], ids=["one_read", "read_per_op"])
+def test_kv_cache_model_lowers_through_the_adapter_drop_in(real_vulkan: Any, read_per_op: bool) -> None:
     """Symint-producing graphs: select_as_symint must not leave an undelegated et_vk op.
     The sdpa fusion made in preprocess calls the op by the name the runtime registers
     (``sdpa_with_kv_cache.default``, stock's ATen overload): the program loads and runs on
-    the real runtime, caches and all, equal to eager."""
+    the real runtime, caches and all, equal to eager. Also when each op reads the position
+    itself, as ExecuTorch's llama attention does."""
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (llama.* ops)
     from executorch.exir import to_edge_transform_and_lower
 
@@ -376,7 +409,7 @@ def test_kv_cache_model_lowers_through_the_adapter_drop_in(real_vulkan: Any) -> 
     from fusionkit.backends.vulkan_adapter.inspect.simulator import DelegateRun
     from fusionkit.backends.vulkan_adapter.runtime_probe import cached_inventory
 
-    m = KVAttention()
+    m = KVAttention(read_per_op=read_per_op)
     # position 0: the fused op's caches start as uninitialised device memory (the runtime's
     # add_tensor_like), so a first call may read only rows it writes (cache_rows_written)
     a = (torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8),

@@ -158,8 +158,9 @@ def pack_int4(t: torch.Tensor, *, low_nibble_first: bool = True) -> torch.Tensor
     u.copy_(t.to(torch.int8) if t.is_floating_point() else t)
     u = u.view(-1).add_(8)
     even, odd = u[0::2], u[1::2]
-    packed = (odd << 4) if low_nibble_first else (even << 4)
-    packed |= even if low_nibble_first else odd
+    high, low = (odd, even) if low_nibble_first else (even, odd)
+    packed = high << 4
+    packed |= low
     return packed.view(rows, cols // 2)
 
 

@@ -557,6 +557,15 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
                         extra.append(f"{side}: {(e.get('error') or e.get('run_error'))[:120]}")
                 label = "vulkan" if backend == "vulkan" else "arm FP"
                 lines.append(f"| {name} | {label} | {s} | {f} | {d} | {'; '.join(extra)} |")
+    stand_ins = {m: w for m, w in meta.get("stand_in_weights", {}).items()
+                 if w.startswith("stand-in ")}
+    if stand_ins:
+        lines += ["", "## Stand-in weights", "",
+                  "These models download published weights; they ran with seeded stand-ins of "
+                  "their own architecture (`benchmarks.stand_in_weights`: batch-norm "
+                  "statistics and affine parameters away from the identity), through the "
+                  "same unedited commands.", "", "| model | checkpoint |", "| --- | --- |"]
+        lines += [f"| {m} | `{w.removeprefix('stand-in ')}` |" for m, w in stand_ins.items()]
     if not_built:
         lines += ["", "## Models that do not build offline", "",
                   "| model | why |", "| --- | --- |"]
@@ -593,6 +602,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--md", default=None)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per export")
     parser.add_argument("--work", default=None, help="keep the programs here")
+    parser.add_argument("--stand-in-weights", action="store_true",
+                        help="seeded stand-ins for the checkpoints torchvision models download "
+                             "(benchmarks.stand_in_weights), in a TORCH_HOME of the run's own")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n] or model_names()
     backends = [b for b in args.backends.split(",") if b]
@@ -607,6 +619,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="example-zoo-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.stand_in_weights:
+        from benchmarks.stand_in_weights import write_stand_ins
+
+        os.environ["TORCH_HOME"] = str(work / "torch_home")  # the children's, not the user's
+        meta["stand_in_weights"] = write_stand_ins(names, work / "torch_home")
     rows = []
     try:
         for name in names:

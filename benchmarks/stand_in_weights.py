@@ -7,7 +7,8 @@ so these models never reached a backend. A checkpoint already in that directory 
 without a download (``torch.hub.load_state_dict_from_url``), so this module writes one for
 each model: its own architecture's state dict, seeded, with batch-norm statistics and
 affine parameters drawn away from the identity (zero mean, unit variance and ``y = x``
-would make every conv + batch-norm fold a no-op). The commands then run unedited, in a
+would make every conv + batch-norm fold a no-op), and no tensor left constant (ViT's
+zero-initialised head would make every output 0). The commands then run unedited, in a
 process whose ``TORCH_HOME`` points at the stand-ins; nothing of the user's cache is
 touched.
 
@@ -39,7 +40,8 @@ class _Wanted(dict):  # type: ignore[type-arg]
 
 
 def _spread(state: dict[str, Any], generator: Any) -> dict[str, Any]:
-    """Batch-norm statistics and affine parameters drawn away from the identity."""
+    """Batch-norm statistics and affine parameters drawn away from the identity; constant
+    tensors drawn around their value."""
     import torch
 
     out = dict(state)
@@ -50,6 +52,11 @@ def _spread(state: dict[str, Any], generator: Any) -> dict[str, Any]:
             out[key] = torch.randn(t.shape, generator=generator) * 0.1
         elif key.endswith("running_var"):
             out[key] = torch.rand(t.shape, generator=generator) + 0.5
+        elif t.numel() > 1 and bool((t == t.flatten()[0]).all()):
+            # a constant initialisation (a classifier head's zeros, a norm's ones) would
+            # make every output the same whatever the program computes
+            base = float(t.flatten()[0])
+            out[key] = base + (0.1 if base else 0.02) * torch.randn(t.shape, generator=generator)
     for key in list(out):
         if key.endswith("running_var"):
             stem = key[: -len("running_var")]

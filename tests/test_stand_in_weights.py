@@ -12,7 +12,10 @@ from benchmarks.stand_in_weights import _spread
 
 
 def test_batch_norms_are_drawn_away_from_the_identity_and_seeded() -> None:
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8))
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Flatten(),
+                              torch.nn.LazyLinear(4))
+    net(torch.randn(1, 3, 5, 5))
+    torch.nn.init.zeros_(net[3].weight)  # a head initialised to zeros, as ViT's is
     state = net.state_dict()
     a = _spread(state, torch.Generator().manual_seed(0))
     b = _spread(state, torch.Generator().manual_seed(0))
@@ -24,6 +27,7 @@ def test_batch_norms_are_drawn_away_from_the_identity_and_seeded() -> None:
     for key in ("1.running_mean", "1.running_var", "1.weight", "1.bias"):
         assert not torch.equal(a[key], state[key]), key
     assert bool((a["1.running_var"] >= 0.5).all())
+    assert len(a["3.weight"].unique()) == a["3.weight"].numel()  # no constant tensor is left
     net.load_state_dict(a)  # still a loadable state dict of the same module
 
 

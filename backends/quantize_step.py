@@ -46,7 +46,7 @@ from fusionkit.integration.hooks import Patch, PatchSet
 
 __all__ = ["META_KEY", "PATCHES", "Decline", "FoldReport", "ensure_call_site",
            "fuse_conv_bn_", "fuse_linear_bn_", "install", "is_installed", "last_report", "prepare_qat_with",
-           "prepare_with", "record", "uninstall"]
+           "prepare_with", "record", "rule_names", "uninstall"]
 
 _MODULE = "torchao.quantization.pt2e.quantize_pt2e"
 _NAME = "_fuse_conv_bn_"
@@ -66,6 +66,16 @@ def _the_rules(kind: str = "conv") -> list[Any]:
 
         _rules[kind] = family.rules() if kind == "conv" else family.linear_rules()
     return _rules[kind]
+
+
+def rule_names() -> frozenset[str]:
+    """Names of the rules the quantize step runs (the convolutions' and linears' folds, the
+    QAT rewrite), so that a report counts their fusions under the adapter that installed the
+    step, not as a user's rules."""
+    from fusionkit.backends import quantize_step_qat
+
+    return frozenset(r.name for r in (*_the_rules("conv"), *_the_rules("linear"),
+                                      *quantize_step_qat._the_rules()))
 
 
 def _has_batch_norm(m: GraphModule) -> bool:

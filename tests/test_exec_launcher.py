@@ -117,6 +117,35 @@ def test_a_stock_lowering_gets_fusionkits_rules(tmp_path: Path) -> None:
     assert data["fusionkit_seconds"] > 0
 
 
+QUANTIZE_STEP = textwrap.dedent('''
+    import torch
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer, get_symmetric_quantization_config)
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    gm = torch.export.export(m, (x,)).module()
+    prepare_pt2e(gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config()))
+    print("prepared")
+''')
+
+
+def test_the_quantize_steps_fold_is_counted_under_the_backend(tmp_path: Path) -> None:
+    """The conv + batch-norm fold of ``prepare_pt2e`` (the quantize step every adapter
+    installs) is the adapter's, not a user's rule: the report and the summary count it under
+    the backend."""
+    script = tmp_path / "prepare.py"
+    script.write_text(QUANTIZE_STEP)
+    report = tmp_path / "report.json"
+    done = _run(["--backend", "xnnpack", "--report", str(report), "--", str(script)], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(report.read_text())
+    assert data["backends"]["xnnpack"]["fused"].get("quantize_conv_batch_norm") == 1, data
+    assert "user" not in data["backends"], data["backends"].get("user")
+    assert "fusionkit exec: user" not in done.stderr
+
+
 SPLIT_LOWERING = textwrap.dedent(f'''
     import sys
     sys.path.insert(0, {str(Path(__file__).parent)!r})

@@ -177,7 +177,8 @@ BACKEND_RULE_SETS: dict[str, tuple[str, ...]] = {
 
 
 def _rule_owners(backends: Sequence[str]) -> dict[str, str]:
-    """Rule name -> the backend whose rule sets hold it (the first listed wins)."""
+    """Rule name -> the backend whose rule sets hold it (the first listed wins); the
+    quantize step's rules belong to the first backend, every adapter installing the step."""
     try:
         from fusionkit.passes.registry import rule_set
     except Exception:
@@ -190,6 +191,14 @@ def _rule_owners(backends: Sequence[str]) -> dict[str, str]:
                     owners.setdefault(r.name, name)
             except Exception:
                 continue
+    try:
+        from fusionkit.backends import quantize_step
+
+        for rule in quantize_step.rule_names():
+            for name in backends[:1]:
+                owners.setdefault(rule, name)
+    except Exception:
+        pass
     return owners
 
 

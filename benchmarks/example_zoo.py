@@ -563,8 +563,8 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         lines += ["", "## Stand-in weights", "",
                   "These models download published weights; they ran with seeded stand-ins of "
                   "their own architecture (`benchmarks.stand_in_weights`: batch-norm "
-                  "statistics and affine parameters away from the identity), through the "
-                  "same unedited commands.", "", "| model | checkpoint |", "| --- | --- |"]
+                  "statistics and affine parameters away from the identity, no tensor left "
+                  "constant), through the same unedited commands.", "", "| model | checkpoint |", "| --- | --- |"]
         lines += [f"| {m} | `{w.removeprefix('stand-in ')}` |" for m, w in stand_ins.items()]
     if not_built:
         lines += ["", "## Models that do not build offline", "",

@@ -75,14 +75,14 @@ def write_stand_in(model: str, checkpoints: Path) -> list[str]:
     import torch
     from torchvision.models import _api
 
-    written: list[str] = []
+    used: list[str] = []  # written here, or written before and loaded
     original_get = _api.WeightsEnum.get_state_dict
     original_load = torch.nn.Module.load_state_dict
 
     def get_state_dict(self: Any, *a: Any, **k: Any) -> Any:
         filename = os.path.basename(self.url)
         if (checkpoints / filename).exists():
-            written.append(filename)
+            used.append(filename)
             return original_get(self, *a, **k)
         return _Wanted(filename)
 
@@ -92,7 +92,7 @@ def write_stand_in(model: str, checkpoints: Path) -> list[str]:
         generator = torch.Generator().manual_seed(SEED)
         checkpoints.mkdir(parents=True, exist_ok=True)
         torch.save(_spread(self.state_dict(), generator), checkpoints / state.filename)
-        written.append(state.filename)
+        used.append(state.filename)
         return torch.nn.modules.module._IncompatibleKeys([], [])
 
     _api.WeightsEnum.get_state_dict = get_state_dict  # type: ignore[method-assign]
@@ -107,7 +107,7 @@ def write_stand_in(model: str, checkpoints: Path) -> list[str]:
     finally:
         _api.WeightsEnum.get_state_dict = original_get  # type: ignore[method-assign]
         torch.nn.Module.load_state_dict = original_load  # type: ignore[method-assign]
-    return written
+    return used
 
 
 def write_stand_ins(models: list[str], torch_home: Path, timeout: float = 900) -> dict[str, str]:
@@ -117,9 +117,9 @@ def write_stand_ins(models: list[str], torch_home: Path, timeout: float = 900) -
     checkpoints = torch_home / "hub" / "checkpoints"
     env = {**os.environ, "TORCH_HOME": str(torch_home), "HF_HUB_OFFLINE": "1"}
     done: dict[str, str] = {}
+    code = ("import sys, pathlib; from benchmarks.stand_in_weights import write_stand_in; "
+            "print(' '.join(write_stand_in(sys.argv[1], pathlib.Path(sys.argv[2]))))")
     for model in models:
-        code = ("import sys, pathlib; from benchmarks.stand_in_weights import write_stand_in; "
-                "print(' '.join(write_stand_in(sys.argv[1], pathlib.Path(sys.argv[2]))))")
         try:
             p = subprocess.run([sys.executable, "-c", code, model, str(checkpoints)], env=env,
                                capture_output=True, text=True, timeout=timeout,

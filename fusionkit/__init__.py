@@ -47,5 +47,5 @@ if TYPE_CHECKING:
     from fusionkit.report import FusionReport
     from fusionkit.result import MatchResult, Status, Step
     from fusionkit.rule import CallOp, OpSemantics, ProgramForm, PythonReplacement, Ref, Replacement, Rule, RuleError, ref, replace_with
-    from fusionkit.targets import import_op_libraries, op_key, resolve_op
+    from fusionkit.targets import import_op_libraries, impurity, op_key, resolve_op
 # --- end of generated imports ---

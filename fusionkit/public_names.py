@@ -61,6 +61,7 @@ EXPORTS: dict[str, tuple[str, str]] = {
     "guards_suppressed": ("fusionkit.match.shape_guards", "read a graph's symbolic sizes without specializing them"),
     "guards_suppressed_for": ("fusionkit.match.shape_guards", "read these values' symbolic sizes without specializing them"),
     "resolve_op": ("fusionkit.targets", "the ATen ``OpOverload`` of an op key, OpOverload or edge op"),
+    "impurity": ("fusionkit.targets", "why an op target is not pure and deterministic, or None (two calls, one value)"),
     "import_op_libraries": ("fusionkit.targets", "import the Python modules that register a custom op namespace"),
     "as_exported_program": ("fusionkit.program", "the ExportedProgram of a program-like argument (EdgeProgramManager, ...)"),
     "register_delegate": ("fusionkit.find.executable", "tell fusionkit which ops a backend's delegate takes (its own namespaces, its registry)"),

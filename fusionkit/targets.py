@@ -8,14 +8,15 @@ matcher can index rules by the key of their root op.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from functools import cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from torch.fx import Node
 
 if TYPE_CHECKING:
-    from torch.fx import Graph, Node
+    from torch.fx import Graph
 
 __all__ = [
     "ASSERTION_OPS",
@@ -27,6 +28,7 @@ __all__ = [
     "dialect_target",
     "graph_op_keys",
     "import_op_libraries",
+    "impurity",
     "is_assertion",
     "is_edge_target",
     "load_delegate_descriptions",
@@ -37,6 +39,7 @@ __all__ = [
     "resolve_op",
     "schema_of",
     "target_name",
+    "writes_to",
 ]
 
 OpTarget = Any  # an OpOverload, an EdgeOpOverload, or a qualified name string
@@ -254,6 +257,48 @@ def target_name(target: Any) -> str:
 def schema_of(target: Any) -> torch._C.FunctionSchema | None:
     overload = overload_of(target)
     return overload._schema if overload is not None else None
+
+
+
+#: op names whose value is not a function of their operands: a random draw, or memory
+#: left as it was found
+_NONDETERMINISTIC = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "empty")
+
+
+def impurity(target: Any) -> str | None:
+    """Why a call of ``target`` is not a pure, deterministic operator, or None when it is:
+    two calls of it with the same operands hold the same value and write nothing.
+
+    The one verdict behind folding a constant expression at lowering time and treating two
+    nodes as one value. The reason reads after the op's name: "(aten.x.y), which ..."."""
+    name = target_name(target)
+    schema = schema_of(target)
+    if schema is None:
+        return f"({name}), which is not an operator with a schema"
+    if schema.is_mutable:
+        return f"({name}), which mutates its inputs"
+    overload = overload_of(target)
+    op_name = name.split(".")[1] if name.count(".") >= 2 else name
+    if (torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
+            or any(word in op_name for word in _NONDETERMINISTIC)):
+        return f"({name}), which is not deterministic"
+    return None
+
+
+def writes_to(node: Node, values: Container[Node]) -> bool:
+    """Whether ``node`` writes in place to one of ``values``: an argument its schema marks
+    written (``Tensor(a!)``). A call without a schema writes nothing here; callers that
+    must assume the worst of it check :func:`schema_of` themselves."""
+    schema = schema_of(node.target) if node.op == "call_function" else None
+    if schema is None or not schema.is_mutable:
+        return False
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        v = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+        if isinstance(v, Node) and v in values:
+            return True
+    return False
 
 
 #: ops that only check a value at run time (torch.export inserts them, e.g. before

@@ -39,7 +39,15 @@ from fusionkit.find.finder import DECLINE_STEPS
 from fusionkit.match.pattern import also, outputs
 from fusionkit.passes import rule_set
 from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import is_assertion, is_edge_target, op_key, schema_of, target_name
+from fusionkit.targets import (
+    impurity,
+    is_assertion,
+    is_edge_target,
+    op_key,
+    schema_of,
+    target_name,
+    writes_to,
+)
 
 
 class Cond(nn.Module):
@@ -234,6 +242,10 @@ def test_identity_walks_answer_for_every_node(program: tuple[str, ExportedProgra
         inputs.constant(n)
         inputs.is_user_input(n)
         inputs.is_mutable_buffer(n)
+        inputs.is_written(n)
+        why = impurity(n.target)
+        assert why is None or why.startswith(f"({target_name(n.target)}), which ")
+        writes_to(n, set(n.all_input_nodes))
 
 
 def test_folding_answers_or_refuses_with_a_reason(program: tuple[str, ExportedProgram]) -> None:
@@ -304,3 +316,44 @@ def test_operator_functions_fold_but_other_callables_do_not() -> None:
     assert sources is None and "_python_double" in why
     items = [n for n in ep.graph.nodes if n.target is operator.getitem]
     assert items and all(constant_fold_sources(n, inputs)[0] is not None for n in items)
+
+
+class _Writes(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(2))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        self.count.add_(1)
+        y.mul_(2)
+        return torch.relu(x) + torch.rand_like(x) + self.count + y + z
+
+
+def test_the_program_writes_buffers_and_inputs_it_mutates() -> None:
+    ep = torch.export.export(_Writes(), (torch.ones(2), torch.ones(2), torch.ones(2)))
+    inputs = ProgramInputs(ep)
+    written = {n.name for n in ep.graph.nodes if inputs.is_written(n)}
+    names = {s.arg.name: s.target or s.arg.name for s in ep.graph_signature.input_specs}
+    assert {names[n] for n in written} == {"count", "y"}, written
+
+
+def test_an_in_place_op_writes_only_its_written_argument() -> None:
+    g = torch.fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    add_ = g.call_function(torch.ops.aten.add_.Tensor, (a, b))
+    pure = g.call_function(torch.ops.aten.add.Tensor, (a, b))
+    g.output((add_, pure))
+    assert writes_to(add_, {a}) and not writes_to(add_, {b})
+    assert not writes_to(pure, {a, b})
+
+
+@pytest.mark.parametrize(("target", "verdict"), [
+    (torch.ops.aten.relu.default, None),
+    (torch.ops.aten.rand_like.default, "not deterministic"),
+    (torch.ops.aten.empty.memory_format, "not deterministic"),
+    (torch.ops.aten.add_.Tensor, "mutates its inputs"),
+    (operator.getitem, "not an operator with a schema"),
+])
+def test_one_verdict_on_pure_deterministic_ops(target: object, verdict: str | None) -> None:
+    why = impurity(target)
+    assert (why is None) if verdict is None else (why is not None and verdict in why), why

@@ -191,12 +191,13 @@ def _rule_owners(backends: Sequence[str]) -> dict[str, str]:
                     owners.setdefault(r.name, name)
             except Exception:
                 continue
+    if not backends:
+        return owners
     try:
         from fusionkit.backends import quantize_step
 
         for rule in quantize_step.rule_names():
-            for name in backends[:1]:
-                owners.setdefault(rule, name)
+            owners.setdefault(rule, backends[0])
     except Exception:
         pass
     return owners

@@ -49,7 +49,7 @@ from fusionkit.match.shape_guards import guards_suppressed
 from fusionkit.program_inputs import ConstantKind
 from fusionkit.result import MatchResult
 from fusionkit.strict import strict_mode
-from fusionkit.targets import is_assertion, resolve_op
+from fusionkit.targets import is_assertion, schema_of
 
 __all__ = ["ApplyFailure", "ApplyResult", "apply_matches"]
 
@@ -87,14 +87,6 @@ class ApplyResult:
     @property
     def modified(self) -> bool:
         return bool(self.applied)
-
-
-def _is_pure_op(n: Node) -> bool:
-    try:
-        schema = getattr(resolve_op(n.target), "_schema", None)
-    except Exception:
-        return False
-    return schema is not None and not schema.is_mutable
 
 
 def _erase_assertions_on(n: Node) -> None:
@@ -221,7 +213,8 @@ class _Apply:
                 if n.users:
                     continue
             if n.op == "call_function":
-                if not _is_pure_op(n):
+                schema = schema_of(n.target)
+                if schema is None or schema.is_mutable:  # it may write; kept
                     continue
                 ins = n.all_input_nodes
                 erase_node(self.graph, n)

@@ -18,7 +18,7 @@ from torch.export.graph_signature import InputKind
 from torch.fx import Node
 
 from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import memo_per_target, resolve_op, schema_of, target_name
+from fusionkit.targets import impurity, memo_per_target, schema_of, target_name
 
 __all__ = [
     "FoldError",
@@ -30,9 +30,6 @@ __all__ = [
 
 
 # ------------------------------------------------- what may be folded
-_NONDETERMINISTIC = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "empty")
-
-
 def _fold_refusal(n: Node) -> str | None:
     """Why ``n`` cannot be part of a folded constant expression, or None if it can.
 
@@ -56,20 +53,11 @@ _TARGET_REFUSALS: dict[Any, str | None] = {}
 
 
 def _target_refusal(target: Any) -> str | None:
-    name = target_name(target)
-    schema = schema_of(target)
-    if schema is None:
+    if schema_of(target) is None:
         if getattr(target, "__module__", None) in ("_operator", "operator"):
             return None  # operator.getitem, operator.add on SymInts, ...
-        return f"({name}), which fusionkit does not evaluate at lowering time"
-    if schema.is_mutable:
-        return f"({name}), which mutates its inputs"
-    overload = resolve_op(target)
-    op_name = name.split(".")[1] if name.count(".") >= 2 else name
-    if (torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
-            or any(word in op_name for word in _NONDETERMINISTIC)):
-        return f"({name}), which is not deterministic"
-    return None
+        return f"({target_name(target)}), which fusionkit does not evaluate at lowering time"
+    return impurity(target)
 
 
 def constant_fold_sources(

@@ -29,7 +29,7 @@ from fusionkit.match.pattern import output_names
 from fusionkit.program_inputs import ProgramInputs
 from fusionkit.result import MatchResult
 from fusionkit.rule import Rule
-from fusionkit.targets import is_assertion, schema_of
+from fusionkit.targets import is_assertion, writes_to
 
 __all__ = ["DECLINE_STEPS", "Candidate", "Match", "MatchSet", "Settings",
            "decide_in_order"]
@@ -114,20 +114,6 @@ class _Positions:
         self.order = {n: i for i, n in enumerate(self.nodes)}
 
 
-def _mutates(n: Node, values: set[Node]) -> bool:
-    """Whether ``n`` writes (in place) to one of ``values``."""
-    schema = schema_of(n.target) if n.op == "call_function" else None
-    if schema is None or not schema.is_mutable:
-        return False
-    for i, a in enumerate(schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        v = n.args[i] if i < len(n.args) else n.kwargs.get(a.name)
-        if isinstance(v, Node) and v in values:
-            return True
-    return False
-
-
 def _place(rule: Rule, root: Node, b: Binding, outputs: tuple[str, ...],
            claimed_by: Mapping[Node, Match], pos: _Positions) -> Node | MatchResult:
     """The node before which the replacement of a multi-output match can go.
@@ -183,7 +169,7 @@ def _place(rule: Rule, root: Node, b: Binding, outputs: tuple[str, ...],
     if place is not root:  # the replacement reads its inputs at another time: no write between
         a, z = sorted((order[place], order[root]))
         for n in pos.nodes[a:z]:
-            if n not in inside and _mutates(n, inputs):
+            if n not in inside and writes_to(n, inputs):
                 return _decline(rule.name, root, "placement", n,
                                f"the replacement would go before `{place.name}`, but `{n.name}` "
                                "writes in place to one of its inputs in between")

@@ -51,6 +51,7 @@ from fusionkit import (
     DtypeIn,
     GraphLeaf,
     MatchResult,
+    ProgramInputs,
     PythonReplacement,
     Rank,
     Rewriter,
@@ -58,6 +59,7 @@ from fusionkit import (
     also,
     any_value,
     capture,
+    impurity,
     outputs,
 )
 from fusionkit.match.pattern import Op, Pattern
@@ -77,64 +79,26 @@ UPDATE = "llama.update_cache.default"
 SDPA_WITH_KV_CACHE = "llama.sdpa_with_kv_cache.default"
 
 
-def _mutated_inputs(ep: Any) -> set[str]:
-    """Names of the placeholders the program writes: mutated buffers and user inputs, and
-    any placeholder an in-place op takes."""
-    from torch.export.graph_signature import OutputKind
-
-    sig = ep.graph_signature
-    written = {s.target for s in sig.output_specs
-               if s.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)}
-    return {n.name for n in ep.graph.nodes if n.op == "placeholder" and (
-        n.name in written
-        or next((s.target for s in sig.input_specs if getattr(s.arg, "name", None) == n.name),
-                None) in written
-        or any(_writes(u, n) for u in n.users))}
-
-
-def _aten(target: Any) -> Any:
-    """The ``OpOverload`` of an ATen or edge op (an edge op wraps one), else None."""
-    op = target if isinstance(target, torch._ops.OpOverload) else getattr(target, "_op", None)
-    return op if isinstance(op, torch._ops.OpOverload) else None
-
-
-def _writes(user: Node, n: Node) -> bool:
-    """``user`` takes ``n`` as an argument its schema writes (``Tensor(a!)``), or is not an
-    op whose schema says (conservatively: writes)."""
-    op = _aten(user.target)
-    if op is None:
-        return user.op == "call_function"
-    args = list(zip(op._schema.arguments, user.args, strict=False)) + [
-        (a, user.kwargs[a.name]) for a in op._schema.arguments if a.name in user.kwargs]
-    return any(v is n and a.alias_info is not None and a.alias_info.is_write for a, v in args)
-
-
-def _pure_op(target: Any) -> bool:
-    op = _aten(target)
-    return (op is not None and not op._schema.is_mutable
-            and torch.Tag.nondeterministic_seeded not in op.tags)
-
-
-def _same(a: Any, b: Any, mutated: set[str]) -> bool:
+def _same(a: Any, b: Any, inputs: ProgramInputs) -> bool:
     """``a`` and ``b`` hold one value: one node, equal literals, or two nodes that compute
     the same pure op of the same operands over an input the program never writes
     (ExecuTorch's llama attention reads ``input_pos[0].item()`` once per op: distinct
     ``_local_scalar_dense`` nodes of one position)."""
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y, mutated) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(_same(x, y, inputs) for x, y in zip(a, b, strict=True))
     if not isinstance(a, Node) or not isinstance(b, Node):
         return not isinstance(a, Node) and not isinstance(b, Node) and bool(a == b)
     if a is b:
-        return a.op != "placeholder" or a.name not in mutated
-    return (a.op == b.op == "call_function" and a.target is b.target and _pure_op(a.target)
-            and _same(a.args, b.args, mutated) and a.kwargs.keys() == b.kwargs.keys()
-            and all(_same(a.kwargs[k], b.kwargs[k], mutated) for k in a.kwargs))
+        return not inputs.is_written(a)
+    return (a.op == b.op == "call_function" and a.target is b.target
+            and impurity(a.target) is None and _same(a.args, b.args, inputs)
+            and a.kwargs.keys() == b.kwargs.keys()
+            and all(_same(a.kwargs[k], b.kwargs[k], inputs) for k in a.kwargs))
 
 
 def _sdpa_updates(ctx: CheckContext, k_update: Node, v_update: Node, k_cache: Node,
                   v_cache: Node, k_pos: Any, v_pos: Any, start_pos: Any) -> str | MatchResult | None:
     order = {n: i for i, n in enumerate(ctx.root.graph.nodes)}
-    mutated = _mutated_inputs(ctx.ep)
     for p, upd, cache, pos in (("k", k_update, k_cache, k_pos), ("v", v_update, v_cache, v_pos)):
         if upd.users:
             return ctx.fail(f"the result of `{upd.name}` is used; the fused op does not "
@@ -142,7 +106,7 @@ def _sdpa_updates(ctx: CheckContext, k_update: Node, v_update: Node, k_cache: No
         if order[upd] > order[ctx.root]:
             return ctx.fail(f"`{upd.name}` runs after the sdpa: the sdpa reads the cache before "
                             "the update", at=upd)
-        if pos is not start_pos and not _same(pos, start_pos, mutated):
+        if pos is not start_pos and not _same(pos, start_pos, ctx.inputs):
             return ctx.fail(f"`{upd.name}` writes at {pos}, the sdpa reads at {start_pos}",
                             at=upd)
         others = [u.name for u in cache.users if u not in (upd, ctx.root) and u.op != "output"]

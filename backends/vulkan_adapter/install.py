@@ -38,6 +38,7 @@ from fusionkit.backends import quantize_step
 from fusionkit.integration import hooks, runtime_assertions
 from fusionkit.integration.adapter import Adapter
 from fusionkit.integration.hooks import REMOVE, Installation, UnsupportedExecuTorchError
+from fusionkit.integration.trace_residue import release_last_trace
 from fusionkit.passes.registry import taken_over_patterns
 
 from . import (
@@ -97,6 +98,7 @@ def _replace_all_fusable_subgraphs(ep: Any, graph_module: Any) -> int:
             "fusionkit's FusePatternsPass stand-in needs the ExportedProgram whose graph it "
             "fuses (set `_exported_program` to the program owning this graph module)"
         )
+    release_last_trace()  # the stock function traces its rope patterns here
     # inside a graph-module pass the pass manager owns the signature and state
     # dict: fuse without adding (folding) or removing constants
     # the runtime's conditions are checked here too: a fusion the runtime would abort on

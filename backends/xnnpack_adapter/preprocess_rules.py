@@ -33,6 +33,7 @@ from torch.fx import Node
 from fusionkit import Delegate, ExecutionTarget, FusionPass, Rule, run_rules
 from fusionkit.integration.hooks import PatchSet, UnsupportedExecuTorchError
 from fusionkit.integration.preprocess_takeover import Takeover
+from fusionkit.integration.trace_residue import release_last_trace
 from fusionkit.passes.registry import rules_taking_over, taken_over_patterns
 
 __all__ = ["MAX_ROUNDS", "PATCHES", "RULE_PASSES", "SWEEPS_DEAD_CODE", "TAKEN_OVER_PASSES",
@@ -142,6 +143,8 @@ def transform(self: Any) -> ExportedProgram:
     """
     module = importlib.import_module(_PASSES_MODULE)
     classes = _stock_classes() if is_enabled() else {}
+    if classes:  # the stock ConvertToSDPAPass / ConvertToUpsampleBilinear2d would trace
+        release_last_trace()
     ep = self.exported_program
     exact = False  # metadata re-derived since preprocess began, no in-place change since
     for pass_ in self.passes:

@@ -6,7 +6,9 @@
 * :mod:`.scoped`, :mod:`.pass_gating`, :mod:`.preprocess_takeover` — inside a backend's
   preprocess: hooks for a fusionkit partitioner's partitions only, stock passes skipped
   when they have nothing to do, stock passes run as rules (per-thread switches and counts:
-  :mod:`.preprocess_state`).
+  :mod:`.preprocess_state`);
+* :mod:`.trace_residue` — let go of torch's last traced graph where a stock pass taken over
+  would have.
 
 The byte-level names are re-exported here (loaded on first use): they are what a
 backend's serializer needs, not what a rule author writes.

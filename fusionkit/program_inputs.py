@@ -14,7 +14,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 
-from fusionkit.targets import schema_of, writes_to
+from fusionkit.targets import is_python_operator, schema_of, writes_to
 
 __all__ = ["ConstantKind", "ConstantRef", "ProgramInputs"]
 
@@ -45,7 +45,6 @@ class ProgramInputs:
             spec.arg.name: spec for spec in sig.input_specs if hasattr(spec.arg, "name")
         }
         self._mutated = set(sig.buffers_to_mutate.values()) if sig.buffers_to_mutate else set()
-        self._mutated_user_inputs = set(sig.user_inputs_to_mutate.values())
 
     def add_spec(self, spec: InputSpec) -> None:
         """Index an input spec the caller just added to the signature (no rebuild)."""
@@ -73,11 +72,13 @@ class ProgramInputs:
         one an in-place op takes (a call with no schema is assumed to write it)."""
         if node.op != "placeholder":
             return False
-        if self.is_mutable_buffer(node) or node.name in self._mutated_user_inputs:
+        if self.is_mutable_buffer(node):
+            return True
+        if node.name in self._ep.graph_signature.user_inputs_to_mutate.values():
             return True
         return any(writes_to(u, (node,)) or (
             u.op == "call_function" and schema_of(u.target) is None
-            and getattr(u.target, "__module__", None) not in ("_operator", "operator"))
+            and not is_python_operator(u.target))
             for u in node.users)
 
     def constant(self, node: torch.fx.Node) -> ConstantRef | None:

@@ -31,6 +31,7 @@ __all__ = [
     "impurity",
     "is_assertion",
     "is_edge_target",
+    "is_python_operator",
     "load_delegate_descriptions",
     "memo_per_target",
     "op_key",
@@ -259,6 +260,11 @@ def schema_of(target: Any) -> torch._C.FunctionSchema | None:
     return overload._schema if overload is not None else None
 
 
+def is_python_operator(target: Any) -> bool:
+    """Whether ``target`` is a function of Python's ``operator`` module (``getitem``,
+    ``add`` on SymInts, ...): no schema, but pure, and it writes to nothing."""
+    return getattr(target, "__module__", None) in ("_operator", "operator")
+
 
 #: op names whose value is not a function of their operands: a random draw, or memory
 #: left as it was found
@@ -272,12 +278,12 @@ def impurity(target: Any) -> str | None:
     The one verdict behind folding a constant expression at lowering time and treating two
     nodes as one value. The reason reads after the op's name: "(aten.x.y), which ..."."""
     name = target_name(target)
-    schema = schema_of(target)
+    overload = overload_of(target)
+    schema = overload._schema if overload is not None else None
     if schema is None:
         return f"({name}), which is not an operator with a schema"
     if schema.is_mutable:
         return f"({name}), which mutates its inputs"
-    overload = overload_of(target)
     op_name = name.split(".")[1] if name.count(".") >= 2 else name
     if (torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
             or any(word in op_name for word in _NONDETERMINISTIC)):

@@ -13,6 +13,7 @@ multi-output parts — never raises (the suite runs in strict mode).
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 
@@ -43,6 +44,7 @@ from fusionkit.targets import (
     impurity,
     is_assertion,
     is_edge_target,
+    is_python_operator,
     op_key,
     schema_of,
     target_name,
@@ -246,6 +248,7 @@ def test_identity_walks_answer_for_every_node(program: tuple[str, ExportedProgra
         why = impurity(n.target)
         assert why is None or why.startswith(f"({target_name(n.target)}), which ")
         writes_to(n, set(n.all_input_nodes))
+        is_python_operator(n.target)
 
 
 def test_folding_answers_or_refuses_with_a_reason(program: tuple[str, ExportedProgram]) -> None:
@@ -357,3 +360,20 @@ def test_an_in_place_op_writes_only_its_written_argument() -> None:
 def test_one_verdict_on_pure_deterministic_ops(target: object, verdict: str | None) -> None:
     why = impurity(target)
     assert (why is None) if verdict is None else (why is not None and verdict in why), why
+
+
+@pytest.mark.parametrize(("target", "python_operator"), [
+    (operator.getitem, True),
+    (operator.add, True),
+    (torch.ops.aten.add.Tensor, False),
+    (math.sqrt, False),
+    (lambda x: x, False),
+])
+def test_python_operators_are_told_from_other_schemaless_calls(
+    target: object, python_operator: bool
+) -> None:
+    assert is_python_operator(target) is python_operator
+    # a Python operator folds; any other call without a schema is refused
+    from fusionkit.check.folding import _target_refusal
+
+    assert (_target_refusal(target) is None) is (python_operator or schema_of(target) is not None)

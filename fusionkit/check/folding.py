@@ -18,7 +18,13 @@ from torch.export.graph_signature import InputKind
 from torch.fx import Node
 
 from fusionkit.program_inputs import ProgramInputs
-from fusionkit.targets import impurity, memo_per_target, schema_of, target_name
+from fusionkit.targets import (
+    impurity,
+    is_python_operator,
+    memo_per_target,
+    schema_of,
+    target_name,
+)
 
 __all__ = [
     "FoldError",
@@ -53,9 +59,9 @@ _TARGET_REFUSALS: dict[Any, str | None] = {}
 
 
 def _target_refusal(target: Any) -> str | None:
+    if is_python_operator(target):
+        return None
     if schema_of(target) is None:
-        if getattr(target, "__module__", None) in ("_operator", "operator"):
-            return None  # operator.getitem, operator.add on SymInts, ...
         return f"({target_name(target)}), which fusionkit does not evaluate at lowering time"
     return impurity(target)
 

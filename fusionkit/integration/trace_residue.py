@@ -17,6 +17,8 @@ serialization, the peak of an export (at the end of a 4-layer ``export_llm`` on 
 
 from __future__ import annotations
 
+import importlib
+
 __all__ = ["release_last_trace"]
 
 _MODULE = "torch.fx.experimental.proxy_tensor"
@@ -26,8 +28,6 @@ _GLOBAL = "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT"
 def release_last_trace() -> int:
     """Empty torch's map of the last trace (nothing reads it after that trace's export);
     returns how many nodes it held. A torch without the map: 0, nothing done."""
-    import importlib
-
     try:
         module = importlib.import_module(_MODULE)
     except ImportError:

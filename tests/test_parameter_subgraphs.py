@@ -36,6 +36,7 @@ import fusionkit.backends.xnnpack_adapter as xa
 from fusionkit.backends.vulkan_adapter import runtime as rt
 from fusionkit.backends.vulkan_adapter.runtime_probe import cached_inventory
 from fusionkit.integration.parameter_subgraphs import FoldParameterSubgraphsPass
+from fusionkit.integration.spilled_data import blob_bytes
 from fusionkit.integration.tensor_bytes import tensor_bytes
 
 pytestmark = pytest.mark.usefixtures("vulkan_ops")
@@ -81,7 +82,7 @@ def _named_blobs(edge: Any) -> list[bytes]:
     for _, lbm, _ in get_lowered_submodules(edge.exported_program().graph_module):
         nds = lbm.named_data_store_output
         if nds is not None:
-            out += [bytes(nds.buffers[e.buffer_index]) for e in nds.pte_data.values()]
+            out += [blob_bytes(nds.buffers[e.buffer_index]) for e in nds.pte_data.values()]
     return out
 
 

@@ -49,6 +49,8 @@ from preprocess_generated_models import (  # noqa: E402
     specs,
 )
 
+from fusionkit.integration.spilled_data import blob_bytes  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 #: a fixed, small number (plus the completing models of preprocess_generated_models.completed):
@@ -99,7 +101,7 @@ def _delegates(program: Any, out: Lowered) -> None:
     for _, lbm, _ in get_lowered_submodules(program.exported_program().graph_module):
         out.payloads.append(bytes(lbm.processed_bytes))
         nds = lbm.named_data_store_output
-        out.named.append({k: bytes(nds.buffers[e.buffer_index]) for k, e in nds.pte_data.items()})
+        out.named.append({k: blob_bytes(nds.buffers[e.buffer_index]) for k, e in nds.pte_data.items()})
 
 
 def _without_debug_handles(tree: Any) -> Any:

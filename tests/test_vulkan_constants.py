@@ -33,6 +33,7 @@ from vulkan_runtime_oracle import run_real, session
 
 from fusionkit.backends.vulkan_adapter import constant_serializer as vcs
 from fusionkit.integration import hooks
+from fusionkit.integration.spilled_data import blob_bytes
 from fusionkit.integration.tensor_bytes import tensor_bytes
 
 pytestmark = pytest.mark.slow
@@ -143,7 +144,7 @@ def _lower(model: AllCases, inputs: tuple[torch.Tensor, ...]) -> VkConstants:
     for _, lbm, _ in get_lowered_submodules(epm.exported_program().graph_module):
         assert lbm.backend_id == "VulkanBackend"
         for tdims, length, key in _constant_tensors(extract_vk_flatbuffer(lbm.processed_bytes)):
-            blob = bytes(named.buffers[named.pte_data[key].buffer_index])
+            blob = blob_bytes(named.buffers[named.pte_data[key].buffer_index])
             assert hashlib.sha256(blob).hexdigest() == key
             assert len(blob) == length
             blobs.append(blob)

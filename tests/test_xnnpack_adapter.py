@@ -31,6 +31,7 @@ import fusionkit.backends.xnnpack_adapter as xa
 from fusionkit.backends.xnnpack_adapter import XnnpackPartitioner, transform_passes
 from fusionkit.backends.xnnpack_adapter import serializer as xser
 from fusionkit.integration import hooks, versions
+from fusionkit.integration.spilled_data import blob_bytes
 from fusionkit.integration.tensor_bytes import tensor_bytes
 
 pytestmark = pytest.mark.slow
@@ -74,7 +75,7 @@ def lower_ep(ep: Any, inputs: tuple[torch.Tensor, ...], mode: str, **partitioner
         delegates += 1
         nds = lbm.named_data_store_output
         for key, entry in nds.pte_data.items():
-            blobs[key] = bytes(nds.buffers[entry.buffer_index])
+            blobs[key] = blob_bytes(nds.buffers[entry.buffer_index])
     et = epm.to_executorch()
     out = _load_for_executorch_from_buffer(et.buffer).forward(inputs)[0]
     return Lowered(bytes(et.buffer), out, blobs, delegates)

@@ -31,6 +31,7 @@ from executorch.extension.pybindings.portable_lib import _load_for_executorch_fr
 import fusionkit.backends.xnnpack_adapter as xa
 from fusionkit.backends.xnnpack_adapter import XnnpackPartitioner
 from fusionkit.backends.xnnpack_adapter import preprocess_rules as pr
+from fusionkit.integration.spilled_data import blob_bytes
 from fusionkit.passes.registry import registered
 
 pytestmark = pytest.mark.slow
@@ -92,7 +93,7 @@ def lower(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], mode: str) -
     for _, lbm, _ in get_lowered_submodules(epm.exported_program().graph_module):
         result.payloads.append(bytes(lbm.processed_bytes))
         nds = lbm.named_data_store_output
-        result.named.append({k: bytes(nds.buffers[e.buffer_index])
+        result.named.append({k: blob_bytes(nds.buffers[e.buffer_index])
                              for k, e in nds.pte_data.items()})
     et = epm.to_executorch()
     result.out = _load_for_executorch_from_buffer(et.buffer).forward(inputs)[0]

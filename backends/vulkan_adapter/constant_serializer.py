@@ -7,7 +7,9 @@ the parent's first element. The same bug sits in the legacy raw-tensor branch of
 ``vulkan_graph_serialize.serialize_constant_tensors``. Both are re-implemented
 here on :mod:`fusionkit.program_inputs` and :mod:`fusionkit.integration.tensor_bytes`: the
 constant's own bytes in logical C order (after the builder's dtype conversion),
-keyed by the sha256 of exactly those bytes, 16-byte aligned as before.
+keyed by the sha256 of exactly those bytes, 16-byte aligned as before. A constant of a
+MiB or more goes to the NamedDataStore as a file
+(:mod:`fusionkit.integration.spilled_data`) where ExecuTorch takes one.
 
 Scalar constants too: ``VkGraphBuilder.get_or_create_scalar_value`` shares one value
 among equal scalars keyed by the Python scalar, and ``1 == 1.0`` (``0.0 == -0.0``), so
@@ -26,7 +28,6 @@ objects; ``with install():`` scopes it) also hold the shared NamedDataStore
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 from typing import Any
 
@@ -37,6 +38,7 @@ from fusionkit.integration.hooks import (
     PatchSet,
     UnsupportedExecuTorchError,
 )
+from fusionkit.integration.spilled_data import SERDE_PATCHES, constant_blob
 from fusionkit.integration.tensor_bytes import (
     acquire_named_data_fix,
     release_named_data_fix,
@@ -80,10 +82,9 @@ def maybe_add_constant_tensor(self: Any, node: torch.fx.Node) -> int:
                 info = torch.finfo(effective_dtype)
                 tensor = tensor.clamp(min=info.min, max=info.max)
             tensor = tensor.to(effective_dtype)
-        data = tensor_bytes(tensor)
+        data, named_key = constant_blob(tensor)
         constant_id = len(self.const_tensors)
-        if data:
-            named_key = hashlib.sha256(data).hexdigest()
+        if len(data):
             self.named_data_store.add_named_data(named_key, data, alignment=_ALIGNMENT)
             self.const_tensors.append((named_key, len(data)))
         else:
@@ -148,7 +149,8 @@ def _patches() -> list[tuple[Any, str, Any]]:
 
 PATCHES = PatchSet("fusionkit.backends.vulkan_adapter.constant_serializer", _patches,
                     before_install=acquire_named_data_fix,
-                    after_uninstall=release_named_data_fix)
+                    after_uninstall=release_named_data_fix,
+                    includes=(SERDE_PATCHES,))
 
 
 #: the component's trio is the patch set's own methods, as every adapter's (:mod:`.install`)

@@ -10,7 +10,9 @@ scales) and ``NodeVisitor.convert_to_qc4w`` (int4 packing) – on
 :mod:`fusionkit.program_inputs` (what a placeholder is bound to) and
 :mod:`fusionkit.integration.tensor_bytes` (the tensor's own bytes). Keys stay content
 hashes (``sha256`` / ``"scale_" + sha256``) of the *exact* bytes, so the
-NamedDataStore de-duplicates identical constants and nothing else.
+NamedDataStore de-duplicates identical constants and nothing else. A weight of a MiB or
+more is handed to the NamedDataStore as a file (:mod:`fusionkit.integration.spilled_data`)
+where ExecuTorch takes one, not as a second copy in memory until the ``.pte`` is written.
 
 :data:`SERIALIZER_PATCHES` swaps them in (plus ``get_param_tensor``, which ExecuTorch
 imported by value into ``node_visitor`` and ``quant_params``, and the
@@ -37,6 +39,7 @@ from fusionkit.integration.hooks import (
     PatchSet,
     UnsupportedExecuTorchError,
 )
+from fusionkit.integration.spilled_data import SERDE_PATCHES, constant_blob
 from fusionkit.integration.tensor_bytes import (
     acquire_named_data_fix,
     pack_int4,
@@ -174,18 +177,17 @@ def get_serialized_buffer_index(
     if quant_params is not None and quant_params.is_qc4w:
         # stock packs after its NHWC conversion, but packing makes the tensor 2-d
         # (squeeze) in logical order, so the NHWC step has no effect on qc4w data
-        data = tensor_bytes(self.convert_to_qc4w(const_val))
+        data, named_key = constant_blob(self.convert_to_qc4w(const_val))
     elif convert_to_nhwc:
         nv.check_or_raise(const_val.dim() == 4, "Converting to nhwc requires 4d tensor")
-        data = tensor_bytes(const_val, dim_order=(0, 2, 3, 1))
+        data, named_key = constant_blob(const_val, dim_order=(0, 2, 3, 1))
     else:
-        data = tensor_bytes(const_val)
+        data, named_key = constant_blob(const_val)
 
     size = len(data)
     nv.check_or_raise(
         size > 0, f"Serializing constant data node {tensor} but tensor value has no bytes"
     )
-    named_key = hashlib.sha256(data).hexdigest()
     xnn_graph.constant_data.append(
         ConstantDataOffset(offset=UINT64_MAX, size=size, named_key=named_key)
     )
@@ -275,4 +277,5 @@ def _patches() -> list[tuple[Any, str, Any]]:
 #: includes them with the preprocess rules and the pass gates
 SERIALIZER_PATCHES = PatchSet("fusionkit.backends.xnnpack_adapter.serializer", _patches,
                               before_install=acquire_named_data_fix,
-                              after_uninstall=release_named_data_fix)
+                              after_uninstall=release_named_data_fix,
+                              includes=(SERDE_PATCHES,))

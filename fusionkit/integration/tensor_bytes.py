@@ -34,6 +34,7 @@ import torch
 __all__ = [
     "acquire_named_data_fix",
     "dense_dim_order",
+    "dense_tensor",
     "layout_bytes",
     "named_data_fix_installed",
     "owns_storage_exactly",
@@ -104,18 +105,22 @@ def tensor_bytes(t: torch.Tensor, *, dim_order: Sequence[int] | None = None) -> 
     ``t.permute(dim_order)``: ``(0, 2, 3, 1)`` gives NHWC for an NCHW tensor.
     Never reads outside ``[data_ptr, data_ptr + nbytes)`` of the (dense) tensor.
     """
+    t = dense_tensor(t, dim_order=dim_order)
+    n = tensor_nbytes(t)
+    return ctypes.string_at(t.data_ptr(), n) if n else b""
+
+
+def dense_tensor(t: torch.Tensor, *, dim_order: Sequence[int] | None = None) -> torch.Tensor:
+    """A real CPU tensor whose memory, from ``data_ptr()`` for ``tensor_nbytes``, holds
+    exactly what :func:`tensor_bytes` returns: ``t`` itself when it is already dense in
+    that order, else a copy of its elements only."""
     t = _real(t)
     if dim_order is not None:
         order = tuple(int(d) for d in dim_order)
         if sorted(order) != list(range(t.dim())):
             raise ValueError(f"dim_order {order} is not a permutation of {t.dim()} dims")
         t = t.permute(order)
-    n = tensor_nbytes(t)
-    if n == 0:
-        return b""
-    if not t.is_contiguous():
-        t = t.contiguous()  # copies the elements only
-    return ctypes.string_at(t.data_ptr(), n)
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def layout_bytes(t: torch.Tensor) -> bytes:

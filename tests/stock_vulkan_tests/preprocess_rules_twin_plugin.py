@@ -28,7 +28,9 @@ def _named_data(out: Any) -> Any:
         return None
 
     def entries(table: dict[str, Any]) -> dict[str, Any]:
-        return {key: (bytes(out.buffers[e.buffer_index]), e.alignment, repr(e.tensor_layout))
+        from fusionkit.integration.spilled_data import blob_bytes
+
+        return {key: (blob_bytes(out.buffers[e.buffer_index]), e.alignment, repr(e.tensor_layout))
                 for key, e in table.items()}
 
     return entries(out.pte_data), {f: entries(t) for f, t in out.external_data.items()}

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from fusionkit.integration.spilled_data import blob_bytes
+
 from .payload import (
     PayloadError,
     VkGraph,
@@ -398,7 +400,7 @@ def _named_bytes(nd: Any) -> dict[str, bytes] | None:
     """key -> bytes of a NamedDataStoreOutput's .pte data."""
     if nd is None:
         return None
-    return {key: bytes(nd.buffers[entry.buffer_index])
+    return {key: blob_bytes(nd.buffers[entry.buffer_index])
             for key, entry in (getattr(nd, "pte_data", None) or {}).items()}
 
 
@@ -506,7 +508,7 @@ def _from_pte(pte: bytes) -> Iterator[VulkanDelegate]:
                     boundary = _pte_boundary(plan, calls[di], n_out)
             blobs = None
             if pf.named_data is not None:
-                blobs = {k: bytes(pf.named_data.buffers[e.buffer_index])
+                blobs = {k: blob_bytes(pf.named_data.buffers[e.buffer_index])
                          for k, e in pf.named_data.pte_data.items()}
             yield VulkanDelegate(index, plan.name, data, sizes, named_complete=False,
                                  boundary=boundary, named_data=blobs,

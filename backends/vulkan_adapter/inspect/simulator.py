@@ -205,6 +205,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from fusionkit.integration.spilled_data import blob_bytes
+
 from .payload import VkGraph, VkTensor, VkValue, VulkanPayload, decode_payload
 from .prepack_check import ABORT, BACKEND_ID, PREPACKED_ARGS, describe_value, stored_dtype
 from .quantized_ops import RUNTIME_OPS
@@ -933,7 +935,7 @@ def _named_lookup(nd: Any) -> Callable[[str], bytes | None]:
                 if key in entries:
                     entry = entries[key]
                     break
-        return None if entry is None else bytes(nd.buffers[entry.buffer_index])
+        return None if entry is None else blob_bytes(nd.buffers[entry.buffer_index])
     return lookup
 
 

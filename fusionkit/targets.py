@@ -256,7 +256,10 @@ def target_name(target: Any) -> str:
 
 
 def schema_of(target: Any) -> torch._C.FunctionSchema | None:
-    overload = overload_of(target)
+    return _schema_of_overload(overload_of(target))
+
+
+def _schema_of_overload(overload: Any) -> torch._C.FunctionSchema | None:
     return overload._schema if overload is not None else None
 
 
@@ -279,7 +282,7 @@ def impurity(target: Any) -> str | None:
     nodes as one value. The reason reads after the op's name: "(aten.x.y), which ..."."""
     name = target_name(target)
     overload = overload_of(target)
-    schema = overload._schema if overload is not None else None
+    schema = _schema_of_overload(overload)
     if schema is None:
         return f"({name}), which is not an operator with a schema"
     if schema.is_mutable:

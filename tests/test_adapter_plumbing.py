@@ -101,3 +101,58 @@ def test_a_takeover_is_switched_off_for_its_thread_only_and_counts_every_thread(
     assert takeover.counts() == {"StockPass": {"runs": 1, "fused": 2}}
     takeover.reset_counts()
     assert takeover.counts() == {}
+
+
+class _Owner:
+    value = "stock"
+
+
+def _set(name: str, *, includes: tuple[Any, ...] = ()) -> Any:
+    from fusionkit.integration.hooks import PatchSet
+
+    return PatchSet(f"fusionkit (test {name})", lambda: [(_Owner, "value", name)] if not includes
+                    else [], includes=includes)
+
+
+def test_a_set_shared_by_two_includers_stays_until_the_last_lets_go() -> None:
+    shared = _set("shared")
+    first, second = _set("first", includes=(shared,)), _set("second", includes=(shared,))
+    first.install()
+    second.install()
+    first.uninstall()
+    assert shared.is_installed() and _Owner.value == "shared"  # second still holds it
+    second.uninstall()
+    assert not shared.is_installed() and _Owner.value == "stock"
+
+
+def test_a_set_installed_directly_outlives_its_includers_and_uninstalls_directly() -> None:
+    shared = _set("shared")
+    first = _set("first", includes=(shared,))
+    shared.install()
+    with first.install():
+        assert shared.is_installed()
+    assert shared.is_installed() and _Owner.value == "shared"
+    first.install()
+    shared.uninstall()  # a direct uninstall takes it out now, holders or not
+    assert _Owner.value == "stock"
+    first.uninstall()
+    assert not shared.is_installed() and _Owner.value == "stock"
+
+
+def test_the_adapters_share_the_serde_and_quantize_step_sets_safely() -> None:
+    from fusionkit.backends import quantize_step
+    from fusionkit.integration.spilled_data import SERDE_PATCHES
+
+    shared = [SERDE_PATCHES, quantize_step.PATCHES]
+    before = (xa.is_installed(), vk.is_installed(), [p.is_installed() for p in shared])
+    if before[0] or before[1]:
+        pytest.skip("an adapter is installed process-wide already")
+    xa.install()
+    vk.install()
+    try:
+        xa.uninstall()
+        assert all(p.is_installed() for p in shared)  # Vulkan still needs them
+    finally:
+        xa.uninstall()
+        vk.uninstall()
+    assert [p.is_installed() for p in shared] == before[2]

@@ -77,8 +77,10 @@ class PatchSet:
     A patch is ``(owner, name, replacement)``: an attribute of a module or class,
     or — when ``owner`` is a dict, like ExecuTorch's pattern registry — an entry,
     which :data:`REMOVE` takes out. ``includes`` are other sets installed with this
-    one (and uninstalled with it when this install put them in). Uninstalling puts
-    back the identical original objects, dict entries in their original order.
+    one. Several sets may include the same one (two adapters share a serde patch): an
+    included set counts the sets holding it and stays in place until the last of them is
+    uninstalled (or until it is uninstalled directly). Uninstalling puts back the
+    identical original objects, dict entries in their original order.
     """
 
     def __init__(self, component: str, patches: Callable[[], list[Patch]], *,
@@ -90,7 +92,10 @@ class PatchSet:
         self._before_install = before_install
         self._after_uninstall = after_uninstall
         self._includes = includes
-        self._included_here: list[PatchSet] = []
+        #: the including sets that hold this one in place, and whether a direct
+        #: ``install()`` put it in (it then stays when they let go)
+        self._holders: list[PatchSet] = []
+        self._direct = False
         self._saved: list[Patch] = []
         self._dict_orders: list[tuple[dict[Any, Any], list[Any]]] = []
         self._installed = False
@@ -114,8 +119,14 @@ class PatchSet:
         Raises :class:`UnsupportedExecuTorchError` on an ExecuTorch outside the supported
         range. ``with install(): ...`` undoes only what this call installed.
         """
+        return self._acquire(None)
+
+    def _acquire(self, holder: PatchSet | None) -> Installation:
+        """Install for ``holder`` (an including set) or, with ``None``, directly."""
         with self._lock:
             if self._installed:
+                if holder is not None and not any(h is holder for h in self._holders):
+                    self._holders.append(holder)
                 return Installation(self.uninstall, False)
             check_executorch_version(self.component)
             patches = self._patches()
@@ -123,8 +134,7 @@ class PatchSet:
                 self._before_install()
             try:
                 for inc in self._includes:
-                    if inc.install().installed_here:
-                        self._included_here.append(inc)
+                    inc._acquire(self)
                 for owner, name, new in patches:
                     self._apply(owner, name, new)
             except BaseException:
@@ -132,7 +142,18 @@ class PatchSet:
                 self.uninstall()
                 raise
             self._installed = True
+            if holder is None:
+                self._direct = True
+            else:
+                self._holders.append(holder)
             return Installation(self.uninstall, True)
+
+    def _release(self, holder: PatchSet) -> None:
+        """``holder`` lets go; the last holder out uninstalls (unless installed directly)."""
+        with self._lock:
+            self._holders = [h for h in self._holders if h is not holder]
+            if self._installed and not self._holders and not self._direct:
+                self.uninstall()
 
     def _apply(self, owner: Any, name: str, new: Any) -> None:
         if isinstance(owner, dict):
@@ -149,8 +170,8 @@ class PatchSet:
         setattr(owner, name, new)
 
     def uninstall(self) -> None:
-        """Put back the exact original objects, and uninstall the included sets this
-        install put in (no-op if not installed)."""
+        """Put back the exact original objects now, and let go of the included sets, each
+        uninstalled unless another set still holds it (no-op if not installed)."""
         with self._lock:
             if not self._installed:
                 return
@@ -169,8 +190,10 @@ class PatchSet:
                 d.clear()
                 d.update(items)
             self._dict_orders.clear()
-            while self._included_here:
-                self._included_here.pop().uninstall()
             self._installed = False
+            self._holders.clear()
+            self._direct = False
+            for inc in reversed(self._includes):
+                inc._release(self)
             if self._after_uninstall is not None:
                 self._after_uninstall()

@@ -25,6 +25,7 @@ pickles as its bytes. :func:`materialized` gives bytes for readers that need the
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib
 import os
@@ -115,9 +116,10 @@ def _spill_dir() -> str | None:
 _MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})
 
 
+@functools.lru_cache(maxsize=16)
 def _in_memory_filesystem(path: str) -> bool:
     """Whether ``path`` lies on a filesystem held in memory (Linux's mount table; False
-    where there is none to read)."""
+    where there is none to read). Read once per path: it is asked for every large constant."""
     try:
         with open("/proc/self/mounts", encoding="utf-8") as f:
             mounts = [line.split()[1:3] for line in f if len(line.split()) > 2]
@@ -178,9 +180,14 @@ def _write(cls: Any, dense: torch.Tensor, n: int, directory: str) -> Any:
                 pass
 
 
+def _in_memory(blob: Any) -> bool:
+    """Whether a NamedDataStore blob is bytes held in memory (not a file)."""
+    return isinstance(blob, (bytes, bytearray, memoryview))
+
+
 def blob_bytes(blob: Any) -> bytes:
     """A NamedDataStore blob's bytes, whether it is held in memory or in a file."""
-    if isinstance(blob, (bytes, bytearray, memoryview)):
+    if _in_memory(blob):
         return bytes(blob)
     to_bytes = getattr(blob, "to_bytes", None)
     if callable(to_bytes):
@@ -190,9 +197,9 @@ def blob_bytes(blob: Any) -> bytes:
 
 def materialized(buffers: list[Any]) -> list[Any]:
     """``buffers`` with every file blob read into bytes (the same list when none is)."""
-    if not any(not isinstance(b, (bytes, bytearray)) for b in buffers):
+    if all(_in_memory(b) for b in buffers):
         return buffers
-    return [b if isinstance(b, (bytes, bytearray)) else blob_bytes(b) for b in buffers]
+    return [b if _in_memory(b) else blob_bytes(b) for b in buffers]
 
 
 # ----------------------------------------------------------------------------- serde

@@ -175,3 +175,43 @@ def test_the_summary_lists_what_fusionkit_placed_after_the_partitioner(tmp_path:
     assert moved and moved[0]["count"] >= 1, placed
     assert "node(s) placed by fusionkit after the partitioner" in done.stderr
     assert "runtime assertion moved" in done.stderr
+
+
+WAITS = textwrap.dedent('''
+    import sys, torch
+    def fk():
+        return sorted(m for m in sys.modules if m.startswith("fusionkit"))
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.linear(x, torch.ones(4, 4)) + 1
+
+    ep = torch.export.export(M(), (torch.randn(2, 4),))
+    print("before", ",".join(fk()))
+    to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
+    print("after", ",".join(fk()))
+''')
+
+
+def test_fusionkit_enters_the_process_at_the_first_lowering_step(tmp_path: Path) -> None:
+    """Imports of ExecuTorch, torchao and a ``torch.export`` leave the process as stock has
+    it: only the launcher's own standard-library modules; the first lowering step installs
+    the adapter, and the report names the call that did."""
+    script = tmp_path / "waits.py"
+    script.write_text(WAITS)
+    report = tmp_path / "report.json"
+    done = _run(["--backend", "xnnpack", "--report", str(report), "--", str(script)], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines()
+                 if line.startswith(("before ", "after ")))
+    before, after = lines["before"].split(","), lines["after"].split(",")
+    assert not [m for m in before if m.startswith(("fusionkit.backends", "fusionkit.integration"))
+                or m in ("fusionkit.rules", "fusionkit.matcher")], before
+    assert "fusionkit.backends.xnnpack_adapter" in after
+    data = json.loads(report.read_text())
+    assert data["backends"]["xnnpack"]["installed_in"] == 1
+    [by] = data["installed_by"]
+    assert by.startswith("executorch.backends.xnnpack."), by

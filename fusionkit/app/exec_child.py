@@ -1,18 +1,19 @@
-"""The child side of ``fusionkit exec``: adapters installed when ExecuTorch is imported.
+"""The child side of ``fusionkit exec``: adapters installed at the first lowering step.
 
 Why lazily: the launcher puts this into every Python process of the command it runs (its
 ``sitecustomize``, :mod:`fusionkit.app.exec_boot`), and most processes a pipeline starts
-never touch ExecuTorch. Importing fusionkit's adapters eagerly would import torch and
-ExecuTorch into each of them. Instead a post-import hook watches ``executorch.*``: when
-the outermost ExecuTorch import of the process completes (every module it pulled in is
-whole), the adapters are installed, before any program can be lowered. Nothing else
-changes in the process.
+never lower a program. Importing fusionkit's adapters eagerly would import torch and
+ExecuTorch into each of them, and would hold fusionkit's modules through an exporter's own
+``torch.export``. Instead a post-import hook watches the modules whose attributes the
+adapters replace: as each finishes importing, those attributes are armed
+(:mod:`fusionkit.app.install_triggers`), and the first call of any of them installs the
+adapters, before that call runs. Nothing else changes in the process.
 
 At exit the process writes what fusionkit did (per rule: fused; per rule and reason:
 declined; the adapters installed or why not) to the launcher's report directory, one
 JSON file per process; :mod:`fusionkit.app.exec_job` sums them.
 
-This module imports only the standard library until ExecuTorch is imported.
+This module imports only the standard library until the adapters install.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+
+from fusionkit.app.install_triggers import PATCHED_BY, InstallTriggers, resolve
 
 __all__ = ["ADAPTER_MODULES", "BACKENDS_VARIABLE", "BACKEND_RULE_SETS", "REPORT_DIR_VARIABLE", "start"]
 
@@ -46,11 +49,16 @@ class _State:
     def __init__(self, backends: Sequence[str], report_dir: str | None) -> None:
         self.backends = list(backends)
         self.report_dir = report_dir
-        self.depth = 0  # nested executorch module executions in progress
         self.installing = False
         self.installed: dict[str, bool] = dict.fromkeys(self.backends, False)
         self.errors: dict[str, str] = {}
-        self.executorch_imported = False
+        self.triggers = InstallTriggers(self.try_install)
+        #: module -> the attribute paths armed when it finishes importing
+        self.watched: dict[str, list[str]] = {}
+        for name in self.backends:
+            for module, path in PATCHED_BY.get(name, ()):
+                if path not in self.watched.setdefault(module, []):
+                    self.watched[module].append(path)
         self.listening = False  # subscribed to fusionkit.events (once per process)
         #: (backend, rule) -> matches fused; (backend, rule) -> reason -> declines
         self.fused: Counter[tuple[str, str]] = Counter()
@@ -70,9 +78,8 @@ class _State:
     # ------------------------------------------------------------------ the adapters
 
     def try_install(self) -> None:
-        """Install every adapter not installed yet; an adapter that fails is retried at the
-        next completed ExecuTorch import (one whose modules were half-imported may work
-        then), its error kept for the report."""
+        """Install every adapter not installed yet; an adapter that fails keeps its error
+        for the report, and the program runs on with stock ExecuTorch."""
         with self.lock:
             if self.installing or self.done:
                 return
@@ -93,6 +100,13 @@ class _State:
                     self._listen()
             finally:
                 self.installing = False
+
+    def arm(self, module: Any) -> None:
+        """Arm the watched attributes of ``module``, which has just finished importing."""
+        for path in self.watched.get(getattr(module, "__name__", ""), ()):
+            found = resolve(module, path)
+            if found is not None:
+                self.triggers.arm(*found)
 
     def _listen(self) -> None:
         from fusionkit import events
@@ -151,11 +165,16 @@ class _State:
             "pid": os.getpid(),
             "argv": list(sys.argv),
             "executorch_imported": self.executorch_imported,
+            "installed_by": self.triggers.fired_by,
             "installed": dict(self.installed),
             "errors": dict(self.errors),
             "fusionkit_seconds": self.seconds,
             "backends": per,
         }
+
+    @property
+    def executorch_imported(self) -> bool:
+        return "executorch" in sys.modules
 
     def write(self) -> None:
         if not self.report_dir or not self.executorch_imported:
@@ -206,18 +225,18 @@ def _rule_owners(backends: Sequence[str]) -> dict[str, str]:
 _STATE: _State | None = None
 
 
-class _ExecuTorchImports(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: marks each ``executorch.*`` module's loader so that the
-    outermost ExecuTorch import, once complete, installs the adapters."""
+class _WatchedImports(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: marks the loader of each watched module so that its
+    attributes are armed the moment it has finished executing -- before any other module
+    can bind them by name."""
 
     def __init__(self, state: _State) -> None:
         self._state = state
         self._busy: set[str] = set()
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != "executorch" and not fullname.startswith("executorch."):
-            return None
-        if self._state.done or fullname in self._busy:
+        state = self._state
+        if fullname not in state.watched or state.triggers.fired or fullname in self._busy:
             return None
         self._busy.add(fullname)
         try:
@@ -233,38 +252,30 @@ class _ExecuTorchImports(importlib.abc.MetaPathFinder):
         loader = getattr(spec, "loader", None)
         if spec is None or loader is None or not hasattr(loader, "exec_module"):
             return spec
-        state = self._state
         exec_module = loader.exec_module
 
-        def exec_and_maybe_install(module: Any) -> None:
-            state.depth += 1
-            try:
-                exec_module(module)
-            finally:
-                state.depth -= 1
-            state.executorch_imported = True
-            if state.depth == 0:
-                state.try_install()
+        def exec_and_arm(module: Any) -> None:
+            exec_module(module)
+            state.arm(module)
 
         try:  # the loader object is this module's own: its class and checks are unchanged
-            loader.exec_module = exec_and_maybe_install
+            loader.exec_module = exec_and_arm
         except (AttributeError, TypeError):
             pass
         return spec
 
 
 def start() -> None:
-    """Set the launcher's adapters to install on the first ExecuTorch import; at exit,
-    write the record. Called by the launcher's ``sitecustomize``; does nothing unless the
-    launcher's environment variable names backends."""
+    """Set the launcher's adapters to install at the first call of anything they patch;
+    at exit, write the record. Called by the launcher's ``sitecustomize``; does nothing
+    unless the launcher's environment variable names backends."""
     global _STATE
     names = [b for b in os.environ.get(BACKENDS_VARIABLE, "").split(",") if b in ADAPTER_MODULES]
     if not names or _STATE is not None:
         return
     _STATE = _State(names, os.environ.get(REPORT_DIR_VARIABLE))
-    if "executorch" in sys.modules:  # imported before us (a .pth file): install now
-        _STATE.executorch_imported = True
-        _STATE.try_install()
+    if any(m in sys.modules for m in _STATE.watched):  # imported before us (a .pth file):
+        _STATE.triggers.fire("start-up")               # names may be bound already
     else:
-        sys.meta_path.insert(0, _ExecuTorchImports(_STATE))
+        sys.meta_path.insert(0, _WatchedImports(_STATE))
     atexit.register(_STATE.write)

@@ -105,7 +105,10 @@ def summarize(records: Sequence[dict[str, Any]], backends: Sequence[str]) -> dic
     decline reasons, whether it was installed in every process that imported ExecuTorch."""
     out: dict[str, Any] = {"processes": len(records), "backends": {},
                            "fusionkit_seconds": sum(r.get("fusionkit_seconds", 0.0)
-                                                    for r in records)}
+                                                    for r in records),
+                           # the calls that installed the adapters (the first lowering step)
+                           "installed_by": sorted({r["installed_by"] for r in records
+                                                   if r.get("installed_by")})}
     for name in [*backends, "user"]:
         fused: Counter[str] = Counter()
         declined: Counter[str] = Counter()
